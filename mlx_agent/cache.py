@@ -1,0 +1,131 @@
+"""KV caches: three modes behind mlx-lm's cache protocol.
+
+- ``preallocated`` (default): one buffer per layer sized to the context length, allocated
+  on the first write; every later write is a slice assignment, nothing is re-allocated while
+  the conversation grows. Writing past the end raises :class:`ContextFull`.
+- ``growing``: mlx-lm's :class:`~mlx_lm.models.cache.KVCache` (grows in 256-token steps).
+- ``rotating``: a window of ``max_size`` tokens whose first ``keep`` tokens (the system
+  prompt) are pinned; older tokens after them are evicted, so a conversation can go on past
+  the context length. Built on mlx-lm's :class:`RotatingKVCache`, with a mask that keeps the
+  pinned tokens visible to every query of a multi-token chunk (mlx-lm's window mask slides
+  over them).
+
+Models only call ``update_and_fetch``, ``make_mask`` and read ``offset``, so any mlx-lm
+model and our ``.tinygpt`` module work with all three. Not promised: quantized KV, or
+rotation for models whose own ``make_cache`` builds non-KV state (those keep their own caches).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+CacheMode = Literal["preallocated", "growing", "rotating"]
+CACHE_MODES: tuple[str, ...] = ("preallocated", "growing", "rotating")
+
+
+class ContextFull(RuntimeError):
+    """More tokens than a preallocated cache holds."""
+
+
+class PreallocatedKVCache(KVCache):
+    """A :class:`KVCache` whose buffer is the full context length from the first write."""
+
+    def __init__(self, max_size: int):
+        super().__init__()
+        self.max_size = max_size
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        prev, n = self.offset, keys.shape[2]
+        if prev + n > self.max_size:
+            raise ContextFull(
+                f"{prev + n} tokens do not fit a {self.max_size}-token KV cache"
+            )
+        if self.keys is None:
+            B, H, _, Dk = keys.shape
+            self.keys = mx.zeros((B, H, self.max_size, Dk), keys.dtype)
+            self.values = mx.zeros((B, H, self.max_size, values.shape[3]), values.dtype)
+        self.offset += n
+        self.keys[..., prev : self.offset, :] = keys
+        self.values[..., prev : self.offset, :] = values
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    @property
+    def state(self):
+        if self.keys is None:
+            return None, None, 0
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :], self.offset
+
+    @state.setter
+    def state(self, v):
+        keys, values, offset = v
+        self.keys = self.values = None
+        self.offset = 0
+        if keys is not None and offset:
+            self.update_and_fetch(keys[..., :offset, :], values[..., :offset, :])
+
+
+class PinnedRotatingKVCache(RotatingKVCache):
+    """mlx-lm's rotating cache, with pinned tokens visible to every query.
+
+    mlx-lm masks a multi-token chunk with a plain sliding window, so late queries in a
+    chunk lose sight of the ``keep`` tokens that the cache itself preserves. Here a query
+    sees the pinned tokens plus the ``max_size - keep`` most recent ones (itself included),
+    exactly what a one-token decode step sees.
+    """
+
+    def make_mask(self, N: int, window_size=None, return_array: bool = False):
+        if N == 1:
+            return None  # the buffer holds exactly what a single query may see
+        held = 0 if self.keys is None else min(self.offset, self.keys.shape[2])
+        # _update_concat trims the held tokens to max_size - 1 before appending the chunk.
+        old = min(held, self.max_size - 1)
+        if old + N <= self.max_size and not return_array:
+            return "causal"
+        q = mx.arange(old, old + N)[:, None]
+        k = mx.arange(old + N)[None]
+        recent = k > q - (self.max_size - self.keep)
+        return (k <= q) & ((k < self.keep) | recent)
+
+
+def make_cache(
+    model, mode: CacheMode, max_size: int, *, keep: int = 0
+) -> list:
+    """One cache object per layer for ``model`` in the given mode."""
+    if mode not in CACHE_MODES:
+        raise ValueError(f"unknown cache mode {mode!r}; choose one of {', '.join(CACHE_MODES)}")
+    if max_size <= 0:
+        raise ValueError(f"the KV cache needs a positive size, got {max_size}")
+    own = model.make_cache() if hasattr(model, "make_cache") else None
+    if own is not None and not all(type(c) is KVCache for c in own):
+        return own  # hybrid/sliding models: their own cache layout is the correct one
+    n = len(model.layers)
+    if mode == "preallocated":
+        return [PreallocatedKVCache(max_size) for _ in range(n)]
+    if mode == "rotating":
+        if not 0 <= keep < max_size:
+            raise ValueError(f"cannot pin {keep} tokens in a {max_size}-token window")
+        return [PinnedRotatingKVCache(max_size=max_size, keep=keep) for _ in range(n)]
+    return [KVCache() for _ in range(n)]
+
+
+def set_pinned(cache: list, keep: int) -> bool:
+    """Pin the first ``keep`` tokens of rotating caches that have not rotated yet."""
+    changed = False
+    for c in cache:
+        if isinstance(c, RotatingKVCache) and c.offset < c.max_size:
+            if not 0 <= keep < c.max_size:
+                raise ValueError(f"cannot pin {keep} tokens in a {c.max_size}-token window")
+            c.keep = keep
+            changed = True
+    return changed
+
+
+def trimmable(cache: list) -> bool:
+    return all(c.is_trimmable() for c in cache)
+
+
+def nbytes(cache: list) -> int:
+    return sum(c.nbytes for c in cache)

@@ -1,0 +1,237 @@
+"""The generation engine: token ids in, token ids out, over one KV cache.
+
+An :class:`Engine` owns a model's cache and the ids whose keys and values it holds
+(``engine.tokens``), plus the logits after the last of them, so generation continues without
+re-feeding a token. It prefills in chunks, reuses the longest common prefix of a new prompt
+(:meth:`Engine.sync`), and samples with mlx-lm's samplers, queuing step n+1 with
+``mx.async_eval`` before handing back step n, as ``mlx_lm.generate_step`` does.
+
+Invariant: every token :meth:`Engine.generate` yields has been fed to the model, so
+``engine.tokens`` is always exactly the sequence in the cache (a turn's closing
+``<|im_end|>`` included).
+
+It knows nothing of text, chat turns or tools. It is not thread-safe: one engine, one caller.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.sample_utils import make_sampler
+
+from .cache import CacheMode, ContextFull, make_cache, set_pinned, trimmable
+
+Sampler = Callable[[mx.array], mx.array]
+
+# Models whose logits are exactly head(model.model(x)); for them prefill applies the
+# output head to the last position only instead of to every prompt position.
+_HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"})
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings; ``temperature == 0`` is greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+
+    def sampler(self) -> Sampler:
+        """mlx-lm's sampler for these settings; seeds MLX's generator when a seed is set."""
+        if self.seed is not None:
+            mx.random.seed(self.seed)
+        return make_sampler(
+            temp=self.temperature, top_p=self.top_p, min_p=self.min_p, top_k=self.top_k
+        )
+
+
+@dataclass(frozen=True)
+class PrefillStats:
+    reused: int  # prompt tokens whose KV state was already in the cache
+    prefilled: int  # prompt tokens run through the model now
+    seconds: float
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        context_length: int,
+        cache_mode: CacheMode = "preallocated",
+        kv_window: int | None = None,
+        prefill_step: int = 512,
+    ):
+        if context_length <= 0:
+            raise ValueError(f"context length must be positive, got {context_length}")
+        if prefill_step <= 0:
+            raise ValueError(f"prefill step must be positive, got {prefill_step}")
+        self.model = model
+        self.context_length = context_length
+        self.cache_mode = cache_mode
+        self.kv_window = kv_window or context_length
+        self.prefill_step = prefill_step
+        self._split_head = getattr(model, "model_type", None) in _HEAD_ON_LAST_ONLY
+        self.reset()
+
+    # -- state -------------------------------------------------------------------------
+
+    def reset(self, keep: int = 0) -> None:
+        """Empty the cache; in rotating mode pin the first ``keep`` tokens."""
+        size = self.kv_window if self.cache_mode == "rotating" else self.context_length
+        self.cache = make_cache(self.model, self.cache_mode, size, keep=keep)
+        self.tokens: list[int] = []
+        self._logits: mx.array | None = None
+
+    def pin(self, keep: int) -> None:
+        """Pin the first ``keep`` tokens (the system prompt) in rotating mode."""
+        set_pinned(self.cache, keep)
+
+    @property
+    def room(self) -> int | None:
+        """Tokens that still fit, or None when the window rotates forever."""
+        if self.cache_mode == "rotating":
+            return None
+        return self.context_length - len(self.tokens)
+
+    @property
+    def logits(self) -> mx.array | None:
+        """Logits (vocab,) after the last token in the cache."""
+        return self._logits
+
+    # -- feeding -----------------------------------------------------------------------
+
+    def _forward(self, ids: mx.array, want_logits: bool) -> mx.array | None:
+        x = ids[None]
+        if not want_logits:
+            (self.model.model if self._split_head else self.model)(x, cache=self.cache)
+            return None
+        if self._split_head:
+            h = self.model.model(x, cache=self.cache)[:, -1:, :]
+            head = getattr(self.model, "lm_head", None)
+            logits = head(h) if head is not None else self.model.model.embed_tokens.as_linear(h)
+        else:
+            logits = self.model(x, cache=self.cache)[:, -1:, :]
+        return logits[0, -1]
+
+    def _check_room(self, n: int) -> None:
+        room = self.room
+        if room is not None and n > room:
+            raise ContextFull(
+                f"{len(self.tokens) + n} tokens exceed the {self.context_length}-token context"
+                " (raise --context-length, or use a rotating --kv-window)"
+            )
+
+    def prefill(self, ids: Sequence[int]) -> PrefillStats:
+        """Append ``ids`` to the cache in chunks; keep the logits after the last one."""
+        ids = list(ids)
+        start = time.perf_counter()
+        if not ids:
+            return PrefillStats(len(self.tokens), 0, 0.0)
+        self._check_room(len(ids))
+        arr = mx.array(ids, dtype=mx.uint32)
+        step = self.prefill_step
+        for i in range(0, len(ids) - 1, step):
+            chunk = arr[i : min(i + step, len(ids) - 1)]
+            self._forward(chunk, want_logits=False)
+            mx.eval([c.state for c in self.cache])
+            mx.clear_cache()
+        self._logits = self._forward(arr[-1:], want_logits=True)
+        mx.eval(self._logits)
+        self.tokens.extend(ids)
+        return PrefillStats(0, len(ids), time.perf_counter() - start)
+
+    def sync(self, ids: Sequence[int]) -> PrefillStats:
+        """Make the cache hold exactly ``ids``, reusing the longest common prefix.
+
+        Tokens after the common prefix are trimmed and only the new suffix is prefilled.
+        At least the last token is re-fed when nothing new follows the prefix, so that
+        logits for the next position exist.
+        """
+        ids = list(ids)
+        if not ids:
+            raise ValueError("cannot sync to an empty prompt")
+        start = time.perf_counter()
+        common = _common_prefix(self.tokens, ids)
+        if common == len(ids) == len(self.tokens) and self._logits is not None:
+            return PrefillStats(common, 0, 0.0)
+        common = min(common, len(ids) - 1)
+        drop = len(self.tokens) - common
+        if drop and not trimmable(self.cache):
+            self.reset(keep=self._kept())
+            common = 0
+        elif drop:
+            for c in self.cache:
+                c.trim(drop)
+            del self.tokens[common:]
+        stats = self.prefill(ids[common:])
+        return PrefillStats(common, stats.prefilled, time.perf_counter() - start)
+
+    def _kept(self) -> int:
+        return next((c.keep for c in self.cache if hasattr(c, "keep")), 0)
+
+    # -- decoding ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        sampler: Sampler | None = None,
+        *,
+        max_tokens: int = 256,
+        stop_ids: frozenset[int] | set[int] = frozenset(),
+    ) -> Iterator[int]:
+        """Sample up to ``max_tokens`` ids, stopping after the first id in ``stop_ids``.
+
+        Each yielded id is already fed to the model (see the module docstring).
+        """
+        if self._logits is None:
+            raise RuntimeError("nothing to continue from: prefill or sync a prompt first")
+        sampler = sampler or SamplingParams().sampler()
+        room = self.room
+        if room is not None:
+            if room <= 0:
+                self._check_room(1)
+            max_tokens = min(max_tokens, room)
+
+        def sample(logits: mx.array) -> mx.array:
+            logprobs = logits - mx.logsumexp(logits, keepdims=True)
+            return sampler(logprobs[None])
+
+        y = sample(self._logits)
+        mx.async_eval(y)
+        for n in range(max_tokens):
+            next_logits = self._forward(y, want_logits=True)
+            next_y = sample(next_logits)
+            mx.async_eval(next_y, next_logits)
+            token = y.item()
+            self.tokens.append(token)
+            self._logits = next_logits
+            yield token
+            if token in stop_ids:
+                return
+            if n % 256 == 255:
+                mx.clear_cache()
+            y = next_y

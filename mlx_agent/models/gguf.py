@@ -1,0 +1,128 @@
+"""GGUF files (llama architecture) into mlx-lm's llama model.
+
+``mx.load`` reads the file natively: F32 and F16 tensors as arrays, Q4_0, Q4_1 and Q8_0 as
+MLX affine-quantized triples (``weight`` packed uint32, ``scales``, ``biases``; group size
+32). We map llama.cpp's tensor names to mlx-lm's, build ``ModelArgs`` from the ``llama.*``
+metadata, and quantize exactly the layers that arrive quantized, with the bit width each
+one has. llama.cpp stores q/k rows permuted for its interleaved RoPE, hence
+``rope_traditional=True``.
+
+Not promised: architectures other than ``llama`` (a clear error names the one found), the
+K-quants and other GGUF tensor types that ``mx.load`` does not read (likewise).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import llama
+
+GROUP_SIZE = 32  # every GGUF block type MLX reads has 32-element blocks
+
+_NAMES = [
+    (r"^token_embd\.", "model.embed_tokens."),
+    (r"^output_norm\.", "model.norm."),
+    (r"^output\.", "lm_head."),
+    (r"^blk\.(\d+)\.attn_q\.", r"model.layers.\1.self_attn.q_proj."),
+    (r"^blk\.(\d+)\.attn_k\.", r"model.layers.\1.self_attn.k_proj."),
+    (r"^blk\.(\d+)\.attn_v\.", r"model.layers.\1.self_attn.v_proj."),
+    (r"^blk\.(\d+)\.attn_output\.", r"model.layers.\1.self_attn.o_proj."),
+    (r"^blk\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
+    (r"^blk\.(\d+)\.ffn_norm\.", r"model.layers.\1.post_attention_layernorm."),
+    (r"^blk\.(\d+)\.ffn_gate\.", r"model.layers.\1.mlp.gate_proj."),
+    (r"^blk\.(\d+)\.ffn_up\.", r"model.layers.\1.mlp.up_proj."),
+    (r"^blk\.(\d+)\.ffn_down\.", r"model.layers.\1.mlp.down_proj."),
+]
+_SKIP = re.compile(r"^rope_freqs\.|\.attn_rot_embd\.")
+
+
+class GGUFError(ValueError):
+    """A GGUF file we cannot load, with the reason in one line."""
+
+
+def _rename(name: str) -> str | None:
+    if _SKIP.search(name):
+        return None
+    for pattern, repl in _NAMES:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    raise GGUFError(f"unexpected tensor {name!r} for a llama GGUF")
+
+
+def read(path: Path) -> tuple[dict[str, mx.array], dict]:
+    try:
+        weights, meta = mx.load(str(path), return_metadata=True)
+    except Exception as e:  # MLX raises bare exceptions for malformed or unsupported files
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "type" in msg.lower() and "support" in msg.lower():
+            raise GGUFError(f"{path}: unsupported GGUF tensor type ({msg})") from None
+        raise GGUFError(f"{path} is not a readable GGUF file ({msg})") from None
+    return weights, meta
+
+
+def _int(meta: dict, key: str, default=None):
+    v = meta.get(key)
+    if v is None:
+        if default is None:
+            raise GGUFError(f"GGUF metadata lacks {key}")
+        return default
+    return v.item() if isinstance(v, mx.array) else v
+
+
+def model_args(meta: dict) -> llama.ModelArgs:
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
+    heads = int(_int(meta, "llama.attention.head_count"))
+    hidden = int(_int(meta, "llama.embedding_length"))
+    n_vocab = len(meta.get("tokenizer.ggml.tokens", [])) or None
+    return llama.ModelArgs(
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=int(_int(meta, "llama.block_count")),
+        intermediate_size=int(_int(meta, "llama.feed_forward_length")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(_int(meta, "llama.attention.head_count_kv", heads)),
+        rms_norm_eps=float(_int(meta, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        vocab_size=int(_int(meta, "llama.vocab_size", n_vocab)),
+        head_dim=int(_int(meta, "llama.attention.key_length", hidden // heads)),
+        max_position_embeddings=int(_int(meta, "llama.context_length", 2048)),
+        rope_theta=float(_int(meta, "llama.rope.freq_base", 10000.0)),
+        rope_traditional=True,
+        tie_word_embeddings=True,  # fixed below from the tensors present
+    )
+
+
+def build(weights: dict[str, mx.array], meta: dict) -> tuple[nn.Module, llama.ModelArgs]:
+    """An mlx-lm llama model holding the file's weights, quantized layers kept quantized."""
+    args = model_args(meta)
+    renamed = {}
+    for name, w in weights.items():
+        new = _rename(name)
+        if new is not None:
+            renamed[new] = w
+    args.tie_word_embeddings = "lm_head.weight" not in renamed
+    model = llama.Model(args)
+
+    def bits_of(path: str) -> int | None:
+        scales = renamed.get(f"{path}.scales")
+        if scales is None:
+            return None
+        return renamed[f"{path}.weight"].shape[-1] // scales.shape[-1]
+
+    def predicate(path, module):
+        bits = bits_of(path)
+        if bits is None or not hasattr(module, "to_quantized"):
+            return False
+        return {"group_size": GROUP_SIZE, "bits": bits}
+
+    nn.quantize(model, class_predicate=predicate)
+    try:
+        model.load_weights(list(renamed.items()), strict=True)
+    except ValueError as e:
+        raise GGUFError(f"GGUF tensors do not fit a llama model: {e}") from None
+    return model, args
