@@ -23,6 +23,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 CacheMode = Literal["preallocated", "growing", "rotating"]
+KVSpec = tuple[int, int, mx.Dtype]  # kv heads, head dim, dtype
 CACHE_MODES: tuple[str, ...] = ("preallocated", "growing", "rotating")
 
 
@@ -33,9 +34,13 @@ class ContextFull(RuntimeError):
 class PreallocatedKVCache(KVCache):
     """A :class:`KVCache` whose buffer is the full context length from the first write."""
 
-    def __init__(self, max_size: int):
+    def __init__(self, max_size: int, kv_spec: "KVSpec | None" = None):
         super().__init__()
         self.max_size = max_size
+        if kv_spec is not None:  # allocate now, outside the first prefill's time
+            heads, head_dim, dtype = kv_spec
+            self.keys = mx.zeros((1, heads, max_size, head_dim), dtype)
+            self.values = mx.zeros((1, heads, max_size, head_dim), dtype)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         prev, n = self.offset, keys.shape[2]
@@ -91,9 +96,13 @@ class PinnedRotatingKVCache(RotatingKVCache):
 
 
 def make_cache(
-    model, mode: CacheMode, max_size: int, *, keep: int = 0
+    model, mode: CacheMode, max_size: int, *, keep: int = 0, kv_spec: KVSpec | None = None
 ) -> list:
-    """One cache object per layer for ``model`` in the given mode."""
+    """One cache object per layer for ``model`` in the given mode.
+
+    With ``kv_spec``, preallocated buffers are allocated (and zeroed) here rather than on
+    the first write.
+    """
     if mode not in CACHE_MODES:
         raise ValueError(f"unknown cache mode {mode!r}; choose one of {', '.join(CACHE_MODES)}")
     if max_size <= 0:
@@ -103,7 +112,10 @@ def make_cache(
         return own  # hybrid/sliding models: their own cache layout is the correct one
     n = len(model.layers)
     if mode == "preallocated":
-        return [PreallocatedKVCache(max_size) for _ in range(n)]
+        caches = [PreallocatedKVCache(max_size, kv_spec) for _ in range(n)]
+        if kv_spec is not None:
+            mx.eval([(c.keys, c.values) for c in caches])
+        return caches
     if mode == "rotating":
         if not 0 <= keep < max_size:
             raise ValueError(f"cannot pin {keep} tokens in a {max_size}-token window")

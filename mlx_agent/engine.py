@@ -23,13 +23,24 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.sample_utils import make_sampler
 
-from .cache import CacheMode, ContextFull, make_cache, set_pinned, trimmable
+from .cache import CacheMode, ContextFull, KVSpec, make_cache, set_pinned, trimmable
 
 Sampler = Callable[[mx.array], mx.array]
 
 # Models whose logits are exactly head(model.model(x)); for them prefill applies the
 # output head to the last position only instead of to every prompt position.
 _HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"})
+
+
+def _output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
+    """The model's hidden-state -> logits map, where it is known to be the whole story."""
+    if getattr(model, "model_type", None) not in _HEAD_ON_LAST_ONLY:
+        return None
+    if hasattr(model, "output_head"):
+        return model.output_head
+    if getattr(model.args, "tie_word_embeddings", False):
+        return model.model.embed_tokens.as_linear
+    return model.lm_head
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class Engine:
         cache_mode: CacheMode = "preallocated",
         kv_window: int | None = None,
         prefill_step: int = 512,
+        kv_spec: KVSpec | None = None,
     ):
         if context_length <= 0:
             raise ValueError(f"context length must be positive, got {context_length}")
@@ -95,7 +107,8 @@ class Engine:
         self.cache_mode = cache_mode
         self.kv_window = kv_window or context_length
         self.prefill_step = prefill_step
-        self._split_head = getattr(model, "model_type", None) in _HEAD_ON_LAST_ONLY
+        self.kv_spec = kv_spec
+        self._head = _output_head(model)
         self.reset()
 
     # -- state -------------------------------------------------------------------------
@@ -103,7 +116,7 @@ class Engine:
     def reset(self, keep: int = 0) -> None:
         """Empty the cache; in rotating mode pin the first ``keep`` tokens."""
         size = self.kv_window if self.cache_mode == "rotating" else self.context_length
-        self.cache = make_cache(self.model, self.cache_mode, size, keep=keep)
+        self.cache = make_cache(self.model, self.cache_mode, size, keep=keep, kv_spec=self.kv_spec)
         self.tokens: list[int] = []
         self._logits: mx.array | None = None
 
@@ -128,12 +141,10 @@ class Engine:
     def _forward(self, ids: mx.array, want_logits: bool) -> mx.array | None:
         x = ids[None]
         if not want_logits:
-            (self.model.model if self._split_head else self.model)(x, cache=self.cache)
+            (self.model.model if self._head else self.model)(x, cache=self.cache)
             return None
-        if self._split_head:
-            h = self.model.model(x, cache=self.cache)[:, -1:, :]
-            head = getattr(self.model, "lm_head", None)
-            logits = head(h) if head is not None else self.model.model.embed_tokens.as_linear(h)
+        if self._head:
+            logits = self._head(self.model.model(x, cache=self.cache)[:, -1:, :])
         else:
             logits = self.model(x, cache=self.cache)[:, -1:, :]
         return logits[0, -1]

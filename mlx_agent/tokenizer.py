@@ -66,10 +66,11 @@ def from_gguf(meta: dict) -> TokenizerWrapper:
     types = [int(t) for t in meta["tokenizer.ggml.token_type"].tolist()] if (
         "tokenizer.ggml.token_type" in meta
     ) else [1] * len(tokens)
-    tok = Tokenizer(
-        models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                   ignore_merges=False, fuse_unk=False)
-    )
+    try:
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                   ignore_merges=False, fuse_unk=False))
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise ValueError(f"GGUF tokenizer is malformed: {e}") from None
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if meta.get("tokenizer.ggml.pre") == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -144,6 +145,15 @@ class SentencePieceTokenizer:
     @property
     def vocab(self) -> dict[str, int]:
         return self.get_vocab()
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=False,
+                            tokenize=True, **extra):
+        """Rendered by :mod:`mlx_agent.chat` (ChatML unless a template is set)."""
+        from .chat import CHATML, ChatFormat
+
+        text = ChatFormat(self.chat_template or CHATML).render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, **extra)
+        return self.encode(text) if tokenize else text
 
 
 def from_sentencepiece(model_proto: bytes) -> TokenizerWrapper:

@@ -18,6 +18,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,6 +27,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from .. import tokenizer as tok
 from ..chat import CHATML, ChatFormat
 from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
+
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 DEFAULT_MODEL = "smollm2-135m"
 MODEL_ENV = "MLX_AGENT_MODEL"
@@ -62,6 +66,15 @@ class LoadedModel:
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
+
+    def engine(self, **options) -> "Engine":
+        """An :class:`~mlx_agent.engine.Engine` for this model; ``options`` as Engine takes."""
+        from ..engine import Engine
+
+        ident = self.identity
+        options.setdefault("context_length", self.context_length)
+        kv_spec = (ident.kv_heads, ident.head_dim, getattr(mx, ident.kv_dtype))
+        return Engine(self.model, kv_spec=kv_spec, **options)
 
 
 def default_spec() -> str:
@@ -238,6 +251,7 @@ def load(
             raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {e}") from None
     weight_format = _apply_weight_format(model, _weight_format(weights))
     model.eval()
+    mx.eval(model.parameters())  # dequantize and cast now, not inside the first prefill
 
     if context_length is not None:
         if context_length <= 0:

@@ -55,7 +55,7 @@ def _rename(name: str) -> str | None:
 
 def read(path: Path) -> tuple[dict[str, mx.array], dict]:
     try:
-        weights, meta = mx.load(str(path), return_metadata=True)
+        weights, meta = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as e:  # MLX raises bare exceptions for malformed or unsupported files
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "type" in msg.lower() and "support" in msg.lower():

@@ -137,7 +137,11 @@ class Model(nn.Module):
         self.model = TinyGPT(args)
 
     def __call__(self, inputs: mx.array, cache=None) -> mx.array:
-        return self.model.token_embedding.as_linear(self.model(inputs, cache))
+        return self.output_head(self.model(inputs, cache))
+
+    def output_head(self, h: mx.array) -> mx.array:
+        """Logits from final hidden states: the head is tied to the token embedding."""
+        return self.model.token_embedding.as_linear(h)
 
     @property
     def layers(self):

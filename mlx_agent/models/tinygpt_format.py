@@ -91,13 +91,13 @@ def expected_manifest(config: dict, embed_norm=()) -> list[tuple[str, tuple[int,
 
 def _layout_of(header: dict) -> str:
     dtype = header.get("weightDtype")
+    if dtype not in (None, "fp32", "fp16", "int4"):
+        raise TinyGPTError(f"unsupported weightDtype {dtype!r} (expected fp32, fp16 or int4)")
     if dtype == "int4":
         return "int4"
     if dtype == "fp16" or header.get("includesOptimizerState") is False:
         return "inference"
-    if dtype in (None, "fp32"):
-        return "training"
-    raise TinyGPTError(f"unsupported weightDtype {dtype!r} (expected fp32, fp16 or int4)")
+    return "training"
 
 
 def _parse_manifest(header: dict) -> list[dict]:
@@ -260,6 +260,7 @@ def encode(f: TinyGPTFile) -> bytes:
     header = dict(f.header)
     header.pop("weightDtype", None)
     header.pop("includesOptimizerState", None)
+    header.pop("int4BlockSize", None)
     manifest, chunks = [], []
     offset = 0
     stored = {n: _to_stored(n, np.asarray(f.weights[n])) for n in names}

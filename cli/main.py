@@ -1,0 +1,145 @@
+"""The ``mlx_agent`` command line.
+
+Every user error (a bad path, a corrupt file, a prompt that does not fit) ends with one line
+on stderr and exit code 2, never a traceback. Commands import the runtime lazily so that
+``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .options import cache_mode, cache_options, model_options, sampling_options
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"mlx_agent: error: {self.format_message()}", err=True)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from mlx_agent.cache import ContextFull
+    from mlx_agent.chat import TemplateError
+    from mlx_agent.models import ModelError
+
+    return ModelError, ContextFull, TemplateError
+
+
+class Group(click.Group):
+    """Turns the runtime's user-facing errors into one-line messages with exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _user_errors() as e:
+            raise UserError(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mlx-agent")
+def main():
+    """Run small language models as on-device agents with MLX.
+
+    \b
+    Examples:
+      mlx_agent models
+      mlx_agent generate --chat "What is the capital of France?"
+      mlx_agent generate -m model.tinygpt --max-tokens 64 "Once upon a time"
+    """
+
+
+@main.command()
+def models():
+    """List the named models, where their files are, and the CPU fast path in use."""
+    import mlx.core as mx
+
+    from mlx_agent import blas
+    from mlx_agent.models import NAMED_MODELS, ModelError, default_spec, resolve
+    from mlx_agent.models import _weight_format as weight_format
+
+    default = default_spec()
+    for name, (_, _, install) in NAMED_MODELS.items():
+        mark = "*" if name == default else " "
+        try:
+            where = str(resolve(name))
+        except ModelError:
+            where = f"not installed ({install})"
+        click.echo(f"{mark} {name:<16} {where}")
+    if default not in NAMED_MODELS:
+        click.echo(f"* {default:<16} (from $MLX_AGENT_MODEL)")
+    device = "metal" if mx.metal.is_available() else "cpu"
+    click.echo(f"device: {device}; BLAS: {blas.status().describe()}; "
+               f"weights: {weight_format(None)}")
+
+
+@main.command()
+@click.argument("prompt")
+@model_options
+@cache_options
+@sampling_options
+@click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="Print model, BLAS and speed to stderr.")
+def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallocate,
+             kv_window, temperature, top_p, top_k, min_p, seed, chat, system, max_tokens,
+             verbose):
+    """Stream a completion of PROMPT ('-' reads standard input) to standard output.
+
+    \b
+    Examples:
+      mlx_agent generate --chat "What is the capital of France?"
+      mlx_agent generate --chat -t 0.8 --seed 7 "Write a haiku about tea."
+      echo "def fib(n):" | mlx_agent generate --max-tokens 48 -
+    """
+    from mlx_agent import blas
+    from mlx_agent.engine import SamplingParams
+    from mlx_agent.models import load
+    from mlx_agent.text import TextStream
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if system and not chat:
+        raise click.BadParameter("--system needs --chat", param_hint="--system")
+    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system else [])
+        messages.append({"role": "user", "content": prompt})
+        text = lm.chat.render(messages, add_generation_prompt=True)
+    else:
+        text = prompt
+    ids = lm.encode(text)
+    if not ids:
+        raise UserError("the prompt is empty; give some text to continue")
+    engine = lm.engine(cache_mode=cache_mode(no_kv_preallocate, kv_window), kv_window=kv_window)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
+                              min_p=min_p, seed=seed)
+    stream = TextStream(engine, lm.tokenizer, ids, sampling=sampling,
+                        max_tokens=max_tokens, stop_ids=lm.stop_ids)
+    for segment in stream:
+        click.echo(segment, nl=False)
+        sys.stdout.flush()
+    click.echo()
+    if verbose:
+        r = stream.result
+        p = r.prefill
+        ident = lm.identity
+        click.echo(
+            f"[{ident.name} ({ident.format}, {ident.weight_format}), BLAS "
+            f"{blas.status().name}] prompt {len(ids)} tokens: {p.prefilled} prefilled in "
+            f"{p.seconds * 1000:.0f} ms ({p.prefilled / max(p.seconds, 1e-9):.1f} tok/s); "
+            f"{len(r.token_ids)} generated at {r.decode_tps:.1f} tok/s; "
+            f"finish: {r.finish_reason}",
+            err=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

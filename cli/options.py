@@ -1,0 +1,64 @@
+"""Option groups shared by commands, each default defined once."""
+
+from __future__ import annotations
+
+
+import click
+
+from mlx_agent.models import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV
+
+
+def _compose(*decorators):
+    def apply(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+def model_options(f):
+    """MODEL selection, adapter, weight format and context length."""
+    return _compose(
+        click.option("-m", "--model", "model_spec", envvar=MODEL_ENV, metavar="MODEL",
+                     help="GGUF file, Hugging Face directory, .tinygpt file or model name "
+                          "[default: smollm2-135m]"),
+        click.option("--adapter", type=click.Path(file_okay=False), default=None,
+                     help="LoRA adapter directory (mlx-lm format)."),
+        click.option("--weights", type=click.Choice(WEIGHT_FORMATS), envvar=WEIGHTS_ENV,
+                     default="auto", show_default=True,
+                     help="Weight format: auto = float32 on CPU, quantized on Metal."),
+        click.option("--context-length", type=int, default=None,
+                     help="Tokens the KV cache holds [default: the model's context length]."),
+    )(f)
+
+
+def cache_options(f):
+    return _compose(
+        click.option("--no-kv-preallocate", is_flag=True,
+                     help="Grow the KV cache as needed instead of allocating it up front."),
+        click.option("--kv-window", type=click.IntRange(min=2), default=None,
+                     help="Rotating KV window of N tokens; the system prompt stays pinned."),
+    )(f)
+
+
+def sampling_options(f):
+    return _compose(
+        click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0,
+                     show_default=True, help="0 = greedy."),
+        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+                     show_default=True),
+        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="0 = off."),
+        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+                     show_default=True),
+        click.option("--seed", type=int, default=None, help="Same seed, same tokens."),
+    )(f)
+
+
+def cache_mode(no_kv_preallocate: bool, kv_window: int | None) -> str:
+    if kv_window:
+        return "rotating"
+    return "growing" if no_kv_preallocate else "preallocated"
+
+

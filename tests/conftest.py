@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny random models built in the test, and the real bundled model."""
+
+from __future__ import annotations
+
+import mlx_agent  # noqa: F401  (loads the fast BLAS before mlx, as the CLI does)
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+
+from mlx_agent.models import tinygpt
+from mlx_agent.models.tinygpt_format import TinyGPTFile, expected_manifest
+
+TINY_LLAMA = dict(
+    model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+    num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,
+    rope_traditional=True, tie_word_embeddings=True, max_position_embeddings=256,
+)
+TINY_GPT_CONFIG = {"layers": 2, "dModel": 32, "ctx": 64, "heads": 4, "dMlp": 64}
+
+
+def make_tiny_llama(seed: int = 0):
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs(**TINY_LLAMA))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def random_tinygpt_file(config=None, seed: int = 0, layout="inference", embed_norm=False):
+    config = dict(config or TINY_GPT_CONFIG)
+    rng = np.random.default_rng(seed)
+    extra = ("embed_norm.weight", "embed_norm.bias") if embed_norm else ()
+    weights = {
+        name: (rng.standard_normal(shape) * (0.2 if len(shape) == 2 else 0.05)
+               + (1.0 if name.endswith("weight") and len(shape) == 1 else 0.0)).astype(np.float32)
+        for name, shape in expected_manifest(config, extra)
+    }
+    return TinyGPTFile(config=config, weights=weights, layout=layout, header={"name": "tiny"})
+
+
+def make_tiny_gpt(seed: int = 0):
+    f = random_tinygpt_file(seed=seed)
+    model = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    model.load_weights(list(model.sanitize({k: mx.array(v) for k, v in f.weights.items()}).items()))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(params=["llama", "tinygpt"])
+def tiny_model(request):
+    return make_tiny_llama() if request.param == "llama" else make_tiny_gpt()
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    from mlx_agent.models import load
+
+    return load("smollm2-135m")

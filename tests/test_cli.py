@@ -1,0 +1,70 @@
+"""The command line as a user runs it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlx_agent.models import tinygpt_format as fmt
+
+from .conftest import random_tinygpt_file
+
+CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
+
+
+def run(*args, stdin=None, env=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, input=stdin,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_generate_chat_with_the_bundled_model():
+    r = run("generate", "--chat", "--max-tokens", "24", "-v", "What is the capital of France?")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    assert "prefilled" in r.stderr and "tok/s" in r.stderr
+
+
+def test_models_lists_the_default_and_its_file():
+    r = run("models")
+    assert r.returncode == 0, r.stderr
+    assert "* smollm2-135m" in r.stdout and ".gguf" in r.stdout
+    assert "BLAS:" in r.stdout
+
+
+def test_generate_on_a_tinygpt_from_stdin(tmp_path):
+    path = tmp_path / "m.tinygpt"
+    fmt.write(path, random_tinygpt_file())
+    r = run("generate", "-m", str(path), "--max-tokens", "5", "--no-kv-preallocate", "-",
+            stdin="abc")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["generate", "-m", "/no/such/model", "hi"], "no model at '/no/such/model'"),
+    (["generate", "--context-length", "0", "hi"], "context length must be a positive"),
+    (["generate", "--max-tokens", "0", "hi"], "--max-tokens"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = run(*args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF\x03\x00garbage", b"TGPT\x02\x00\x00\x00\xff\xff\xff\x00"])
+def test_corrupt_model_files_exit_2_without_traceback(tmp_path, content):
+    path = tmp_path / "broken.bin"
+    path.write_bytes(content)
+    r = run("generate", "-m", str(path), "hi")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("mlx_agent: error:") and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr
+
+
+def test_prompt_longer_than_the_context_is_a_clear_error():
+    r = run("generate", "--context-length", "8", "one two three four five six seven eight nine ten")
+    assert r.returncode == 2
+    assert "exceed the 8-token context" in r.stderr

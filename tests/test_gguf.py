@@ -1,0 +1,110 @@
+"""GGUF loading on tiny files written in the test, and the errors bad files give."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+
+from mlx_agent.models import ModelError, load
+from mlx_agent.tokenizer import _bytes_to_unicode
+
+from .conftest import TINY_LLAMA, make_tiny_llama
+
+GGUF_NAMES = {
+    "model.embed_tokens": "token_embd", "model.norm": "output_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def to_gguf_name(name: str) -> str:
+    if name.startswith("model.layers."):
+        _, _, i, rest = name.split(".", 3)
+        module, leaf = rest.rsplit(".", 1)
+        return f"blk.{i}.{GGUF_NAMES[module]}.{leaf}"
+    module, leaf = name.rsplit(".", 1)
+    return f"{GGUF_NAMES[module]}.{leaf}"
+
+
+def write_tiny_gguf(path, model, arch="llama", f16=False):
+    from mlx.utils import tree_flatten
+
+    a = TINY_LLAMA
+    tensors = {to_gguf_name(k): (v.astype(mx.float16) if f16 and v.ndim == 2 else v)
+               for k, v in tree_flatten(model.parameters())}
+    chars = _bytes_to_unicode()
+    # printable ASCII (ids 0..93), one merged token, two specials: 97 = the vocab size
+    tokens = [chars[b] for b in range(33, 127)] + ["hi", "<|im_start|>", "<|im_end|>"]
+    u32 = lambda x: mx.array(x, dtype=mx.uint32)  # noqa: E731
+    meta = {
+        "general.architecture": arch, "general.name": "tiny",
+        f"{arch}.embedding_length": u32(a["hidden_size"]),
+        f"{arch}.block_count": u32(a["num_hidden_layers"]),
+        f"{arch}.feed_forward_length": u32(a["intermediate_size"]),
+        f"{arch}.attention.head_count": u32(a["num_attention_heads"]),
+        f"{arch}.attention.head_count_kv": u32(a["num_key_value_heads"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": mx.array(a["rms_norm_eps"], dtype=mx.float32),
+        f"{arch}.context_length": u32(a["max_position_embeddings"]),
+        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": ["h i"],
+        "tokenizer.ggml.token_type": mx.array([1] * (len(tokens) - 2) + [3, 3], dtype=mx.int32),
+        "tokenizer.ggml.eos_token_id": u32(len(tokens) - 1),
+        "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                                   "{{ m['content'] }}<|im_end|>\n{% endfor %}",
+    }
+    mx.save_gguf(str(path), tensors, meta)
+
+
+def test_tiny_gguf_loads_into_llama_with_identical_logits(tmp_path):
+    model = make_tiny_llama(seed=2)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, model)
+    lm = load(path)
+    assert isinstance(lm.model, llama.Model) and lm.model.args.rope_traditional
+    assert lm.context_length == 256 and lm.identity.num_layers == 2
+    assert lm.identity.kv_heads == 2 and lm.identity.head_dim == 16
+    ids = mx.array([[1, 5, 9, 33, 2]])
+    np.testing.assert_allclose(np.array(lm.model(ids)), np.array(model(ids)), atol=1e-5)
+    eos = lm.encode("<|im_end|>")
+    assert len(eos) == 1 and lm.stop_ids == frozenset(eos)
+    assert lm.encode("hi") == [94]  # the one merge
+    assert lm.encode("12") == [ord("1") - 33, ord("2") - 33]  # digits split one by one
+    assert lm.decode(lm.encode("a+b=c")) == "a+b=c"
+
+
+def test_f16_gguf_keeps_working_in_float32_on_cpu(tmp_path):
+    path = tmp_path / "half.gguf"
+    write_tiny_gguf(path, make_tiny_llama(seed=3), f16=True)
+    lm = load(path, weights="float32")
+    assert lm.identity.weight_format == "float32" and lm.identity.kv_dtype == "float32"
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    path = tmp_path / "q.gguf"
+    write_tiny_gguf(path, make_tiny_llama(), arch="qwen2")
+    with pytest.raises(ModelError, match="architecture 'qwen2' is not supported"):
+        load(path)
+
+
+def test_corrupt_gguf_is_a_one_line_error(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, make_tiny_llama())
+    data = path.read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match="not a readable GGUF") as err:
+        load(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_named_model_says_how_to_install(monkeypatch):
+    from mlx_agent import models
+
+    monkeypatch.setitem(models.NAMED_MODELS, "ghost", ("no_such_pkg_x", "m.gguf", "pip install ghost"))
+    with pytest.raises(ModelError, match="install it with: pip install ghost"):
+        load("ghost")
