@@ -32,6 +32,12 @@ Sampler = Callable[[mx.array], mx.array]
 _HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"})
 
 
+def default_prefill_step() -> int:
+    """Tokens per prefill chunk. On the CPU, 128-token chunks measured fastest (241 tok/s
+    against 196 for 512 on SmolLM2-135M; scripts/bench_generate.py); Metal likes larger ones."""
+    return 512 if mx.metal.is_available() else 128
+
+
 def _output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
     """The model's hidden-state -> logits map, where it is known to be the whole story."""
     if getattr(model, "model_type", None) not in _HEAD_ON_LAST_ONLY:
@@ -95,11 +101,12 @@ class Engine:
         context_length: int,
         cache_mode: CacheMode = "preallocated",
         kv_window: int | None = None,
-        prefill_step: int = 512,
+        prefill_step: int | None = None,
         kv_spec: KVSpec | None = None,
     ):
         if context_length <= 0:
             raise ValueError(f"context length must be positive, got {context_length}")
+        prefill_step = prefill_step or default_prefill_step()
         if prefill_step <= 0:
             raise ValueError(f"prefill step must be positive, got {prefill_step}")
         self.model = model
@@ -165,14 +172,16 @@ class Engine:
             return PrefillStats(len(self.tokens), 0, 0.0)
         self._check_room(len(ids))
         arr = mx.array(ids, dtype=mx.uint32)
-        step = self.prefill_step
-        for i in range(0, len(ids) - 1, step):
-            chunk = arr[i : min(i + step, len(ids) - 1)]
-            self._forward(chunk, want_logits=False)
-            mx.eval([c.state for c in self.cache])
-            mx.clear_cache()
-        self._logits = self._forward(arr[-1:], want_logits=True)
-        mx.eval(self._logits)
+        starts = range(0, len(ids), self.prefill_step)
+        for start_at in starts:
+            chunk = arr[start_at : start_at + self.prefill_step]
+            if start_at == starts[-1]:  # the last chunk also yields the next-token logits
+                self._logits = self._forward(chunk, want_logits=True)
+                mx.eval(self._logits)
+            else:
+                self._forward(chunk, want_logits=False)
+                mx.eval([c.state for c in self.cache])
+                mx.clear_cache()
         self.tokens.extend(ids)
         return PrefillStats(0, len(ids), time.perf_counter() - start)
 
