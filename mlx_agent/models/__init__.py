@@ -160,8 +160,7 @@ def _load_gguf(path: Path):
     except (gguf.GGUFError, ValueError) as e:
         raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     template = meta.get("tokenizer.chat_template") or CHATML
-    name = meta.get("general.name") or path.stem
-    return model, tokenizer, template, args.max_position_embeddings, str(name)
+    return model, tokenizer, template, args.max_position_embeddings, path.stem
 
 
 def _load_tinygpt(path: Path):
@@ -231,6 +230,7 @@ def load(
     from .. import blas
 
     blas.activate()
+    spec = str(spec) if spec is not None else default_spec()
     path = resolve(spec)
     fmt = _format_of(path)
     adapter_path = Path(adapter).expanduser() if adapter else None
@@ -261,6 +261,8 @@ def load(
                              f"context length {context_length} is too long")
         max_ctx = context_length
 
+    if spec in NAMED_MODELS:
+        name = spec
     inner = tokenizer._tokenizer
     chat = ChatFormat(template=template, bos_token=getattr(inner, "bos_token", None) or "",
                       eos_token=getattr(inner, "eos_token", None) or "")
