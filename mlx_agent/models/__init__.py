@@ -118,7 +118,8 @@ def _format_of(path: Path) -> str:
     )
 
 
-def _weight_format(requested: str | None) -> str:
+def resolve_weight_format(requested: str | None) -> str:
+    """The weight format to use: an explicit choice, $MLX_AGENT_WEIGHTS, or auto for this device."""
     choice = requested or os.environ.get(WEIGHTS_ENV) or "auto"
     if choice not in WEIGHT_FORMATS:
         raise ModelError(f"unknown weight format {choice!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
@@ -242,14 +243,14 @@ def load(
         model, tokenizer, template, max_ctx, name = _load_tinygpt(path)
     else:
         model, tokenizer, template, max_ctx, name = _load_hf(path, adapter_path)
-    if adapter_path is not None and fmt != "hf":
+    weight_format = _apply_weight_format(model, resolve_weight_format(weights))
+    if adapter_path is not None and fmt != "hf":  # mlx_lm.load applied it for "hf"
         from mlx_lm.tuner.utils import load_adapters
 
         try:
             load_adapters(model, str(adapter_path))
         except (ValueError, FileNotFoundError, KeyError) as e:
             raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {e}") from None
-    weight_format = _apply_weight_format(model, _weight_format(weights))
     model.eval()
     mx.eval(model.parameters())  # dequantize and cast now, not inside the first prefill
 

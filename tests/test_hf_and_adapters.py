@@ -1,0 +1,84 @@
+"""Hugging Face directories through mlx-lm, and LoRA adapters on every format."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from mlx_agent.models import ModelError, load
+from mlx_agent.models import tinygpt_format as fmt
+from mlx_agent.tokenizer import byte_level
+
+from .conftest import TINY_LLAMA, make_tiny_llama, random_tinygpt_file
+
+IDS = mx.array([[3, 14, 15, 92, 65, 35]])
+
+
+def write_hf_dir(path, model):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    byte_level()._tokenizer.save_pretrained(str(path))
+
+
+def write_adapter(path, model, lora_keys=("self_attn.q_proj", "self_attn.v_proj")):
+    """A random (non-zero) LoRA adapter in mlx-lm's format, applied to ``model`` too."""
+    params = {"rank": 4, "scale": 2.0, "dropout": 0.0, "keys": list(lora_keys)}
+    linear_to_lora_layers(model, 2, params)
+    mx.random.seed(5)
+    lora = {k: mx.random.normal(v.shape) * 0.1
+            for k, v in tree_flatten(model.parameters()) if "lora_" in k}
+    model.load_weights(list(lora.items()), strict=False)
+    path.mkdir()
+    mx.save_safetensors(str(path / "adapters.safetensors"), lora)
+    (path / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": params}))
+
+
+def test_hf_directory_loads_through_mlx_lm(tmp_path):
+    model = make_tiny_llama(seed=4)
+    write_hf_dir(tmp_path / "hf", model)
+    lm = load(tmp_path / "hf")
+    assert lm.identity.format == "hf" and lm.context_length == 256
+    np.testing.assert_allclose(np.array(lm.model(IDS)), np.array(model(IDS)), atol=1e-5)
+    assert lm.decode(lm.encode("tools!")) == "tools!"
+
+
+def test_hf_directory_with_adapter_changes_logits_as_mlx_lm_does(tmp_path):
+    base = make_tiny_llama(seed=4)
+    write_hf_dir(tmp_path / "hf", base)
+    plain = np.array(base(IDS))
+    write_adapter(tmp_path / "ad", base)
+    lm = load(tmp_path / "hf", adapter=tmp_path / "ad")
+    got = np.array(lm.model(IDS))
+    np.testing.assert_allclose(got, np.array(base(IDS)), atol=1e-5)
+    assert np.abs(got - plain).max() > 1e-3  # the adapter really is applied
+    assert lm.identity.adapter_fingerprint
+
+
+def test_adapter_on_a_tinygpt(tmp_path):
+    from mlx_agent.models import tinygpt
+
+    f = random_tinygpt_file(layout="training")
+    fmt.write(tmp_path / "m.tinygpt", f)
+    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    base.load_weights(list(base.sanitize({k: mx.array(v) for k, v in f.weights.items()}).items()))
+    write_adapter(tmp_path / "ad", base, lora_keys=("attn.q_proj", "attn.v_proj"))
+    lm = load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
+    np.testing.assert_allclose(np.array(lm.model(IDS)), np.array(base(IDS)), atol=1e-5)
+
+
+def test_adapter_directory_without_config_is_a_clear_error(tmp_path):
+    (tmp_path / "ad").mkdir()
+    with pytest.raises(ModelError, match="no adapter_config.json"):
+        load("smollm2-135m", adapter=tmp_path / "ad")
+
+
+def test_directory_without_config_json_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelError, match="without config.json"):
+        load(tmp_path)
