@@ -115,7 +115,7 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
         text = lm.chat.render(messages, add_generation_prompt=True)
     else:
         text = prompt
-    ids = lm.encode(text)
+    ids = lm.prompt_ids(text)
     if not ids:
         raise UserError("the prompt is empty; give some text to continue")
     engine = lm.engine(cache_mode=cache_mode(no_kv_preallocate, kv_window), kv_window=kv_window)

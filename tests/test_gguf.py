@@ -30,7 +30,7 @@ def to_gguf_name(name: str) -> str:
     return f"{GGUF_NAMES[module]}.{leaf}"
 
 
-def write_tiny_gguf(path, model, arch="llama", f16=False):
+def write_tiny_gguf(path, model, arch="llama", f16=False, add_bos=False):
     from mlx.utils import tree_flatten
 
     a = TINY_LLAMA
@@ -54,6 +54,8 @@ def write_tiny_gguf(path, model, arch="llama", f16=False):
         "tokenizer.ggml.merges": ["h i"],
         "tokenizer.ggml.token_type": mx.array([1] * (len(tokens) - 2) + [3, 3], dtype=mx.int32),
         "tokenizer.ggml.eos_token_id": u32(len(tokens) - 1),
+        "tokenizer.ggml.bos_token_id": u32(len(tokens) - 2),
+        "tokenizer.ggml.add_bos_token": mx.array(add_bos),
         "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
                                    "{{ m['content'] }}<|im_end|>\n{% endfor %}",
     }
@@ -75,6 +77,16 @@ def test_tiny_gguf_loads_into_llama_with_identical_logits(tmp_path):
     assert lm.encode("hi") == [94]  # the one merge
     assert lm.encode("12") == [ord("1") - 33, ord("2") - 33]  # digits split one by one
     assert lm.decode(lm.encode("a+b=c")) == "a+b=c"
+
+
+def test_bos_is_prepended_once_when_the_file_asks_for_it(tmp_path):
+    for add_bos in (False, True):
+        path = tmp_path / f"bos{add_bos}.gguf"
+        write_tiny_gguf(path, make_tiny_llama(), add_bos=add_bos)
+        lm = load(path)
+        bos = lm.encode("<|im_start|>")
+        assert lm.prompt_ids("ab") == (bos if add_bos else []) + lm.encode("ab")
+        assert lm.prompt_ids("<|im_start|>ab") == lm.encode("<|im_start|>ab")  # never doubled
 
 
 def test_f16_gguf_keeps_working_in_float32_on_cpu(tmp_path):

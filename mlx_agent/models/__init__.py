@@ -18,7 +18,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,6 +46,17 @@ NAMED_MODELS = {
 }
 
 
+class _Parts(NamedTuple):
+    """What each format's loader hands to :func:`load`."""
+
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    template: str
+    context_length: int
+    name: str
+    bos_id: int | None = None  # set when the file says prompts start with BOS
+
+
 class ModelError(ValueError):
     """A model spec that cannot be loaded; the message says what to do."""
 
@@ -59,10 +70,19 @@ class LoadedModel:
     context_length: int
     identity: ModelIdentity
     path: Path
+    bos_id: int | None = None  # prepended to prompts when the model asks for it
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are matched."""
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Ids to feed for a prompt: ``encode(text)`` with the BOS token in front when the
+        model wants one and the text (say, a chat template) did not already write it."""
+        ids = self.encode(text)
+        if self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
@@ -161,7 +181,11 @@ def _load_gguf(path: Path):
     except (gguf.GGUFError, ValueError) as e:
         raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     template = meta.get("tokenizer.chat_template") or CHATML
-    return model, tokenizer, template, args.max_position_embeddings, path.stem
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    bos_id = int(bos.item()) if add_bos is not None and bool(add_bos.item()) and bos is not None \
+        else None
+    return _Parts(model, tokenizer, template, args.max_position_embeddings, path.stem, bos_id)
 
 
 def _load_tinygpt(path: Path):
@@ -192,7 +216,7 @@ def _load_tinygpt(path: Path):
             )
         tokenizer = tok.byte_level()
     template = getattr(tokenizer, "chat_template", None) or CHATML
-    return model, tokenizer, template, args.ctx, f.header.get("name") or path.stem
+    return _Parts(model, tokenizer, template, args.ctx, f.header.get("name") or path.stem)
 
 
 def _load_hf(path: Path, adapter: Path | None):
@@ -206,7 +230,11 @@ def _load_hf(path: Path, adapter: Path | None):
         raise ModelError(f"{path}: {e}") from None
     template = getattr(tokenizer, "chat_template", None) or CHATML
     ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
-    return model, tokenizer, template, int(ctx), path.name
+    inner = tokenizer._tokenizer
+    bos_id = getattr(inner, "bos_token_id", None)
+    if bos_id is not None and inner.encode("a", add_special_tokens=True)[:1] != [bos_id]:
+        bos_id = None  # the tokenizer itself does not start prompts with BOS
+    return _Parts(model, tokenizer, template, int(ctx), path.name, bos_id)
 
 
 def _probe_kv(model: nn.Module) -> tuple[str, int, int]:
@@ -238,11 +266,12 @@ def load(
     if adapter_path is not None and not (adapter_path / "adapter_config.json").is_file():
         raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
     if fmt == "gguf":
-        model, tokenizer, template, max_ctx, name = _load_gguf(path)
+        parts = _load_gguf(path)
     elif fmt == "tinygpt":
-        model, tokenizer, template, max_ctx, name = _load_tinygpt(path)
+        parts = _load_tinygpt(path)
     else:
-        model, tokenizer, template, max_ctx, name = _load_hf(path, adapter_path)
+        parts = _load_hf(path, adapter_path)
+    model, tokenizer, template, max_ctx, name, bos_id = parts
     weight_format = _apply_weight_format(model, resolve_weight_format(weights))
     if adapter_path is not None and fmt != "hf":  # mlx_lm.load applied it for "hf"
         from mlx_lm.tuner.utils import load_adapters
@@ -277,7 +306,7 @@ def load(
     )
     return LoadedModel(model=model, tokenizer=tokenizer, chat=chat,
                        stop_ids=frozenset(tokenizer.eos_token_ids), context_length=max_ctx,
-                       identity=identity, path=path)
+                       identity=identity, path=path, bos_id=bos_id)
 
 
 __all__ = ["LoadedModel", "ModelError", "ModelIdentity", "load", "resolve", "default_spec",
