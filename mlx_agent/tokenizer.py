@@ -24,23 +24,15 @@ from mlx_lm.tokenizer_utils import (
     BPEStreamingDetokenizer,
     SPMStreamingDetokenizer,
     TokenizerWrapper,
+    _byte_decoder,
 )
 
 _CONTROL, _USER_DEFINED = 3, 4
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+    """GPT-2's reversible byte -> printable character map (mlx-lm's decoder, inverted)."""
+    return {b: c for c, b in _byte_decoder().items()}
 
 
 def _fast(tok, *, bos: str | None, eos: str | None, unk: str | None = None):
