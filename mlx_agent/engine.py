@@ -49,6 +49,13 @@ def _output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
     return model.lm_head
 
 
+def greedy_sampler(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
+greedy_sampler.greedy = True
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings; ``temperature == 0`` is greedy (argmax)."""
@@ -70,9 +77,14 @@ class SamplingParams:
             raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
 
     def sampler(self) -> Sampler:
-        """mlx-lm's sampler for these settings; seeds MLX's generator when a seed is set."""
+        """mlx-lm's sampler for these settings; seeds MLX's generator when a seed is set.
+
+        A greedy sampler is marked ``greedy`` so the engine can skip the log-softmax.
+        """
         if self.seed is not None:
             mx.random.seed(self.seed)
+        if self.temperature == 0:
+            return greedy_sampler
         return make_sampler(
             temp=self.temperature, top_p=self.top_p, min_p=self.min_p, top_k=self.top_k
         )
@@ -225,27 +237,33 @@ class Engine:
     ) -> Iterator[int]:
         """Sample up to ``max_tokens`` ids, stopping after the first id in ``stop_ids``.
 
-        Each yielded id is already fed to the model (see the module docstring).
+        Each yielded id is already fed to the model (see the module docstring); the sampler
+        is called once per yielded id.
         """
         if self._logits is None:
             raise RuntimeError("nothing to continue from: prefill or sync a prompt first")
-        sampler = sampler or SamplingParams().sampler()
+        sampler = sampler or greedy_sampler
         room = self.room
         if room is not None:
             if room <= 0:
                 self._check_room(1)
             max_tokens = min(max_tokens, room)
 
+        greedy = getattr(sampler, "greedy", False)
+
         def sample(logits: mx.array) -> mx.array:
+            if greedy:  # argmax needs no normalisation
+                return mx.argmax(logits, axis=-1, keepdims=True)
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sampler(logprobs[None])
 
         y = sample(self._logits)
         mx.async_eval(y)
         for n in range(max_tokens):
+            # Queue the forward pass of y before waiting for y's value, so the model
+            # computes step n+1 while the caller handles token n.
             next_logits = self._forward(y, want_logits=True)
-            next_y = sample(next_logits)
-            mx.async_eval(next_y, next_logits)
+            mx.async_eval(next_logits)
             token = y.item()
             self.tokens.append(token)
             self._logits = next_logits
@@ -254,4 +272,7 @@ class Engine:
                 return
             if n % 256 == 255:
                 mx.clear_cache()
-            y = next_y
+            # Sampled only once the caller asks for more: exactly one draw per token
+            # handed out, so a caller that stops early leaves the sampler untouched.
+            y = sample(next_logits)
+            mx.async_eval(y)
