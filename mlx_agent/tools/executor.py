@@ -1,0 +1,194 @@
+"""Run tool calls: ``_exec`` bash templates and Python handlers, with bounded output.
+
+An ``_exec`` template never sees model text spliced into it. Each argument is pre-assigned
+as a shell variable, single-quote escaped (strings as they are, numbers as JSON numbers,
+booleans ``true``/``false``, objects and arrays as JSON, null as empty), and the template
+refers to it as ``"$name"``. The command runs under ``/bin/bash -c`` with stdin closed, an
+environment of only PATH, HOME, LANG and the names the user allowed, in a new process group.
+On timeout the group gets SIGTERM, then SIGKILL 0.5 s later; after any run, whatever is left
+of the group is killed, so background grandchildren die with it.
+
+stdout and stderr are each capped (head and tail around a ``…[truncated N bytes]`` marker),
+read as they arrive so memory stays bounded however much a tool prints; undecodable bytes
+are replaced. Running a command never raises: failures come back in the :class:`ToolResult`.
+
+This is path and environment hygiene, not a sandbox: a template can run anything the user's
+shell can. Handlers run in-process and are not interrupted by the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Sequence
+
+import msgspec
+
+from .schema import Tool
+
+DEFAULT_CAP = 8 * 1024
+BASE_ENV = ("PATH", "HOME", "LANG")
+_KILL_GRACE = 0.5
+_CHUNK = 64 * 1024
+
+
+class ToolResult(msgspec.Struct, frozen=True):
+    tool: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int = 0
+    timed_out: bool = False
+    duration_sec: float = 0.0
+
+    def for_model(self) -> str:
+        """The JSON object the model reads in its tool turn."""
+        return json.dumps({"tool": self.tool, "stdout": self.stdout, "stderr": self.stderr,
+                           "exit_code": self.exit_code}, ensure_ascii=False)
+
+
+def error_result(tool: str, message: str) -> ToolResult:
+    """A call that did not run (unknown tool, invalid arguments, denied, ...)."""
+    return ToolResult(tool=tool, stderr=f"error: {message}", exit_code=-1)
+
+
+class _Capped:
+    """Keeps the first and last ``cap // 2`` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int):
+        self.half = max(cap // 2, 1)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> str:
+        dropped = self.total - len(self.head) - len(self.tail)
+        if dropped <= 0:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
+        head = bytes(self.head).decode("utf-8", "replace")
+        tail = bytes(self.tail).decode("utf-8", "replace")
+        return f"{head}…[truncated {dropped} bytes]{tail}"
+
+
+def _pump(stream, sink: _Capped) -> None:
+    with stream:
+        while chunk := stream.read1(_CHUNK):
+            sink.feed(chunk)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    tool: str,
+    timeout: float,
+    cwd: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    cap: int = DEFAULT_CAP,
+) -> ToolResult:
+    """Run ``argv`` in its own process group with bounded output; never raises."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=cwd, env=env,
+                                start_new_session=True)
+    except OSError as e:
+        return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
+    out, err = _Capped(cap), _Capped(cap)
+    readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
+               for s, c in ((proc.stdout, out), (proc.stderr, err))]
+    for r in readers:
+        r.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=_KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+    # Whatever the command left behind in its group (background children holding the
+    # pipes open) goes now, so the readers see end-of-file.
+    _kill_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for r in readers:
+        r.join(timeout=5)
+    return ToolResult(tool=tool, stdout=out.text(), stderr=err.text(),
+                      exit_code=proc.returncode, timed_out=timed_out,
+                      duration_sec=round(time.monotonic() - start, 4))
+
+
+def shell_value(value: Any) -> str:
+    """How an argument appears as a shell variable (before quoting)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):  # before int: JSON true is not 1
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def exec_script(tool: Tool, arguments: dict[str, Any]) -> str:
+    """The bash script for an ``_exec`` tool: variable assignments, then the template."""
+    lines = [f"{name}={shell_quote(shell_value(arguments.get(name)))}" for name in tool.exec_args]
+    return "\n".join([*lines, tool.exec_template or ""])
+
+
+def tool_env(allowed: Sequence[str] = ()) -> dict[str, str]:
+    names = (*BASE_ENV, *allowed)
+    return {n: os.environ[n] for n in names if n in os.environ}
+
+
+def run_tool(
+    tool: Tool,
+    arguments: dict[str, Any],
+    *,
+    timeout: float = 30.0,
+    env_names: Sequence[str] = (),
+    cwd: str | os.PathLike | None = None,
+    cap: int = DEFAULT_CAP,
+) -> ToolResult:
+    """Run a validated call of ``tool``; never raises."""
+    if tool.exec_template is not None:
+        return run_process(["/bin/bash", "-c", exec_script(tool, arguments)], tool=tool.name,
+                           timeout=timeout, cwd=cwd, env=tool_env(env_names), cap=cap)
+    start = time.monotonic()
+    try:
+        value = tool.resolve_handler()(**arguments)
+    except Exception as e:  # a handler's failure is the model's information, not our crash
+        return ToolResult(tool=tool.name, stderr=f"{type(e).__name__}: {e}", exit_code=1,
+                          duration_sec=round(time.monotonic() - start, 4))
+    if isinstance(value, ToolResult):
+        return value
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    capped = _Capped(cap)
+    capped.feed(text.encode("utf-8", "replace"))
+    return ToolResult(tool=tool.name, stdout=capped.text(),
+                      duration_sec=round(time.monotonic() - start, 4))

@@ -1,0 +1,194 @@
+"""Tool catalogues: OpenAI-compatible tool schemas with the ``_exec`` / ``_handler`` extensions.
+
+A file holds ``{"tools": [...]}`` or a bare array. Each entry is an OpenAI
+``{"type": "function", "function": {...}}`` block or the function fields at the top level.
+Extensions (ignored by OpenAI clients): ``_exec``, a bash template run with the arguments
+pre-assigned as shell variables; ``_exec_args``, their order (default: the properties in
+alphabetical order); ``_handler``, ``"package.module:function"`` called with the arguments
+as keyword arguments. Built-in tools carry a Python callable instead.
+
+Parsing goes through msgspec structs; every error names the file, the tool and the field.
+Arguments the model sends are checked with ``jsonschema`` against the tool's ``parameters``
+before anything runs. This module runs nothing and knows nothing of models.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+class ToolSchemaError(ValueError):
+    """A tools file that cannot be used; the message names file, tool and field."""
+
+
+class Function(msgspec.Struct, frozen=True):
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=lambda: dict(EMPTY_PARAMETERS))
+    exec_template: str | None = msgspec.field(default=None, name="_exec")
+    exec_args: list[str] | None = msgspec.field(default=None, name="_exec_args")
+    handler: str | None = msgspec.field(default=None, name="_handler")
+
+
+class Tool(msgspec.Struct, frozen=True):
+    """One callable tool: its schema plus how to run it (exactly one of the three)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    exec_template: str | None = None
+    exec_args: tuple[str, ...] = ()
+    handler: str | None = None
+    builtin: Callable[..., Any] | None = None
+
+    @property
+    def required(self) -> list[str]:
+        return list(self.parameters.get("required", []))
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        return dict(self.parameters.get("properties", {}))
+
+    def openai(self) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry, without our extensions (for chat templates)."""
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def signature(self) -> str:
+        """``name(req: type, opt?: type)``: required in ``required`` order, then optional
+        alphabetically with ``?``; a missing type shows as ``string``."""
+        props = self.properties
+
+        def typ(name):
+            t = props.get(name, {}).get("type", "string")
+            return "|".join(t) if isinstance(t, list) else str(t)
+
+        required = [r for r in self.required if r in props] + [
+            r for r in self.required if r not in props]
+        optional = sorted(p for p in props if p not in required)
+        args = [f"{r}: {typ(r)}" for r in required] + [f"{o}?: {typ(o)}" for o in optional]
+        return f"{self.name}({', '.join(args)})"
+
+    def validate(self, arguments: Any) -> list[str]:
+        """Why ``arguments`` do not satisfy the schema (empty when they do)."""
+        if not isinstance(arguments, dict):
+            return [f"arguments must be a JSON object, got {type(arguments).__name__}"]
+        validator = Draft202012Validator(self.parameters)
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
+        out = []
+        for e in errors:
+            where = ".".join(str(p) for p in e.path)
+            out.append(f"{where}: {e.message}" if where else e.message)
+        return out
+
+    def resolve_handler(self) -> Callable[..., Any]:
+        if self.builtin is not None:
+            return self.builtin
+        module_name, _, attr = (self.handler or "").partition(":")
+        module = importlib.import_module(module_name)
+        return getattr(module, attr)
+
+
+def _tool_from(function: Function, where: str) -> Tool:
+    name = function.name
+    if not IDENTIFIER.match(name):
+        raise ToolSchemaError(f"{where}: tool name {name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
+    where = f"{where}: tool {name!r}"
+    params = function.parameters
+    if params.get("type", "object") != "object":
+        raise ToolSchemaError(f"{where}: field 'parameters' must be a JSON Schema of type object")
+    try:
+        Draft202012Validator.check_schema(params)
+    except SchemaError as e:
+        path = ".".join(str(p) for p in e.path)
+        raise ToolSchemaError(
+            f"{where}: field 'parameters{'.' + path if path else ''}' is not valid JSON Schema:"
+            f" {e.message}") from None
+    props = params.get("properties", {})
+    for req in params.get("required", []):
+        if req not in props:
+            raise ToolSchemaError(f"{where}: field 'required' names {req!r}, which is not a property")
+    if not function.exec_template and not function.handler:
+        raise ToolSchemaError(f"{where}: has neither '_exec' nor '_handler', so it cannot run")
+    if function.exec_template and function.handler:
+        raise ToolSchemaError(f"{where}: has both '_exec' and '_handler'; keep one")
+    exec_args = tuple(function.exec_args) if function.exec_args is not None else tuple(sorted(props))
+    for arg in exec_args:
+        if not IDENTIFIER.match(arg):
+            raise ToolSchemaError(f"{where}: field '_exec_args' entry {arg!r} is not an identifier")
+    if function.handler:
+        module, _, attr = function.handler.partition(":")
+        if not module or not attr:
+            raise ToolSchemaError(
+                f"{where}: field '_handler' must look like 'package.module:function'")
+        try:
+            callable_ = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ToolSchemaError(f"{where}: field '_handler' {function.handler!r} cannot be imported ({e})") from None
+        if not callable(callable_):
+            raise ToolSchemaError(f"{where}: field '_handler' {function.handler!r} is not callable")
+    return Tool(name=name, description=function.description, parameters=params,
+                exec_template=function.exec_template, exec_args=exec_args,
+                handler=function.handler)
+
+
+def parse_tools(data: bytes | str, source: str = "<tools>") -> list[Tool]:
+    """Tools from the text of a tools file; ``source`` names it in errors."""
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise ToolSchemaError(f"{source}: not valid JSON ({e})") from None
+    entries = raw.get("tools") if isinstance(raw, dict) else raw
+    if not isinstance(entries, list):
+        raise ToolSchemaError(f"{source}: expected {{\"tools\": [...]}} or a JSON array of tools")
+    tools: list[Tool] = []
+    for i, entry in enumerate(entries):
+        label = f"{source}: tools[{i}]"
+        if not isinstance(entry, dict):
+            raise ToolSchemaError(f"{label} is not an object")
+        fields = dict(entry.get("function") or entry)
+        # extensions may sit beside the "function" block as well as inside it
+        for key in ("_exec", "_exec_args", "_handler"):
+            if key in entry and key not in fields:
+                fields[key] = entry[key]
+        if isinstance(fields.get("name"), str):
+            label = f"{source}: tool {fields['name']!r}"
+        fields.pop("type", None)
+        fields.pop("strict", None)
+        try:
+            function = msgspec.convert(fields, Function)
+        except msgspec.ValidationError as e:
+            raise ToolSchemaError(f"{label}: {_field_message(e)}") from None
+        tools.append(_tool_from(function, source))
+    names = [t.name for t in tools]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ToolSchemaError(f"{source}: tool {dupes[0]!r} is defined twice")
+    return tools
+
+
+def _field_message(e: msgspec.ValidationError) -> str:
+    msg = str(e)
+    m = re.search(r"at `\$\.?([^`]*)`", msg)
+    field = m.group(1) if m else ""
+    text = msg.split(" - at ")[0]
+    return f"field {field!r}: {text}" if field else text
+
+
+def load_tools(path: str | Path) -> list[Tool]:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ToolSchemaError(f"cannot read tools file {path}: {e.strerror}") from None
+    return parse_tools(data, source=str(path))

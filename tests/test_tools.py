@@ -1,0 +1,193 @@
+"""Tool schemas, the executor (real subprocesses) and the built-in tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+
+import pytest
+
+from mlx_agent.tools import ToolSchemaError, builtin_tools, parse_tools, run_tool
+from mlx_agent.tools.builtin import OutsideRoot, inside
+
+
+def tool(template, props=None, required=None, exec_args=None, name="t"):
+    fn = {"name": name, "description": "d",
+          "parameters": {"type": "object", "properties": props or {"text": {"type": "string"}},
+                         "required": required if required is not None else []},
+          "_exec": template}
+    if exec_args is not None:
+        fn["_exec_args"] = exec_args
+    return parse_tools(json.dumps([{"type": "function", "function": fn}]))[0]
+
+
+# -- schemas ---------------------------------------------------------------------------
+
+def test_both_entry_shapes_and_the_signature_line():
+    data = {"tools": [
+        {"type": "function", "function": {
+            "name": "run_test", "description": "Run a single test",
+            "parameters": {"type": "object", "properties": {
+                "name": {"type": "string"}, "timeout": {"type": "integer"}, "flag": {}},
+                "required": ["name"]},
+            "_exec": "echo \"$name\""}},
+        {"name": "ping", "description": "top-level fields", "_handler": "os.path:exists",
+         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}},
+    ]}
+    run, ping = parse_tools(json.dumps(data))
+    assert run.signature() == "run_test(name: string, flag?: string, timeout?: integer)"
+    assert run.exec_args == ("flag", "name", "timeout")  # default: alphabetical
+    assert ping.handler == "os.path:exists" and ping.openai()["function"]["name"] == "ping"
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"name": "bad name", "_exec": "x"}, "'bad name' is not an identifier"),
+    ({"name": "t"}, "tool 't': has neither '_exec' nor '_handler'"),
+    ({"name": "t", "_exec": "x", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+     "field 'parameters.properties.a.type'"),
+    ({"name": "t", "_exec": "x", "parameters": {"type": "object", "required": ["zz"]}},
+     "field 'required' names 'zz'"),
+    ({"name": "t", "_exec": 5}, "field '_exec'"),
+    ({"name": "t", "_handler": "no_such_mod_q:f"}, "field '_handler'"),
+    ({"name": "t", "_exec": "x", "_exec_args": ["a;b"]}, "'_exec_args' entry 'a;b'"),
+])
+def test_schema_errors_name_file_tool_and_field(tmp_path, entry, message):
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([entry]))
+    from mlx_agent.tools import load_tools
+
+    with pytest.raises(ToolSchemaError, match=message) as err:
+        load_tools(path)
+    assert str(path) in str(err.value)
+
+
+def test_arguments_are_validated_against_the_schema():
+    t = tool("true", props={"n": {"type": "integer"}, "mode": {"enum": ["a", "b"]},
+                            "flag": {"type": "boolean"}}, required=["n"])
+    t = parse_tools(json.dumps([{"name": "t", "_exec": "true", "parameters": {
+        **t.parameters, "additionalProperties": False}}]))[0]
+    assert t.validate({"n": 1, "mode": "a", "flag": True}) == []
+    assert any("'n' is a required property" in e for e in t.validate({}))
+    assert any("mode" in e for e in t.validate({"n": 1, "mode": "c"}))
+    assert any("not of type 'boolean'" in e for e in t.validate({"n": 1, "flag": 1}))
+    assert any("not of type 'integer'" in e for e in t.validate({"n": "1"}))
+    assert any("Additional properties" in e for e in t.validate({"n": 1, "x": 2}))
+    assert t.validate([1]) == ["arguments must be a JSON object, got list"]
+
+
+# -- executor --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [
+    "it's", 'say "hi"', "$(touch PWNED)", "`touch PWNED`", "a; touch PWNED", "line1\nline2",
+    "ünïcödé 東京 🚀", "$HOME", "\\'; touch PWNED; echo '",
+])
+def test_argument_values_never_execute(tmp_path, value):
+    t = tool('printf "%s" "$text"')
+    r = run_tool(t, {"text": value}, cwd=tmp_path)
+    assert r.exit_code == 0 and r.stdout == value
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_non_string_values_become_json():
+    t = tool('printf "%s|%s|%s|%s" "$a" "$b" "$c" "$d"',
+             props={"a": {"type": "integer"}, "b": {"type": "boolean"}, "c": {"type": "object"},
+                    "d": {"type": "array"}}, exec_args=["a", "b", "c", "d"])
+    r = run_tool(t, {"a": 1, "b": False, "c": {"k": "v"}, "d": [1, "x"]})
+    assert r.stdout == '1|false|{"k": "v"}|[1, "x"]'
+
+
+def test_environment_is_minimal(monkeypatch):
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    monkeypatch.setenv("ALLOWED_ONE", "ok")
+    t = tool('echo "[$SECRET_TOKEN][$ALLOWED_ONE][$PATH]"; read -t 1 x; echo "stdin=$?"')
+    r = run_tool(t, {}, env_names=["ALLOWED_ONE"])
+    assert "[][ok][" in r.stdout and "hunter2" not in r.stdout
+    assert "stdin=1" in r.stdout  # stdin is closed: read hits end-of-file
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    marker = tmp_path / "alive"
+    t = tool(f'(sleep 3; touch {marker}) & sleep 30')
+    start = time.monotonic()
+    r = run_tool(t, {}, timeout=1.0)
+    assert r.timed_out and time.monotonic() - start < 5
+    time.sleep(3.5)
+    assert not marker.exists()  # the background grandchild died with the group
+
+
+def test_background_children_do_not_outlive_a_finished_tool(tmp_path):
+    marker = tmp_path / "late"
+    r = run_tool(tool(f'(sleep 2; touch {marker}) & echo started'), {}, timeout=10)
+    assert r.stdout.strip() == "started" and not r.timed_out
+    time.sleep(2.5)
+    assert not marker.exists()
+
+
+def test_huge_output_is_capped_with_bounded_memory():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = run_tool(tool("head -c 50000000 /dev/zero | tr '\\0' 'x'; echo END"), {}, timeout=60)
+    growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert r.exit_code == 0
+    assert len(r.stdout) < 9000 and "…[truncated 49991" in r.stdout and r.stdout.endswith("END\n")
+    assert growth_mb < 30
+
+
+def test_binary_output_survives():
+    r = run_tool(tool("printf '\\xff\\xfeok\\x00'"), {})
+    assert r.exit_code == 0 and "ok" in r.stdout and "\ufffd" in r.stdout
+    json.loads(r.for_model())
+
+
+def test_exit_code_and_stderr_come_back():
+    r = run_tool(tool("echo oops >&2; exit 3"), {})
+    assert (r.exit_code, r.stderr, r.timed_out) == (3, "oops\n", False)
+
+
+def test_python_handler(tmp_path):
+    t = parse_tools(json.dumps([{"name": "join", "_handler": "os.path:join",
+                                 "parameters": {"type": "object", "properties": {
+                                     "a": {"type": "string"}}}}]))[0]
+    assert run_tool(t, {"a": "x"}).stdout == "x"
+    bad = run_tool(t, {"nope": 1})
+    assert bad.exit_code == 1 and "TypeError" in bad.stderr
+
+
+# -- built-in tools --------------------------------------------------------------------
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (root / "test_calc.py").write_text(
+        "import unittest\nfrom pkg.calc import add\n\n"
+        "class T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 2), 4)\n")
+    (tmp_path / "secret.txt").write_text("top secret")
+    os.symlink(tmp_path / "secret.txt", root / "link.txt")
+    return root
+
+
+def test_builtin_tools_work_inside_the_root(repo):
+    tools = {t.name: t for t in builtin_tools(repo, timeout=60)}
+    assert run_tool(tools["read_file"], {"path": "pkg/calc.py"}).stdout.startswith("def add")
+    assert "pkg/calc.py" in run_tool(tools["list_files"], {}).stdout
+    assert "pkg/calc.py:2:     return a - b" in run_tool(tools["grep"], {"pattern": r"a - b"}).stdout
+    w = run_tool(tools["write_file"], {"path": "pkg/calc.py",
+                                       "content": "def add(a, b):\n    return a + b\n"})
+    assert w.exit_code == 0
+    r = run_tool(tools["run_tests"], {})
+    assert r.exit_code == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("path", ["../secret.txt", "../../etc/passwd", "/etc/passwd", "link.txt"])
+def test_paths_outside_the_root_are_refused(repo, path):
+    tools = {t.name: t for t in builtin_tools(repo)}
+    r = run_tool(tools["read_file"], {"path": path})
+    assert r.exit_code == 1 and "outside the tool root" in r.stderr
+    w = run_tool(tools["write_file"], {"path": path, "content": "x"})
+    assert w.exit_code == 1 and "outside the tool root" in w.stderr
+    with pytest.raises(OutsideRoot):
+        inside(repo, path)
+    assert "secret" not in run_tool(tools["grep"], {"pattern": "secret"}).stdout
