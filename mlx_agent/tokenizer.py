@@ -159,6 +159,18 @@ def from_hf_dir(path: Path) -> TokenizerWrapper:
     return load_tokenizer(Path(path))
 
 
+def special_tokens(tokenizer: TokenizerWrapper) -> list[str]:
+    """The strings that encode to special (added or control) tokens."""
+    inner = tokenizer._tokenizer
+    if isinstance(inner, SentencePieceTokenizer):
+        sp = inner.sp
+        return [sp.id_to_piece(i) for i in range(len(inner)) if sp.is_control(i)]
+    added = getattr(inner, "added_tokens_decoder", {}) or {}
+    names = {str(t) for t in added.values() if getattr(t, "special", True)}
+    names.update(getattr(inner, "all_special_tokens", []) or [])
+    return sorted(n for n in names if n)
+
+
 def vocab_hash(tokenizer: TokenizerWrapper) -> str:
     """SHA-256 (hex, 16 chars) over the id -> token string table."""
     inner = tokenizer._tokenizer

@@ -1,0 +1,70 @@
+"""Agent events: one msgspec definition for ``--json-out`` lines and ``--transcript`` files.
+
+Every event is a JSON object with a ``type`` tag. ``--json-out`` prints all of them but
+``tool_result``; the transcript also records ``tool_result``, the exact text the model read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class Event(msgspec.Struct, tag_field="type", frozen=True, kw_only=True):
+    pass
+
+
+class User(Event, tag="user"):
+    text: str
+
+
+class Assistant(Event, tag="assistant"):
+    step: int
+    raw: str
+
+
+class ToolCall(Event, tag="tool_call"):
+    tool: str
+    arguments: Any
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool
+    duration_sec: float
+
+
+class ToolResult(Event, tag="tool_result"):
+    tool: str
+    content: str
+
+
+class Answer(Event, tag="answer"):
+    text: str
+    fallback: bool = False
+
+
+class Stats(Event, tag="stats"):
+    turns: int = 0
+    calls: int = 0
+    valid_calls: int = 0
+    tool_errors: int = 0
+    generated_tokens: int = 0
+    rendered_tokens: int = 0
+    prefilled_tokens: int = 0
+    reused_tokens: int = 0
+    seconds: float = 0.0
+    stop: str = "answer"  # answer | steps | context | interrupted
+
+
+AnyEvent = Union[User, Assistant, ToolCall, ToolResult, Answer, Stats]
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(line: bytes | str) -> Event:
+    return _decoder.decode(line)

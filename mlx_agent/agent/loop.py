@@ -1,0 +1,181 @@
+"""The agent loop: generate, parse, run tools, feed results back, repeat, over one KV cache.
+
+``Agent.ask(text)`` runs one user turn: up to ``max_steps`` assistant steps, each synced to the
+protocol's full conversation (the engine reuses the cached prefix and prefills the rest),
+generated until the protocol's scanner or the end-of-turn token ends it, then parsed into
+tool calls or an answer. Calls are validated against their schema before anything runs;
+unknown tools, invalid arguments, refusals and forged turn markers go back to the model as
+error results. Every sampled token stays in the cache, and after each sync the cached ids
+equal the rendered conversation.
+
+Limits live in one place (:meth:`Agent.ask`): ``steps`` when the step budget runs out,
+``context`` when a non-rotating cache is full (a rotating window keeps going, its system
+prompt pinned), ``interrupted`` on Ctrl-C during generation (the session goes on).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..cache import ContextFull
+from ..engine import Engine, SamplingParams
+from ..tokenizer import special_tokens
+from ..tools import Tool, ToolResult, error_result, run_tool
+from . import events as ev
+from .protocols import Call, Reply
+
+Confirm = Callable[[str, dict], bool]
+
+
+@dataclass
+class AgentConfig:
+    max_steps: int = 8
+    max_tokens: int = 256
+    tool_timeout: float = 30.0
+    tool_env: Sequence[str] = ()
+    tool_cwd: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    confirm: Confirm | None = None  # asked before each call; False = denied
+
+
+@dataclass
+class Outcome:
+    answer: str | None
+    fallback: bool
+    stats: ev.Stats
+
+
+class Agent:
+    def __init__(self, lm, engine: Engine, tools: Sequence[Tool], protocol,
+                 config: AgentConfig | None = None,
+                 emit: Callable[[ev.Event], None] = lambda e: None, sampler=None):
+        self.lm, self.engine, self.protocol = lm, engine, protocol
+        self.tools = {t.name: t for t in tools}
+        self.config = config or AgentConfig()
+        self.emit = emit
+        self.sampler = sampler or self.config.sampling.sampler()
+        self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(protocol.markers))
+        self.turn_warning: str | None = None
+        if engine.cache_mode == "rotating":
+            engine.pin(len(protocol.system_ids))
+
+    # -- one user turn ---------------------------------------------------------------
+
+    def ask(self, text: str) -> Outcome:
+        self.emit(ev.User(text=text))
+        self.protocol.add_user(text)
+        stats = dict(turns=0, calls=0, valid_calls=0, tool_errors=0, generated_tokens=0,
+                     rendered_tokens=0, prefilled_tokens=0, reused_tokens=0)
+        start = time.perf_counter()
+        answer, fallback, stop = None, False, "steps"
+        self.turn_warning = None
+        for step in range(self.config.max_steps):
+            prompt = self.protocol.prompt_ids()
+            try:
+                sync = self.engine.sync(prompt)
+            except ContextFull as e:
+                stop, self.turn_warning = "context", str(e)
+                break
+            stats["turns"] += 1
+            stats["rendered_tokens"] += len(prompt)
+            stats["prefilled_tokens"] += sync.prefilled
+            stats["reused_tokens"] += sync.reused
+            try:
+                scanner, sampled, closed = self._generate()
+                interrupted = False
+            except KeyboardInterrupt:
+                scanner, sampled, closed, interrupted = self._partial, self._partial_ids, False, True
+            stats["generated_tokens"] += len(sampled)
+            reply: Reply = self.protocol.parse(scanner)
+            raw = scanner.text
+            self.emit(ev.Assistant(step=step, raw=raw))
+            self.protocol.add_assistant(getattr(scanner, "turn_text", raw), sampled, closed)
+            if interrupted:
+                stop = "interrupted"
+                break
+            if not reply.calls:
+                answer, fallback, stop = reply.answer, reply.fallback, "answer"
+                if not closed and not scanner_finished(scanner) and self.engine.room == 0:
+                    stop, self.turn_warning = "context", "the context is full"
+                break
+            results = []
+            for call in reply.calls:
+                result, valid = self._run(call)
+                stats["calls"] += 1
+                stats["valid_calls"] += valid
+                stats["tool_errors"] += result.exit_code != 0 or result.timed_out
+                content = result.for_model()
+                self.emit(ev.ToolResult(tool=result.tool, content=content))
+                results.append((result.tool, content))
+            self.protocol.add_results(results)
+        if answer is not None:
+            self.emit(ev.Answer(text=answer, fallback=fallback))
+        final = ev.Stats(**stats, seconds=round(time.perf_counter() - start, 3), stop=stop)
+        self.emit(final)
+        return Outcome(answer, fallback, final)
+
+    # -- pieces ----------------------------------------------------------------------
+
+    def _generate(self):
+        """One assistant step: sample until the scanner or the stop token ends it."""
+        scanner = self.protocol.scanner()
+        detok = self.lm.tokenizer.detokenizer
+        detok.reset()
+        sampled: list[int] = []
+        self._partial, self._partial_ids = scanner, sampled
+        closed = False
+        for token in self.engine.generate(self.sampler, max_tokens=self.config.max_tokens,
+                                          stop_ids=self.lm.stop_ids):
+            sampled.append(token)
+            if token in self.lm.stop_ids:
+                closed = True
+                break
+            detok.add_token(token)
+            segment = detok.last_segment
+            if segment and scanner.feed(segment):
+                return scanner, sampled, False
+        detok.finalize()
+        tail = detok.last_segment
+        if tail:
+            scanner.feed(tail)
+        return scanner, sampled, closed
+
+    def _run(self, call: Call) -> tuple[ToolResult, bool]:
+        """Run one call if it is valid; returns the result and whether the call was valid."""
+        if call.error:
+            result, valid = error_result(call.name, call.error), False
+            self._emit_call(call, result)
+            return result, valid
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            result = error_result(call.name, f"unknown tool {call.name!r}; available: {known}")
+            self._emit_call(call, result)
+            return result, False
+        problems = tool.validate(call.arguments)
+        if problems:
+            result = error_result(tool.name, "invalid arguments: " + "; ".join(problems))
+            self._emit_call(call, result)
+            return result, False
+        if self.config.confirm and not self.config.confirm(tool.name, call.arguments):
+            result = error_result(tool.name, "the user denied this tool call")
+        else:
+            result = run_tool(tool, call.arguments, timeout=self.config.tool_timeout,
+                              env_names=self.config.tool_env, cwd=self.config.tool_cwd)
+            forged = next((s for s in self.forbidden if s in result.stdout or s in result.stderr), None)
+            if forged:
+                result = error_result(tool.name, f"the tool output contains the reserved "
+                                                 f"marker {forged!r}; it was withheld")
+        self._emit_call(call, result)
+        return result, True
+
+    def _emit_call(self, call: Call, r: ToolResult) -> None:
+        self.emit(ev.ToolCall(tool=r.tool, arguments=call.arguments, stdout=r.stdout,
+                              stderr=r.stderr, exit_code=r.exit_code, timed_out=r.timed_out,
+                              duration_sec=r.duration_sec))
+
+
+def scanner_finished(scanner) -> bool:
+    return bool(getattr(scanner, "end", None) is not None or getattr(scanner, "done", False))
