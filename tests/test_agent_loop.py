@@ -201,7 +201,7 @@ def test_hermes_several_calls_in_one_turn(tiny_lm):
 
 def test_hermes_stops_after_tool_calls_when_text_follows(tiny_lm):
     lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    script = Script(lm, '<tool_call>{"name": "echo", "arguments": {"text": "a"}}</tool_call> and then',
+    script = Script(lm, '<tool_call>{"name": "echo", "arguments": {"text": "a"}}</tool_call> and',
                     "fin<|im_end|>")
     a, rec, _ = agent(lm, script, protocol="hermes")
     assert a.ask("x").answer == "fin"
