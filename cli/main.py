@@ -25,8 +25,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mlx_agent.cache import ContextFull
     from mlx_agent.chat import TemplateError
     from mlx_agent.models import ModelError
+    from mlx_agent.tools import ToolSchemaError
 
-    return ModelError, ContextFull, TemplateError
+    return ModelError, ContextFull, TemplateError, ToolSchemaError
 
 
 class Group(click.Group):
@@ -118,7 +119,8 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
     ids = lm.prompt_ids(text)
     if not ids:
         raise UserError("the prompt is empty; give some text to continue")
-    engine = lm.engine(cache_mode=cache_mode(no_kv_preallocate, kv_window), kv_window=kv_window)
+    engine = lm.engine(cache_mode=cache_mode(no_kv_preallocate, kv_window),
+                       kv_window=kv_window or None)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                               min_p=min_p, seed=seed)
     stream = TextStream(engine, lm.tokenizer, ids, sampling=sampling,
@@ -140,6 +142,10 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
             err=True,
         )
 
+
+from .agent import agent  # noqa: E402  (a module of its own; registered here)
+
+main.add_command(agent)
 
 if __name__ == "__main__":
     main()

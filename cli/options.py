@@ -17,12 +17,22 @@ def _compose(*decorators):
     return apply
 
 
+MODEL_HELP = ("GGUF file, Hugging Face directory, .tinygpt file or model name "
+              "[default: smollm2-135m]")
+
+
 def model_options(f):
-    """MODEL selection, adapter, weight format and context length."""
+    """-m MODEL, adapter, weight format and context length."""
     return _compose(
         click.option("-m", "--model", "model_spec", envvar=MODEL_ENV, metavar="MODEL",
-                     help="GGUF file, Hugging Face directory, .tinygpt file or model name "
-                          "[default: smollm2-135m]"),
+                     help=MODEL_HELP),
+        load_options,
+    )(f)
+
+
+def load_options(f):
+    """Adapter, weight format and context length."""
+    return _compose(
         click.option("--adapter", type=click.Path(file_okay=False), default=None,
                      help="LoRA adapter directory (mlx-lm format)."),
         click.option("--weights", type=click.Choice(WEIGHT_FORMATS), envvar=WEIGHTS_ENV,
@@ -37,8 +47,9 @@ def cache_options(f):
     return _compose(
         click.option("--no-kv-preallocate", is_flag=True,
                      help="Grow the KV cache as needed instead of allocating it up front."),
-        click.option("--kv-window", type=click.IntRange(min=2), default=None,
-                     help="Rotating KV window of N tokens; the system prompt stays pinned."),
+        click.option("--kv-window", type=click.IntRange(min=0), default=0,
+                     help="Rotating KV window of N tokens; the system prompt stays pinned "
+                          "(0 = off: the context length is a hard limit)."),
     )(f)
 
 
@@ -57,6 +68,7 @@ def sampling_options(f):
 
 
 def cache_mode(no_kv_preallocate: bool, kv_window: int | None) -> str:
+    """The engine's cache mode for these options (a window of 0 means no window)."""
     if kv_window:
         return "rotating"
     return "growing" if no_kv_preallocate else "preallocated"

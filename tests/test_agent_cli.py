@@ -1,0 +1,95 @@
+"""`mlx_agent agent` end to end: the real bundled model, real tools, real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_agent.agent import events as ev
+from mlx_agent.tools import load_tools, run_tool
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "mlx_agent.cli.main", "agent"]
+
+
+def run(*args, stdin=None, cwd=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, input=stdin,
+                          timeout=300, cwd=cwd, env=dict(os.environ))
+
+
+def test_single_json_out_with_echo_tool_is_a_valid_event_stream(tmp_path):
+    transcript = tmp_path / "t.jsonl"
+    r = run("--tools", str(ROOT / "examples/echo.json"),
+            "--single", "Echo hello.", "--json-out", "--max-tokens", "24", "--max-steps", "2",
+            "--transcript", str(transcript))
+    assert r.returncode in (0, 1), r.stderr
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    assert isinstance(events[0], ev.User) and events[0].text == "Echo hello."
+    assert isinstance(events[-1], ev.Stats) and events[-1].turns >= 1
+    assert events[-1].generated_tokens > 0 and events[-1].rendered_tokens > 0
+    assert any(isinstance(e, ev.Assistant) for e in events)
+    logged = [ev.decode(line) for line in transcript.read_text().splitlines()]
+    assert [type(e) for e in logged if not isinstance(e, ev.ToolResult)] == [type(e) for e in events]
+
+
+def test_repl_reads_until_quit():
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "8", "--max-steps", "1",
+            stdin="hello\n:quit\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("you> ") == 2 and "agent> " in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "give --tools FILE, or --builtin-tools"),
+    (["--builtin-tools"], "--builtin-tools needs --root"),
+    (["--tools", "/no/such.json"], "cannot read tools file /no/such.json"),
+])
+def test_agent_usage_errors(args, message):
+    r = run(*args, "--single", "x")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_schema_error_names_file_tool_and_field(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"name": "t", "_exec": "x", "parameters": {
+        "type": "object", "properties": {"n": {"type": "int"}}}}]))
+    r = run("--tools", str(bad), "--single", "x")
+    assert r.returncode == 2
+    assert str(bad) in r.stderr and "'t'" in r.stderr and "parameters.properties.n" in r.stderr
+
+
+@pytest.fixture
+def buggy_repo(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "loss.py").write_text("def xent(p):\n    return -sum(p)  # bug: no log\n")
+    (repo / "tests" / "test_loss.py").write_text(
+        "import math, sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent.parent))\n"
+        "from loss import xent\n\ndef test_xent():\n    assert xent([0.5]) == -math.log(0.5)\n")
+    return repo
+
+
+def test_readme_debugger_tools_work_as_written(buggy_repo, monkeypatch):
+    # `python` in the tool is whatever PATH finds first: make it this environment's
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    tools = {t.name: t for t in load_tools(ROOT / "examples/debugger.json")}
+    grep = run_tool(tools["grep_repo"], {"pattern": "xent"}, cwd=buggy_repo)
+    assert "./loss.py:1:def xent(p):" in grep.stdout
+    read = run_tool(tools["read_file"], {"path": "loss.py"}, cwd=buggy_repo)
+    assert "bug: no log" in read.stdout
+    test = run_tool(tools["run_test"], {"node": "tests/test_loss.py::test_xent"}, cwd=buggy_repo,
+                    timeout=120)
+    assert "1 failed" in test.stdout
+
+
+def test_readme_debugger_command_runs(buggy_repo):
+    r = run("--tools", str(ROOT / "examples/debugger.json"), "--root", str(buggy_repo),
+            "--single", "tests/test_loss.py::test_xent fails. Find the cause.",
+            "--max-tokens", "32", "--max-steps", "2")
+    assert r.returncode in (0, 1), r.stderr
+    assert "json protocol, 3 tools" in r.stderr
