@@ -155,6 +155,34 @@ class Engine:
         """Logits (vocab,) after the last token in the cache."""
         return self._logits
 
+    def snapshot(self) -> tuple[list[int], list[tuple[mx.array, mx.array]]]:
+        """The cached ids and, per layer, their keys and values in order, ``[1, H, T, D]``.
+
+        Raises ValueError once a rotating window has evicted tokens (then the cache no
+        longer holds a prefix of ``tokens``).
+        """
+        n = len(self.tokens)
+        kvs = []
+        for c in self.cache:
+            if getattr(c, "offset", None) != n or (c.keys is not None and c.keys.shape[2] < n):
+                raise ValueError("the KV cache no longer holds every token (the window rotated)")
+            if n == 0:
+                raise ValueError("nothing to snapshot: the cache is empty")
+            kvs.append((c.keys[..., :n, :], c.values[..., :n, :]))
+        return list(self.tokens), kvs
+
+    def restore(self, tokens: Sequence[int], kvs: Sequence[tuple[mx.array, mx.array]]) -> None:
+        """Replace the cache with a snapshot: ``tokens`` and their keys and values."""
+        if len(kvs) != len(self.model.layers):
+            raise ValueError(f"snapshot has {len(kvs)} layers, the model {len(self.model.layers)}")
+        self.reset(keep=self._kept())
+        self._check_room(len(tokens))
+        for c, (k, v) in zip(self.cache, kvs):
+            c.update_and_fetch(k, v)
+        mx.eval([c.state for c in self.cache])
+        self.tokens = list(tokens)
+        self._logits = None
+
     # -- feeding -----------------------------------------------------------------------
 
     def _forward(self, ids: mx.array, want_logits: bool) -> mx.array | None:

@@ -1,0 +1,202 @@
+"""Persistent prompt caches: exact round trips, keys that never collide, and damage handling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import msgspec
+import numpy as np
+import pytest
+
+from mlx_agent import prompt_cache as pc
+from mlx_agent.models import load
+from mlx_agent.models import tinygpt_format as fmt
+
+from .conftest import random_tinygpt_file
+
+PROMPT = list(range(40, 70))
+SUFFIX = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "tiny.tinygpt"
+    fmt.write(path, random_tinygpt_file(seed=3))
+    return load(path)
+
+
+class Warnings(list):
+    def __call__(self, message):
+        self.append(message)
+
+
+@pytest.mark.parametrize("mode", ["preallocated", "growing", "rotating"])
+def test_loaded_cache_gives_the_logits_of_a_fresh_prefill(lm, tmp_path, mode):
+    warn = Warnings()
+    first = pc.PromptCache(tmp_path, warn=warn).prime(lm.engine(cache_mode=mode, kv_window=60),
+                                                      lm.identity, PROMPT)
+    assert not first.hit and first.tokens == len(PROMPT) and first.bytes > 0
+    engine = lm.engine(cache_mode=mode, kv_window=60)
+    second = pc.PromptCache(tmp_path, warn=warn).prime(engine, lm.identity, PROMPT)
+    assert second.hit and second.key == first.key and warn == []
+    stats = engine.sync(PROMPT + SUFFIX)
+    assert (stats.reused, stats.prefilled) == (len(PROMPT), len(SUFFIX))
+    fresh = lm.engine(cache_mode=mode, kv_window=60)
+    fresh.prefill(PROMPT + SUFFIX)
+    np.testing.assert_allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)
+
+
+def test_preallocated_load_fills_the_preallocated_buffers(lm, tmp_path):
+    pc.PromptCache(tmp_path).prime(lm.engine(), lm.identity, PROMPT)
+    engine = lm.engine()
+    assert pc.PromptCache(tmp_path).prime(engine, lm.identity, PROMPT).hit
+    assert all(c.keys.shape[2] == lm.context_length for c in engine.cache)
+
+
+def test_one_cache_serves_many_tasks_in_a_process(lm, tmp_path):
+    cache = pc.PromptCache(tmp_path)
+    assert not cache.prime(lm.engine(), lm.identity, PROMPT).hit
+    for _ in range(3):
+        (tmp_path / next(iter(os.listdir(tmp_path)))).unlink()  # even the file gone: memory
+        engine = lm.engine()
+        assert cache.prime(engine, lm.identity, PROMPT).hit
+        engine.sync(PROMPT + SUFFIX)
+        pc.PromptCache(tmp_path).prime(lm.engine(), lm.identity, PROMPT)  # re-create the file
+
+
+def test_any_change_is_a_different_key(lm):
+    base = pc.cache_key(lm.identity, PROMPT, "preallocated")
+    replace = msgspec.structs.replace
+    variants = [
+        pc.cache_key(replace(lm.identity, name="other"), PROMPT, "preallocated"),
+        pc.cache_key(replace(lm.identity, fingerprint="1:2:3"), PROMPT, "preallocated"),
+        pc.cache_key(replace(lm.identity, adapter_fingerprint="dir:1:ab"), PROMPT, "preallocated"),
+        pc.cache_key(replace(lm.identity, vocab_hash="0" * 16), PROMPT, "preallocated"),
+        pc.cache_key(replace(lm.identity, kv_dtype="float16"), PROMPT, "preallocated"),
+        pc.cache_key(lm.identity, PROMPT[:-1], "preallocated"),
+        pc.cache_key(lm.identity, PROMPT[:-1] + [0], "preallocated"),
+        pc.cache_key(lm.identity, PROMPT, "rotating"),
+    ]
+    assert len(set(variants + [base])) == len(variants) + 1
+
+
+def test_a_file_for_another_key_is_never_used(lm, tmp_path):
+    other = PROMPT[:-1] + [1]
+    pc.PromptCache(tmp_path).prime(lm.engine(), lm.identity, other)
+    (src,) = tmp_path.glob("*.safetensors")
+    wanted = pc.file_for(tmp_path, lm.identity, pc.cache_key(lm.identity, PROMPT, "preallocated"))
+    os.rename(src, wanted)  # the right name, the wrong contents
+    warn = Warnings()
+    engine = lm.engine()
+    hit = pc.PromptCache(tmp_path, warn=warn).prime(engine, lm.identity, PROMPT)
+    assert not hit.hit and "not usable" in warn[0]
+    assert engine.tokens == PROMPT
+    assert pc.PromptCache(tmp_path).prime(lm.engine(), lm.identity, PROMPT).hit  # replaced
+
+
+def _damage(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif how == "flipped":
+        data[-100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "not safetensors":
+        path.write_text("hello, I am not a cache")
+    elif how == "wrong metadata":
+        n = int.from_bytes(data[:8], "little")
+        header = data[8 : 8 + n].replace(b'"tokens":"30"', b'"tokens":"31"').replace(
+            b'"format":"1"', b'"format":"9"')
+        path.write_bytes(bytes(data[:8]) + bytes(header) + bytes(data[8 + n :]))
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "empty", "not safetensors", "wrong metadata"])
+def test_damaged_files_warn_rebuild_and_are_replaced(lm, tmp_path, how):
+    pc.PromptCache(tmp_path).prime(lm.engine(), lm.identity, PROMPT)
+    (path,) = tmp_path.glob("*.safetensors")
+    _damage(path, how)
+    warn = Warnings()
+    engine = lm.engine()
+    hit = pc.PromptCache(tmp_path, warn=warn).prime(engine, lm.identity, PROMPT)
+    assert not hit.hit and len(warn) == 1 and "rebuilding" in warn[0]
+    fresh = lm.engine()
+    fresh.prefill(PROMPT)
+    engine.sync(PROMPT + SUFFIX)
+    fresh.sync(PROMPT + SUFFIX)
+    np.testing.assert_allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)
+    assert pc.PromptCache(tmp_path, warn=warn).prime(lm.engine(), lm.identity, PROMPT).hit
+
+
+def test_unwritable_directory_is_a_warning(lm, tmp_path):
+    target = tmp_path / "ro"
+    target.mkdir()
+    target.chmod(0o500)
+    try:
+        if os.access(target / "x", os.W_OK) or os.geteuid() == 0:
+            target = tmp_path / "file-not-dir"
+            target.write_text("x")
+            target = target / "sub"  # a path under a regular file cannot be created
+        warn = Warnings()
+        engine = lm.engine()
+        hit = pc.PromptCache(target, warn=warn).prime(engine, lm.identity, PROMPT)
+        assert not hit.hit and hit.bytes == 0 and "cannot save" in warn[0]
+        assert engine.tokens == PROMPT
+    finally:
+        (tmp_path / "ro").chmod(0o700)
+
+
+SAVER = """
+import sys, mlx_agent
+from mlx_agent import prompt_cache as pc
+from mlx_agent.models import load
+lm = load(sys.argv[1])
+for _ in range(int(sys.argv[3])):
+    pc.PromptCache(sys.argv[2])._save(
+        pc.file_for(__import__("pathlib").Path(sys.argv[2]), lm.identity,
+                    pc.cache_key(lm.identity, list(range(40, 70)), "preallocated")),
+        lm.identity, pc.cache_key(lm.identity, list(range(40, 70)), "preallocated"),
+        list(range(40, 70)), (lambda e: (e.prefill(list(range(40, 70))), e.snapshot()[1])[1])(lm.engine()),
+        "preallocated")
+print("ok")
+"""
+
+
+def test_concurrent_writers_and_a_killed_writer_leave_a_valid_file(lm, tmp_path):
+    args = [sys.executable, "-c", SAVER, str(lm.path), str(tmp_path)]
+    procs = [subprocess.Popen(args + ["5"], stdout=subprocess.PIPE) for _ in range(2)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    killed = subprocess.Popen(args + ["1000"])
+    time.sleep(4)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    warn = Warnings()
+    engine = lm.engine()
+    hit = pc.PromptCache(tmp_path, warn=warn).prime(engine, lm.identity, PROMPT)
+    assert hit.hit and warn == []
+    assert [e.tokens for e in pc.entries(tmp_path)] == [len(PROMPT)]
+
+
+def test_ls_rm_and_prune_keep_the_most_recently_used(lm, tmp_path):
+    cache = pc.PromptCache(tmp_path)
+    for i in range(12):
+        cache.prime(lm.engine(), lm.identity, PROMPT[:10] + [i])
+        time.sleep(0.01)
+    listed = pc.entries(tmp_path)
+    assert len(listed) == 12 and listed[0].tokens == 11
+    old = listed[-1]
+    os.utime(old.path)  # used just now
+    size = listed[0].bytes
+    gone = pc.prune(tmp_path, max_bytes=5 * size)
+    remaining = pc.entries(tmp_path)
+    assert len(remaining) == 5 and old.key in {e.key for e in remaining}
+    assert len(gone) == 7
+    assert pc.remove(tmp_path, remaining[0].key[:8])[0].key == remaining[0].key
+    assert len(pc.entries(tmp_path)) == 4
+    with pytest.raises(ValueError):
+        pc.remove(tmp_path, "ab")
