@@ -58,13 +58,18 @@ def _human(event, *, single: bool) -> None:
 @click.option("--json-out", is_flag=True, help="Print one JSON event per line on stdout.")
 @click.option("--transcript", type=click.Path(dir_okay=False), default=None,
               help="Append every event, tool results included, to this JSONL file.")
+@click.option("--prompt-cache-dir", type=click.Path(file_okay=False), default=None,
+              envvar="MLX_AGENT_PROMPT_CACHE_DIR",
+              help="Keep the system prompt's KV state here and load it instead of prefilling.")
+@click.option("--prompt-cache-max-bytes", type=click.IntRange(min=0), default=None,
+              help="After saving, prune the cache directory to this size (LRU).")
 @load_options
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
-          max_tokens, tool_timeout, tool_env, confirm_tools, json_out, transcript, adapter,
-          weights, context_length, no_kv_preallocate, kv_window, temperature, top_p, top_k,
-          min_p, seed):
+          max_tokens, tool_timeout, tool_env, confirm_tools, json_out, transcript,
+          prompt_cache_dir, prompt_cache_max_bytes, adapter, weights, context_length,
+          no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
 
     \b
@@ -131,6 +136,17 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     if not json_out:
         click.secho(f"[{lm.identity.name}, {proto.name} protocol, {len(tools)} tools, "
                     f"{mode} KV cache]", err=True, dim=True)
+    if prompt_cache_dir:
+        from mlx_agent.prompt_cache import PromptCache
+
+        def warn(message):
+            click.secho(f"warning: {message}", err=True, fg="yellow")
+
+        primed = bot.prime(PromptCache(prompt_cache_dir, warn=warn,
+                                       max_bytes=prompt_cache_max_bytes))
+        if primed.hit:
+            click.echo(f"loaded system-prompt cache ({primed.tokens} tokens) — skipping prefill",
+                       err=True)
 
     def turn(text) -> bool:
         out = bot.ask(text)

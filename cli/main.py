@@ -143,9 +143,11 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
         )
 
 
-from .agent import agent  # noqa: E402  (a module of its own; registered here)
+from .agent import agent  # noqa: E402  (modules of their own; registered here)
+from .cache import cache  # noqa: E402
 
 main.add_command(agent)
+main.add_command(cache)
 
 if __name__ == "__main__":
     main()

@@ -175,8 +175,12 @@ class Engine:
         """Replace the cache with a snapshot: ``tokens`` and their keys and values."""
         if len(kvs) != len(self.model.layers):
             raise ValueError(f"snapshot has {len(kvs)} layers, the model {len(self.model.layers)}")
-        self.reset(keep=self._kept())
-        self._check_room(len(tokens))
+        self._check_room(len(tokens) - len(self.tokens))  # the snapshot replaces what is cached
+        if trimmable(self.cache):  # keep preallocated buffers instead of allocating anew
+            for c in self.cache:
+                c.trim(c.offset)
+        else:
+            self.reset(keep=self._kept())
         for c, (k, v) in zip(self.cache, kvs):
             c.update_and_fetch(k, v)
         mx.eval([c.state for c in self.cache])

@@ -44,6 +44,17 @@ class Answer(Event, tag="answer"):
     fallback: bool = False
 
 
+class Cache(Event, tag="cache", omit_defaults=True):
+    """The system prompt's KV state: loaded from disk (hit) or prefilled and saved (miss)."""
+
+    hit: bool
+    tokens: int
+    bytes: int
+    key: str
+    load_ms: float | None = None
+    prefill_ms: float | None = None
+
+
 class Stats(Event, tag="stats"):
     turns: int = 0
     calls: int = 0
@@ -57,7 +68,7 @@ class Stats(Event, tag="stats"):
     stop: str = "answer"  # answer | steps | context | interrupted
 
 
-AnyEvent = Union[User, Assistant, ToolCall, ToolResult, Answer, Stats]
+AnyEvent = Union[User, Assistant, ToolCall, ToolResult, Answer, Cache, Stats]
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AnyEvent)
 

@@ -61,6 +61,15 @@ class Agent:
         if engine.cache_mode == "rotating":
             engine.pin(len(protocol.system_ids))
 
+    def prime(self, prompt_cache) -> ev.Cache:
+        """Load the system prompt's KV state from ``prompt_cache``, or prefill and save it."""
+        hit = prompt_cache.prime(self.engine, self.lm.identity, self.protocol.system_ids)
+        ms = round(hit.seconds * 1000, 2)
+        event = ev.Cache(hit=hit.hit, tokens=hit.tokens, bytes=hit.bytes, key=hit.key,
+                         load_ms=ms if hit.hit else None, prefill_ms=None if hit.hit else ms)
+        self.emit(event)
+        return event
+
     # -- one user turn ---------------------------------------------------------------
 
     def ask(self, text: str) -> Outcome:

@@ -114,9 +114,13 @@ class HermesProtocol:
         self.lm = lm
         self.tools = [t.openai() for t in tools]
         self.messages: list[dict] = [{"role": "system", "content": system or DEFAULT_HERMES_SYSTEM}]
-        self.system_ids = lm.prompt_ids(self._render(self.messages, generation=False))
+        # The rendered prefix before the first user message: what two conversations that
+        # differ only in that message share (templates may put anything after the system turn).
+        a, b = (lm.prompt_ids(self._render([*self.messages, {"role": "user", "content": c}]))
+                for c in ("a", "b"))
+        self.system_ids = a[: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))]
 
-    def _render(self, messages, generation=True) -> str:
+    def _render(self, messages, generation: bool = True) -> str:
         return self.lm.chat.render(messages, tools=self.tools, add_generation_prompt=generation)
 
     def add_user(self, text: str) -> None:

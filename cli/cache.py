@@ -1,0 +1,71 @@
+"""``mlx_agent cache``: list, remove and prune persistent prompt caches."""
+
+from __future__ import annotations
+
+import datetime
+
+import click
+
+
+def _when(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@click.group()
+def cache():
+    """Manage a --prompt-cache-dir directory.
+
+    \b
+    Examples:
+      mlx_agent cache ls ~/.cache/mlx_agent/kv
+      mlx_agent cache rm ~/.cache/mlx_agent/kv 3fa2c81b
+      mlx_agent cache prune ~/.cache/mlx_agent/kv --max-bytes 500000000
+    """
+
+
+@cache.command("ls")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def ls(directory):
+    """List entries, most recently used first."""
+    from mlx_agent.prompt_cache import entries
+
+    rows = entries(directory)
+    click.echo(f"{'key':<16}  {'model':<24} {'tokens':>7} {'bytes':>12}  {'created':<19}  last used")
+    for e in rows:
+        click.echo(f"{e.key[:16]:<16}  {e.model[:24]:<24} {e.tokens:>7} {e.bytes:>12}  "
+                   f"{_when(e.created):<19}  {_when(e.last_used)}")
+    click.echo(f"{len(rows)} entries, {sum(e.bytes for e in rows)} bytes")
+
+
+@cache.command("rm")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("key")
+def rm(directory, key):
+    """Remove the entry whose key starts with KEY (6+ characters)."""
+    from mlx_agent.prompt_cache import remove
+
+    from .main import UserError
+
+    try:
+        gone = remove(directory, key)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if not gone:
+        raise UserError(f"no entry with a key starting {key!r} in {directory}")
+    for e in gone:
+        click.echo(f"removed {e.path.name} ({e.bytes} bytes)")
+
+
+@cache.command("prune")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--max-bytes", type=click.IntRange(min=0), required=True,
+              help="Keep at most this many bytes, removing least recently used entries first.")
+def prune_cmd(directory, max_bytes):
+    """Remove least recently used entries until the directory fits --max-bytes."""
+    from mlx_agent.prompt_cache import entries, prune
+
+    gone = prune(directory, max_bytes)
+    for e in gone:
+        click.echo(f"removed {e.path.name} ({e.bytes} bytes)")
+    left = entries(directory)
+    click.echo(f"{len(left)} entries, {sum(e.bytes for e in left)} bytes left")
