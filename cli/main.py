@@ -144,9 +144,11 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
 
 
 from .agent import agent  # noqa: E402  (modules of their own; registered here)
+from .bench import bench  # noqa: E402
 from .cache import cache  # noqa: E402
 
 main.add_command(agent)
+main.add_command(bench)
 main.add_command(cache)
 
 if __name__ == "__main__":
