@@ -63,12 +63,16 @@ def _human(event, *, single: bool) -> None:
               help="Keep the system prompt's KV state here and load it instead of prefilling.")
 @click.option("--prompt-cache-max-bytes", type=click.IntRange(min=0), default=None,
               help="After saving, prune the cache directory to this size (LRU).")
+@click.option("--save-session", type=click.Path(dir_okay=False), default=None,
+              help="At exit, write the conversation and its KV state here.")
+@click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Continue a conversation saved with --save-session, without prefill.")
 @load_options
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
           max_tokens, tool_timeout, tool_env, confirm_tools, json_out, transcript,
-          prompt_cache_dir, prompt_cache_max_bytes, adapter, weights, context_length,
+          prompt_cache_dir, prompt_cache_max_bytes, save_session, resume, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
 
@@ -148,6 +152,14 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             click.echo(f"loaded system-prompt cache ({primed.tokens} tokens) — skipping prefill",
                        err=True)
 
+    if resume:
+        try:
+            n = bot.resume(resume)
+            click.echo(f"resumed session {resume} ({n} tokens) — skipping prefill", err=True)
+        except ValueError as e:
+            click.secho(f"warning: cannot resume {resume}: {e}; starting a new conversation",
+                        err=True, fg="yellow")
+
     def turn(text) -> bool:
         out = bot.ask(text)
         if out.stats.stop == "steps" and not json_out:
@@ -173,5 +185,11 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             if text.strip():
                 turn(text)
     finally:
+        if save_session:
+            try:
+                bot.save_session(save_session)
+            except OSError as e:
+                click.secho(f"warning: cannot save the session to {save_session}: "
+                            f"{e.strerror or e}", err=True, fg="yellow")
         if log:
             log.close()

@@ -227,6 +227,45 @@ class PromptCache:
         return size
 
 
+def save_session(path: str | os.PathLike, identity, engine, protocol: str, state: dict) -> int:
+    """Write a conversation (protocol state, token ids, KV) atomically; returns its size.
+
+    When a rotating window has evicted tokens, only the conversation is saved and resuming
+    prefills it again.
+    """
+    try:
+        tokens, kvs = engine.snapshot()
+        arrays = kv_arrays(tokens, kvs)
+    except ValueError:
+        arrays = {"token_ids": mx.array([], dtype=mx.int32)}
+    meta = {
+        "format": str(FORMAT_VERSION), "kind": "session", "model": identity.name,
+        "identity": msgspec.json.encode(identity).decode(), "cache_mode": engine.cache_mode,
+        "protocol": protocol, "state": json.dumps(state), "created": f"{time.time():.3f}",
+    }
+    return write_state(Path(path), arrays, meta)
+
+
+def load_session(path: str | os.PathLike, identity) -> tuple[str, dict, list[int], list]:
+    """(protocol, state, token ids, per-layer KV) of a session; raises ValueError when it is
+    damaged or was made by another model. Token ids and KV are empty when only the
+    conversation was saved."""
+    arrays, meta = read_state(Path(path))
+    if meta.get("kind") != "session" or meta.get("format") != str(FORMAT_VERSION):
+        raise ValueError("not a session file of this version")
+    if meta.get("identity") != msgspec.json.encode(identity).decode():
+        raise ValueError(f"it was saved with model {meta.get('model')!r} (a different model, "
+                         "adapter or weight format)")
+    try:
+        state = json.loads(meta["state"])
+    except (KeyError, json.JSONDecodeError):
+        raise ValueError("its conversation state is unreadable") from None
+    ids = arrays.get("token_ids")
+    if ids is None or ids.size == 0:
+        return meta.get("protocol", ""), state, [], []
+    return meta.get("protocol", ""), state, ids.tolist(), check_kv(arrays, identity, None)
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size

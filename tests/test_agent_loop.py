@@ -57,7 +57,8 @@ def tiny_lm(real_model):
                            rms_norm_eps=1e-5, vocab_size=49152, tie_word_embeddings=True)
     model = llama.Model(args)
     mx.eval(model.parameters())
-    identity = msgspec.structs.replace(real_model.identity, kv_heads=1, head_dim=16)
+    identity = msgspec.structs.replace(real_model.identity, kv_heads=1, head_dim=16, num_layers=1,
+                                       name="tiny-smol")
     return replace(real_model, model=model, context_length=2048, identity=identity)
 
 
@@ -232,3 +233,31 @@ def test_events_round_trip_through_json():
         line = ev.encode(e)
         assert json.loads(line)["type"] in ("user", "answer", "stats")
         assert ev.decode(line) == e
+
+
+def test_session_round_trip_continues_without_prefill(tiny_lm, tmp_path):
+    from mlx_agent.prompt_cache import load_session
+
+    script = Script(tiny_lm, '{"tool": "echo", "arguments": {"text": "x"}}', '{"answer": "one"}')
+    a, _, _ = agent(tiny_lm, script)
+    a.ask("first")
+    path = tmp_path / "s.safetensors"
+    a.save_session(path)
+    b, _, syncs = agent(tiny_lm, Script(tiny_lm, '{"answer": "two"}'))
+    assert b.resume(path) == len(a.engine.tokens)
+    assert b.engine.tokens == a.engine.tokens and b.protocol.ids == a.protocol.ids
+    assert b.ask("second").answer == "two"
+    before, stats, _ = syncs[0]
+    assert stats.reused == len(before) == len(a.engine.tokens)  # nothing re-prefilled
+    # damage and another model are refused without touching the agent
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0xFF
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(data))
+    c, _, _ = agent(tiny_lm, Script(tiny_lm))
+    with pytest.raises(ValueError, match="checksum"):
+        c.resume(bad)
+    other = msgspec.structs.replace(tiny_lm.identity, name="other")
+    with pytest.raises(ValueError, match="different model"):
+        load_session(path, other)
+    assert c.engine.tokens == [] and c.protocol.ids == c.protocol.system_ids

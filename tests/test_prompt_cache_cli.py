@@ -62,3 +62,18 @@ def test_an_unwritable_cache_dir_is_a_warning_and_exit_0(tmp_path):
     r = agent(blocker / "kv")
     assert r.returncode == 0 and "cannot save the prompt cache" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_save_session_then_resume_without_prefill(tmp_path):
+    session = tmp_path / "s.safetensors"
+    first = run("agent", "--tools", str(ROOT / "examples/echo.json"), "--single", "Echo hi",
+                "--max-tokens", "4", "--save-session", str(session))
+    assert first.returncode == 0 and session.exists(), first.stderr
+    second = run("agent", "--tools", str(ROOT / "examples/echo.json"), "--single", "Again",
+                 "--max-tokens", "4", "--resume", str(session), "--json-out")
+    assert second.returncode == 0 and "resumed session" in second.stderr, second.stderr
+    stats = json.loads(second.stdout.splitlines()[-1])
+    assert stats["reused_tokens"] > stats["prefilled_tokens"]
+    other = run("agent", "--builtin-tools", "--root", str(tmp_path), "--single", "x",
+                "--max-tokens", "2", "--resume", str(session))
+    assert other.returncode == 0 and "cannot resume" in other.stderr

@@ -70,6 +70,31 @@ class Agent:
         self.emit(event)
         return event
 
+    def save_session(self, path) -> int:
+        """Write the conversation and its KV state to ``path`` (atomically)."""
+        from ..prompt_cache import save_session
+
+        return save_session(path, self.lm.identity, self.engine, self.protocol.name,
+                            self.protocol.state())
+
+    def resume(self, path) -> int:
+        """Continue a saved conversation; returns how many tokens came back without prefill.
+        Raises ValueError (and changes nothing) when the file cannot be used."""
+        from ..prompt_cache import load_session
+
+        name, state, tokens, kvs = load_session(path, self.lm.identity)
+        if name != self.protocol.name:
+            raise ValueError(f"it uses the {name} protocol, this run {self.protocol.name}")
+        before = self.protocol.state()
+        self.protocol.load_state(state)
+        try:
+            if tokens:
+                self.engine.restore(tokens, kvs)
+        except ContextFull as e:
+            self.protocol.load_state(before)
+            raise ValueError(str(e)) from None
+        return len(tokens)
+
     # -- one user turn ---------------------------------------------------------------
 
     def ask(self, text: str) -> Outcome:

@@ -105,6 +105,15 @@ class JsonProtocol:
         text = "".join(f"<|im_start|>tool\n{content}<|im_end|>\n" for _, content in results)
         self.ids += self.lm.encode(text + "<|im_start|>assistant\n")
 
+    def state(self) -> dict:
+        return {"ids": list(self.ids)}
+
+    def load_state(self, state: dict) -> None:
+        ids = state.get("ids")
+        if not (isinstance(ids, list) and ids[: len(self.system_ids)] == self.system_ids):
+            raise ValueError("its system prompt differs from this one (other tools or --system)")
+        self.ids = ids
+
 
 class HermesProtocol:
     name = "hermes"
@@ -162,6 +171,15 @@ class HermesProtocol:
     def add_results(self, results: list[tuple[str, str]]) -> None:
         for name, content in results:
             self.messages.append({"role": "tool", "name": name, "content": content})
+
+    def state(self) -> dict:
+        return {"messages": self.messages}
+
+    def load_state(self, state: dict) -> None:
+        messages = state.get("messages")
+        if not (isinstance(messages, list) and messages[:1] == self.messages[:1]):
+            raise ValueError("its system prompt differs from this one (other tools or --system)")
+        self.messages = messages
 
 
 def choose(name: str, chat: ChatFormat) -> str:
