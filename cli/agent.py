@@ -55,6 +55,8 @@ def _human(event, *, single: bool) -> None:
 @click.option("--tool-env", multiple=True, metavar="NAME",
               help="Pass this environment variable to tools (repeatable).")
 @click.option("--confirm-tools", is_flag=True, help="Ask y/N before each tool call.")
+@click.option("--no-grammar", is_flag=True,
+              help="Do not constrain replies to valid tool calls and answers.")
 @click.option("--json-out", is_flag=True, help="Print one JSON event per line on stdout.")
 @click.option("--transcript", type=click.Path(dir_okay=False), default=None,
               help="Append every event, tool results included, to this JSONL file.")
@@ -71,7 +73,7 @@ def _human(event, *, single: bool) -> None:
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
-          max_tokens, tool_timeout, tool_env, confirm_tools, json_out, transcript,
+          max_tokens, tool_timeout, tool_env, confirm_tools, no_grammar, json_out, transcript,
           prompt_cache_dir, prompt_cache_max_bytes, save_session, resume, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
@@ -135,11 +137,12 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         tool_env=tool_env, tool_cwd=root,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed),
-        confirm=confirm if confirm_tools else None)
+        confirm=confirm if confirm_tools else None, grammar=not no_grammar)
     bot = Agent(lm, engine, tools, proto, config, emit=emit)
     if not json_out:
         click.secho(f"[{lm.identity.name}, {proto.name} protocol, {len(tools)} tools, "
-                    f"{mode} KV cache]", err=True, dim=True)
+                    f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}]", err=True,
+                    dim=True)
     if prompt_cache_dir:
         from mlx_agent.prompt_cache import PromptCache
 

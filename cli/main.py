@@ -25,9 +25,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mlx_agent.cache import ContextFull
     from mlx_agent.chat import TemplateError
     from mlx_agent.models import ModelError
+    from mlx_agent.grammar import GrammarError
     from mlx_agent.tools import ToolSchemaError
 
-    return ModelError, ContextFull, TemplateError, ToolSchemaError
+    return ModelError, ContextFull, TemplateError, ToolSchemaError, GrammarError
 
 
 class Group(click.Group):
@@ -88,10 +89,14 @@ def models():
 @click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Constrain the output to JSON matching this JSON Schema file.")
+@click.option("--grammar", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Constrain the output to this Lark grammar (as llguidance accepts it).")
 @click.option("-v", "--verbose", is_flag=True, help="Print model, BLAS and speed to stderr.")
 def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallocate,
              kv_window, temperature, top_p, top_k, min_p, seed, chat, system, max_tokens,
-             verbose):
+             json_schema, grammar, verbose):
     """Stream a completion of PROMPT ('-' reads standard input) to standard output.
 
     \b
@@ -123,8 +128,18 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
                        kv_window=kv_window or None)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                               min_p=min_p, seed=seed)
+    constraint = None
+    if json_schema and grammar:
+        raise click.UsageError("give --json-schema or --grammar, not both")
+    if json_schema or grammar:
+        from mlx_agent.grammar import Constraint, grammar_from_file, ll_tokenizer
+
+        tokenizer = ll_tokenizer(lm)
+        compiled = grammar_from_file(json_schema or grammar,
+                                     "json-schema" if json_schema else "lark", tokenizer)
+        constraint = Constraint(tokenizer, compiled, lm.vocab_size)
     stream = TextStream(engine, lm.tokenizer, ids, sampling=sampling,
-                        max_tokens=max_tokens, stop_ids=lm.stop_ids)
+                        max_tokens=max_tokens, stop_ids=lm.stop_ids, constraint=constraint)
     for segment in stream:
         click.echo(segment, nl=False)
         sys.stdout.flush()

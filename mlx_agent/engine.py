@@ -266,12 +266,17 @@ class Engine:
         *,
         max_tokens: int = 256,
         stop_ids: frozenset[int] | set[int] = frozenset(),
+        constraint=None,
     ) -> Iterator[int]:
         """Sample up to ``max_tokens`` ids, stopping after the first id in ``stop_ids``.
 
         Each yielded id is already fed to the model (see the module docstring); the sampler
-        is called once per yielded id.
+        is called once per yielded id. A ``constraint`` (see :mod:`mlx_agent.grammar`) masks
+        the logits before each draw and ends generation when its grammar is done; its mask
+        for token n+1 is computed on the CPU while the model computes the logits for it.
         """
+        from .kernels import apply_bitmask
+
         if self._logits is None:
             raise RuntimeError("nothing to continue from: prefill or sync a prompt first")
         sampler = sampler or greedy_sampler
@@ -280,10 +285,11 @@ class Engine:
             if room <= 0:
                 self._check_room(1)
             max_tokens = min(max_tokens, room)
-
         greedy = getattr(sampler, "greedy", False)
 
         def sample(logits: mx.array) -> mx.array:
+            if constraint is not None:
+                logits = apply_bitmask(logits, constraint.mask())
             if greedy:  # argmax needs no normalisation
                 return mx.argmax(logits, axis=-1, keepdims=True)
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
@@ -293,14 +299,16 @@ class Engine:
         mx.async_eval(y)
         for n in range(max_tokens):
             # Queue the forward pass of y before waiting for y's value, so the model
-            # computes step n+1 while the caller handles token n.
+            # computes step n+1 while the caller (and the grammar) handle token n.
             next_logits = self._forward(y, want_logits=True)
             mx.async_eval(next_logits)
             token = y.item()
             self.tokens.append(token)
             self._logits = next_logits
+            if constraint is not None:
+                constraint.consume(token)
             yield token
-            if token in stop_ids:
+            if token in stop_ids or (constraint is not None and constraint.done):
                 return
             if n % 256 == 255:
                 mx.clear_cache()

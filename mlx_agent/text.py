@@ -39,10 +39,12 @@ class TextStream:
         sampling: SamplingParams = SamplingParams(),
         max_tokens: int = 256,
         stop_ids: frozenset[int] = frozenset(),
+        constraint=None,
     ):
         self.engine, self.tokenizer = engine, tokenizer
         self.prompt_ids = list(prompt_ids)
         self.sampling, self.max_tokens, self.stop_ids = sampling, max_tokens, stop_ids
+        self.constraint = constraint
         self.result: Completion | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -53,7 +55,8 @@ class TextStream:
         finish = "length"
         start = time.perf_counter()
         for token in self.engine.generate(
-            self.sampling.sampler(), max_tokens=self.max_tokens, stop_ids=self.stop_ids
+            self.sampling.sampler(), max_tokens=self.max_tokens, stop_ids=self.stop_ids,
+            constraint=self.constraint,
         ):
             ids.append(token)
             if token in self.stop_ids:

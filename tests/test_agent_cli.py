@@ -92,4 +92,4 @@ def test_readme_debugger_command_runs(buggy_repo):
             "--single", "tests/test_loss.py::test_xent fails. Find the cause.",
             "--max-tokens", "32", "--max-steps", "2")
     assert r.returncode in (0, 1), r.stderr
-    assert "json protocol, 3 tools" in r.stderr
+    assert "json protocol, 3 tools" in r.stderr and "grammar on" in r.stderr

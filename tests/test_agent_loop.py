@@ -71,6 +71,7 @@ class Recorder(list):
 
 
 def agent(lm, script, protocol="json", engine=None, **config):
+    config.setdefault("grammar", False)  # the script ignores logits; grammar tests opt in
     proto = (JsonProtocol if protocol == "json" else HermesProtocol)(lm, ECHO)
     rec = Recorder()
     engine = engine or lm.engine()
@@ -261,3 +262,12 @@ def test_session_round_trip_continues_without_prefill(tiny_lm, tmp_path):
     with pytest.raises(ValueError, match="different model"):
         load_session(path, other)
     assert c.engine.tokens == [] and c.protocol.ids == c.protocol.system_ids
+
+
+def test_grammar_on_a_reply_ends_where_the_grammar_does(tiny_lm):
+    call = '{"tool":"echo","arguments":{"text":"hi"}}'
+    script = Script(tiny_lm, call, '{"answer":"ok"}')
+    a, rec, _ = agent(tiny_lm, script, grammar=True)
+    out = a.ask("go")
+    assert out.answer == "ok" and rec.of(ev.ToolCall)[0].stdout == "hi"
+    assert script.queue == [] and a.constraint is not None and a.constraint.done

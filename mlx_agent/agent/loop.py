@@ -38,6 +38,7 @@ class AgentConfig:
     tool_cwd: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     confirm: Confirm | None = None  # asked before each call; False = denied
+    grammar: bool = True  # constrain replies to valid tool calls and answers
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Agent:
         self.sampler = sampler or self.config.sampling.sampler()
         self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(protocol.markers))
         self.turn_warning: str | None = None
+        self.constraint = (_constraint(lm, protocol, list(tools), self.config.max_tokens)
+                           if self.config.grammar else None)
         if engine.cache_mode == "rotating":
             engine.pin(len(protocol.system_ids))
 
@@ -155,13 +158,15 @@ class Agent:
     def _generate(self):
         """One assistant step: sample until the scanner or the stop token ends it."""
         scanner = self.protocol.scanner()
+        if self.constraint is not None:
+            self.constraint.reset()
         detok = self.lm.tokenizer.detokenizer
         detok.reset()
         sampled: list[int] = []
         self._partial, self._partial_ids = scanner, sampled
         closed = False
         for token in self.engine.generate(self.sampler, max_tokens=self.config.max_tokens,
-                                          stop_ids=self.lm.stop_ids):
+                                          stop_ids=self.lm.stop_ids, constraint=self.constraint):
             sampled.append(token)
             if token in self.lm.stop_ids:
                 closed = True
@@ -209,6 +214,17 @@ class Agent:
         self.emit(ev.ToolCall(tool=r.tool, arguments=call.arguments, stdout=r.stdout,
                               stderr=r.stderr, exit_code=r.exit_code, timed_out=r.timed_out,
                               duration_sec=r.duration_sec))
+
+
+def _constraint(lm, protocol, tools: list[Tool], max_tokens: int):
+    """The grammar constraint for this protocol and tool set (compiled once, cached)."""
+    from ..grammar import (Constraint, hermes_grammar, json_protocol_grammar, ll_tokenizer,
+                           string_budget)
+
+    tokenizer = ll_tokenizer(lm)
+    build = json_protocol_grammar if protocol.name == "json" else hermes_grammar
+    return Constraint(tokenizer, build(tools, tokenizer, string_budget(max_tokens)),
+                      lm.vocab_size)
 
 
 def scanner_finished(scanner) -> bool:

@@ -71,6 +71,7 @@ class LoadedModel:
     identity: ModelIdentity
     path: Path
     bos_id: int | None = None  # prepended to prompts when the model asks for it
+    vocab_size: int = 0  # width of the logits (may exceed the tokenizer's vocabulary)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are matched."""
@@ -237,15 +238,15 @@ def _load_hf(path: Path, adapter: Path | None):
     return _Parts(model, tokenizer, template, int(ctx), path.name, bos_id)
 
 
-def _probe_kv(model: nn.Module) -> tuple[str, int, int]:
-    """KV dtype, kv heads and head dim, read off a one-token forward pass."""
+def _probe(model: nn.Module) -> tuple[str, int, int, int]:
+    """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass."""
     from mlx_lm.models.cache import KVCache
 
     cache = [KVCache() for _ in model.layers]
-    model(mx.array([[0]]), cache=cache)
+    logits = model(mx.array([[0]]), cache=cache)
     keys = cache[0].keys
-    mx.eval(keys)
-    return str(keys.dtype).removeprefix("mlx.core."), keys.shape[1], keys.shape[3]
+    mx.eval(keys, logits)
+    return str(keys.dtype).removeprefix("mlx.core."), keys.shape[1], keys.shape[3], logits.shape[-1]
 
 
 def load(
@@ -296,7 +297,7 @@ def load(
     inner = tokenizer._tokenizer
     chat = ChatFormat(template=template, bos_token=getattr(inner, "bos_token", None) or "",
                       eos_token=getattr(inner, "eos_token", None) or "")
-    kv_dtype, kv_heads, head_dim = _probe_kv(model)
+    kv_dtype, kv_heads, head_dim, vocab_size = _probe(model)
     identity = ModelIdentity(
         name=name, format=fmt,
         fingerprint=dir_fingerprint(path) if path.is_dir() else file_fingerprint(path),
@@ -306,7 +307,7 @@ def load(
     )
     return LoadedModel(model=model, tokenizer=tokenizer, chat=chat,
                        stop_ids=frozenset(tokenizer.eos_token_ids), context_length=max_ctx,
-                       identity=identity, path=path, bos_id=bos_id)
+                       identity=identity, path=path, bos_id=bos_id, vocab_size=vocab_size)
 
 
 __all__ = ["LoadedModel", "ModelError", "ModelIdentity", "load", "resolve", "default_spec",

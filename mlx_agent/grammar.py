@@ -1,0 +1,254 @@
+"""Constrained decoding with llguidance: grammars for tool calls, and a per-step token mask.
+
+- :func:`ll_tokenizer` adapts every tokenizer we load (GGUF BPE, Hugging Face, byte-level,
+  SentencePiece) to llguidance, once per tokenizer.
+- :func:`json_protocol_grammar` and :func:`hermes_grammar` build one grammar per tool set
+  (cached in memory): the json protocol allows exactly ``{"tool": <name>, "arguments": <that
+  tool's parameters>}`` for each tool or ``{"answer": <string>}``; hermes allows free text, or
+  ``<tool_call>`` blocks each holding one tool's ``{"name", "arguments"}``.
+  String values without a ``maxLength`` get one, scaled to the step's token budget (a small
+  model can otherwise repeat inside a string until the token limit), and arguments objects without ``additionalProperties`` get
+  ``false``, as in OpenAI's strict mode.
+- :class:`Constraint` is what the engine consults: ``mask()`` for the next token (an int32
+  bitmask, applied with :mod:`mlx_agent.kernels`), ``consume(token)``, and ``done`` once the
+  grammar has reached its end state, which ends the turn.
+
+A schema llguidance cannot compile is a :class:`GrammarError` naming the tool, raised when the
+grammar is built (at start-up), not mid-conversation.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .tools import Tool
+
+DEFAULT_MAX_STRING = 128  # characters per string value: fits a 256-token step even at a
+# token per character (digits are split one by one), with room for the JSON around it
+
+
+def string_budget(max_tokens: int) -> int:
+    """The maxLength given to unbounded strings for replies of ``max_tokens`` tokens."""
+    return max(32, max_tokens // 2)
+
+
+class GrammarError(ValueError):
+    """A grammar (or a tool's schema) that llguidance cannot compile."""
+
+
+class _SentencePieceForLL:
+    """llguidance's generic tokenizer interface over our SentencePiece adapter."""
+
+    def __init__(self, spm, eos: int):
+        sp = spm.sp
+        self.eos_token_id = eos
+        self.bos_token_id = spm.bos_token_id
+        self.tokens = []
+        for i in range(len(spm)):
+            piece = sp.id_to_piece(i)
+            if sp.is_byte(i):
+                self.tokens.append(bytes([int(piece[3:5], 16)]))
+            elif sp.is_control(i) or sp.is_unknown(i):
+                self.tokens.append(piece.encode())
+            else:
+                self.tokens.append(piece.replace("\u2581", " ").encode())
+        self.special_token_ids = [i for i in range(len(spm)) if sp.is_control(i)]
+        self._sp = self._without_dummy_prefix(spm.model_proto)
+
+    @staticmethod
+    def _without_dummy_prefix(model_proto: bytes):
+        """llguidance tokenizes fragments of text: SentencePiece must not prepend '▁'."""
+        import sentencepiece as spm_lib
+        from sentencepiece import sentencepiece_model_pb2
+
+        m = sentencepiece_model_pb2.ModelProto()
+        m.ParseFromString(model_proto)
+        m.normalizer_spec.add_dummy_prefix = False
+        return spm_lib.SentencePieceProcessor(model_proto=m.SerializeToString())
+
+    def __call__(self, text):
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return self._sp.encode(text)
+
+
+@functools.lru_cache(maxsize=8)
+def _ll_tokenizer_cached(tokenizer_id: int, tokenizer, n_vocab: int, eos: tuple[int, ...]):
+    import llguidance
+    import llguidance.hf
+    from transformers import PreTrainedTokenizerFast
+
+    from .tokenizer import SentencePieceTokenizer
+
+    inner = tokenizer._tokenizer
+    eos_list = list(eos) or [0]
+    if isinstance(inner, PreTrainedTokenizerFast):
+        return llguidance.hf.from_tokenizer(inner, n_vocab=n_vocab, eos_token=eos_list)
+    if isinstance(inner, SentencePieceTokenizer):
+        wrapped = llguidance.TokenizerWrapper(_SentencePieceForLL(inner, eos_list[0]))
+        return llguidance.LLTokenizer(wrapped, n_vocab=n_vocab, eos_token=eos_list)
+    raise GrammarError(f"no llguidance adapter for tokenizer {type(inner).__name__}")
+
+
+def ll_tokenizer(lm):
+    """The llguidance tokenizer for a loaded model (built once, ~1 s)."""
+    n_vocab = lm.vocab_size
+    return _ll_tokenizer_cached(id(lm.tokenizer), lm.tokenizer, n_vocab,
+                                tuple(sorted(lm.stop_ids)))
+
+
+_NUMBER_BOUND = 10**12  # integers beyond a trillion are not what a tool call needs
+
+
+def _bound_strings(schema: Any, max_len: int) -> Any:
+    """A copy of ``schema`` whose strings have a maxLength and whose numbers have bounds."""
+    if isinstance(schema, dict):
+        out = {k: _bound_strings(v, max_len) for k, v in schema.items()}
+        types = out.get("type")
+        types = types if isinstance(types, list) else [types]
+        fixed = "enum" in out or "const" in out
+        if "string" in types and "maxLength" not in out and not fixed:
+            out["maxLength"] = max_len
+        if ("integer" in types or "number" in types) and not fixed:
+            out.setdefault("minimum", -_NUMBER_BOUND)
+            out.setdefault("maximum", _NUMBER_BOUND)
+        return out
+    if isinstance(schema, list):
+        return [_bound_strings(v, max_len) for v in schema]
+    return schema
+
+
+def _arguments_schema(tool: Tool, max_len: int) -> dict:
+    """The tool's parameters as the grammar binds them: strings bounded, and no keys beyond
+    the declared properties unless the schema itself allows them (OpenAI's strict mode)."""
+    params = _bound_strings(copy.deepcopy(tool.parameters), max_len)
+    params.setdefault("type", "object")
+    params.setdefault("properties", {})
+    params.setdefault("additionalProperties", False)
+    return params
+
+
+def _check_compiles(grammar: str, tokenizer, what: str) -> None:
+    from llguidance import LLMatcher
+
+    err = LLMatcher.validate_grammar(grammar, tokenizer)
+    if err and not err.startswith("WARNING"):
+        detail = " ".join(err.split())  # llguidance's multi-line report, on one line
+        raise GrammarError(f"{what} cannot be compiled by llguidance: {detail[:240]}")
+
+
+def json_protocol_schema(tools: Sequence[Tool], max_len: int = DEFAULT_MAX_STRING) -> dict:
+    shapes = [{
+        "type": "object",
+        "properties": {"tool": {"const": t.name}, "arguments": _arguments_schema(t, max_len)},
+        "required": ["tool", "arguments"], "additionalProperties": False,
+    } for t in tools]
+    shapes.append({"type": "object",
+                   "properties": {"answer": {"type": "string", "maxLength": max_len}},
+                   "required": ["answer"], "additionalProperties": False})
+    return {"anyOf": shapes}
+
+
+@functools.lru_cache(maxsize=32)
+def _json_grammar(tools_key: str, tokenizer, max_len: int) -> str:
+    from llguidance import LLMatcher
+
+    tools = _TOOLS[tools_key]
+    for t in tools:  # name the tool whose schema fails, before the combined grammar
+        one = {"type": "object", "properties": {"arguments": _arguments_schema(t, max_len)}}
+        _check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
+                        f"tool {t.name!r} (its parameters schema)")
+    grammar = LLMatcher.grammar_from_json_schema(json_protocol_schema(tools, max_len),
+                                                 defaults={"whitespace_flexible": False})
+    _check_compiles(grammar, tokenizer, "the tool-call grammar")
+    return grammar
+
+
+_TOOLS: dict[str, Sequence[Tool]] = {}
+
+
+def _tools_key(tools: Sequence[Tool]) -> str:
+    key = json.dumps([t.openai() for t in tools], sort_keys=True)
+    _TOOLS[key] = tools
+    return key
+
+
+def json_protocol_grammar(tools: Sequence[Tool], tokenizer,
+                          max_len: int = DEFAULT_MAX_STRING) -> str:
+    """The json protocol's grammar for ``tools`` (compiled once per tool set)."""
+    return _json_grammar(_tools_key(tools), tokenizer, max_len)
+
+
+def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING) -> str:
+    """Free text, or one or more ``<tool_call>`` blocks with a valid call each."""
+    from llguidance import LLMatcher
+
+    calls = {"anyOf": [{
+        "type": "object",
+        "properties": {"name": {"const": t.name}, "arguments": _arguments_schema(t, max_len)},
+        "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+    lark = (
+        "start: TEXT | calls\n"
+        'calls: (call "\\n"?)+\n'
+        'call: "<tool_call>\\n" json_call "\\n</tool_call>"\n'
+        f"json_call: %json {json.dumps(calls)}\n"
+        "TEXT: /[^<\\s][^<]*/\n"
+    )
+    grammar = LLMatcher.grammar_from_lark(lark)
+    _check_compiles(grammar, tokenizer, "the hermes tool-call grammar")
+    return grammar
+
+
+def grammar_from_file(path: str, kind: str, tokenizer) -> str:
+    """A grammar from a JSON Schema file (``kind="json-schema"``) or a Lark file."""
+    from llguidance import LLMatcher
+
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise GrammarError(f"cannot read {path}: {e.strerror}") from None
+    if kind == "json-schema":
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(text)
+        except ValueError as e:
+            raise GrammarError(f"{path} is not a JSON schema: {e}") from None
+    else:
+        grammar = LLMatcher.grammar_from_lark(text)
+    _check_compiles(grammar, tokenizer, path)
+    return grammar
+
+
+class Constraint:
+    """One decoding constraint: mask before each token, consume after it."""
+
+    def __init__(self, tokenizer, grammar: str, vocab_size: int):
+        from llguidance import LLMatcher
+
+        self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(self.matcher.get_error())
+        self.vocab_size = vocab_size
+        self._words = (vocab_size + 31) // 32
+        self._buf = np.full(self._words, -1, dtype=np.int32)
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+    def mask(self) -> mx.array:
+        """The allowed-token bitmask for the next token (computed on the CPU)."""
+        self.matcher.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
+        return mx.array(self._buf)
+
+    def consume(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+    @property
+    def done(self) -> bool:
+        """The grammar reached its end state (or failed): no more tokens."""
+        return self.matcher.is_stopped() or self.matcher.is_error()
