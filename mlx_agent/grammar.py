@@ -185,18 +185,31 @@ def json_protocol_grammar(tools: Sequence[Tool], tokenizer,
     return _json_grammar(_tools_key(tools), tokenizer, max_len)
 
 
-def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING) -> str:
-    """Free text, or one or more ``<tool_call>`` blocks with a valid call each."""
+def _tag(text: str, special_ids: dict[str, int]) -> str:
+    """A Lark terminal for a tag: the special token itself when the tokenizer has one."""
+    return f"<[{special_ids[text]}]>" if text in special_ids else json.dumps(text)
+
+
+def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING,
+                   special_ids: dict[str, int] | None = None) -> str:
+    """Free text, or one or more ``<tool_call>`` blocks with a valid call each.
+
+    ``special_ids`` maps tag strings that are single special tokens (``<tool_call>`` in
+    Qwen's vocabulary, say) to their ids, so the grammar matches the token, not the text.
+    """
     from llguidance import LLMatcher
+
+    special_ids = special_ids or {}
 
     calls = {"anyOf": [{
         "type": "object",
         "properties": {"name": {"const": t.name}, "arguments": _arguments_schema(t, max_len)},
         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+    open_tag, close_tag = _tag("<tool_call>", special_ids), _tag("</tool_call>", special_ids)
     lark = (
         "start: TEXT | calls\n"
         'calls: (call "\\n"?)+\n'
-        'call: "<tool_call>\\n" json_call "\\n</tool_call>"\n'
+        f'call: {open_tag} "\\n" json_call "\\n" {close_tag}\n'
         f"json_call: %json {json.dumps(calls)}\n"
         "TEXT: /[^<\\s][^<]*/\n"
     )

@@ -135,3 +135,29 @@ def test_an_uncompilable_schema_names_the_tool(smol):
         "type": "object", "properties": {"s": {"type": "string", "pattern": "(?=a)b"}}}}]))
     with pytest.raises(GrammarError, match="tool 'lookahead'.*regex parse error"):
         json_protocol_grammar(tools, tok)
+
+
+def test_hermes_grammar_binds_only_inside_tool_call_tags(smol):
+    from mlx_agent.grammar import hermes_grammar
+
+    lm, tok, _ = smol
+    grammar = hermes_grammar(TOOLS, tok)
+    assert accepts(lm, tok, grammar, "The capital of France is Paris.")
+    ok = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    assert accepts(lm, tok, grammar, ok)
+    assert accepts(lm, tok, grammar, ok + "\n" + ok.replace("Paris", "Oslo"))
+    assert not accepts(lm, tok, grammar, ok.replace("get_weather", "get_wether"))
+    assert not accepts(lm, tok, grammar, ok.replace('"city":"Paris"', '"town":"Paris"'))
+
+
+def test_hermes_tags_that_are_special_tokens_match_the_token(smol):
+    """As in Qwen's vocabulary; here SmolLM2's control tokens <repo_name> and <file_sep>
+    (ids 3 and 5) stand in."""
+    from mlx_agent.grammar import hermes_grammar
+
+    lm, tok, _ = smol
+    assert lm.encode("<repo_name><file_sep>") == [3, 5]
+    grammar = hermes_grammar(TOOLS, tok, special_ids={"<tool_call>": 3, "</tool_call>": 5})
+    call = '\n{"name":"set_timer","arguments":{"minutes":5}}\n'
+    assert accepts(lm, tok, grammar, "<repo_name>" + call + "<file_sep>")
+    assert not accepts(lm, tok, grammar, "<tool_call>" + call + "</tool_call>")

@@ -222,9 +222,15 @@ def _constraint(lm, protocol, tools: list[Tool], max_tokens: int):
                            string_budget)
 
     tokenizer = ll_tokenizer(lm)
-    build = json_protocol_grammar if protocol.name == "json" else hermes_grammar
-    return Constraint(tokenizer, build(tools, tokenizer, string_budget(max_tokens)),
-                      lm.vocab_size)
+    budget = string_budget(max_tokens)
+    if protocol.name == "json":
+        grammar = json_protocol_grammar(tools, tokenizer, budget)
+    else:
+        specials = set(special_tokens(lm.tokenizer))
+        ids = {tag: lm.encode(tag)[0] for tag in ("<tool_call>", "</tool_call>")
+               if tag in specials and len(lm.encode(tag)) == 1}
+        grammar = hermes_grammar(tools, tokenizer, budget, special_ids=ids)
+    return Constraint(tokenizer, grammar, lm.vocab_size)
 
 
 def scanner_finished(scanner) -> bool:
