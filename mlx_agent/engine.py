@@ -217,15 +217,19 @@ class Engine:
         self._check_room(len(ids))
         arr = mx.array(ids, dtype=mx.uint32)
         starts = range(0, len(ids), self.prefill_step)
-        for start_at in starts:
-            chunk = arr[start_at : start_at + self.prefill_step]
-            if start_at == starts[-1]:  # the last chunk also yields the next-token logits
-                self._logits = self._forward(chunk, want_logits=True)
-                mx.eval(self._logits)
-            else:
-                self._forward(chunk, want_logits=False)
-                mx.eval([c.state for c in self.cache])
-                mx.clear_cache()
+        try:
+            for start_at in starts:
+                chunk = arr[start_at : start_at + self.prefill_step]
+                if start_at == starts[-1]:  # the last chunk also yields the next logits
+                    self._logits = self._forward(chunk, want_logits=True)
+                    mx.eval(self._logits)
+                else:
+                    self._forward(chunk, want_logits=False)
+                    mx.eval([c.state for c in self.cache])
+                    mx.clear_cache()
+        except KeyboardInterrupt:
+            self._repair()
+            raise
         self.tokens.extend(ids)
         return PrefillStats(0, len(ids), time.perf_counter() - start)
 
@@ -254,6 +258,23 @@ class Engine:
             del self.tokens[common:]
         stats = self.prefill(ids[common:])
         return PrefillStats(common, stats.prefilled, time.perf_counter() - start)
+
+    def _repair(self) -> None:
+        """After an interruption mid-step (Ctrl-C): make every layer's cache hold exactly
+        ``self.tokens`` again (a forward pass may have reached only some layers), and
+        recompute the logits after the last token."""
+        tokens = list(self.tokens)
+        keep = max(len(tokens) - 1, 0)  # the last token is re-fed for its logits
+        if all(c.is_trimmable() and c.offset >= keep for c in self.cache):
+            for c in self.cache:
+                c.trim(c.offset - keep)
+        else:
+            self.reset(keep=self._kept())
+            keep = 0
+        self.tokens = tokens[:keep]
+        self._logits = None
+        if tokens[keep:]:
+            self.prefill(tokens[keep:])
 
     def _kept(self) -> int:
         return next((c.keep for c in self.cache if hasattr(c, "keep")), 0)
@@ -295,6 +316,13 @@ class Engine:
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sampler(logprobs[None])
 
+        try:
+            yield from self._decode(sample, max_tokens, stop_ids, constraint)
+        except KeyboardInterrupt:
+            self._repair()
+            raise
+
+    def _decode(self, sample, max_tokens: int, stop_ids, constraint) -> Iterator[int]:
         y = sample(self._logits)
         mx.async_eval(y)
         for n in range(max_tokens):

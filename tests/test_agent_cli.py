@@ -93,3 +93,27 @@ def test_readme_debugger_command_runs(buggy_repo):
             "--max-tokens", "32", "--max-steps", "2")
     assert r.returncode in (0, 1), r.stderr
     assert "json protocol, 3 tools" in r.stderr and "grammar on" in r.stderr
+
+
+def test_ctrl_c_stops_the_reply_not_the_session():
+    import signal
+    import time
+
+    proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
+                             "--max-tokens", "400", "--max-steps", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    # the banner comes once the model is loaded; the first reply then runs for seconds
+    banner = proc.stderr.readline()
+    assert "json protocol" in banner
+    proc.stdin.write("Tell me a very long story about the sea.\n")
+    proc.stdin.flush()
+    time.sleep(2.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.stdin.write(":quit\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "(interrupted)" in err and "Traceback" not in err
+    assert out.count("you> ") == 2  # the session asked for the next message

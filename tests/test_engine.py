@@ -152,3 +152,32 @@ def test_sampling_params_reject_nonsense():
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="context length"):
         Engine(None, context_length=0)
+
+
+@pytest.mark.parametrize("mode", ["preallocated", "growing", "rotating"])
+@pytest.mark.parametrize("where", ["prefill", "decode"])
+def test_an_interrupted_step_leaves_the_cache_consistent(tiny_model, mode, where):
+    """Ctrl-C may land after some layers were fed: the engine repairs itself."""
+    ids = ids_for(tiny_model, 20, 12)
+    engine = Engine(tiny_model, context_length=64, cache_mode=mode, kv_window=64, prefill_step=6)
+    engine.prefill(ids[:10])
+    original = engine._forward
+
+    def interrupted(x, want_logits):  # one Ctrl-C, then the engine runs normally
+        original(x, want_logits)
+        engine.cache[0].trim(1)  # as if the interrupt came before the last layers ran
+        engine._forward = original
+        raise KeyboardInterrupt
+
+    engine._forward = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        if where == "prefill":
+            engine.prefill(ids[10:])
+        else:
+            next(engine.generate(max_tokens=5))
+    assert all(c.offset == len(engine.tokens) for c in engine.cache)
+    assert engine.tokens == ids[:10]
+    np.testing.assert_allclose(np.array(engine.logits), full_logits(tiny_model, ids[:10])[-1],
+                               atol=ATOL)
+    engine.prefill(ids[10:])
+    np.testing.assert_allclose(np.array(engine.logits), full_logits(tiny_model, ids)[-1], atol=ATOL)
