@@ -69,12 +69,17 @@ def _human(event, *, single: bool) -> None:
               help="At exit, write the conversation and its KV state here.")
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Continue a conversation saved with --save-session, without prefill.")
+@click.option("--trajectory-dir", type=click.Path(file_okay=False), default=None,
+              help="Write this rollout as a token-exact <uuid>.atraj file here.")
+@click.option("--trajectory-task", default=None, metavar="NAME",
+              help="Task name recorded in the trajectory.")
 @load_options
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
           max_tokens, tool_timeout, tool_env, confirm_tools, no_grammar, json_out, transcript,
-          prompt_cache_dir, prompt_cache_max_bytes, save_session, resume, adapter, weights, context_length,
+          prompt_cache_dir, prompt_cache_max_bytes, save_session, resume, trajectory_dir,
+          trajectory_task, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
 
@@ -138,7 +143,21 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed),
         confirm=confirm if confirm_tools else None, grammar=not no_grammar)
-    bot = Agent(lm, engine, tools, proto, config, emit=emit)
+    recorder = None
+    if trajectory_dir:
+        import dataclasses
+
+        from mlx_agent.trajectory import Recorder
+
+        try:
+            recorder = Recorder(trajectory_dir, task=trajectory_task,
+                                model_fingerprint=lm.identity.fingerprint,
+                                sampling=dataclasses.asdict(config.sampling),
+                                checkpoint_path=str(lm.path))
+        except OSError as e:
+            raise UserError(f"cannot write trajectories to {trajectory_dir}: "
+                            f"{e.strerror or e}") from None
+    bot = Agent(lm, engine, tools, proto, config, emit=emit, recorder=recorder)
     if not json_out:
         click.secho(f"[{lm.identity.name}, {proto.name} protocol, {len(tools)} tools, "
                     f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}]", err=True,

@@ -40,10 +40,10 @@ QWEN_LIKE = (
 class Script:
     """A sampler that returns scripted token ids, one per call."""
 
-    def __init__(self, lm, *replies: str):
+    def __init__(self, lm, *replies: "str | list[int]"):
         self.queue: list[int] = []
-        for text in replies:
-            self.queue += lm.encode(text)
+        for reply in replies:  # text, or exact ids (to sample a non-canonical tokenization)
+            self.queue += lm.encode(reply) if isinstance(reply, str) else list(reply)
 
     def __call__(self, logprobs):
         return mx.array([self.queue.pop(0)])
@@ -70,7 +70,7 @@ class Recorder(list):
         return [e for e in self if isinstance(e, kind)]
 
 
-def agent(lm, script, protocol="json", engine=None, **config):
+def agent(lm, script, protocol="json", engine=None, recorder=None, **config):
     config.setdefault("grammar", False)  # the script ignores logits; grammar tests opt in
     proto = (JsonProtocol if protocol == "json" else HermesProtocol)(lm, ECHO)
     rec = Recorder()
@@ -86,7 +86,8 @@ def agent(lm, script, protocol="json", engine=None, **config):
         return stats
 
     engine.sync = sync
-    a = Agent(lm, engine, ECHO, proto, AgentConfig(**config), emit=rec, sampler=script)
+    a = Agent(lm, engine, ECHO, proto, AgentConfig(**config), emit=rec, sampler=script,
+              recorder=recorder)
     return a, rec, syncs
 
 

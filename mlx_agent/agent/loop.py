@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import msgspec
 from typing import Callable, Sequence
 
 from ..cache import ContextFull
@@ -51,8 +53,12 @@ class Outcome:
 class Agent:
     def __init__(self, lm, engine: Engine, tools: Sequence[Tool], protocol,
                  config: AgentConfig | None = None,
-                 emit: Callable[[ev.Event], None] = lambda e: None, sampler=None):
+                 emit: Callable[[ev.Event], None] = lambda e: None, sampler=None,
+                 recorder=None):
         self.lm, self.engine, self.protocol = lm, engine, protocol
+        self.recorder = recorder  # a trajectory.Recorder, or None
+        self._pending_tool_steps: list = []
+        self._system_recorded = False
         self.tools = {t.name: t for t in tools}
         self.config = config or AgentConfig()
         self.emit = emit
@@ -115,6 +121,7 @@ class Agent:
             except ContextFull as e:
                 stop, self.turn_warning = "context", str(e)
                 break
+            self._record_fed(prompt, sync.reused, text if step == 0 else None)
             stats["turns"] += 1
             stats["rendered_tokens"] += len(prompt)
             stats["prefilled_tokens"] += sync.prefilled
@@ -128,6 +135,7 @@ class Agent:
             reply: Reply = self.protocol.parse(scanner)
             raw = scanner.text
             self.emit(ev.Assistant(step=step, raw=raw))
+            self._record_assistant(raw, sampled, reply)
             self.protocol.add_assistant(getattr(scanner, "turn_text", raw), sampled, closed)
             if interrupted:
                 stop = "interrupted"
@@ -146,12 +154,67 @@ class Agent:
                 content = result.for_model()
                 self.emit(ev.ToolResult(tool=result.tool, content=content))
                 results.append((result.tool, content))
+                self._record_tool(result, content)
             self.protocol.add_results(results)
         if answer is not None:
             self.emit(ev.Answer(text=answer, fallback=fallback))
         final = ev.Stats(**stats, seconds=round(time.perf_counter() - start, 3), stop=stop)
         self.emit(final)
+        if self.recorder is not None:
+            for pending in self._pending_tool_steps:  # results the model never read
+                self.recorder.add(pending)
+            self._pending_tool_steps = []
+            self.recorder.finish_turn(msgspec.to_builtins(final))
         return Outcome(answer, fallback, final)
+
+    # -- trajectory recording (token-exact: the ids fed and the ids sampled) -------------
+
+    def _record_fed(self, prompt: list[int], reused: int, user_text: str | None) -> None:
+        if self.recorder is None:
+            return
+        from ..trajectory import Step
+
+        fed, at = prompt[reused:], reused
+        system = list(self.protocol.system_ids)
+        if not self._system_recorded:
+            self._system_recorded = True
+            loaded = reused >= len(system)  # from a prompt cache (or a resumed session)
+            if loaded or prompt[: len(system)] == system:
+                self.recorder.add(Step(role="system", content=_system_text(self.protocol),
+                                       input_ids=system, prefix_len=0))
+                if not loaded:
+                    fed, at = prompt[len(system):], len(system)
+        if user_text is not None:
+            self.recorder.add(Step(role="user", content=user_text, input_ids=fed, prefix_len=at))
+            return
+        steps, self._pending_tool_steps = self._pending_tool_steps, []
+        for i, step in enumerate(steps):
+            if i == 0:  # the tool turn(s) went in as one block
+                step.input_ids, step.prefix_len = fed, at
+            self.recorder.add(step)
+
+    def _record_assistant(self, raw: str, sampled: list[int], reply: Reply) -> None:
+        if self.recorder is None:
+            return
+        import json
+
+        from ..trajectory import Step, ToolCallRecord
+
+        call = reply.calls[0] if reply.calls else None
+        record = ToolCallRecord(name=call.name, arguments_json=json.dumps(call.arguments)) \
+            if call else None
+        self.recorder.add(Step(role="assistant", content=raw, output_ids=list(sampled),
+                               tool_call=record))
+
+    def _record_tool(self, result: ToolResult, content: str) -> None:
+        if self.recorder is None:
+            return
+        from ..trajectory import Step, ToolResultRecord
+
+        self._pending_tool_steps.append(Step(role="tool", content=content, tool_result=ToolResultRecord(
+            name=result.tool, stdout=result.stdout, stderr=result.stderr,
+            exit_code=result.exit_code, duration_sec=result.duration_sec,
+            timed_out=result.timed_out)))
 
     # -- pieces ----------------------------------------------------------------------
 
@@ -214,6 +277,12 @@ class Agent:
         self.emit(ev.ToolCall(tool=r.tool, arguments=call.arguments, stdout=r.stdout,
                               stderr=r.stderr, exit_code=r.exit_code, timed_out=r.timed_out,
                               duration_sec=r.duration_sec))
+
+
+def _system_text(protocol) -> str:
+    if hasattr(protocol, "system_text"):
+        return protocol.system_text
+    return protocol.messages[0]["content"]
 
 
 def _constraint(lm, protocol, tools: list[Tool], max_tokens: int):

@@ -1,0 +1,55 @@
+"""``mlx_agent traj``: look at ``.atraj`` trajectories."""
+
+from __future__ import annotations
+
+import click
+
+_COLOURS = {"system": "magenta", "user": "green", "assistant": "cyan", "tool": "yellow"}
+
+
+@click.group()
+def traj():
+    """Inspect token-exact trajectories written with --trajectory-dir."""
+
+
+@traj.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--ids", is_flag=True, help="Also print the token ids of each step.")
+def show(path, ids):
+    """Print a trajectory as a readable, coloured conversation.
+
+    \b
+    Example:
+      mlx_agent traj show runs/6f8b9d4a-....atraj
+    """
+    from mlx_agent.trajectory import TrajectoryError, read
+
+    from .main import UserError
+
+    try:
+        t = read(path)
+    except TrajectoryError as e:
+        raise UserError(str(e)) from None
+    head = f"trajectory {t.id}" + (f"  task {t.task}" if t.task else "")
+    click.secho(head, bold=True)
+    if t.summary:
+        click.echo("  " + ", ".join(f"{k}={v}" for k, v in t.summary.items()))
+    for i, step in enumerate(t.steps):
+        fed = len(step.input_ids or [])
+        sampled = len(step.output_ids or [])
+        counts = ", ".join(x for x in (f"{fed} fed" if fed else "",
+                                        f"{sampled} sampled" if sampled else "") if x)
+        click.secho(f"[{i}] {step.role}" + (f" ({counts})" if counts else ""),
+                    fg=_COLOURS.get(step.role), bold=True)
+        text = step.content if len(step.content) < 2000 else step.content[:2000] + " …"
+        click.echo("    " + text.replace("\n", "\n    "))
+        if step.tool_call:
+            click.secho(f"    → {step.tool_call.name}({step.tool_call.arguments_json})", fg="cyan")
+        if step.reward is not None:
+            click.secho(f"    reward {step.reward}", fg="red")
+        if ids:
+            if step.input_ids:
+                click.echo(f"    input_ids {step.input_ids}")
+            if step.output_ids:
+                click.echo(f"    output_ids {step.output_ids}")
+    click.echo(f"{len(t.token_sequence())} tokens in the cache at the end")

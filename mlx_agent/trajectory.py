@@ -1,0 +1,153 @@
+"""Token-exact ``.atraj`` trajectories: the original's version-1 fields, read and written here.
+
+A trajectory is one rollout: ``version`` (1), ``id``, ``steps``, ``summary`` (a string map) and
+optionally ``task``, ``checkpoint_path``, ``model_fingerprint``; we add ``sampling`` and
+``turn_stats``. A step has ``role`` (system/user/assistant/tool), ``content``, and optionally
+``input_ids`` (exactly the ids fed to the model for this step), ``output_ids`` (exactly the ids
+sampled), ``tool_call`` {name, arguments_json}, ``tool_result`` {name, stdout, stderr,
+exit_code, duration_sec}, ``reward`` and ``timestamp``. Readers of the original ignore our extra
+field ``prefix_len``: where in the token sequence a step's ``input_ids`` start. It equals the
+length of everything before when the cache was reused whole, and is shorter when a re-rendered
+conversation (hermes) made the engine drop cached tokens, so that replaying
+``seq = seq[:prefix_len] + input_ids + output_ids`` step by step gives exactly the ids in the KV
+cache.
+
+Files are written atomically (temporary file, rename) after every step, so a crash loses at
+most the step in flight. Nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import msgspec
+
+VERSION = 1
+SUFFIX = ".atraj"
+
+
+class ToolCallRecord(msgspec.Struct, omit_defaults=True):
+    name: str
+    arguments_json: str
+
+
+class ToolResultRecord(msgspec.Struct, omit_defaults=True):
+    name: str
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_sec: float
+    timed_out: bool = False
+
+
+class Step(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str
+    input_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    prefix_len: int | None = None
+    tool_call: ToolCallRecord | None = None
+    tool_result: ToolResultRecord | None = None
+    reward: float | None = None
+    timestamp: float | None = None
+
+
+class Trajectory(msgspec.Struct, omit_defaults=True):
+    id: str
+    steps: list[Step] = msgspec.field(default_factory=list)
+    summary: dict[str, str] = msgspec.field(default_factory=dict)
+    version: int = VERSION
+    task: str | None = None
+    checkpoint_path: str | None = None
+    model_fingerprint: str | None = None
+    sampling: dict | None = None
+    turn_stats: list[dict] | None = None
+
+    def token_sequence(self) -> list[int]:
+        """The ids in the model's KV cache at the end of the rollout, replayed from the steps."""
+        seq: list[int] = []
+        for step in self.steps:
+            if step.input_ids is not None:
+                start = len(seq) if step.prefix_len is None else step.prefix_len
+                seq = seq[:start] + step.input_ids
+            if step.output_ids is not None:
+                seq += step.output_ids
+        return seq
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Trajectory)
+
+
+class TrajectoryError(ValueError):
+    """A file that is not a readable ``.atraj``."""
+
+
+def write(path: str | os.PathLike, traj: Trajectory) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encoder.encode(traj))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: str | os.PathLike) -> Trajectory:
+    try:
+        traj = _decoder.decode(Path(path).read_bytes())
+    except OSError as e:
+        raise TrajectoryError(f"cannot read {path}: {e.strerror}") from None
+    except msgspec.DecodeError as e:
+        raise TrajectoryError(f"{path} is not a valid .atraj file: {e}") from None
+    if traj.version != VERSION:
+        raise TrajectoryError(f"{path}: .atraj version {traj.version} is not supported (only 1)")
+    return traj
+
+
+def iter_dir(directory: str | os.PathLike) -> Iterator[tuple[Path, Trajectory]]:
+    """Every readable ``.atraj`` in ``directory``, in name order."""
+    for p in sorted(Path(directory).glob(f"*{SUFFIX}")):
+        yield p, read(p)
+
+
+def set_reward(path: str | os.PathLike, reward: float) -> Trajectory:
+    """Set the rollout's reward (on its last step and in the summary), atomically."""
+    traj = read(path)
+    if traj.steps:
+        traj.steps[-1].reward = reward
+    traj.summary["reward"] = repr(float(reward))
+    write(path, traj)
+    return traj
+
+
+class Recorder:
+    """Builds one trajectory step by step and rewrites its file after every step."""
+
+    def __init__(self, directory: str | os.PathLike, *, task: str | None = None,
+                 model_fingerprint: str | None = None, sampling: dict | None = None,
+                 checkpoint_path: str | None = None):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.traj = Trajectory(id=str(uuid.uuid4()), task=task,
+                               model_fingerprint=model_fingerprint, sampling=sampling,
+                               checkpoint_path=checkpoint_path, turn_stats=[])
+        self.path = self.dir / f"{self.traj.id}{SUFFIX}"
+
+    def add(self, step: Step) -> None:
+        step.timestamp = round(time.time(), 3)
+        self.traj.steps.append(step)
+        write(self.path, self.traj)
+
+    def finish_turn(self, stats: dict) -> None:
+        self.traj.turn_stats.append(stats)
+        self.traj.summary.update({"turns": str(len(self.traj.turn_stats)),
+                                  "stop": str(stats.get("stop", ""))})
+        write(self.path, self.traj)

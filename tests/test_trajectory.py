@@ -1,0 +1,92 @@
+"""Token-exact trajectories: the ids fed and sampled replay to exactly the cached ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.chat import ChatFormat
+from mlx_agent.prompt_cache import PromptCache
+
+from .test_agent_loop import QWEN_LIKE, Script, agent, tiny_lm  # noqa: F401  (fixture)
+
+
+def recorder(tmp_path, **kw):
+    return tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={"temperature": 0}, **kw)
+
+
+def test_json_protocol_trajectory_replays_to_the_cache(tiny_lm, tmp_path):
+    rec = recorder(tmp_path)
+    script = Script(tiny_lm, '{"tool": "echo", "arguments": {"text": "héllo\\n"}}',
+                    '{"answer": "one"}', '{"answer": "two"}')
+    a, _, _ = agent(tiny_lm, script, recorder=rec)
+    a.ask("first")
+    a.ask("second")
+    t = tj.read(rec.path)
+    assert [s.role for s in t.steps] == ["system", "user", "assistant", "tool", "assistant",
+                                         "user", "assistant"]
+    assert t.token_sequence() == a.engine.tokens
+    # every piece is exactly what went in or came out, never re-tokenized text
+    assert t.steps[2].output_ids == tiny_lm.encode('{"tool": "echo", "arguments": {"text": "héllo\\n"}}')
+    assert t.steps[2].tool_call.name == "echo"
+    assert json.loads(t.steps[2].tool_call.arguments_json) == {"text": "héllo\n"}
+    assert t.steps[3].tool_result.stdout == "héllo\n"
+    assert all(s.prefix_len in (None, len(tj.Trajectory(id="x", steps=t.steps[:i]).token_sequence()))
+               for i, s in enumerate(t.steps))  # json: the cache was always reused whole
+    assert t.summary == {"turns": "2", "stop": "answer"} and len(t.turn_stats) == 2
+    assert t.model_fingerprint == "fp" and t.task == "t"
+
+
+def test_hermes_trajectory_with_a_non_canonical_tokenization(tiny_lm, tmp_path):
+    from dataclasses import replace
+
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    whole = lm.encode(" Paris")
+    split = lm.encode(" Par") + lm.encode("is")
+    assert len(whole) == 1 and split != whole  # the model samples a split the text never gives
+    rec = recorder(tmp_path)
+    script = Script(lm, lm.encode("The capital is") + split + lm.encode(".<|im_end|>"),
+                    "Yes.<|im_end|>")
+    a, _, _ = agent(lm, script, protocol="hermes", recorder=rec)
+    a.ask("Capital of France?")
+    a.ask("Sure?")
+    t = tj.read(rec.path)
+    assert t.token_sequence() == a.engine.tokens
+    user2 = [s for s in t.steps if s.role == "user"][1]
+    replayed_before = tj.Trajectory(id="x", steps=t.steps[: t.steps.index(user2)]).token_sequence()
+    assert user2.prefix_len < len(replayed_before)  # the re-render dropped the split tokens
+
+
+def test_system_prompt_from_the_prompt_cache_is_recorded(tiny_lm, tmp_path):
+    rec = recorder(tmp_path / "traj")
+    a, _, _ = agent(tiny_lm, Script(tiny_lm, '{"answer": "x"}'), recorder=rec)
+    a.prime(PromptCache(tmp_path / "kv"))
+    a.ask("hi")
+    t = tj.read(rec.path)
+    assert t.steps[0].role == "system" and t.steps[0].input_ids == a.protocol.system_ids
+    assert t.steps[1].prefix_len == len(a.protocol.system_ids)
+    assert t.token_sequence() == a.engine.tokens
+
+
+def test_reader_api_and_the_original_fields(tmp_path):
+    rec = recorder(tmp_path)
+    rec.add(tj.Step(role="user", content="hi", input_ids=[1, 2]))
+    rec.add(tj.Step(role="assistant", content="yo", output_ids=[3]))
+    rec.finish_turn({"stop": "answer"})
+    (path, t), = list(tj.iter_dir(tmp_path))
+    assert t.id == path.stem and t.version == 1
+    tj.set_reward(path, 1.0)
+    raw = json.loads(path.read_text())
+    assert raw["steps"][-1]["reward"] == 1.0 and raw["summary"]["reward"] == "1.0"
+    # a file with only the original's version-1 fields reads
+    original = {"version": 1, "id": "abc", "summary": {}, "steps": [
+        {"role": "user", "content": "x", "input_ids": [5]},
+        {"role": "assistant", "content": "{}", "output_ids": [6],
+         "tool_call": {"name": "t", "arguments_json": "{}"}}]}
+    (tmp_path / "orig.atraj").write_text(json.dumps(original))
+    assert tj.read(tmp_path / "orig.atraj").token_sequence() == [5, 6]
+    (tmp_path / "bad.atraj").write_text("{nope")
+    with pytest.raises(tj.TrajectoryError, match="not a valid .atraj"):
+        tj.read(tmp_path / "bad.atraj")
