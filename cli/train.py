@@ -1,0 +1,85 @@
+"""``mlx_agent traces-to-data`` and ``mlx_agent sft``: from trajectories to a LoRA adapter."""
+
+from __future__ import annotations
+
+import click
+
+from .options import load_options
+
+
+@click.command("traces-to-data")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="JSONL file to write (required unless --dry-run).")
+@click.option("--mode", type=click.Choice(["sft", "dpo"]), default="sft", show_default=True)
+@click.option("--min-reward", type=float, default=None,
+              help="Keep only trajectories with at least this reward.")
+@click.option("--dry-run", is_flag=True, help="Count what each filter drops; write nothing.")
+def traces_to_data(directory, out, mode, min_reward, dry_run):
+    """Turn a directory of .atraj trajectories into training rows, token-exact.
+
+    \b
+    Examples:
+      mlx_agent traces-to-data runs/ --out sft.jsonl --min-reward 1
+      mlx_agent traces-to-data runs/ --mode dpo --out dpo.jsonl
+    """
+    from mlx_agent.training_data import convert
+
+    from .main import UserError
+
+    if not out and not dry_run:
+        raise click.UsageError("give --out FILE, or --dry-run")
+    try:
+        counts = convert(directory, out, mode=mode, min_reward=min_reward, dry_run=dry_run)
+    except (ValueError, OSError) as e:
+        raise UserError(str(e)) from None
+    for line in counts.lines():
+        click.echo(line)
+    if not dry_run:
+        click.echo(f"wrote {counts.rows} {mode} rows to {out}")
+
+
+@click.command()
+@click.argument("base", required=False, metavar="[BASE]", envvar="MLX_AGENT_MODEL")
+@click.option("--data", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="traces-to-data sft rows (JSONL).")
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Adapter directory to write (mlx-lm format).")
+@click.option("--iters", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-4,
+              show_default=True)
+@click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--num-layers", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Layers (from the top) that get LoRA.")
+@click.option("--val-fraction", type=click.FloatRange(0, 0.5), default=0.1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@load_options
+def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val_fraction,
+        seed, adapter, weights, context_length):
+    """LoRA fine-tune BASE on traces-to-data rows (loss only where the model sampled).
+
+    \b
+    Example:
+      mlx_agent sft --data sft.jsonl --out adapters/specialist --iters 300
+      mlx_agent agent --adapter adapters/specialist --tools tools.json
+    """
+    from mlx_agent.models import load
+    from mlx_agent.sft import SFTConfig, read_rows, train
+
+    from .main import UserError
+
+    if adapter:
+        raise click.UsageError("sft trains a new adapter; --adapter is not used here")
+    try:
+        rows = read_rows(data)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    lm = load(base, weights=weights, context_length=context_length)
+    stats = train(lm, rows, out, SFTConfig(iters=iters, batch_size=batch_size,
+                                           learning_rate=learning_rate, rank=rank,
+                                           num_layers=num_layers, val_fraction=val_fraction,
+                                           seed=seed))
+    click.echo(f"trained on {stats['train_rows']} rows ({stats['val_rows']} held out for "
+               f"validation); loss {stats['first_loss']:.4f} → {stats['last_loss']:.4f}; "
+               f"adapter written to {out}")

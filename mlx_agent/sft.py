@@ -1,0 +1,128 @@
+"""``mlx_agent sft``: LoRA fine-tuning on ``traces-to-data`` rows, with mlx-lm's trainer.
+
+Rows carry ``input_ids`` and ``loss_mask``; the loss is the cross-entropy on exactly the tokens
+the mask marks (the ones the model sampled in its trajectories), so no chat template or
+re-tokenization is involved. LoRA layers come from mlx-lm (``linear_to_lora_layers``) and the
+adapter is written in mlx-lm's format (``adapters.safetensors`` + ``adapter_config.json``),
+so ``--adapter DIR`` loads it everywhere. Not promised: DPO training, full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+
+
+@dataclass
+class SFTConfig:
+    iters: int = 200
+    batch_size: int = 4
+    learning_rate: float = 1e-4
+    rank: int = 8
+    scale: float = 20.0
+    num_layers: int = 16  # layers from the top that get LoRA
+    keys: tuple[str, ...] = ("self_attn.q_proj", "self_attn.v_proj")
+    max_seq_length: int = 2048
+    val_fraction: float = 0.1
+    seed: int = 0
+    steps_per_report: int = 10
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            ids, mask = row["input_ids"], row["loss_mask"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{path}:{i}: not a traces-to-data sft row "
+                             "(needs input_ids and loss_mask)") from None
+        if len(ids) != len(mask) or not ids:
+            raise ValueError(f"{path}:{i}: input_ids and loss_mask differ in length")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} has no rows")
+    return rows
+
+
+def masked_loss(model, tokens: mx.array, mask: mx.array):
+    logits = model(tokens[:, :-1])
+    targets, weights = tokens[:, 1:], mask[:, 1:]
+    ce = nn.losses.cross_entropy(logits, targets) * weights
+    ntoks = weights.sum()
+    return ce.astype(mx.float32).sum() / mx.maximum(ntoks, 1), ntoks
+
+
+def batches(rows: list[dict], batch_size: int, max_len: int, seed: int | None = 0,
+            loop: bool = True):
+    """(tokens, mask) batches, right-padded; loops forever when ``loop``."""
+    rng = random.Random(seed)
+    order = list(range(len(rows)))
+    while True:
+        rng.shuffle(order)
+        for start in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1,
+                           batch_size):
+            chosen = [rows[i] for i in order[start : start + batch_size]]
+            width = min(max(len(r["input_ids"]) for r in chosen), max_len)
+            toks = [r["input_ids"][:width] + [0] * (width - len(r["input_ids"][:width]))
+                    for r in chosen]
+            masks = [r["loss_mask"][:width] + [0] * (width - len(r["loss_mask"][:width]))
+                     for r in chosen]
+            yield mx.array(toks), mx.array(masks, dtype=mx.float32)
+        if not loop:
+            return
+
+
+def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConfig()) -> dict:
+    """Train a LoRA adapter on ``rows``; returns the first and last training losses."""
+    from mlx_lm.tuner.trainer import TrainingArgs, TrainingCallback
+    from mlx_lm.tuner.trainer import train as mlx_lm_train
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    rows = rows[:]
+    rng.shuffle(rows)
+    n_val = max(1, int(len(rows) * config.val_fraction)) if len(rows) > 1 else 0
+    val, train_rows = rows[:n_val], rows[n_val:] or rows
+    model = lm.model
+    model.freeze()
+    params = {"rank": config.rank, "scale": config.scale, "dropout": 0.0,
+              "keys": list(config.keys)}
+    num_layers = min(config.num_layers, len(model.layers))
+    linear_to_lora_layers(model, num_layers, params)
+    (out / "adapter_config.json").write_text(json.dumps({
+        "fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params,
+        "base_model": lm.identity.name, "base_fingerprint": lm.identity.fingerprint}, indent=2))
+    losses: list[float] = []
+
+    class Progress(TrainingCallback):  # mlx-lm's own progress display shows the rest
+        def on_train_loss_report(self, info):
+            losses.append(info["train_loss"])
+
+    bs = min(config.batch_size, len(train_rows))
+    args = TrainingArgs(batch_size=bs, iters=config.iters, val_batches=-1,
+                        steps_per_report=config.steps_per_report,
+                        steps_per_eval=max(config.iters, 1), steps_per_save=config.iters + 1,
+                        max_seq_length=config.max_seq_length,
+                        adapter_file=str(out / "adapters.safetensors"))
+
+    def iterate(dataset, batch_size, max_seq_length, loop=False, seed=None, **_):
+        return batches(dataset, min(batch_size, len(dataset)), max_seq_length, seed, loop)
+
+    mlx_lm_train(model, optim.Adam(learning_rate=config.learning_rate), train_rows,
+                 val or None, args=args, loss=masked_loss, iterate_batches=iterate,
+                 training_callback=Progress())
+    model.eval()
+    return {"first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "train_rows": len(train_rows), "val_rows": len(val)}

@@ -1,0 +1,195 @@
+"""``traces-to-data``: trajectories into training rows, with no re-tokenization.
+
+- **sft**: one row per trajectory: the whole conversation as ``messages`` (tool calls and
+  tool results included), ``input_ids`` (the token sequence the model saw, replayed from the
+  trajectory) and ``loss_mask`` (1 where the model sampled the token), plus ``source_atraj``,
+  ``task`` and ``reward``. ``mlx_agent sft`` reads these rows as they are.
+- **dpo**: for trajectories of the same task and prompt, every pair with different rewards:
+  ``prompt_ids`` (up to the first sampled token), ``chosen_ids`` / ``rejected_ids``
+  (the rest of the higher- and lower-reward rollout), and their rewards.
+
+Filters, each counted: trajectories below ``min_reward`` (or without a reward when one is
+required), exact duplicates (the same token sequence), and, for sft, near-duplicates of the
+prompt (MinHash over word 3-grams of the user messages, via ``datasketch``); dpo keeps every
+rollout of a prompt, since its pairs come from them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .trajectory import Trajectory, TrajectoryError, read
+
+NEAR_DUP_THRESHOLD = 0.9
+_WORD = re.compile(r"\w+")
+
+
+@dataclass
+class Counts:
+    read: int = 0
+    unreadable: int = 0
+    low_reward: int = 0
+    exact_duplicates: int = 0
+    near_duplicates: int = 0
+    kept: int = 0
+    rows: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        return [f"{k.replace('_', ' ')}: {v}" for k, v in vars(self).items() if k != "extra"]
+
+
+def replay(traj: Trajectory) -> tuple[list[int], list[int]]:
+    """The final token sequence and a mask that is 1 on the tokens the model sampled."""
+    seq: list[int] = []
+    mask: list[int] = []
+    for step in traj.steps:
+        if step.input_ids is not None:
+            start = len(seq) if step.prefix_len is None else step.prefix_len
+            seq, mask = seq[:start] + step.input_ids, mask[:start] + [0] * len(step.input_ids)
+        if step.output_ids is not None:
+            seq += step.output_ids
+            mask += [1] * len(step.output_ids)
+    return seq, mask
+
+
+def reward_of(traj: Trajectory) -> float | None:
+    if "reward" in traj.summary:
+        try:
+            return float(traj.summary["reward"])
+        except ValueError:
+            return None
+    rewards = [s.reward for s in traj.steps if s.reward is not None]
+    return rewards[-1] if rewards else None
+
+
+def messages(traj: Trajectory) -> list[dict]:
+    out = []
+    for step in traj.steps:
+        msg = {"role": step.role, "content": step.content}
+        if step.tool_call is not None:
+            msg["tool_calls"] = [{"type": "function", "function": {
+                "name": step.tool_call.name, "arguments": step.tool_call.arguments_json}}]
+        if step.tool_result is not None:
+            msg["name"] = step.tool_result.name
+        out.append(msg)
+    return out
+
+
+def prompt_text(traj: Trajectory) -> str:
+    return "\n".join(s.content for s in traj.steps if s.role == "user")
+
+
+def _shingles(text: str) -> set[bytes]:
+    words = _WORD.findall(text.lower())
+    if len(words) < 3:
+        return {" ".join(words).encode()}
+    return {" ".join(words[i : i + 3]).encode() for i in range(len(words) - 2)}
+
+
+def load(directory: str | os.PathLike, counts: Counts,
+         min_reward: float | None) -> list[tuple[Path, Trajectory]]:
+    """Readable trajectories that pass the reward filter."""
+    out = []
+    for path in sorted(Path(directory).glob("*.atraj")):
+        counts.read += 1
+        try:
+            traj = read(path)
+        except TrajectoryError:
+            counts.unreadable += 1
+            continue
+        r = reward_of(traj)
+        if min_reward is not None and (r is None or r < min_reward):
+            counts.low_reward += 1
+            continue
+        out.append((path, traj))
+    return out
+
+
+def dedupe(items: list[tuple[Path, Trajectory]], counts: Counts,
+           near: bool = True) -> list[tuple[Path, Trajectory]]:
+    """Drop exact duplicates, and (``near``) trajectories whose prompt is a near-duplicate."""
+    from datasketch import MinHash, MinHashLSH
+
+    seen: set[tuple[int, ...]] = set()
+    lsh = MinHashLSH(threshold=NEAR_DUP_THRESHOLD, num_perm=128)
+    kept = []
+    for i, (path, traj) in enumerate(items):
+        ids = tuple(replay(traj)[0])
+        if ids in seen:
+            counts.exact_duplicates += 1
+            continue
+        seen.add(ids)
+        if near:
+            mh = MinHash(num_perm=128)
+            mh.update_batch(list(_shingles(prompt_text(traj))))
+            if lsh.query(mh):
+                counts.near_duplicates += 1
+                continue
+            lsh.insert(str(i), mh)
+        kept.append((path, traj))
+    counts.kept = len(kept)
+    return kept
+
+
+def sft_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
+    rows = []
+    for path, traj in items:
+        ids, mask = replay(traj)
+        if not any(mask):
+            continue
+        rows.append({"messages": messages(traj), "input_ids": ids, "loss_mask": mask,
+                     "source_atraj": path.name, "task": traj.task, "reward": reward_of(traj)})
+    return rows
+
+
+def dpo_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
+    groups: dict[tuple, list] = {}
+    for path, traj in items:
+        r = reward_of(traj)
+        if r is None:
+            continue
+        ids, mask = replay(traj)
+        if 1 not in mask:
+            continue
+        cut = mask.index(1)
+        groups.setdefault((traj.task, prompt_text(traj)), []).append((r, path, ids, cut))
+    rows = []
+    for (task, _), runs in groups.items():
+        runs.sort(key=lambda x: -x[0])
+        for i, (r_hi, p_hi, ids_hi, cut_hi) in enumerate(runs):
+            for r_lo, p_lo, ids_lo, cut_lo in runs[i + 1 :]:
+                if r_hi <= r_lo or ids_hi[:cut_hi] != ids_lo[:cut_lo]:
+                    continue  # equal rewards, or prompts that differ in their ids
+                rows.append({"task": task, "prompt_ids": ids_hi[:cut_hi],
+                             "chosen_ids": ids_hi[cut_hi:], "rejected_ids": ids_lo[cut_lo:],
+                             "chosen_reward": r_hi, "rejected_reward": r_lo,
+                             "chosen_atraj": p_hi.name, "rejected_atraj": p_lo.name})
+    return rows
+
+
+def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
+            min_reward: float | None = None, dry_run: bool = False) -> Counts:
+    if mode not in ("sft", "dpo"):
+        raise ValueError(f"unknown mode {mode!r}; choose sft or dpo")
+    if not Path(directory).is_dir():
+        raise ValueError(f"{directory} is not a directory of .atraj files")
+    counts = Counts()
+    # DPO pairs rollouts of one prompt, so only SFT drops near-duplicate prompts
+    items = dedupe(load(directory, counts, min_reward), counts, near=mode == "sft")
+    rows = sft_rows(items) if mode == "sft" else dpo_rows(items)
+    counts.rows = len(rows)
+    if not dry_run and out is not None:
+        out = Path(out)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent or ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+    return counts

@@ -1,0 +1,102 @@
+"""traces-to-data rows and masks, and a few steps of LoRA SFT on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.models import load
+from mlx_agent.models import tinygpt_format as fmt
+from mlx_agent.sft import SFTConfig, read_rows, train
+from mlx_agent.training_data import convert
+
+from .conftest import random_tinygpt_file
+
+
+def write_traj(d, task, prompt, reply_ids, reward, system=(1, 2, 3), tool=None):
+    rec = tj.Recorder(d, task=task)
+    rec.add(tj.Step(role="system", content="sys", input_ids=list(system), prefix_len=0))
+    rec.add(tj.Step(role="user", content=prompt, input_ids=[10 + len(prompt) % 7, 11]))
+    call = tj.ToolCallRecord(name="echo", arguments_json='{"text": "x"}') if tool else None
+    rec.add(tj.Step(role="assistant", content="reply", output_ids=list(reply_ids), tool_call=call))
+    if tool:
+        rec.add(tj.Step(role="tool", content=tool, input_ids=[50, 51], tool_result=tj.ToolResultRecord(
+            name="echo", stdout="x", stderr="", exit_code=0, duration_sec=0.01)))
+        rec.add(tj.Step(role="assistant", content="done", output_ids=[60]))
+    rec.finish_turn({"stop": "answer"})
+    tj.set_reward(rec.path, reward)
+    return rec.path
+
+
+def test_sft_rows_masks_and_filters(tmp_path):
+    d = tmp_path / "traj"
+    write_traj(d, "a", "add two numbers please", [20, 21], 1.0, tool='{"tool": "echo"}')
+    write_traj(d, "a", "add two numbers please", [20, 21], 1.0, tool='{"tool": "echo"}')  # exact dup
+    write_traj(d, "b", "add two numbers please now", [22], 1.0)  # near-dup prompt? (different)
+    write_traj(d, "c", "what is the weather in paris today", [23], 0.0)  # low reward
+    (d / "junk.atraj").write_text("nope")
+    out = tmp_path / "sft.jsonl"
+    counts = convert(d, out, mode="sft", min_reward=0.5)
+    assert (counts.read, counts.unreadable, counts.low_reward, counts.exact_duplicates) == (5, 1, 1, 1)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == counts.rows == 2 - counts.near_duplicates
+    full = next(r for r in rows if r["task"] == "a")
+    assert full["input_ids"] == [1, 2, 3, 10 + len("add two numbers please") % 7, 11, 20, 21, 50, 51, 60]
+    assert full["loss_mask"] == [0, 0, 0, 0, 0, 1, 1, 0, 0, 1]
+    roles = [m["role"] for m in full["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    assert full["messages"][2]["tool_calls"][0]["function"]["name"] == "echo"
+    assert read_rows(out) == rows
+
+
+def test_near_duplicate_prompts_are_dropped(tmp_path):
+    d = tmp_path / "traj"
+    long = "please read the configuration file in the project root and report every key it sets"
+    write_traj(d, "a", long, [20], 1.0)
+    write_traj(d, "a", long + " ", [21], 1.0)  # same words, different ids
+    counts = convert(d, None, dry_run=True)
+    assert (counts.exact_duplicates, counts.near_duplicates, counts.kept) == (0, 1, 1)
+
+
+def test_dpo_pairs_higher_reward_with_lower(tmp_path):
+    d = tmp_path / "traj"
+    write_traj(d, "t", "same prompt", [20, 21], 1.0)
+    write_traj(d, "t", "same prompt", [30], 0.0)
+    write_traj(d, "t", "same prompt", [31, 32], 0.5)
+    write_traj(d, "u", "other prompt entirely different", [40], 1.0)
+    out = tmp_path / "dpo.jsonl"
+    convert(d, out, mode="dpo")
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    pairs = {(tuple(r["chosen_ids"]), tuple(r["rejected_ids"])) for r in rows}
+    assert pairs == {((20, 21), (30,)), ((20, 21), (31, 32)), ((31, 32), (30,))}
+    assert all(r["prompt_ids"] == rows[0]["prompt_ids"] for r in rows)
+
+
+def test_sft_lowers_the_loss_and_writes_a_loadable_adapter(tmp_path):
+    path = tmp_path / "m.tinygpt"
+    fmt.write(path, random_tinygpt_file(seed=7))
+    lm = load(path)
+    text = lm.encode('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"answer": "hello"}')
+    cut = len(lm.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"))
+    rows = [{"input_ids": text, "loss_mask": [0] * cut + [1] * (len(text) - cut)}] * 8
+    stats = train(lm, rows, tmp_path / "adapter",
+                  SFTConfig(iters=30, batch_size=2, learning_rate=3e-3, rank=4, num_layers=2,
+                            keys=("attn.q_proj", "attn.v_proj", "mlp.fc_out"),
+                            steps_per_report=5))
+    assert stats["last_loss"] < stats["first_loss"] * 0.7
+    adapted = load(path, adapter=tmp_path / "adapter")
+    base = load(path)
+    ids = mx.array([text])
+    np.testing.assert_allclose(np.array(adapted.model(ids)), np.array(lm.model(ids)), atol=1e-4)
+    assert not np.allclose(np.array(adapted.model(ids)), np.array(base.model(ids)), atol=1e-3)
+
+
+def test_bad_rows_are_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\n')
+    with pytest.raises(ValueError, match="needs input_ids and loss_mask"):
+        read_rows(bad)
