@@ -83,3 +83,55 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
     click.echo(f"trained on {stats['train_rows']} rows ({stats['val_rows']} held out for "
                f"validation); loss {stats['first_loss']:.4f} → {stats['last_loss']:.4f}; "
                f"adapter written to {out}")
+
+
+@click.command("eval")
+@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="Tasks JSONL (see README: prompt, tools, fixture, check).")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs per task, with seeds 0..N-1.")
+@click.option("--trajectory-dir", type=click.Path(file_okay=False), default=None,
+              help="Write each run's .atraj here, with its reward.")
+@click.option("--protocol", type=click.Choice(["auto", "json", "hermes"]), default="auto")
+@click.option("--max-steps", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--no-grammar", is_flag=True)
+@click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@load_options
+def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
+             no_grammar, temperature, adapter, weights, context_length):
+    """Run the agent on every task, check the outcomes, print the success table.
+
+    \b
+    Example:
+      mlx_agent eval --tasks tasks.jsonl --seeds 3 --trajectory-dir runs/
+      mlx_agent eval --adapter adapters/specialist --tasks heldout.jsonl
+    """
+    from mlx_agent.engine import SamplingParams
+    from mlx_agent.evaluate import run
+    from mlx_agent.models import load
+
+    from .main import UserError
+
+    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+
+    def show(r):
+        mark = "✓" if r.reward else "✗"
+        click.echo(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
+                   f"{r.seconds:.1f} s", err=True)
+
+    try:
+        summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
+                      trajectory_dir=trajectory_dir, on_run=show,
+                      config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
+                                        "grammar": not no_grammar,
+                                        "sampling": SamplingParams(temperature=temperature)})
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    row = summary.row()
+    click.echo(f"{'runs':>5} {'success':>8} {'valid calls':>12} {'calls/run':>10} "
+               f"{'turns/run':>10} {'from cache':>11} {'seconds':>8}")
+    click.echo(f"{row['runs']:>5} {row['success']:>8.0%} {row['valid_calls']:>12.0%} "
+               f"{row['mean_calls']:>10.2f} {row['mean_turns']:>10.2f} "
+               f"{row['cache_share']:>11.0%} {row['seconds']:>8.1f}")

@@ -1,0 +1,189 @@
+"""``mlx_agent eval``: run the agent over a task set, check each outcome, record rewards.
+
+A tasks file is JSONL; each task:
+
+    {"id": "weather-1", "prompt": "...",
+     "tools": "tools.json",            # optional, relative to the tasks file
+     "builtin_tools": true,            # optional, over the task's working directory
+     "fixture": "fixtures/repo",       # optional directory, copied fresh for every run
+     "check": {"tool_calls": [{"name": "...", "arguments": {...}}]}   # in order; the
+                                                # expected arguments must all match
+           | {"shell": "pytest -q"}                                   # exits 0 in the task dir
+           | {"answer_pattern": "Paris"}}                             # regex on the answer
+
+Every run gets a fresh temporary copy of its fixture (or an empty directory) as the working
+directory of its tools. One engine serves all runs, so the shared system prompt is prefilled
+once and reused. Each run's trajectory gets its reward (1.0 or 0.0). Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+
+
+class Check(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    tool_calls: list[dict] | None = None
+    shell: str | None = None
+    answer_pattern: str | None = None
+
+
+class Task(msgspec.Struct, forbid_unknown_fields=True):
+    prompt: str
+    check: Check
+    id: str = ""
+    tools: str | None = None
+    builtin_tools: bool = False
+    fixture: str | None = None
+
+
+@dataclass
+class RunResult:
+    task: str
+    seed: int
+    reward: float
+    calls: int
+    valid_calls: int
+    turns: int
+    rendered: int
+    reused: int
+    seconds: float
+    answer: str | None
+    trajectory: str | None = None
+
+
+@dataclass
+class Summary:
+    runs: list[RunResult] = field(default_factory=list)
+
+    def row(self) -> dict[str, float]:
+        n = max(len(self.runs), 1)
+        calls = sum(r.calls for r in self.runs)
+        rendered = sum(r.rendered for r in self.runs)
+        return {
+            "runs": len(self.runs),
+            "success": sum(r.reward for r in self.runs) / n,
+            "valid_calls": sum(r.valid_calls for r in self.runs) / calls if calls else 0.0,
+            "mean_calls": calls / n,
+            "mean_turns": sum(r.turns for r in self.runs) / n,
+            "cache_share": sum(r.reused for r in self.runs) / rendered if rendered else 0.0,
+            "seconds": sum(r.seconds for r in self.runs),
+        }
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    path = Path(path)
+    tasks = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = msgspec.json.decode(line, type=Task)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"{path}:{i}: not a task ({e})") from None
+        checks = [c for c in (task.check.tool_calls, task.check.shell, task.check.answer_pattern)
+                  if c is not None]
+        if len(checks) != 1:
+            raise ValueError(f"{path}:{i}: a task needs exactly one check "
+                             "(tool_calls, shell or answer_pattern)")
+        if task.check.answer_pattern is not None:
+            try:
+                re.compile(task.check.answer_pattern)
+            except re.error as e:
+                raise ValueError(f"{path}:{i}: answer_pattern is not a regex ({e})") from None
+        if not task.tools and not task.builtin_tools:
+            raise ValueError(f"{path}:{i}: a task needs tools or builtin_tools")
+        tasks.append(msgspec.structs.replace(task, id=task.id or f"task-{i}"))
+    if not tasks:
+        raise ValueError(f"{path} has no tasks")
+    return tasks
+
+
+def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
+           timeout: float = 60.0) -> bool:
+    check = task.check
+    if check.tool_calls is not None:
+        # the expected calls, in order, among the valid calls made; the expected arguments
+        # must all be there with their values (optional extras the model adds are fine)
+        it = iter(calls)
+        return all(any(n == want.get("name") and isinstance(a, dict)
+                       and all(a.get(k) == v for k, v in want.get("arguments", {}).items())
+                       for n, a in it)
+                   for want in check.tool_calls)
+    if check.shell is not None:
+        try:
+            r = subprocess.run(["/bin/bash", "-c", check.shell], cwd=workdir, timeout=timeout,
+                               capture_output=True, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return False
+        return r.returncode == 0
+    return answer is not None and re.search(check.answer_pattern, answer) is not None
+
+
+def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
+        config_overrides: dict | None = None, trajectory_dir: str | Path | None = None,
+        sampler_for: Callable[[int], Any] | None = None,
+        on_run: Callable[[RunResult], None] = lambda r: None) -> Summary:
+    """Run every task ``seeds`` times; ``sampler_for(seed)`` overrides sampling (tests)."""
+    from .agent import Agent, AgentConfig, events as ev, make_protocol
+    from .engine import SamplingParams
+    from .tools import builtin_tools, load_tools
+    from .trajectory import Recorder, set_reward
+
+    tasks_file = Path(tasks_file)
+    base = tasks_file.parent
+    tasks = load_tasks(tasks_file)
+    overrides = dict(config_overrides or {})
+    engine = lm.engine()
+    summary = Summary()
+    for task in tasks:
+        for seed in range(seeds):
+            with tempfile.TemporaryDirectory(prefix="mlx-agent-eval-") as tmp:
+                workdir = Path(tmp) / "work"
+                if task.fixture:
+                    shutil.copytree(base / task.fixture, workdir, symlinks=True)
+                else:
+                    workdir.mkdir()
+                tools = load_tools(base / task.tools) if task.tools else []
+                if task.builtin_tools:
+                    tools += builtin_tools(workdir)
+                sampling = dataclasses.replace(overrides.get("sampling", SamplingParams()),
+                                               seed=seed)
+                config = AgentConfig(**{**overrides, "tool_cwd": str(workdir),
+                                        "sampling": sampling})
+                calls: list[tuple[str, Any]] = []
+
+                def emit(e):
+                    if isinstance(e, ev.ToolCall) and e.exit_code != -1:
+                        calls.append((e.tool, e.arguments))
+
+                recorder = Recorder(trajectory_dir, task=task.id,
+                                    model_fingerprint=lm.identity.fingerprint,
+                                    sampling=dataclasses.asdict(sampling)) if trajectory_dir else None
+                agent = Agent(lm, engine, tools, make_protocol(protocol, lm, tools), config,
+                              emit=emit, recorder=recorder,
+                              sampler=sampler_for(seed) if sampler_for else None)
+                start = time.perf_counter()
+                out = agent.ask(task.prompt)
+                ok = passed(task, workdir, calls, out.answer)
+                s = out.stats
+                result = RunResult(task=task.id, seed=seed, reward=float(ok), calls=s.calls,
+                                   valid_calls=s.valid_calls, turns=s.turns,
+                                   rendered=s.rendered_tokens, reused=s.reused_tokens,
+                                   seconds=time.perf_counter() - start, answer=out.answer,
+                                   trajectory=str(recorder.path) if recorder else None)
+                if recorder:
+                    set_reward(recorder.path, result.reward)
+                summary.runs.append(result)
+                on_run(result)
+    return summary
+

@@ -1,0 +1,61 @@
+"""`eval` on three tiny tasks driven by a scripted sampler: the rewards are known."""
+
+from __future__ import annotations
+
+import json
+
+from mlx_agent import trajectory as tj
+from mlx_agent.evaluate import load_tasks, run
+
+from .test_agent_loop import Script, tiny_lm  # noqa: F401  (fixture)
+
+TOOLS = [{"name": "echo", "description": "Echo text", "_exec": 'printf "%s" "$text"',
+          "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                         "required": ["text"]}}]
+
+
+def test_eval_rewards_trajectories_and_table(tiny_lm, tmp_path):
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
+    (tmp_path / "fx").mkdir()
+    (tmp_path / "fx" / "seed.txt").write_text("x")
+    tasks = [
+        {"id": "call", "prompt": "echo hi", "tools": "tools.json",
+         "check": {"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]}},
+        {"id": "write", "prompt": "write done to out.txt", "builtin_tools": True, "fixture": "fx",
+         "check": {"shell": "grep -q done out.txt && test -f seed.txt"}},
+        {"id": "answer", "prompt": "capital?", "tools": "tools.json",
+         "check": {"answer_pattern": "^Paris$"}},
+    ]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(t) for t in tasks))
+    replies = {
+        0: ['{"tool": "echo", "arguments": {"text": "hi"}}', '{"answer": "ok"}',
+            '{"tool": "write_file", "arguments": {"path": "out.txt", "content": "done"}}',
+            '{"answer": "written"}', '{"answer": "Paris"}'],
+        1: ['{"tool": "echo", "arguments": {"text": "bye"}}', '{"answer": "ok"}',
+            '{"answer": "I did not write it"}', '{"answer": "Lyon"}'],
+    }
+    scripts = {seed: Script(tiny_lm, *r) for seed, r in replies.items()}  # one per seed
+    summary = run(tiny_lm, path, seeds=2, trajectory_dir=tmp_path / "runs",
+                  config_overrides={"grammar": False}, sampler_for=scripts.__getitem__)
+    assert [(r.task, r.seed, r.reward) for r in summary.runs] == [
+        ("call", 0, 1.0), ("call", 1, 0.0), ("write", 0, 1.0), ("write", 1, 0.0),
+        ("answer", 0, 1.0), ("answer", 1, 0.0)]
+    row = summary.row()
+    assert row["success"] == 0.5 and row["valid_calls"] == 1.0 and row["mean_calls"] == 0.5
+    assert row["cache_share"] > 0.3  # the shared system prompt was prefilled once
+    rewards = sorted(float(t.summary["reward"]) for _, t in tj.iter_dir(tmp_path / "runs"))
+    assert rewards == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert not (tmp_path / "fx" / "out.txt").exists()  # each run had its own copy
+
+
+def test_task_file_errors(tmp_path):
+    import pytest
+
+    bad = tmp_path / "t.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "check": {}}))
+    with pytest.raises(ValueError, match="exactly one check"):
+        load_tasks(bad)
+    bad.write_text(json.dumps({"prompt": "x", "check": {"shell": "true"}}))
+    with pytest.raises(ValueError, match="needs tools or builtin_tools"):
+        load_tasks(bad)
