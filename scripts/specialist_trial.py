@@ -7,7 +7,8 @@
    held-out test set that training never sees.
 2. Evaluates the bundled model on the test set (greedy, grammar on).
 3. Rolls it out on the train tasks (several seeds, temperature 0.8, grammar on) and keeps the
-   trajectories that made the expected call *and* then answered.
+   trajectories that made the expected call, each cut after that call (the 135M model mostly
+   calls again instead of answering; the adapter should learn the call, not the loop).
 4. ``traces-to-data`` -> ``sft`` (LoRA) -> evaluates the specialist on the test set.
 Prints the table and writes ``results.json`` in the work directory.
 """
@@ -98,13 +99,13 @@ def main():
     from mlx_agent.evaluate import run
     from mlx_agent.models import load
     from mlx_agent.sft import SFTConfig, read_rows, train
-    from mlx_agent.trajectory import iter_dir, set_reward
+    from mlx_agent.trajectory import iter_dir, write
     from mlx_agent.training_data import convert
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="build/trial")
     ap.add_argument("--out", default="models/smollm2-135m-tools")
-    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=150)
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
@@ -124,10 +125,24 @@ def main():
     runs_dir = work / "runs"
     rollouts = run(base, train_tasks, seeds=args.seeds, trajectory_dir=runs_dir,
                    config_overrides={**common, "sampling": SamplingParams(temperature=0.8)})
-    # keep rollouts that made the expected call and then answered (not ones that looped)
+    # A successful rollout made the expected call; what the 135M model does after it is
+    # mostly to call again. Keep each success up to its first call, so the adapter learns
+    # the call and not the loop.
+    expected = {json.loads(line)["id"]: json.loads(line)["check"]["tool_calls"][0]
+                for line in train_tasks.read_text().splitlines()}
+
+    def is_expected(step, want) -> bool:
+        call = step.tool_call
+        return (call is not None and call.name == want["name"]
+                and all(json.loads(call.arguments_json).get(k) == v
+                        for k, v in want["arguments"].items()))
+
     for path, traj in iter_dir(runs_dir):
-        if traj.summary.get("stop") != "answer":
-            set_reward(path, 0.0)
+        if traj.summary.get("reward") == "1.0":
+            want = expected[traj.task]
+            first = next(i for i, st in enumerate(traj.steps) if is_expected(st, want))
+            traj.steps = traj.steps[: first + 1]
+            write(path, traj)
     data = work / "sft.jsonl"
     counts = convert(runs_dir, data, min_reward=1.0)
     log(f"rollouts: {rollouts.row()}; training rows kept: {counts.rows}")

@@ -100,3 +100,26 @@ def test_bad_rows_are_a_clear_error(tmp_path):
     bad.write_text('{"messages": []}\n')
     with pytest.raises(ValueError, match="needs input_ids and loss_mask"):
         read_rows(bad)
+
+
+def test_cli_traces_to_data_and_usage_errors(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    d = tmp_path / "traj"
+    write_traj(d, "a", "add two numbers please", [20, 21], 1.0)
+    cli = [sys.executable, "-m", "mlx_agent.cli.main"]
+    env = dict(os.environ)
+    ok = subprocess.run([*cli, "traces-to-data", str(d), "--out", str(tmp_path / "o.jsonl")],
+                        capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and "wrote 1 sft rows" in ok.stdout and "kept: 1" in ok.stdout
+    missing = subprocess.run([*cli, "traces-to-data", str(d)], capture_output=True, text=True,
+                             env=env)
+    assert missing.returncode == 2 and "--out FILE, or --dry-run" in missing.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{}\n")
+    r = subprocess.run([*cli, "sft", "--data", str(bad), "--out", str(tmp_path / "ad")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "needs input_ids and loss_mask" in r.stderr
+    assert "Traceback" not in r.stderr
