@@ -45,20 +45,6 @@ class Counts:
         return [f"{k.replace('_', ' ')}: {v}" for k, v in vars(self).items() if k != "extra"]
 
 
-def replay(traj: Trajectory) -> tuple[list[int], list[int]]:
-    """The final token sequence and a mask that is 1 on the tokens the model sampled."""
-    seq: list[int] = []
-    mask: list[int] = []
-    for step in traj.steps:
-        if step.input_ids is not None:
-            start = len(seq) if step.prefix_len is None else step.prefix_len
-            seq, mask = seq[:start] + step.input_ids, mask[:start] + [0] * len(step.input_ids)
-        if step.output_ids is not None:
-            seq += step.output_ids
-            mask += [1] * len(step.output_ids)
-    return seq, mask
-
-
 def reward_of(traj: Trajectory) -> float | None:
     if "reward" in traj.summary:
         try:
@@ -121,7 +107,7 @@ def dedupe(items: list[tuple[Path, Trajectory]], counts: Counts,
     lsh = MinHashLSH(threshold=NEAR_DUP_THRESHOLD, num_perm=128)
     kept = []
     for i, (path, traj) in enumerate(items):
-        ids = tuple(replay(traj)[0])
+        ids = tuple(traj.replay()[0])
         if ids in seen:
             counts.exact_duplicates += 1
             continue
@@ -141,7 +127,7 @@ def dedupe(items: list[tuple[Path, Trajectory]], counts: Counts,
 def sft_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
     rows = []
     for path, traj in items:
-        ids, mask = replay(traj)
+        ids, mask = traj.replay()
         if not any(mask):
             continue
         rows.append({"messages": messages(traj), "input_ids": ids, "loss_mask": mask,
@@ -155,7 +141,7 @@ def dpo_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
         r = reward_of(traj)
         if r is None:
             continue
-        ids, mask = replay(traj)
+        ids, mask = traj.replay()
         if 1 not in mask:
             continue
         cut = mask.index(1)

@@ -68,16 +68,22 @@ class Trajectory(msgspec.Struct, omit_defaults=True):
     sampling: dict | None = None
     turn_stats: list[dict] | None = None
 
-    def token_sequence(self) -> list[int]:
-        """The ids in the model's KV cache at the end of the rollout, replayed from the steps."""
+    def replay(self) -> tuple[list[int], list[int]]:
+        """The ids in the model's KV cache at the end of the rollout, and a mask that is 1
+        on the ones the model sampled, replayed from the steps."""
         seq: list[int] = []
+        mask: list[int] = []
         for step in self.steps:
             if step.input_ids is not None:
                 start = len(seq) if step.prefix_len is None else step.prefix_len
-                seq = seq[:start] + step.input_ids
+                seq, mask = seq[:start] + step.input_ids, mask[:start] + [0] * len(step.input_ids)
             if step.output_ids is not None:
                 seq += step.output_ids
-        return seq
+                mask += [1] * len(step.output_ids)
+        return seq, mask
+
+    def token_sequence(self) -> list[int]:
+        return self.replay()[0]
 
 
 _encoder = msgspec.json.Encoder()
