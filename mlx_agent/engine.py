@@ -175,12 +175,14 @@ class Engine:
         """Replace the cache with a snapshot: ``tokens`` and their keys and values."""
         if len(kvs) != len(self.model.layers):
             raise ValueError(f"snapshot has {len(kvs)} layers, the model {len(self.model.layers)}")
-        self._check_room(len(tokens) - len(self.tokens))  # the snapshot replaces what is cached
+        if self.room is not None and len(tokens) > self.context_length:
+            raise ContextFull(f"a {len(tokens)}-token snapshot exceeds the "
+                              f"{self.context_length}-token context")
         if trimmable(self.cache):  # keep preallocated buffers instead of allocating anew
             for c in self.cache:
                 c.trim(c.offset)
         else:
-            self.reset(keep=self._kept())
+            self.reset(keep=self.pinned)
         for c, (k, v) in zip(self.cache, kvs):
             c.update_and_fetch(k, v)
         mx.eval([c.state for c in self.cache])
@@ -250,7 +252,7 @@ class Engine:
         common = min(common, len(ids) - 1)
         drop = len(self.tokens) - common
         if drop and not trimmable(self.cache):
-            self.reset(keep=self._kept())
+            self.reset(keep=self.pinned)
             common = 0
         elif drop:
             for c in self.cache:
@@ -269,14 +271,16 @@ class Engine:
             for c in self.cache:
                 c.trim(c.offset - keep)
         else:
-            self.reset(keep=self._kept())
+            self.reset(keep=self.pinned)
             keep = 0
         self.tokens = tokens[:keep]
         self._logits = None
         if tokens[keep:]:
             self.prefill(tokens[keep:])
 
-    def _kept(self) -> int:
+    @property
+    def pinned(self) -> int:
+        """Tokens pinned at the start of a rotating window (0 in other modes)."""
         return next((c.keep for c in self.cache if hasattr(c, "keep")), 0)
 
     # -- decoding ----------------------------------------------------------------------

@@ -79,7 +79,7 @@ class _SentencePieceForLL:
 
 
 @functools.lru_cache(maxsize=8)
-def _ll_tokenizer_cached(tokenizer_id: int, tokenizer, n_vocab: int, eos: tuple[int, ...]):
+def _ll_tokenizer_cached(tokenizer, n_vocab: int, eos: tuple[int, ...]):
     import llguidance
     import llguidance.hf
     from transformers import PreTrainedTokenizerFast
@@ -99,7 +99,7 @@ def _ll_tokenizer_cached(tokenizer_id: int, tokenizer, n_vocab: int, eos: tuple[
 def ll_tokenizer(lm):
     """The llguidance tokenizer for a loaded model (built once, ~1 s)."""
     n_vocab = lm.vocab_size
-    return _ll_tokenizer_cached(id(lm.tokenizer), lm.tokenizer, n_vocab,
+    return _ll_tokenizer_cached(lm.tokenizer, n_vocab,
                                 tuple(sorted(lm.stop_ids)))
 
 
@@ -124,10 +124,10 @@ def _bound_strings(schema: Any, max_len: int) -> Any:
     return schema
 
 
-def _arguments_schema(tool: Tool, max_len: int) -> dict:
-    """The tool's parameters as the grammar binds them: strings bounded, and no keys beyond
+def _arguments_schema(parameters: dict, max_len: int) -> dict:
+    """A tool's parameters as the grammar binds them: strings bounded, and no keys beyond
     the declared properties unless the schema itself allows them (OpenAI's strict mode)."""
-    params = _bound_strings(copy.deepcopy(tool.parameters), max_len)
+    params = _bound_strings(copy.deepcopy(parameters), max_len)
     params.setdefault("type", "object")
     params.setdefault("properties", {})
     params.setdefault("additionalProperties", False)
@@ -143,12 +143,17 @@ def _check_compiles(grammar: str, tokenizer, what: str) -> None:
         raise GrammarError(f"{what} cannot be compiled by llguidance: {detail[:240]}")
 
 
-def json_protocol_schema(tools: Sequence[Tool], max_len: int = DEFAULT_MAX_STRING) -> dict:
+def _signature(tools: Sequence[Tool]) -> str:
+    """What a grammar depends on (names and parameter schemas), as a hashable cache key."""
+    return json.dumps([[t.name, t.parameters] for t in tools])  # key order shapes the grammar
+
+
+def _json_protocol_schema(pairs: list, max_len: int) -> dict:
     shapes = [{
         "type": "object",
-        "properties": {"tool": {"const": t.name}, "arguments": _arguments_schema(t, max_len)},
+        "properties": {"tool": {"const": name}, "arguments": _arguments_schema(params, max_len)},
         "required": ["tool", "arguments"], "additionalProperties": False,
-    } for t in tools]
+    } for name, params in pairs]
     shapes.append({"type": "object",
                    "properties": {"answer": {"type": "string", "maxLength": max_len}},
                    "required": ["answer"], "additionalProperties": False})
@@ -156,33 +161,24 @@ def json_protocol_schema(tools: Sequence[Tool], max_len: int = DEFAULT_MAX_STRIN
 
 
 @functools.lru_cache(maxsize=32)
-def _json_grammar(tools_key: str, tokenizer, max_len: int) -> str:
+def _json_grammar(signature: str, tokenizer, max_len: int) -> str:
     from llguidance import LLMatcher
 
-    tools = _TOOLS[tools_key]
-    for t in tools:  # name the tool whose schema fails, before the combined grammar
-        one = {"type": "object", "properties": {"arguments": _arguments_schema(t, max_len)}}
+    pairs = json.loads(signature)
+    for name, params in pairs:  # name the tool whose schema fails, before the whole grammar
+        one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
         _check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
-                        f"tool {t.name!r} (its parameters schema)")
-    grammar = LLMatcher.grammar_from_json_schema(json_protocol_schema(tools, max_len),
+                        f"tool {name!r} (its parameters schema)")
+    grammar = LLMatcher.grammar_from_json_schema(_json_protocol_schema(pairs, max_len),
                                                  defaults={"whitespace_flexible": False})
     _check_compiles(grammar, tokenizer, "the tool-call grammar")
     return grammar
 
 
-_TOOLS: dict[str, Sequence[Tool]] = {}
-
-
-def _tools_key(tools: Sequence[Tool]) -> str:
-    key = json.dumps([t.openai() for t in tools], sort_keys=True)
-    _TOOLS[key] = tools
-    return key
-
-
 def json_protocol_grammar(tools: Sequence[Tool], tokenizer,
                           max_len: int = DEFAULT_MAX_STRING) -> str:
     """The json protocol's grammar for ``tools`` (compiled once per tool set)."""
-    return _json_grammar(_tools_key(tools), tokenizer, max_len)
+    return _json_grammar(_signature(tools), tokenizer, max_len)
 
 
 def _tag(text: str, special_ids: dict[str, int]) -> str:
@@ -203,7 +199,8 @@ def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_
 
     calls = {"anyOf": [{
         "type": "object",
-        "properties": {"name": {"const": t.name}, "arguments": _arguments_schema(t, max_len)},
+        "properties": {"name": {"const": t.name},
+                       "arguments": _arguments_schema(t.parameters, max_len)},
         "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
     open_tag, close_tag = _tag("<tool_call>", special_ids), _tag("</tool_call>", special_ids)
     lark = (

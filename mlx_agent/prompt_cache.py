@@ -199,7 +199,7 @@ class PromptCache:
                 return Hit(key, len(token_ids), _size(path), time.perf_counter() - start, True)
             except (ValueError, OSError) as e:
                 self.warn(f"prompt cache {path.name} is not usable: {e}; rebuilding it")
-                engine.reset(keep=engine._kept())
+                engine.reset(keep=engine.pinned)
         engine.sync(token_ids)
         _, kvs = engine.snapshot()
         size = self._save(path, identity, key, token_ids, kvs, engine.cache_mode)

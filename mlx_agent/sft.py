@@ -19,7 +19,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 
 
-@dataclass
+@dataclass(frozen=True)
 class SFTConfig:
     iters: int = 200
     batch_size: int = 4

@@ -126,11 +126,12 @@ class Agent:
             stats["rendered_tokens"] += len(prompt)
             stats["prefilled_tokens"] += sync.prefilled
             stats["reused_tokens"] += sync.reused
+            scanner, sampled = self.protocol.scanner(), []
+            closed = interrupted = False
             try:
-                scanner, sampled, closed = self._generate()
-                interrupted = False
-            except KeyboardInterrupt:
-                scanner, sampled, closed, interrupted = self._partial, self._partial_ids, False, True
+                closed = self._generate(scanner, sampled)
+            except KeyboardInterrupt:  # the reply so far stands; the session goes on
+                interrupted = True
             stats["generated_tokens"] += len(sampled)
             reply: Reply = self.protocol.parse(scanner)
             raw = scanner.text
@@ -218,31 +219,27 @@ class Agent:
 
     # -- pieces ----------------------------------------------------------------------
 
-    def _generate(self):
-        """One assistant step: sample until the scanner or the stop token ends it."""
-        scanner = self.protocol.scanner()
+    def _generate(self, scanner, sampled: list[int]) -> bool:
+        """One assistant step: sample into ``sampled`` and ``scanner`` until the scanner or
+        the stop token ends it; True when the model closed the turn with its stop token."""
         if self.constraint is not None:
             self.constraint.reset()
         detok = self.lm.tokenizer.detokenizer
         detok.reset()
-        sampled: list[int] = []
-        self._partial, self._partial_ids = scanner, sampled
-        closed = False
         for token in self.engine.generate(self.sampler, max_tokens=self.config.max_tokens,
                                           stop_ids=self.lm.stop_ids, constraint=self.constraint):
             sampled.append(token)
             if token in self.lm.stop_ids:
-                closed = True
                 break
             detok.add_token(token)
             segment = detok.last_segment
             if segment and scanner.feed(segment):
-                return scanner, sampled, False
+                return False
         detok.finalize()
         tail = detok.last_segment
         if tail:
             scanner.feed(tail)
-        return scanner, sampled, closed
+        return bool(sampled) and sampled[-1] in self.lm.stop_ids
 
     def _run(self, call: Call) -> tuple[ToolResult, bool]:
         """Run one call if it is valid; returns the result and whether the call was valid."""
