@@ -96,6 +96,18 @@ def main():
     slow = (timing[True][1] / timing[True][0]) / (timing[False][1] / timing[False][0])
     print(f"decode time per token with the grammar: {slow:.2f}x without")
 
+    import mlx.core as mx
+
+    from mlx_agent.kernels import apply_bitmask
+
+    logits, mask = mx.random.normal((lm.vocab_size,)), constraint.mask()
+    mx.eval(apply_bitmask(logits, mask))
+    start = time.perf_counter()
+    for _ in range(200):
+        mx.eval(apply_bitmask(logits, mask))
+    print(f"applying a mask to a {lm.vocab_size}-token row: "
+          f"{(time.perf_counter() - start) / 200 * 1000:.3f} ms")
+
 
 if __name__ == "__main__":
     main()
