@@ -57,6 +57,9 @@ def _human(event, *, single: bool) -> None:
 @click.option("--confirm-tools", is_flag=True, help="Ask y/N before each tool call.")
 @click.option("--no-grammar", is_flag=True,
               help="Do not constrain replies to valid tool calls and answers.")
+@click.option("--tool-choice", default="auto", show_default=True, metavar="CHOICE",
+              help="auto, required, none or a tool's name, enforced by the grammar; "
+                   "comma-separated for one per step, the last repeated (read_file,none).")
 @click.option("--json-out", is_flag=True, help="Print one JSON event per line on stdout.")
 @click.option("--transcript", type=click.Path(dir_okay=False), default=None,
               help="Append every event, tool results included, to this JSONL file.")
@@ -77,7 +80,7 @@ def _human(event, *, single: bool) -> None:
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
-          max_tokens, tool_timeout, tool_env, confirm_tools, no_grammar, json_out, transcript,
+          max_tokens, tool_timeout, tool_env, confirm_tools, no_grammar, tool_choice, json_out, transcript,
           prompt_cache_dir, prompt_cache_max_bytes, save_session, resume, trajectory_dir,
           trajectory_task, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
@@ -142,7 +145,10 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         tool_env=tool_env, tool_cwd=root,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed),
-        confirm=confirm if confirm_tools else None, grammar=not no_grammar)
+        confirm=confirm if confirm_tools else None, grammar=not no_grammar,
+        tool_choice=tuple(c.strip() for c in tool_choice.split(",")))
+    if no_grammar and config.choices() != {"auto"}:
+        raise click.UsageError("--tool-choice needs the grammar; drop --no-grammar")
     recorder = None
     if trajectory_dir:
         import dataclasses

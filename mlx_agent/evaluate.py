@@ -6,6 +6,8 @@ A tasks file is JSONL; each task:
      "tools": "tools.json",            # optional, relative to the tasks file
      "builtin_tools": true,            # optional, over the task's working directory
      "fixture": "fixtures/repo",       # optional directory, copied fresh for every run
+     "tool_choice": ["calculate", "none"],   # optional, per step (see AgentConfig): guided
+                                             # rollouts that make the call, then answer
      "check": {"tool_calls": [{"name": "...", "arguments": {...}}]}   # in order; the
                                                 # expected arguments must all match
            | {"shell": "pytest -q"}                                   # exits 0 in the task dir
@@ -44,6 +46,7 @@ class Task(msgspec.Struct, forbid_unknown_fields=True):
     tools: str | None = None
     builtin_tools: bool = False
     fixture: str | None = None
+    tool_choice: str | list[str] | None = None
 
 
 @dataclass
@@ -160,6 +163,9 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
                                                seed=seed)
                 config = AgentConfig(**{**overrides, "tool_cwd": str(workdir),
                                         "sampling": sampling})
+                if task.tool_choice is not None:
+                    tc = task.tool_choice
+                    config.tool_choice = tc if isinstance(tc, str) else tuple(tc)
                 calls: list[tuple[str, Any]] = []
 
                 def emit(e):

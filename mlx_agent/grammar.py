@@ -9,6 +9,9 @@
   String values without a ``maxLength`` get one, scaled to the step's token budget (a small
   model can otherwise repeat inside a string until the token limit), and arguments objects without ``additionalProperties`` get
   ``false``, as in OpenAI's strict mode.
+- ``choice`` narrows either grammar the way OpenAI's ``tool_choice`` does: ``"auto"`` (calls
+  or an answer), ``"required"`` (calls only), ``"none"`` (an answer only) or a tool's name
+  (a call of that tool only). :func:`tool_constraint` builds the constraint for a protocol.
 - :class:`Constraint` is what the engine consults: ``mask()`` for the next token (an int32
   bitmask, applied with :mod:`mlx_agent.kernels`), ``consume(token)``, and ``done`` once the
   grammar has reached its end state, which ends the turn.
@@ -148,20 +151,44 @@ def _signature(tools: Sequence[Tool]) -> str:
     return json.dumps([[t.name, t.parameters] for t in tools])  # key order shapes the grammar
 
 
-def _json_protocol_schema(pairs: list, max_len: int) -> dict:
+CHOICES = ("auto", "required", "none")
+
+
+def _chosen(pairs: list, choice: str) -> tuple[list, bool]:
+    """The (name, parameters) pairs a reply may call under ``choice``, and whether it may
+    answer instead."""
+    if choice == "auto":
+        return pairs, True
+    if choice == "none":
+        return [], True
+    if choice == "required":
+        if not pairs:
+            raise GrammarError("tool_choice 'required' needs at least one tool")
+        return pairs, False
+    named = [p for p in pairs if p[0] == choice]
+    if not named:
+        known = ", ".join(name for name, _ in pairs) or "none"
+        raise GrammarError(f"tool_choice names {choice!r}, which is not a tool here "
+                           f"(tools: {known}); use auto, required, none or a tool's name")
+    return named, False
+
+
+def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto") -> dict:
+    pairs, may_answer = _chosen(pairs, choice)
     shapes = [{
         "type": "object",
         "properties": {"tool": {"const": name}, "arguments": _arguments_schema(params, max_len)},
         "required": ["tool", "arguments"], "additionalProperties": False,
     } for name, params in pairs]
-    shapes.append({"type": "object",
-                   "properties": {"answer": {"type": "string", "maxLength": max_len}},
-                   "required": ["answer"], "additionalProperties": False})
+    if may_answer:
+        shapes.append({"type": "object",
+                       "properties": {"answer": {"type": "string", "maxLength": max_len}},
+                       "required": ["answer"], "additionalProperties": False})
     return {"anyOf": shapes}
 
 
 @functools.lru_cache(maxsize=32)
-def _json_grammar(signature: str, tokenizer, max_len: int) -> str:
+def _json_grammar(signature: str, tokenizer, max_len: int, choice: str) -> str:
     from llguidance import LLMatcher
 
     pairs = json.loads(signature)
@@ -169,16 +196,16 @@ def _json_grammar(signature: str, tokenizer, max_len: int) -> str:
         one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
         _check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
                         f"tool {name!r} (its parameters schema)")
-    grammar = LLMatcher.grammar_from_json_schema(_json_protocol_schema(pairs, max_len),
+    grammar = LLMatcher.grammar_from_json_schema(_json_protocol_schema(pairs, max_len, choice),
                                                  defaults={"whitespace_flexible": False})
     _check_compiles(grammar, tokenizer, "the tool-call grammar")
     return grammar
 
 
-def json_protocol_grammar(tools: Sequence[Tool], tokenizer,
-                          max_len: int = DEFAULT_MAX_STRING) -> str:
-    """The json protocol's grammar for ``tools`` (compiled once per tool set)."""
-    return _json_grammar(_signature(tools), tokenizer, max_len)
+def json_protocol_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING,
+                          choice: str = "auto") -> str:
+    """The json protocol's grammar for ``tools`` (compiled once per tool set and choice)."""
+    return _json_grammar(_signature(tools), tokenizer, max_len, choice)
 
 
 def _tag(text: str, special_ids: dict[str, int]) -> str:
@@ -187,32 +214,62 @@ def _tag(text: str, special_ids: dict[str, int]) -> str:
 
 
 def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING,
-                   special_ids: dict[str, int] | None = None) -> str:
-    """Free text, or one or more ``<tool_call>`` blocks with a valid call each.
+                   special_ids: dict[str, int] | None = None, choice: str = "auto",
+                   parallel: bool = True) -> str:
+    """Free text, or ``<tool_call>`` blocks with a valid call each (one block only when
+    ``parallel`` is false).
 
     ``special_ids`` maps tag strings that are single special tokens (``<tool_call>`` in
     Qwen's vocabulary, say) to their ids, so the grammar matches the token, not the text.
     """
+    key = json.dumps(sorted((special_ids or {}).items()))
+    return _hermes_grammar(_signature(tools), tokenizer, max_len, key, choice, parallel)
+
+
+@functools.lru_cache(maxsize=32)
+def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, choice: str,
+                    parallel: bool) -> str:
     from llguidance import LLMatcher
 
-    special_ids = special_ids or {}
-
+    special_ids = dict(json.loads(special_key))
+    pairs, may_answer = _chosen(json.loads(signature), choice)
     calls = {"anyOf": [{
         "type": "object",
-        "properties": {"name": {"const": t.name},
-                       "arguments": _arguments_schema(t.parameters, max_len)},
-        "required": ["name", "arguments"], "additionalProperties": False} for t in tools]}
+        "properties": {"name": {"const": name},
+                       "arguments": _arguments_schema(params, max_len)},
+        "required": ["name", "arguments"], "additionalProperties": False}
+        for name, params in pairs]}
     open_tag, close_tag = _tag("<tool_call>", special_ids), _tag("</tool_call>", special_ids)
-    lark = (
-        "start: TEXT | calls\n"
-        'calls: (call "\\n"?)+\n'
-        f'call: {open_tag} "\\n" json_call "\\n" {close_tag}\n'
-        f"json_call: %json {json.dumps(calls)}\n"
-        "TEXT: /[^<\\s][^<]*/\n"
-    )
+    start = [alt for alt, on in (("TEXT", may_answer), ("calls", bool(pairs))) if on]
+    lark = f"start: {' | '.join(start)}\n" + "TEXT: /[^<\\s][^<]*/\n"
+    if pairs:
+        lark += (
+            ('calls: (call "\\n"?)+\n' if parallel else "calls: call\n")
+            + f'call: {open_tag} "\\n" json_call "\\n" {close_tag}\n'
+            + f"json_call: %json {json.dumps(calls)}\n"
+        )
     grammar = LLMatcher.grammar_from_lark(lark)
     _check_compiles(grammar, tokenizer, "the hermes tool-call grammar")
     return grammar
+
+
+def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
+                    choice: str = "auto", parallel: bool = True) -> "Constraint":
+    """The constraint for one reply of ``protocol`` ("json" or "hermes") over ``tools``;
+    the grammar is compiled once per tool set, choice and budget, the matcher is new."""
+    from .tokenizer import special_tokens
+
+    tokenizer = ll_tokenizer(lm)
+    budget = string_budget(max_tokens)
+    if protocol == "json":
+        grammar = json_protocol_grammar(tools, tokenizer, budget, choice)
+    else:
+        specials = set(special_tokens(lm.tokenizer))
+        ids = {tag: lm.encode(tag)[0] for tag in ("<tool_call>", "</tool_call>")
+               if tag in specials and len(lm.encode(tag)) == 1}
+        grammar = hermes_grammar(tools, tokenizer, budget, special_ids=ids, choice=choice,
+                                 parallel=parallel)
+    return Constraint(tokenizer, grammar, lm.vocab_size)
 
 
 def grammar_from_file(path: str, kind: str, tokenizer) -> str:

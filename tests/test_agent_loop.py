@@ -271,4 +271,27 @@ def test_grammar_on_a_reply_ends_where_the_grammar_does(tiny_lm):
     a, rec, _ = agent(tiny_lm, script, grammar=True)
     out = a.ask("go")
     assert out.answer == "ok" and rec.of(ev.ToolCall)[0].stdout == "hi"
-    assert script.queue == [] and a.constraint is not None and a.constraint.done
+    assert script.queue == [] and a._constraints["auto"].done
+
+
+def test_tool_choice_schedule_calls_then_answers(tiny_lm):
+    """A random model obeys a per-step tool_choice: the named call first, then an answer."""
+    from mlx_agent.engine import SamplingParams
+
+    sampler = SamplingParams(temperature=1.0, seed=3).sampler()
+    a, rec, _ = agent(tiny_lm, sampler, grammar=True, tool_choice=("echo", "none"),
+                      max_tokens=200, max_steps=4)
+    out = a.ask("go")
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["echo"]
+    assert out.stats.stop == "answer" and out.answer is not None and not out.fallback
+    a, rec, _ = agent(tiny_lm, sampler, grammar=True, tool_choice="none", max_tokens=200)
+    assert a.ask("go").stats.calls == 0
+
+
+def test_tool_choice_without_the_grammar_or_with_an_unknown_tool_is_refused(tiny_lm):
+    from mlx_agent.grammar import GrammarError
+
+    with pytest.raises(ValueError, match="needs the grammar"):
+        agent(tiny_lm, None, tool_choice="echo")
+    with pytest.raises(GrammarError, match="not a tool"):
+        agent(tiny_lm, None, grammar=True, tool_choice=("echo", "nope"))

@@ -161,3 +161,46 @@ def test_hermes_tags_that_are_special_tokens_match_the_token(smol):
     call = '\n{"name":"set_timer","arguments":{"minutes":5}}\n'
     assert accepts(lm, tok, grammar, "<repo_name>" + call + "<file_sep>")
     assert not accepts(lm, tok, grammar, "<tool_call>" + call + "</tool_call>")
+
+
+WEATHER = '{"tool":"get_weather","arguments":{"city":"Paris"}}'
+TIMER = '{"tool":"set_timer","arguments":{"minutes":5}}'
+ANSWER = '{"answer":"Paris."}'
+
+
+@pytest.mark.parametrize("choice,allowed", [
+    ("auto", {WEATHER, TIMER, ANSWER}),
+    ("required", {WEATHER, TIMER}),
+    ("none", {ANSWER}),
+    ("set_timer", {TIMER}),
+])
+def test_tool_choice_narrows_the_json_grammar(smol, choice, allowed):
+    lm, tok, _ = smol
+    grammar = json_protocol_grammar(TOOLS, tok, choice=choice)
+    assert {t for t in (WEATHER, TIMER, ANSWER) if accepts(lm, tok, grammar, t)} == allowed
+
+
+def test_tool_choice_narrows_the_hermes_grammar(smol):
+    from mlx_agent.grammar import hermes_grammar
+
+    lm, tok, _ = smol
+    call = '<tool_call>\n{"name":"%s","arguments":%s}\n</tool_call>'
+    weather, timer = call % ("get_weather", '{"city":"Paris"}'), call % ("set_timer", '{"minutes":5}')
+    text = "It is sunny."
+
+    def allowed(**kw):
+        g = hermes_grammar(TOOLS, tok, **kw)
+        return {name for name, t in (("weather", weather), ("timer", timer), ("text", text),
+                                     ("two", weather + "\n" + timer)) if accepts(lm, tok, g, t)}
+
+    assert allowed() == {"weather", "timer", "text", "two"}
+    assert allowed(choice="required") == {"weather", "timer", "two"}
+    assert allowed(choice="none") == {"text"}
+    assert allowed(choice="get_weather") == {"weather"}
+    assert allowed(parallel=False) == {"weather", "timer", "text"}
+
+
+def test_tool_choice_naming_an_unknown_tool_is_an_error(smol):
+    lm, tok, _ = smol
+    with pytest.raises(GrammarError, match="'get_time', which is not a tool"):
+        json_protocol_grammar(TOOLS, tok, choice="get_time")

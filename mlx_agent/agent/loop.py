@@ -41,6 +41,19 @@ class AgentConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     confirm: Confirm | None = None  # asked before each call; False = denied
     grammar: bool = True  # constrain replies to valid tool calls and answers
+    # "auto", "required", "none" or a tool's name (see mlx_agent.grammar); a sequence gives
+    # one choice per step of a turn, its last repeated: ("calculate", "none") makes the
+    # first step call `calculate` and every later step answer. Needs the grammar.
+    tool_choice: str | Sequence[str] = "auto"
+
+    def choice(self, step: int) -> str:
+        if isinstance(self.tool_choice, str):
+            return self.tool_choice
+        return self.tool_choice[min(step, len(self.tool_choice) - 1)]
+
+    def choices(self) -> set[str]:
+        tc = self.tool_choice
+        return {tc} if isinstance(tc, str) else set(tc) or {"auto"}
 
 
 @dataclass
@@ -65,8 +78,13 @@ class Agent:
         self.sampler = sampler or self.config.sampling.sampler()
         self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(protocol.markers))
         self.turn_warning: str | None = None
-        self.constraint = (_constraint(lm, protocol, list(tools), self.config.max_tokens)
-                           if self.config.grammar else None)
+        self._constraints: dict[str, object] = {}
+        choices = self.config.choices()
+        if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
+            for choice in choices:
+                self._constraint(choice)
+        elif choices != {"auto"}:
+            raise ValueError("tool_choice needs the grammar (the grammar is what enforces it)")
         if engine.cache_mode == "rotating":
             engine.pin(len(protocol.system_ids))
 
@@ -129,7 +147,7 @@ class Agent:
             scanner, sampled = self.protocol.scanner(), []
             closed = interrupted = False
             try:
-                closed = self._generate(scanner, sampled)
+                closed = self._generate(scanner, sampled, self._constraint(self.config.choice(step)))
             except KeyboardInterrupt:  # the reply so far stands; the session goes on
                 interrupted = True
             stats["generated_tokens"] += len(sampled)
@@ -219,15 +237,27 @@ class Agent:
 
     # -- pieces ----------------------------------------------------------------------
 
-    def _generate(self, scanner, sampled: list[int]) -> bool:
+    def _constraint(self, choice: str):
+        """The grammar constraint for ``choice`` (None with the grammar off), reset."""
+        if not self.config.grammar:
+            return None
+        if choice not in self._constraints:
+            from ..grammar import tool_constraint
+
+            self._constraints[choice] = tool_constraint(
+                self.lm, self.protocol.name, list(self.tools.values()), self.config.max_tokens,
+                choice)
+        constraint = self._constraints[choice]
+        constraint.reset()
+        return constraint
+
+    def _generate(self, scanner, sampled: list[int], constraint) -> bool:
         """One assistant step: sample into ``sampled`` and ``scanner`` until the scanner or
         the stop token ends it; True when the model closed the turn with its stop token."""
-        if self.constraint is not None:
-            self.constraint.reset()
         detok = self.lm.tokenizer.detokenizer
         detok.reset()
         for token in self.engine.generate(self.sampler, max_tokens=self.config.max_tokens,
-                                          stop_ids=self.lm.stop_ids, constraint=self.constraint):
+                                          stop_ids=self.lm.stop_ids, constraint=constraint):
             sampled.append(token)
             if token in self.lm.stop_ids:
                 break
@@ -280,23 +310,6 @@ def _system_text(protocol) -> str:
     if hasattr(protocol, "system_text"):
         return protocol.system_text
     return protocol.messages[0]["content"]
-
-
-def _constraint(lm, protocol, tools: list[Tool], max_tokens: int):
-    """The grammar constraint for this protocol and tool set (compiled once, cached)."""
-    from ..grammar import (Constraint, hermes_grammar, json_protocol_grammar, ll_tokenizer,
-                           string_budget)
-
-    tokenizer = ll_tokenizer(lm)
-    budget = string_budget(max_tokens)
-    if protocol.name == "json":
-        grammar = json_protocol_grammar(tools, tokenizer, budget)
-    else:
-        specials = set(special_tokens(lm.tokenizer))
-        ids = {tag: lm.encode(tag)[0] for tag in ("<tool_call>", "</tool_call>")
-               if tag in specials and len(lm.encode(tag)) == 1}
-        grammar = hermes_grammar(tools, tokenizer, budget, special_ids=ids)
-    return Constraint(tokenizer, grammar, lm.vocab_size)
 
 
 def scanner_finished(scanner) -> bool:
