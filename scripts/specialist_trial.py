@@ -6,11 +6,15 @@
    small JSON database, file reads over a fixture tree) and splits it into train and a
    held-out test set that training never sees.
 2. Evaluates the bundled model on the test set (greedy, grammar on).
-3. Rolls it out on the train tasks (several seeds, temperature 0.8, grammar on) and keeps the
-   trajectories that made the expected call, each cut after that call (the 135M model mostly
-   calls again instead of answering; the adapter should learn the call, not the loop).
-4. ``traces-to-data`` -> ``sft`` (LoRA) -> evaluates the specialist on the test set.
-Prints the table and writes ``results.json`` in the work directory.
+3. Rolls it out on the train tasks, guided: each task's ``tool_choice`` is (its expected
+   tool, "none"), so the grammar lets the model call only that tool first and only answer
+   after the result. The model still writes every token itself: the arguments, and the
+   answer. Keeps the rollouts whose call was right and whose answer states the result.
+   (Unguided, the 135M model succeeded in 2% of rollouts and then called tool after tool.)
+4. ``traces-to-data`` -> ``sft`` (LoRA) -> evaluates the specialist on the test set,
+   unguided (tool_choice auto), like the base model.
+Prints the table (success = the expected call was made; answered = the answer also states
+the tool's result) and writes ``results.json`` in the work directory.
 """
 
 from __future__ import annotations
@@ -46,26 +50,32 @@ FILES = {"notes/todo.txt": "ship v2\n", "notes/ideas.md": "# ideas\n", "src/app.
 
 
 def make_tasks(rng: random.Random) -> list[dict]:
+    """Tasks with their check (the expected call) and ``_result``: what a right answer
+    states (the trial's stricter filter; not part of the task file)."""
     tasks = []
-    ops = [("add", "What is {a} plus {b}?"), ("add", "Add {a} and {b}."),
-           ("sub", "What is {a} minus {b}?"), ("sub", "Subtract {b} from {a}."),
-           ("mul", "What is {a} times {b}?"), ("mul", "Multiply {a} by {b}.")]
-    for i in range(36):
-        op, text = ops[i % len(ops)]
+    ops = [("add", "What is {a} plus {b}?", int.__add__), ("add", "Add {a} and {b}.", int.__add__),
+           ("sub", "What is {a} minus {b}?", int.__sub__),
+           ("sub", "Subtract {b} from {a}.", int.__sub__),
+           ("mul", "What is {a} times {b}?", int.__mul__),
+           ("mul", "Multiply {a} by {b}.", int.__mul__)]
+    for i in range(60):
+        op, text, f = ops[i % len(ops)]
         a, b = rng.randint(2, 99), rng.randint(2, 99)
-        tasks.append({"id": f"calc-{i}", "prompt": text.format(a=a, b=b),
+        tasks.append({"id": f"calc-{i}", "prompt": text.format(a=a, b=b), "_result": str(f(a, b)),
                       "check": {"tool_calls": [{"name": "calculate",
                                                 "arguments": {"a": a, "b": b, "op": op}}]}})
     for i, name in enumerate(NAMES):
         uid = f"u{100 + i}"
-        text = rng.choice(["Look up user {u}.", "Find the record of user {u}.",
-                           "Who is user {u}?"])
-        tasks.append({"id": f"lookup-{i}", "prompt": text.format(u=uid),
-                      "check": {"tool_calls": [{"name": "lookup_user",
-                                                "arguments": {"user_id": uid}}]}})
-    for i, path in enumerate(FILES):
-        for j, text in enumerate(["Read the file {p}.", "Show me {p}."]):
+        for j, text in enumerate(rng.sample(["Look up user {u}.", "Find the record of user {u}.",
+                                             "Who is user {u}?"], 2)):
+            tasks.append({"id": f"lookup-{i}-{j}", "prompt": text.format(u=uid), "_result": name,
+                          "check": {"tool_calls": [{"name": "lookup_user",
+                                                    "arguments": {"user_id": uid}}]}})
+    for i, (path, content) in enumerate(FILES.items()):
+        for j, text in enumerate(["Read the file {p}.", "Show me {p}.",
+                                  "What does {p} say?"]):
             tasks.append({"id": f"read-{i}-{j}", "prompt": text.format(p=path),
+                          "_result": content.strip(),
                           "check": {"tool_calls": [{"name": "read_file",
                                                     "arguments": {"path": path}}]}})
     for t in tasks:
@@ -74,7 +84,7 @@ def make_tasks(rng: random.Random) -> list[dict]:
     return tasks
 
 
-def write_task_set(work: Path, rng: random.Random) -> tuple[Path, Path]:
+def write_task_set(work: Path, rng: random.Random) -> tuple[Path, Path, dict[str, str]]:
     if work.exists():
         shutil.rmtree(work)
     (work / "fixture").mkdir(parents=True)
@@ -88,10 +98,13 @@ def write_task_set(work: Path, rng: random.Random) -> tuple[Path, Path]:
         for i, n in enumerate(NAMES)))
     tasks = make_tasks(rng)
     cut = len(tasks) * 2 // 3
+    results = {t["id"]: t.pop("_result") for t in tasks}
+    for t in tasks[:cut]:  # guided rollouts: the expected tool, then an answer
+        t["tool_choice"] = [t["check"]["tool_calls"][0]["name"], "none"]
     train, test = work / "train.jsonl", work / "test.jsonl"
     train.write_text("".join(json.dumps(t) + "\n" for t in tasks[:cut]))
     test.write_text("".join(json.dumps(t) + "\n" for t in tasks[cut:]))
-    return train, test
+    return train, test, results
 
 
 def main():
@@ -99,53 +112,47 @@ def main():
     from mlx_agent.evaluate import run
     from mlx_agent.models import load
     from mlx_agent.sft import SFTConfig, read_rows, train
-    from mlx_agent.trajectory import iter_dir, write
+    from mlx_agent.trajectory import set_reward
     from mlx_agent.training_data import convert
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="build/trial")
     ap.add_argument("--out", default="models/smollm2-135m-tools")
-    ap.add_argument("--seeds", type=int, default=6)
+    ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=150)
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
     start = time.perf_counter()
-    train_tasks, test_tasks = write_task_set(work, random.Random(0))
+    train_tasks, test_tasks, results_by_task = write_task_set(work, random.Random(0))
     common = {"max_steps": 3, "max_tokens": 96, "grammar": True}
 
     def log(msg):
         print(f"[{time.perf_counter() - start:7.1f} s] {msg}", flush=True)
 
+    def answered(summary) -> float:
+        """The share of runs that made the expected call and whose answer states the result."""
+        ok = [r.reward == 1.0 and r.answer is not None and results_by_task[r.task] in r.answer
+              for r in summary.runs]
+        return sum(ok) / max(len(ok), 1)
+
     base = load()
     log("evaluating the base model on the held-out tasks")
-    base_eval = run(base, test_tasks, config_overrides=common).row()
+    base_run = run(base, test_tasks, config_overrides=common)
+    base_eval = {**base_run.row(), "answered": answered(base_run)}
     log(f"base: {base_eval}")
 
-    log(f"rolling out on the train tasks, {args.seeds} seeds at temperature 0.8")
+    log(f"guided rollouts on the train tasks, {args.seeds} seeds at temperature 0.7")
     runs_dir = work / "runs"
     rollouts = run(base, train_tasks, seeds=args.seeds, trajectory_dir=runs_dir,
-                   config_overrides={**common, "sampling": SamplingParams(temperature=0.8)})
-    # A successful rollout made the expected call; what the 135M model does after it is
-    # mostly to call again. Keep each success up to its first call, so the adapter learns
-    # the call and not the loop.
-    expected = {json.loads(line)["id"]: json.loads(line)["check"]["tool_calls"][0]
-                for line in train_tasks.read_text().splitlines()}
-
-    def is_expected(step, want) -> bool:
-        call = step.tool_call
-        return (call is not None and call.name == want["name"]
-                and all(json.loads(call.arguments_json).get(k) == v
-                        for k, v in want["arguments"].items()))
-
-    for path, traj in iter_dir(runs_dir):
-        if traj.summary.get("reward") == "1.0":
-            want = expected[traj.task]
-            first = next(i for i, st in enumerate(traj.steps) if is_expected(st, want))
-            traj.steps = traj.steps[: first + 1]
-            write(path, traj)
+                   config_overrides={**common, "sampling": SamplingParams(temperature=0.7)})
+    # keep a rollout when its call was right and its answer states the tool's result
+    for r in rollouts.runs:
+        if r.reward == 1.0 and not (r.answer and results_by_task[r.task] in r.answer):
+            set_reward(r.trajectory, 0.0)
     data = work / "sft.jsonl"
     counts = convert(runs_dir, data, min_reward=1.0)
-    log(f"rollouts: {rollouts.row()}; training rows kept: {counts.rows}")
+    log(f"rollouts: {rollouts.row()}; answered {answered(rollouts):.0%}; "
+        f"training rows kept: {counts.rows}")
     if counts.rows == 0:
         raise SystemExit("no successful rollouts to train on")
 
@@ -157,17 +164,19 @@ def main():
 
     special = load(adapter=out)
     log("evaluating the specialist on the held-out tasks")
-    special_eval = run(special, test_tasks, config_overrides=common).row()
+    special_run = run(special, test_tasks, config_overrides=common)
+    special_eval = {**special_run.row(), "answered": answered(special_run)}
     log(f"specialist: {special_eval}")
 
     results = {"base": base_eval, "specialist": special_eval, "rollouts": rollouts.row(),
                "train_rows": counts.rows, "sft": stats,
                "minutes": (time.perf_counter() - start) / 60}
     (work / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{'':<12} {'success':>8} {'valid calls':>12} {'calls/run':>10} {'turns/run':>10}")
+    print(f"\n{'':<12} {'success':>8} {'answered':>9} {'valid calls':>12} {'calls/run':>10} "
+          f"{'turns/run':>10}")
     for name, row in (("base", base_eval), ("specialist", special_eval)):
-        print(f"{name:<12} {row['success']:>8.0%} {row['valid_calls']:>12.0%} "
-              f"{row['mean_calls']:>10.2f} {row['mean_turns']:>10.2f}")
+        print(f"{name:<12} {row['success']:>8.0%} {row['answered']:>9.0%} "
+              f"{row['valid_calls']:>12.0%} {row['mean_calls']:>10.2f} {row['mean_turns']:>10.2f}")
     print(f"held-out tasks: {base_eval['runs']}; training rows: {counts.rows}; "
           f"{results['minutes']:.1f} minutes")
 

@@ -58,3 +58,22 @@ def real_model():
     from mlx_agent.models import load
 
     return load("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(real_model):
+    """A random one-layer llama behind SmolLM2's tokenizer and chat format: the real
+    tokenization and templates, a model fast enough for exhaustive tests."""
+    from dataclasses import replace
+
+    import msgspec
+
+    mx.random.seed(0)
+    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1,
+                           intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                           rms_norm_eps=1e-5, vocab_size=49152, tie_word_embeddings=True)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    identity = msgspec.structs.replace(real_model.identity, kv_heads=1, head_dim=16, num_layers=1,
+                                       name="tiny-smol")
+    return replace(real_model, model=model, context_length=2048, identity=identity)

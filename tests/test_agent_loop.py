@@ -13,7 +13,6 @@ from dataclasses import replace
 import mlx.core as mx
 import msgspec
 import pytest
-from mlx_lm.models import llama
 
 from mlx_agent.agent import Agent, AgentConfig, HermesProtocol, JsonProtocol
 from mlx_agent.agent import events as ev
@@ -47,19 +46,6 @@ class Script:
 
     def __call__(self, logprobs):
         return mx.array([self.queue.pop(0)])
-
-
-@pytest.fixture(scope="module")
-def tiny_lm(real_model):
-    mx.random.seed(0)
-    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1,
-                           intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-                           rms_norm_eps=1e-5, vocab_size=49152, tie_word_embeddings=True)
-    model = llama.Model(args)
-    mx.eval(model.parameters())
-    identity = msgspec.structs.replace(real_model.identity, kv_heads=1, head_dim=16, num_layers=1,
-                                       name="tiny-smol")
-    return replace(real_model, model=model, context_length=2048, identity=identity)
 
 
 class Recorder(list):

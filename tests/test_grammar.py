@@ -204,3 +204,14 @@ def test_tool_choice_naming_an_unknown_tool_is_an_error(smol):
     lm, tok, _ = smol
     with pytest.raises(GrammarError, match="'get_time', which is not a tool"):
         json_protocol_grammar(TOOLS, tok, choice="get_time")
+
+
+def test_parallel_json_grammar_allows_calls_a_line_each(smol):
+    lm, tok, _ = smol
+    grammar = json_protocol_grammar(TOOLS, tok, parallel=True)
+    for text in (WEATHER, ANSWER, WEATHER + "\n" + TIMER):
+        assert accepts(lm, tok, grammar, text), text
+    for text in (ANSWER + "\n" + WEATHER, WEATHER + " " + TIMER, WEATHER.replace(":", ": ")):
+        assert not accepts(lm, tok, grammar, text), text
+    one = json_protocol_grammar(TOOLS, tok)
+    assert not accepts(lm, tok, one, WEATHER + "\n" + TIMER)

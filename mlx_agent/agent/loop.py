@@ -246,7 +246,7 @@ class Agent:
 
             self._constraints[choice] = tool_constraint(
                 self.lm, self.protocol.name, list(self.tools.values()), self.config.max_tokens,
-                choice)
+                choice, parallel=self.protocol.name == "hermes")  # json: one call a reply
         constraint = self._constraints[choice]
         constraint.reset()
         return constraint

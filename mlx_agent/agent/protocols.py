@@ -47,8 +47,9 @@ class Reply:
     fallback: bool = False
 
 
-def json_system_prompt(tools: list[Tool], persona: str | None = None) -> str:
-    lines = [persona or DEFAULT_PERSONA, "You have access to these tools:"]
+def json_system_prompt(tools: list[Tool], persona: str | None = None,
+                       header: str = "You have access to these tools:") -> str:
+    lines = [persona or DEFAULT_PERSONA, header]
     lines += [f"- {t.signature()}  {t.description}".rstrip() for t in tools]
     lines += [
         "When you need a tool, reply with a single JSON object and nothing else:",

@@ -2,7 +2,7 @@
 
 from .builtin import builtin_tools
 from .executor import ToolResult, error_result, run_tool
-from .schema import Tool, ToolSchemaError, load_tools, parse_tools
+from .schema import Tool, ToolSchemaError, declared_tools, load_tools, parse_tools
 
 __all__ = ["Tool", "ToolResult", "ToolSchemaError", "builtin_tools", "error_result",
-           "load_tools", "parse_tools", "run_tool"]
+           "declared_tools", "load_tools", "parse_tools", "run_tool"]

@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -99,10 +100,13 @@ class Tool(msgspec.Struct, frozen=True):
         return getattr(module, attr)
 
 
-def _tool_from(function: Function, where: str) -> Tool:
+def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
     name = function.name
-    if not IDENTIFIER.match(name):
+    if runnable and not IDENTIFIER.match(name):
         raise ToolSchemaError(f"{where}: tool name {name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
+    if not runnable and not CLIENT_NAME.match(name):
+        raise ToolSchemaError(f"{where}: tool name {name!r} must be 1-64 letters, digits, "
+                              "'_', '-' or '.'")
     where = f"{where}: tool {name!r}"
     params = function.parameters
     if params.get("type", "object") != "object":
@@ -118,6 +122,8 @@ def _tool_from(function: Function, where: str) -> Tool:
     for req in params.get("required", []):
         if req not in props:
             raise ToolSchemaError(f"{where}: field 'required' names {req!r}, which is not a property")
+    if not runnable:  # a client's tool: its schema is all there is
+        return Tool(name=name, description=function.description, parameters=params)
     if not function.exec_template and not function.handler:
         raise ToolSchemaError(f"{where}: has neither '_exec' nor '_handler', so it cannot run")
     if function.exec_template and function.handler:
@@ -148,7 +154,16 @@ def parse_tools(data: bytes | str, source: str = "<tools>") -> list[Tool]:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError as e:
         raise ToolSchemaError(f"{source}: not valid JSON ({e})") from None
-    entries = raw.get("tools") if isinstance(raw, dict) else raw
+    return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source)
+
+
+def declared_tools(entries: Any, source: str = "tools") -> list[Tool]:
+    """Tools a client declares (an OpenAI request's ``tools``): schemas the model may call,
+    which the client runs itself, so nothing here can run them."""
+    return tools_from_entries(entries, source, runnable=False)
+
+
+def tools_from_entries(entries: Any, source: str, runnable: bool = True) -> list[Tool]:
     if not isinstance(entries, list):
         raise ToolSchemaError(f"{source}: expected {{\"tools\": [...]}} or a JSON array of tools")
     tools: list[Tool] = []
@@ -169,7 +184,7 @@ def parse_tools(data: bytes | str, source: str = "<tools>") -> list[Tool]:
             function = msgspec.convert(fields, Function)
         except msgspec.ValidationError as e:
             raise ToolSchemaError(f"{label}: {_field_message(e)}") from None
-        tools.append(_tool_from(function, source))
+        tools.append(_tool_from(function, source, runnable))
     names = [t.name for t in tools]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

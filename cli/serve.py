@@ -1,0 +1,95 @@
+"""``mlx_agent serve``: the OpenAI- and Ollama-compatible server."""
+
+from __future__ import annotations
+
+import click
+
+from .options import load_options, sampling_options
+
+
+@click.command()
+@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="0 picks a free port (printed at start-up).")
+@click.option("--tools", "tools_file", type=click.Path(dir_okay=False), default=None,
+              help="Tools offered when a request sends none (the request's tools win).")
+@click.option("--tool-mode", type=click.Choice(["full", "deferred"]), default="full",
+              show_default=True,
+              help="deferred: a one-line index plus get_tool_info, answered by the server.")
+@click.option("--tool-metrics-out", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per chat request (tool mode, hops, tokens).")
+@click.option("--protocol", type=click.Choice(["auto", "json", "hermes"]), default="auto",
+              show_default=True, help="How tools are shown to the model (see README).")
+@click.option("--prompt-cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Load the tools block's KV state from here at start-up (saved on a miss).")
+@click.option("--kv-slots", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Earlier conversations whose KV state is kept for prefix reuse.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Reply length when a request sets none.")
+@load_options
+@sampling_options
+def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
+          prompt_cache_dir, kv_slots, max_tokens, adapter, weights, context_length,
+          temperature, top_p, top_k, min_p, seed):
+    """Serve the model over the OpenAI and Ollama HTTP APIs.
+
+    \b
+    Examples:
+      mlx_agent serve --port 8080
+      mlx_agent serve model.gguf --tools tools.json --tool-mode deferred
+      curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
+
+    Sampling options are the defaults for requests that set none.
+    """
+    import uvicorn
+
+    from mlx_agent.engine import SamplingParams
+    from mlx_agent.models import load
+    from mlx_agent.serve import ChatService, make_app
+    from mlx_agent.tools import load_tools
+
+    tools = load_tools(tools_file) if tools_file else []
+    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+    service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
+                          kv_slots=kv_slots, default_max_tokens=max_tokens,
+                          metrics_out=tool_metrics_out)
+    if prompt_cache_dir and tools:
+        from mlx_agent.prompt_cache import PromptCache
+
+        hit = service.prime(PromptCache(prompt_cache_dir, warn=lambda m: click.secho(
+            f"warning: {m}", err=True, fg="yellow")))
+        state = "loaded" if hit.hit else "prefilled and saved"
+        click.echo(f"tools block: {hit.tokens} tokens {state} ({hit.seconds * 1000:.0f} ms)",
+                   err=True)
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                              seed=seed)
+    app = make_app(service, sampling)
+    sock = _listen(host, port)
+    bound = sock.getsockname()[1]
+    click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
+               f"{tool_mode} tool mode) on http://{host}:{bound}", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+
+
+def _listen(host: str, port: int):
+    """A listening socket, so a taken port is a one-line error and port 0 a known port."""
+    import socket
+
+    from .main import UserError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}; "
+                        "choose another --port or --host") from None
+    return sock

@@ -1,0 +1,131 @@
+"""Request bodies of the OpenAI and Ollama APIs, as msgspec structs.
+
+Decoding is the validation: a known field of the wrong type is a :class:`msgspec.ValidationError`
+that names it (the server answers 400). Fields this server does not use are accepted and
+ignored, as OpenAI's own server does with fields it does not know, so clients that send
+``user``, ``logprobs: false`` or ``keep_alive`` work unchanged. Responses are plain dicts
+built in :mod:`.app`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+from msgspec import Struct
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class FunctionCall(Struct):
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCall(Struct):
+    function: FunctionCall
+    id: str = ""
+    type: str = "function"
+
+
+class Message(Struct):
+    role: Role
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class NamedFunction(Struct):
+    name: str
+
+
+class NamedToolChoice(Struct):
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+class StreamOptions(Struct):
+    include_usage: bool = False
+
+
+class ChatRequest(Struct):
+    messages: list[Message]
+    model: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+
+
+class CompletionRequest(Struct):
+    prompt: Union[str, list[str]]
+    model: str | None = None
+    max_tokens: int = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    n: int = 1
+
+
+class OllamaOptions(Struct):
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    num_predict: int | None = None
+    stop: list[str] | None = None
+
+
+class OllamaToolCall(Struct):
+    function: FunctionCall
+
+
+class OllamaMessage(Struct):
+    role: Role
+    content: str = ""
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None
+    images: list[str] | None = None
+
+
+class OllamaChatRequest(Struct):
+    model: str
+    messages: list[OllamaMessage]
+    tools: list[dict[str, Any]] | None = None
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: Any = None
+
+
+class OllamaGenerateRequest(Struct):
+    model: str
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    stream: bool = True
+    options: OllamaOptions | None = None
+    format: Any = None
+
+
+def decode(body: bytes, kind: type) -> Any:
+    """``body`` as ``kind``; raises ValueError with a message fit for the client."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as e:
+        raise ValueError(f"invalid request: {e}") from None
+    except msgspec.DecodeError as e:
+        raise ValueError(f"the body is not valid JSON: {e}") from None

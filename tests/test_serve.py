@@ -1,0 +1,352 @@
+"""The server over real sockets: the official ``openai`` client, raw HTTP for Ollama, a
+random tiny model (real tokenizer and grammar) or a scripted one, started on port 0."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import mlx.core as mx
+import pytest
+
+from mlx_agent.engine import SamplingParams
+from mlx_agent.serve import ChatCall, ChatService, make_app
+from mlx_agent.serve.render import JsonAnswerStream, tool_info
+from mlx_agent.serve.service import StopStrings
+from mlx_agent.tools import declared_tools
+
+openai = pytest.importorskip("openai")
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.\nMore detail here.",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}}}},
+    {"type": "function", "function": {
+        "name": "set_timer", "description": "Start a timer.",
+        "parameters": {"type": "object", "required": ["minutes"], "properties": {
+            "minutes": {"type": "integer"}}}}},
+]
+
+
+class Scripted:
+    """Per generation, the next scripted reply's ids, then the end-of-turn token."""
+
+    def __init__(self, lm, *replies: str):
+        self.lm, self.replies = lm, list(replies)
+
+    def __call__(self, sampling):
+        ids = self.lm.encode(self.replies.pop(0)) if self.replies else []
+        end = self.lm.encode("<|im_end|>")[0]
+
+        def sample(logprobs):
+            return mx.array([ids.pop(0) if ids else end])
+
+        return sample
+
+
+class Running:
+    """A real uvicorn server on a free port, in a thread."""
+
+    def __init__(self, service, sampling=SamplingParams()):
+        import uvicorn
+
+        self.service = service
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        self.port = sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(make_app(service, sampling),
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.client = openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=0)
+
+    def post(self, path: str, body) -> tuple[int, dict | list]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                text = r.read().decode()
+                status, kind = r.status, r.headers.get("content-type", "")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+        if kind.startswith("application/x-ndjson"):
+            return status, [json.loads(line) for line in text.splitlines() if line.strip()]
+        return status, json.loads(text)
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.base + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def serve(tiny_lm):
+    running = []
+
+    def start(lm=tiny_lm, **kw):
+        sampling = kw.pop("sampling", SamplingParams())
+        r = Running(ChatService(lm, model_name="tiny", **kw), sampling)
+        running.append(r)
+        return r
+
+    yield start
+    for r in running:
+        r.stop()
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def test_plain_chat_and_streaming_give_the_same_text(serve):
+    s = serve()
+    r = s.client.chat.completions.create(model="tiny", messages=user("Hello"), max_tokens=12)
+    choice = r.choices[0]
+    assert choice.finish_reason in ("stop", "length") and choice.message.role == "assistant"
+    assert r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+    chunks = list(s.client.chat.completions.create(
+        model="tiny", messages=user("Hello"), max_tokens=12, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == choice.message.content
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert [m.id for m in s.client.models.list().data] == ["tiny"]
+
+
+def test_tool_call_round_trip(serve, tiny_lm):
+    call = '{"tool":"get_weather","arguments":{"city":"Paris"}}'
+    s = serve(sampler_for=Scripted(tiny_lm, call, '{"answer":"Sunny in Paris."}'))
+    messages = user("Weather in Paris?")
+    r = s.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    (tc,) = r.choices[0].message.tool_calls
+    assert tc.id.startswith("call_") and tc.function.name == "get_weather"
+    assert json.loads(tc.function.arguments) == {"city": "Paris"}
+    messages += [r.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": tc.id, "content": "18 C, sunny"}]
+    r2 = s.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS)
+    assert r2.choices[0].message.content == "Sunny in Paris."
+    assert r2.choices[0].finish_reason == "stop"
+    # the cached prefix runs through the first reply: it is rendered with the ids sampled
+    first = r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r2.usage.prompt_tokens_details.cached_tokens >= first - 1
+
+
+def test_streamed_tool_calls_and_answers(serve, tiny_lm):
+    call = '{"tool":"set_timer","arguments":{"minutes":5}}'
+    answer = '{"answer":"Café \\"ok\\" 😀\\n done"}'  # escapes as the grammar allows them
+    s = serve(sampler_for=Scripted(tiny_lm, call, answer))
+    chunks = list(s.client.chat.completions.create(model="tiny", messages=user("5 min timer"),
+                                                   tools=TOOLS, stream=True))
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == \
+        [("set_timer", {"minutes": 5})]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert all(not c.choices[0].delta.content for c in chunks)  # no raw JSON as content
+    chunks = list(s.client.chat.completions.create(model="tiny", messages=user("hi"),
+                                                   tools=TOOLS, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == 'Café "ok" 😀\n done'
+
+
+@pytest.mark.parametrize("choice", ["required", "set_timer", "none"])
+def test_tool_choice_is_enforced_by_the_grammar(serve, choice):
+    """A random model sampled at temperature 1 obeys tool_choice every time."""
+    s = serve(default_max_tokens=160)
+    tool_choice = {"type": "function", "function": {"name": choice}} \
+        if choice == "set_timer" else choice
+    for seed in range(3):
+        r = s.client.chat.completions.create(model="tiny", messages=user("Do something"),
+                                             tools=TOOLS, tool_choice=tool_choice,
+                                             temperature=1.0, seed=seed)
+        m = r.choices[0].message
+        if choice == "none":
+            assert not m.tool_calls and isinstance(m.content, str)
+            continue
+        assert m.tool_calls, m.content
+        names = {tc.function.name for tc in m.tool_calls}
+        assert names <= ({"set_timer"} if choice == "set_timer" else {"get_weather", "set_timer"})
+        for tc in m.tool_calls:  # arguments always valid against the schema
+            tool = {t.name: t for t in declared_tools(TOOLS)}[tc.function.name]
+            assert tool.validate(json.loads(tc.function.arguments)) == []
+
+
+def test_parallel_calls_in_one_reply_and_a_repeat_is_cut(serve, tiny_lm):
+    two = ('{"tool":"get_weather","arguments":{"city":"Paris"}}\n'
+           '{"tool":"get_weather","arguments":{"city":"Oslo"}}\n'
+           '{"tool":"get_weather","arguments":{"city":"Paris"}}\n'
+           '{"tool":"get_weather","arguments":{"city":"Rome"}}')
+    s = serve(sampler_for=Scripted(tiny_lm, two))
+    r = s.client.chat.completions.create(model="tiny", messages=user("Paris and Oslo"),
+                                         tools=TOOLS)
+    cities = [json.loads(tc.function.arguments)["city"] for tc in r.choices[0].message.tool_calls]
+    assert cities == ["Paris", "Oslo"]  # the model repeated Paris: generation stopped there
+
+
+def test_ollama_endpoints(serve, tiny_lm):
+    call = '{"tool":"get_weather","arguments":{"city":"Oslo"}}'
+    s = serve(sampler_for=Scripted(tiny_lm, call, '{"answer":"Cold."}', "", call))
+    status, r = s.post("/api/chat", {"model": "tiny", "stream": False, "tools": TOOLS,
+                                     "messages": user("Oslo weather?")})
+    assert status == 200 and r["done"] is True
+    assert r["message"]["tool_calls"] == [{"function": {"name": "get_weather",
+                                                        "arguments": {"city": "Oslo"}}}]
+    msgs = user("Oslo weather?") + [r["message"], {"role": "tool", "content": "-3 C",
+                                                   "tool_name": "get_weather"}]
+    status, r = s.post("/api/chat", {"model": "tiny", "stream": False, "tools": TOOLS,
+                                     "messages": msgs})
+    assert r["message"]["content"] == "Cold." and r["eval_count"] > 0
+    status, lines = s.post("/api/chat", {"model": "tiny:latest", "messages": user("hi"),
+                                         "options": {"num_predict": 5}})
+    assert status == 200 and lines[-1]["done"] is True and not any(x["done"] for x in lines[:-1])
+    status, lines = s.post("/api/chat", {"model": "tiny", "tools": TOOLS,
+                                         "messages": user("Oslo?")})
+    assert lines[-2]["message"]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Once", "stream": False,
+                                         "options": {"num_predict": 4}})
+    assert status == 200 and isinstance(r["response"], str) and r["eval_count"] <= 4
+    assert s.get("/api/tags")["models"][0]["name"] == "tiny"
+    assert "version" in s.get("/api/version") and s.get("/health")["status"] == "ok"
+    status, r = s.post("/api/chat", {"model": "llama3", "messages": user("hi")})
+    assert status == 404 and "not found" in r["error"]
+
+
+def test_deferred_mode_answers_get_tool_info_itself(serve, tiny_lm, tmp_path):
+    info = '{"tool":"get_tool_info","arguments":{"name":"get_weather"}}'
+    call = '{"tool":"get_weather","arguments":{"city":"Rome","unit":"c"}}'
+    metrics = tmp_path / "m.jsonl"
+    s = serve(sampler_for=Scripted(tiny_lm, info, call, info, call, info, info, info, call),
+              tool_mode="deferred", metrics_out=metrics)
+    r = s.client.chat.completions.create(model="tiny", messages=user("Rome?"), tools=TOOLS)
+    (tc,) = r.choices[0].message.tool_calls
+    assert (tc.function.name, json.loads(tc.function.arguments)) == \
+        ("get_weather", {"city": "Rome", "unit": "c"})
+    chunks = list(s.client.chat.completions.create(model="tiny", messages=user("Rome?"),
+                                                   tools=TOOLS, stream=True))
+    names = [tc.function.name for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert names == ["get_weather"]
+    r = s.client.chat.completions.create(model="tiny", messages=user("Rome?"), tools=TOOLS)
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [(m["get_tool_info_hops"], m["streaming"], m["tool_mode"]) for m in rows] == \
+        [(1, False, "deferred"), (1, True, "deferred"), (3, False, "deferred")]
+    assert all(m["prompt_tokens"] > 0 and m["completion_tokens"] > 0 for m in rows)
+
+
+def test_deferred_prompt_is_an_index_and_the_hop_cap_drops_get_tool_info(tiny_lm):
+    from mlx_agent.grammar import ll_tokenizer
+    from mlx_agent.serve.render import JsonFormat
+
+    tools = declared_tools(TOOLS)
+    fmt = JsonFormat(tiny_lm)
+    text = tiny_lm.decode(fmt.prompt_ids(user("hi"), tools, deferred=True))
+    assert "- get_weather: Current weather in a city." in text and "More detail" not in text
+    assert "get_tool_info(name: string)" in text and "city: string" not in text
+    full = tiny_lm.decode(fmt.prompt_ids(user("hi"), tools, deferred=False))
+    assert "get_weather(city: string, unit?: string)" in full
+    service = ChatService(tiny_lm, tool_mode="deferred")
+    tok = ll_tokenizer(tiny_lm)
+    ask = tiny_lm.encode('{"tool":"get_tool_info","arguments":{"name":"set_timer"}}')
+    for offer, ok in ((True, True), (False, False)):
+        c = service._constraint(fmt, tools, ChatCall(messages=[]), 64, offer_info=offer)
+        assert (c.matcher.validate_tokens(ask) == len(ask)) is ok
+    assert json.loads(tool_info(tools, "set_timer"))["parameters"]["required"] == ["minutes"]
+    assert "unknown tool 'nope'" in json.loads(tool_info(tools, "nope"))["error"]
+
+
+def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
+    s = serve()
+    kw = dict(model="tiny", max_tokens=8)
+    first = s.client.chat.completions.create(messages=user("Tell me about cats."), **kw)
+    convo = user("Tell me about cats.") + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And dogs?"}]
+    other = s.client.chat.completions.create(messages=user("Something else entirely, " * 4), **kw)
+    second = s.client.chat.completions.create(messages=convo, **kw)
+    # the conversation's state came back from a KV slot after the other request
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2
+    fresh = serve().client.chat.completions.create(messages=convo, **kw)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.choices[0].message.content == second.choices[0].message.content
+    assert other.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize("body,needle", [
+    (b'{"messages": [', "not valid JSON"),
+    ({"messages": "hi"}, "Expected `array`"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, "not found"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},
+     "tool name"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+      "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not a tool"),
+    ({"messages": [{"role": "user", "content": "hi " * 3000}]}, "context holds"),
+])
+def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
+    s = serve(context_length=1024)
+    status, r = s.post("/v1/chat/completions", body)
+    assert status == 400 and needle in r["error"]["message"], r
+    assert r["error"]["type"] == "invalid_request_error"
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    assert status == 200 and r["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_a_client_that_disconnects_stops_its_generation(serve):
+    s = serve(default_max_tokens=1500)
+    req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(
+        {"messages": user("Write a long story."), "stream": True}).encode(),
+        headers={"Content-Type": "application/json"})
+    resp = urllib.request.urlopen(req, timeout=30)
+    for _ in range(4):
+        resp.readline()
+    resp.close()  # the client goes away mid-stream
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 1})
+    assert status == 200  # served after the abandoned one stopped (one worker, in order)
+    assert s.service.cancelled == 1 and s.service.last_cancelled_tokens < 1500
+
+
+def test_completions_endpoint_with_stop_strings(serve, tiny_lm):
+    s = serve(sampler_for=Scripted(tiny_lm, "alpha beta gamma", "alpha beta gamma"))
+    r = s.client.completions.create(model="tiny", prompt="Say:", max_tokens=10, stop=[" gam"])
+    assert r.choices[0].text == "alpha beta" and r.choices[0].finish_reason == "stop"
+    chunks = list(s.client.completions.create(model="tiny", prompt="Say:", max_tokens=10,
+                                              stop=[" gam"], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "alpha beta"
+
+
+def test_json_answer_stream_decodes_escapes_split_anywhere():
+    text = '{"answer":"a\\"b\\\\c\\u00e9\\ud83d\\ude00\\n end"}'
+    for step in (1, 2, 3, 7):
+        s = JsonAnswerStream()
+        out = "".join(s.feed(text[i:i + step]) for i in range(0, len(text), step))
+        assert out == json.loads(text)["answer"]
+    s = JsonAnswerStream()
+    assert s.feed('{"tool":"x","arguments":{}}') == ""
+
+
+def test_stop_strings_hold_back_a_partial_match():
+    s = StopStrings(["END"])
+    assert s.feed("abc E") == "abc "  # "E" might start "END"
+    assert s.feed("N") == ""
+    assert s.feed("Dxyz") == "" and s.hit and s.text == "abc "
+    s = StopStrings(["ab", "xyz"])
+    assert s.feed("q x") == "q " and s.feed("y") == "" and s.feed("w") == "xyw" and not s.hit
