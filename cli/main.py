@@ -160,6 +160,7 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
 
 from .agent import agent  # noqa: E402  (modules of their own; registered here)
 from .bench import bench  # noqa: E402
+from .bfcl import eval_bfcl  # noqa: E402
 from .cache import cache  # noqa: E402
 from .serve import serve  # noqa: E402
 from .train import eval_cmd, sft, traces_to_data  # noqa: E402
@@ -173,6 +174,7 @@ main.add_command(traj)
 main.add_command(traces_to_data)
 main.add_command(sft)
 main.add_command(eval_cmd)
+main.add_command(eval_bfcl)
 
 if __name__ == "__main__":
     main()

@@ -49,6 +49,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     from mlx_agent.serve import ChatService, make_app
     from mlx_agent.tools import load_tools
 
+    sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file) if tools_file else []
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
     service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
@@ -65,7 +66,6 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                               seed=seed)
     app = make_app(service, sampling)
-    sock = _listen(host, port)
     bound = sock.getsockname()[1]
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
                f"{tool_mode} tool mode) on http://{host}:{bound}", err=True)

@@ -7,7 +7,7 @@ A tasks file is JSONL; each task:
      "builtin_tools": true,            # optional, over the task's working directory
      "fixture": "fixtures/repo",       # optional directory, copied fresh for every run
      "tool_choice": ["calculate", "none"],   # optional, per step (see AgentConfig): guided
-                                             # rollouts that make the call, then answer
+                 # rollouts that make the call, then answer; {"name", "arguments"} forces a call
      "check": {"tool_calls": [{"name": "...", "arguments": {...}}]}   # in order; the
                                                 # expected arguments must all match
            | {"shell": "pytest -q"}                                   # exits 0 in the task dir
@@ -46,7 +46,7 @@ class Task(msgspec.Struct, forbid_unknown_fields=True):
     tools: str | None = None
     builtin_tools: bool = False
     fixture: str | None = None
-    tool_choice: str | list[str] | None = None
+    tool_choice: str | list[str | dict] | None = None
 
 
 @dataclass

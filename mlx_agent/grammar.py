@@ -154,9 +154,22 @@ def _signature(tools: Sequence[Tool]) -> str:
 CHOICES = ("auto", "required", "none")
 
 
+def forced_call(name: str, arguments: dict) -> str:
+    """The choice that allows exactly one call, ``name(arguments)``: the model still
+    samples every token, but only that path is open (guided rollouts, corrections)."""
+    return json.dumps({"name": name, "arguments": arguments}, sort_keys=True)
+
+
 def _chosen(pairs: list, choice: str) -> tuple[list, bool]:
     """The (name, parameters) pairs a reply may call under ``choice``, and whether it may
     answer instead."""
+    if choice.startswith("{"):  # a forced call
+        forced = json.loads(choice)
+        _chosen(pairs, forced["name"])  # the tool must exist
+        params = {"type": "object", "properties": {
+            k: {"const": v} for k, v in forced["arguments"].items()},
+            "required": list(forced["arguments"])}
+        return [(forced["name"], params)], False
     if choice == "auto":
         return pairs, True
     if choice == "none":

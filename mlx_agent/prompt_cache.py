@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 import msgspec
+
+from .fileio import atomic_path
 
 FORMAT_VERSION = 1
 SUFFIX = ".safetensors"
@@ -102,16 +103,8 @@ def write_state(path: Path, arrays: dict[str, mx.array], metadata: dict[str, str
     path = Path(path)
     mx.eval(list(arrays.values()))
     metadata = {**metadata, "sha256": _digest(arrays)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp" + SUFFIX, dir=path.parent)
-    os.close(fd)
-    try:
-        mx.save_safetensors(tmp, arrays, metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path, suffix=".tmp" + SUFFIX) as tmp:
+        mx.save_safetensors(str(tmp), arrays, metadata)
     return path.stat().st_size
 
 

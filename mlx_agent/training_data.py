@@ -16,14 +16,13 @@ rollout of a prompt, since its pairs come from them.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from .fileio import write_jsonl
 from .trajectory import Trajectory, TrajectoryError, read
 
 NEAR_DUP_THRESHOLD = 0.9
@@ -172,10 +171,5 @@ def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
     rows = sft_rows(items) if mode == "sft" else dpo_rows(items)
     counts.rows = len(rows)
     if not dry_run and out is not None:
-        out = Path(out)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent or ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, out)
+        write_jsonl(out, rows)
     return counts

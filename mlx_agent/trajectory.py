@@ -19,13 +19,14 @@ most the step in flight. Nothing here runs a model.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Iterator
 
 import msgspec
+
+from .fileio import write_bytes
 
 VERSION = 1
 SUFFIX = ".atraj"
@@ -95,15 +96,7 @@ class TrajectoryError(ValueError):
 
 
 def write(path: str | os.PathLike, traj: Trajectory) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_encoder.encode(traj))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(path, _encoder.encode(traj))
 
 
 def read(path: str | os.PathLike) -> Trajectory:

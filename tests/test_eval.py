@@ -7,7 +7,7 @@ import json
 from mlx_agent import trajectory as tj
 from mlx_agent.evaluate import load_tasks, run
 
-from .test_agent_loop import Script, tiny_lm  # noqa: F401  (fixture)
+from .test_agent_loop import Script
 
 TOOLS = [{"name": "echo", "description": "Echo text", "_exec": 'printf "%s" "$text"',
           "parameters": {"type": "object", "properties": {"text": {"type": "string"}},

@@ -215,3 +215,16 @@ def test_parallel_json_grammar_allows_calls_a_line_each(smol):
         assert not accepts(lm, tok, grammar, text), text
     one = json_protocol_grammar(TOOLS, tok)
     assert not accepts(lm, tok, one, WEATHER + "\n" + TIMER)
+
+
+def test_a_forced_call_allows_that_call_only(smol):
+    from mlx_agent.grammar import forced_call
+
+    lm, tok, _ = smol
+    grammar = json_protocol_grammar(TOOLS, tok, choice=forced_call("get_weather", {"city": "Paris"}))
+    assert accepts(lm, tok, grammar, WEATHER)
+    for text in (ANSWER, TIMER, WEATHER.replace("Paris", "Pari"),
+                 WEATHER.replace('"Paris"}', '"Paris","unit":"celsius"}')):
+        assert not accepts(lm, tok, grammar, text), text
+    with pytest.raises(GrammarError, match="not a tool"):
+        json_protocol_grammar(TOOLS, tok, choice=forced_call("nope", {}))

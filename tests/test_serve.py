@@ -251,7 +251,6 @@ def test_deferred_mode_answers_get_tool_info_itself(serve, tiny_lm, tmp_path):
 
 
 def test_deferred_prompt_is_an_index_and_the_hop_cap_drops_get_tool_info(tiny_lm):
-    from mlx_agent.grammar import ll_tokenizer
     from mlx_agent.serve.render import JsonFormat
 
     tools = declared_tools(TOOLS)
@@ -262,7 +261,7 @@ def test_deferred_prompt_is_an_index_and_the_hop_cap_drops_get_tool_info(tiny_lm
     full = tiny_lm.decode(fmt.prompt_ids(user("hi"), tools, deferred=False))
     assert "get_weather(city: string, unit?: string)" in full
     service = ChatService(tiny_lm, tool_mode="deferred")
-    tok = ll_tokenizer(tiny_lm)
+
     ask = tiny_lm.encode('{"tool":"get_tool_info","arguments":{"name":"set_timer"}}')
     for offer, ok in ((True, True), (False, False)):
         c = service._constraint(fmt, tools, ChatCall(messages=[]), 64, offer_info=offer)
@@ -350,3 +349,64 @@ def test_stop_strings_hold_back_a_partial_match():
     assert s.feed("Dxyz") == "" and s.hit and s.text == "abc "
     s = StopStrings(["ab", "xyz"])
     assert s.feed("q x") == "q " and s.feed("y") == "" and s.feed("w") == "xyw" and not s.hit
+
+
+def test_hermes_models_get_tool_call_blocks(serve, tiny_lm):
+    from dataclasses import replace
+
+    from mlx_agent.chat import ChatFormat
+
+    from .test_agent_loop import QWEN_LIKE
+
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    block = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>'
+    s = serve(lm, sampler_for=Scripted(lm, block, "It is sunny."), protocol="hermes")
+    r = s.client.chat.completions.create(model="tiny", messages=user("Paris?"), tools=TOOLS)
+    (tc,) = r.choices[0].message.tool_calls
+    assert (tc.function.name, json.loads(tc.function.arguments)) == ("get_weather", {"city": "Paris"})
+    messages = user("Paris?") + [r.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "tool", "tool_call_id": tc.id, "content": "sunny"}]
+    chunks = list(s.client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                                   stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "It is sunny."
+
+
+def test_the_tools_block_comes_from_the_prompt_cache(tiny_lm, tmp_path):
+    from mlx_agent.prompt_cache import PromptCache
+
+    tools = declared_tools(TOOLS)
+    first = ChatService(tiny_lm, tools=tools).prime(PromptCache(tmp_path))
+    service = ChatService(tiny_lm, tools=tools)
+    hit = service.prime(PromptCache(tmp_path))
+    assert not first.hit and hit.hit and hit.tokens == first.tokens > 50
+    r = service.chat(ChatCall(messages=user("hi"), max_tokens=4))
+    assert r.usage.cached_tokens >= hit.tokens
+
+
+@pytest.mark.real_model
+def test_serve_command_on_a_free_port(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
+                             "--max-tokens", "12"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line).group(1))
+        body = json.dumps({"messages": user("What is the capital of France?")}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            reply = json.loads(r.read())
+        assert "Paris" in reply["choices"][0]["message"]["content"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port",
+                        str(taken.getsockname()[1])], capture_output=True, text=True, timeout=120)
+    taken.close()
+    assert r.returncode == 2 and "cannot listen on" in r.stderr and "Traceback" not in r.stderr

@@ -10,7 +10,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_agent.engine import Engine
 from mlx_agent.models import ModelError, load
 from mlx_agent.models import tinygpt_format as fmt
 from mlx_agent.models.tinygpt_format import TinyGPTError, TinyGPTFile

@@ -10,7 +10,7 @@ from mlx_agent import trajectory as tj
 from mlx_agent.chat import ChatFormat
 from mlx_agent.prompt_cache import PromptCache
 
-from .test_agent_loop import QWEN_LIKE, Script, agent, tiny_lm  # noqa: F401  (fixture)
+from .test_agent_loop import QWEN_LIKE, Script, agent
 
 
 def recorder(tmp_path, **kw):

@@ -41,19 +41,31 @@ class AgentConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     confirm: Confirm | None = None  # asked before each call; False = denied
     grammar: bool = True  # constrain replies to valid tool calls and answers
-    # "auto", "required", "none" or a tool's name (see mlx_agent.grammar); a sequence gives
-    # one choice per step of a turn, its last repeated: ("calculate", "none") makes the
-    # first step call `calculate` and every later step answer. Needs the grammar.
-    tool_choice: str | Sequence[str] = "auto"
+    # "auto", "required", "none", a tool's name, or {"name", "arguments"}: that exact call
+    # (see mlx_agent.grammar). A sequence gives one choice per step of a turn, its last
+    # repeated: ("calculate", "none") makes the first step call `calculate` and every later
+    # step answer. Needs the grammar.
+    tool_choice: str | dict | Sequence[str | dict] = "auto"
 
     def choice(self, step: int) -> str:
-        if isinstance(self.tool_choice, str):
-            return self.tool_choice
-        return self.tool_choice[min(step, len(self.tool_choice) - 1)]
+        tc = self.tool_choice
+        if isinstance(tc, (str, dict)):
+            return _choice_key(tc)
+        return _choice_key(tc[min(step, len(tc) - 1)])
 
     def choices(self) -> set[str]:
         tc = self.tool_choice
-        return {tc} if isinstance(tc, str) else set(tc) or {"auto"}
+        if isinstance(tc, (str, dict)):
+            return {_choice_key(tc)}
+        return {_choice_key(c) for c in tc} or {"auto"}
+
+
+def _choice_key(choice: str | dict) -> str:
+    if isinstance(choice, dict):
+        from ..grammar import forced_call
+
+        return forced_call(choice["name"], choice.get("arguments", {}))
+    return choice
 
 
 @dataclass

@@ -27,11 +27,12 @@ import base64
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..fileio import write_bytes
 
 MAGIC = b"TGPT"
 VERSION = 2
@@ -298,14 +299,4 @@ def encode(f: TinyGPTFile) -> bytes:
 def write(path: str | os.PathLike, f: TinyGPTFile) -> None:
     """Write ``f`` atomically: a temporary file in the same directory, fsync, rename."""
     path = Path(path)
-    data = encode(f)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(path, encode(f))

@@ -1,0 +1,68 @@
+"""``mlx_agent eval-bfcl``: BFCL's AST categories against the server's chat service."""
+
+from __future__ import annotations
+
+import click
+
+from .options import load_options
+
+
+def print_table(rows: list[dict]) -> None:
+    click.echo(f"{'category':<24} {'mode':<9} {'accuracy':>9} {'n':>4} {'parse err':>10} "
+               f"{'hops':>5} {'seconds':>8}")
+    for r in rows:
+        click.echo(f"{r['category']:<24} {r['tool_mode']:<9} {r['accuracy']:>9.1%} {r['n']:>4} "
+                   f"{r['parse_errors']:>10} {r['mean_hops']:>5.2f} {r['seconds']:>8.1f}")
+    if rows:
+        mean = sum(r["accuracy"] for r in rows) / len(rows)
+        click.echo(f"{'mean':<24} {'':<9} {mean:>9.1%}")
+
+
+@click.command("eval-bfcl")
+@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@click.option("--categories", default="simple,multiple,parallel,parallel_multiple,irrelevance",
+              show_default=True, help="Comma-separated BFCL categories.")
+@click.option("--tool-mode", type=click.Choice(["full", "deferred"]), default="full",
+              show_default=True)
+@click.option("--protocol", type=click.Choice(["auto", "json", "hermes"]), default="auto",
+              show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Questions per category (default: all).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="JSONL file: one row per category (rewritten after each).")
+@load_options
+def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, out, adapter,
+              weights, context_length):
+    """Score the model on BFCL's AST categories, grammar on.
+
+    \b
+    Categories: simple, multiple, parallel, parallel_multiple, irrelevance, live_simple,
+    live_multiple, live_parallel, live_parallel_multiple, live_irrelevance.
+    Example:
+      mlx_agent eval-bfcl --categories simple,parallel --limit 20 --out bfcl.jsonl
+    """
+    from mlx_agent.bfcl import CATEGORIES, BFCLMissing, as_row, run_category
+    from mlx_agent.models import load
+    from mlx_agent.serve import ChatService
+    from mlx_agent.fileio import write_jsonl
+
+    from .main import UserError
+
+    names = [c.strip() for c in categories.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CATEGORIES]
+    if unknown:
+        raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
+                                 + ", ".join(CATEGORIES), param_hint="--categories")
+    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+    service = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0)
+    rows = []
+    for name in names:
+        try:
+            score = run_category(service, name, limit=limit, max_tokens=max_tokens)
+        except BFCLMissing as e:
+            raise UserError(str(e)) from None
+        rows.append(as_row(score))
+        write_jsonl(out, rows)
+        click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)", err=True)
+    print_table(rows)

@@ -1,0 +1,157 @@
+"""``eval-bfcl``: the Berkeley Function Calling Leaderboard's AST categories, in process.
+
+Questions, possible answers and the AST checker come from the ``bfcl-eval`` package
+(installed with ``--no-deps``). Each question's functions become OpenAI tools (BFCL's types
+mapped as its own OpenAI handler maps them: ``dict`` -> object, ``float`` -> number, ...;
+names keep their dots, which our server accepts), the :class:`~mlx_agent.serve.ChatService`
+answers with the grammar on, and the reply's tool calls are checked by BFCL's
+``ast_checker``. Irrelevance categories pass when the model calls nothing.
+
+Not promised: the executable, multi-turn, agentic or Java/JavaScript categories, or
+BFCL's prompting (the model sees its own chat format and our tool protocol).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+CATEGORIES = {  # the name on the command line -> BFCL v4's test category
+    "simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
+    "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance",
+    "live_simple": "live_simple", "live_multiple": "live_multiple",
+    "live_parallel": "live_parallel", "live_parallel_multiple": "live_parallel_multiple",
+    "live_irrelevance": "live_irrelevance",
+}
+
+
+class BFCLMissing(RuntimeError):
+    """bfcl-eval is not installed."""
+
+
+def _bfcl():
+    """BFCL's loaders and checker. Its ``model_config`` module imports every vendor SDK;
+    the checker only asks it whether a model turns '.' into '_' in names, and ours does not,
+    so a stand-in answers that instead."""
+    name = "bfcl_eval.constants.model_config"
+    if name not in sys.modules:
+        stub = types.ModuleType(name)
+
+        class _Config(dict):
+            def __missing__(self, key):
+                return types.SimpleNamespace(underscore_to_dot=False)
+
+        stub.MODEL_CONFIG_MAPPING = _Config()
+        sys.modules[name] = stub
+    try:
+        from bfcl_eval.constants.enums import Language
+        from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
+        from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
+        from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
+    except ImportError as e:
+        raise BFCLMissing(f"bfcl-eval is not installed ({e}); run `make install`, or "
+                          "`pip install --no-deps bfcl-eval`") from None
+    return types.SimpleNamespace(Language=Language, types=GORILLA_TO_OPENAPI,
+                                 ast_checker=ast_checker, questions=load_dataset_entry,
+                                 answers=load_ground_truth_entry)
+
+
+def _schema(node: Any, mapping: dict) -> Any:
+    """A BFCL parameter schema as JSON Schema (its types mapped, recursively)."""
+    if isinstance(node, list):
+        return [_schema(v, mapping) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "type" and isinstance(value, str):
+            out[key] = mapping.get(value, "string")
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {k: _schema(v, mapping) for k, v in value.items()}
+        elif key in ("items", "additionalProperties", "anyOf", "oneOf"):
+            out[key] = _schema(value, mapping)
+        elif key == "optional":  # BFCL's own field, not JSON Schema
+            continue
+        else:
+            out[key] = value
+    if "properties" in out and "required" in out:
+        out["required"] = [r for r in out["required"] if r in out["properties"]]
+    return out
+
+
+def openai_tools(functions: list[dict], mapping: dict) -> list[dict]:
+    tools = []
+    for f in functions:
+        params = _schema(f.get("parameters", {}), mapping)
+        params["type"] = "object"
+        tools.append({"type": "function", "function": {
+            "name": f["name"], "description": f.get("description", ""), "parameters": params}})
+    return tools
+
+
+@dataclass
+class CategoryScore:
+    category: str
+    tool_mode: str
+    accuracy: float
+    n: int
+    parse_errors: int
+    mean_hops: float
+    seconds: float
+
+
+def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
+                 on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
+    """Score ``service`` on one category (its first ``limit`` questions)."""
+    from .engine import SamplingParams
+    from .serve import ChatCall
+    from .serve.render import RequestError
+    from .tools import ToolSchemaError, declared_tools
+
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown BFCL category {category!r}; choose from "
+                         + ", ".join(CATEGORIES))
+    b = _bfcl()
+    test_category = CATEGORIES[category]
+    questions = b.questions(test_category, include_prereq=False)
+    irrelevance = "irrelevance" in test_category
+    answers = {} if irrelevance else {a["id"]: a["ground_truth"]
+                                      for a in b.answers(test_category)}
+    questions = questions[:limit] if limit else questions
+    correct = parse_errors = hops = 0
+    start = time.perf_counter()
+    for q in questions:
+        tools = openai_tools(q["function"], b.types)
+        calls, hop, error = [], 0, None
+        try:
+            result = service.chat(ChatCall(
+                messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
+                tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams()))
+            calls = [{c.name: c.arguments} for c in result.tool_calls]
+            hop = result.hops
+        except (RequestError, ToolSchemaError, ValueError) as e:
+            error = str(e)
+        hops += hop
+        if irrelevance:
+            ok = not calls
+        elif not calls:
+            parse_errors += 1
+            ok = False
+        else:
+            check = b.ast_checker(q["function"], calls, answers[q["id"]], b.Language.PYTHON,
+                                  test_category, "mlx_agent")
+            ok = bool(check["valid"])
+        correct += ok
+        on_item({"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error})
+    n = len(questions)
+    return CategoryScore(category=category, tool_mode=service.tool_mode,
+                         accuracy=correct / n if n else 0.0, n=n, parse_errors=parse_errors,
+                         mean_hops=hops / n if n else 0.0,
+                         seconds=round(time.perf_counter() - start, 2))
+
+
+def as_row(score: CategoryScore) -> dict:
+    return asdict(score)
