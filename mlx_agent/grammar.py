@@ -137,7 +137,7 @@ def _arguments_schema(parameters: dict, max_len: int) -> dict:
     return params
 
 
-def _check_compiles(grammar: str, tokenizer, what: str) -> None:
+def check_compiles(grammar: str, tokenizer, what: str) -> None:
     from llguidance import LLMatcher
 
     err = LLMatcher.validate_grammar(grammar, tokenizer)
@@ -207,7 +207,7 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
     pairs = json.loads(signature)
     for name, params in pairs:  # name the tool whose schema fails, before the whole grammar
         one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
-        _check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
+        check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
                         f"tool {name!r} (its parameters schema)")
     schema = _json_protocol_schema(pairs, max_len, choice)
     if parallel and choice != "none":  # several calls, one object per line
@@ -223,7 +223,7 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
     else:
         grammar = LLMatcher.grammar_from_json_schema(schema,
                                                      defaults={"whitespace_flexible": False})
-    _check_compiles(grammar, tokenizer, "the tool-call grammar")
+    check_compiles(grammar, tokenizer, "the tool-call grammar")
     return grammar
 
 
@@ -275,7 +275,7 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
             + f"json_call: %json {json.dumps(calls)}\n"
         )
     grammar = LLMatcher.grammar_from_lark(lark)
-    _check_compiles(grammar, tokenizer, "the hermes tool-call grammar")
+    check_compiles(grammar, tokenizer, "the hermes tool-call grammar")
     return grammar
 
 
@@ -313,7 +313,7 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
             raise GrammarError(f"{path} is not a JSON schema: {e}") from None
     else:
         grammar = LLMatcher.grammar_from_lark(text)
-    _check_compiles(grammar, tokenizer, path)
+    check_compiles(grammar, tokenizer, path)
     return grammar
 
 

@@ -410,3 +410,23 @@ def test_serve_command_on_a_free_port(tmp_path):
                         str(taken.getsockname()[1])], capture_output=True, text=True, timeout=120)
     taken.close()
     assert r.returncode == 2 and "cannot listen on" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_response_format_constrains_the_reply_to_the_schema(serve):
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["n", "c"],
+              "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                             "c": {"enum": ["red", "blue"]}}}
+    s = serve()
+    for seed in range(3):
+        r = s.client.chat.completions.create(
+            model="tiny", messages=user("Pick"), temperature=1.0, seed=seed, max_tokens=64,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    status, r = s.post("/api/chat", {"model": "tiny", "stream": False, "format": schema,
+                                     "messages": user("Pick"), "options": {"temperature": 1}})
+    jsonschema.validate(json.loads(r["message"]["content"]), schema)
+    status, r = s.post("/v1/chat/completions", {"messages": user("x"), "tools": TOOLS,
+                                                "response_format": {"type": "json_object"}})
+    assert status == 400 and "response_format with tools" in r["error"]["message"]

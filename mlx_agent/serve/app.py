@@ -193,7 +193,7 @@ class Server:
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         return ChatCall(messages=messages, tools=tools, tool_choice=choice,
                         parallel=req.parallel_tool_calls, max_tokens=max_tokens,
-                        sampling=sampling, stop=stop)
+                        sampling=sampling, stop=stop, json_schema=_schema_of(req.response_format))
 
     @staticmethod
     def _usage(result: ChatResult) -> dict:
@@ -343,7 +343,7 @@ class Server:
                 raise BadRequest(str(e)) from None
         stop = list(req.options.stop or []) if req.options else []
         return ChatCall(messages=messages, tools=tools, max_tokens=max_tokens, sampling=sampling,
-                        stop=stop)
+                        stop=stop, json_schema=_ollama_schema(req.format))
 
     def _ollama_stats(self, result: ChatResult) -> dict:
         ns = int(result.seconds * 1e9)
@@ -439,6 +439,29 @@ class Server:
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.service.model_name})
+
+
+def _schema_of(fmt: schema.ResponseFormat | None) -> dict | None:
+    """OpenAI's ``response_format`` as a JSON schema for the grammar (None: free text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    if fmt.json_schema is None or not fmt.json_schema.schema:
+        raise BadRequest("response_format json_schema needs json_schema.schema",
+                         param="response_format")
+    return fmt.json_schema.schema
+
+
+def _ollama_schema(fmt: Any) -> dict | None:
+    """Ollama's ``format``: "json", a JSON schema, or nothing."""
+    if fmt in (None, ""):
+        return None
+    if fmt == "json":
+        return {"type": "object"}
+    if isinstance(fmt, dict):
+        return fmt
+    raise BadRequest('format must be "json" or a JSON schema')
 
 
 def make_app(service: ChatService, default_sampling: SamplingParams = SamplingParams()) -> Starlette:

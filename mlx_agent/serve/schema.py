@@ -49,6 +49,17 @@ class StreamOptions(Struct):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Struct):
+    schema: dict[str, Any] = {}
+    name: str = ""
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatRequest(Struct):
     messages: list[Message]
     model: str | None = None
@@ -63,6 +74,7 @@ class ChatRequest(Struct):
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
     n: int = 1
 
 

@@ -44,6 +44,7 @@ class ChatCall:
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
+    json_schema: dict | None = None  # response_format: the reply is JSON of this schema
 
 
 @dataclass
@@ -190,6 +191,9 @@ class ChatService:
         tools = self.tools if call.tools is None else call.tools
         if call.tool_choice not in ("auto", "none") and not tools:
             raise RequestError(f"tool_choice {call.tool_choice!r} needs tools")
+        if call.json_schema is not None and tools:
+            raise RequestError("response_format with tools is not supported; send one or "
+                               "the other")
         fmt = make_format(self.protocol if tools else "plain", self.lm, self.memo)
         deferred = bool(tools) and self.tool_mode == "deferred"
         messages = list(call.messages)
@@ -201,8 +205,12 @@ class ChatService:
                 raise RequestError(f"the prompt is {len(prompt)} tokens; the context holds "
                                    f"{self.context_length}")
             offer_info = deferred and hops < MAX_HOPS and call.tool_choice in ("auto", "required")
-            constraint = self._constraint(fmt, tools, call, max_tokens, offer_info) \
-                if tools else None
+            if tools:
+                constraint = self._constraint(fmt, tools, call, max_tokens, offer_info)
+            elif call.json_schema is not None:
+                constraint = self._schema_constraint(call.json_schema)
+            else:
+                constraint = None
             content, stops = fmt.stream_filter(), StopStrings(call.stop)
             raw = []
 
@@ -213,7 +221,9 @@ class ChatService:
                     on_text(visible)
 
             def halt() -> bool:  # a stop string, or a small model repeating a call
-                return stops.hit or ("\n" in raw[-1] and fmt.repeats("".join(raw)) if raw else False)
+                if stops.hit:
+                    return True
+                return bool(raw) and "\n" in raw[-1] and fmt.repeats("".join(raw))
 
             text, ids, finish, cached = self._generate(prompt, call.sampling, max_tokens,
                                                        constraint, emit, cancelled, halt)
@@ -251,6 +261,19 @@ class ChatService:
         shown = list(tools) + ([get_tool_info_tool(tools)] if offer_info else [])
         return tool_constraint(self.lm, fmt.name, shown, max_tokens, call.tool_choice,
                                call.parallel)
+
+    def _schema_constraint(self, schema: dict):
+        from ..grammar import Constraint, GrammarError, check_compiles, ll_tokenizer
+        from llguidance import LLMatcher
+
+        tokenizer = ll_tokenizer(self.lm)
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(
+                schema, defaults={"whitespace_flexible": False})
+        except ValueError as e:
+            raise GrammarError(f"response_format schema is not usable: {e}") from None
+        check_compiles(grammar, tokenizer, "the response_format schema")
+        return Constraint(tokenizer, grammar, self.lm.vocab_size)
 
     def _info_turns(self, calls: list[Call], tools) -> list[dict]:
         """The assistant turn that asked for tool info, and the server's answers to it."""
