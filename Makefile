@@ -22,6 +22,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/mlx_agent models
 	$(VENV)/bin/mlx_agent generate --chat --max-tokens 64 "What is the capital of France?"
+	$(VENV)/bin/mlx_agent agent --tools examples/echo.json --tool-choice echo,none \
+	    --single "Echo the words: hello from mlx_agent"
 
 test: $(STAMP)
 	$(PY) -m pytest -q

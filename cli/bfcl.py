@@ -42,7 +42,7 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     Example:
       mlx_agent eval-bfcl --categories simple,parallel --limit 20 --out bfcl.jsonl
     """
-    from mlx_agent.bfcl import CATEGORIES, BFCLMissing, as_row, run_category
+    from mlx_agent.bfcl import CATEGORIES, BFCLMissing, as_row, bfcl, run_category
     from mlx_agent.models import load
     from mlx_agent.serve import ChatService
     from mlx_agent.fileio import write_jsonl
@@ -54,14 +54,15 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     if unknown:
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
+    try:
+        bfcl()  # before the model loads
+    except BFCLMissing as e:
+        raise UserError(str(e)) from None
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
     service = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0)
     rows = []
     for name in names:
-        try:
-            score = run_category(service, name, limit=limit, max_tokens=max_tokens)
-        except BFCLMissing as e:
-            raise UserError(str(e)) from None
+        score = run_category(service, name, limit=limit, max_tokens=max_tokens)
         rows.append(as_row(score))
         write_jsonl(out, rows)
         click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)", err=True)

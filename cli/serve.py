@@ -42,6 +42,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
 
     Sampling options are the defaults for requests that set none.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     import uvicorn
 
     from mlx_agent.engine import SamplingParams
@@ -51,25 +53,36 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
 
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file) if tools_file else []
-    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
-                          kv_slots=kv_slots, default_max_tokens=max_tokens,
-                          metrics_out=tool_metrics_out)
-    if prompt_cache_dir and tools:
-        from mlx_agent.prompt_cache import PromptCache
+    # Everything that touches MLX runs on one thread, the one that loads the model (MLX's
+    # streams are per thread on Metal); the server hands it every request.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-agent-model")
 
-        hit = service.prime(PromptCache(prompt_cache_dir, warn=lambda m: click.secho(
-            f"warning: {m}", err=True, fg="yellow")))
+    def build():
+        lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+        service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
+                              kv_slots=kv_slots, default_max_tokens=max_tokens,
+                              metrics_out=tool_metrics_out)
+        hit = None
+        if prompt_cache_dir and tools:
+            from mlx_agent.prompt_cache import PromptCache
+
+            hit = service.prime(PromptCache(prompt_cache_dir, warn=lambda m: click.secho(
+                f"warning: {m}", err=True, fg="yellow")))
+        return service, hit
+
+    service, hit = pool.submit(build).result()
+    if hit is not None:
         state = "loaded" if hit.hit else "prefilled and saved"
         click.echo(f"tools block: {hit.tokens} tokens {state} ({hit.seconds * 1000:.0f} ms)",
                    err=True)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                               seed=seed)
-    app = make_app(service, sampling)
+    app = make_app(service, sampling, pool)
     bound = sock.getsockname()[1]
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
                f"{tool_mode} tool mode) on http://{host}:{bound}", err=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    # Ctrl-C: open streams get 5 s, then the lifespan stops running generations
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

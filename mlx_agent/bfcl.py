@@ -32,7 +32,7 @@ class BFCLMissing(RuntimeError):
     """bfcl-eval is not installed."""
 
 
-def _bfcl():
+def bfcl():
     """BFCL's loaders and checker. Its ``model_config`` module imports every vendor SDK;
     the checker only asks it whether a model turns '.' into '_' in names, and ours does not,
     so a stand-in answers that instead."""
@@ -106,7 +106,9 @@ class CategoryScore:
 def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
                  on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
     """Score ``service`` on one category (its first ``limit`` questions)."""
+    from .chat import TemplateError
     from .engine import SamplingParams
+    from .grammar import GrammarError
     from .serve import ChatCall
     from .serve.render import RequestError
     from .tools import ToolSchemaError, declared_tools
@@ -114,7 +116,7 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL category {category!r}; choose from "
                          + ", ".join(CATEGORIES))
-    b = _bfcl()
+    b = bfcl()
     test_category = CATEGORIES[category]
     questions = b.questions(test_category, include_prereq=False)
     irrelevance = "irrelevance" in test_category
@@ -132,10 +134,13 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
                 tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams()))
             calls = [{c.name: c.arguments} for c in result.tool_calls]
             hop = result.hops
-        except (RequestError, ToolSchemaError, ValueError) as e:
+        except (RequestError, ToolSchemaError, GrammarError, TemplateError) as e:
             error = str(e)
         hops += hop
-        if irrelevance:
+        if error is not None:  # the question could not be put to the model at all
+            parse_errors += 1
+            ok = False
+        elif irrelevance:
             ok = not calls
         elif not calls:
             parse_errors += 1

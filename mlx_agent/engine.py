@@ -97,7 +97,7 @@ class PrefillStats:
     seconds: float
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -246,7 +246,7 @@ class Engine:
         if not ids:
             raise ValueError("cannot sync to an empty prompt")
         start = time.perf_counter()
-        common = _common_prefix(self.tokens, ids)
+        common = common_prefix(self.tokens, ids)
         if common == len(ids) == len(self.tokens) and self._logits is not None:
             return PrefillStats(common, 0, 0.0)
         common = min(common, len(ids) - 1)

@@ -186,7 +186,8 @@ def _chosen(pairs: list, choice: str) -> tuple[list, bool]:
     return named, False
 
 
-def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto") -> dict:
+def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto",
+                          bound_answer: bool = True) -> dict:
     pairs, may_answer = _chosen(pairs, choice)
     shapes = [{
         "type": "object",
@@ -194,14 +195,15 @@ def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto") -> di
         "required": ["tool", "arguments"], "additionalProperties": False,
     } for name, params in pairs]
     if may_answer:
-        shapes.append({"type": "object",
-                       "properties": {"answer": {"type": "string", "maxLength": max_len}},
+        answer = {"type": "string", **({"maxLength": max_len} if bound_answer else {})}
+        shapes.append({"type": "object", "properties": {"answer": answer},
                        "required": ["answer"], "additionalProperties": False})
     return {"anyOf": shapes}
 
 
 @functools.lru_cache(maxsize=32)
-def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel: bool) -> str:
+def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel: bool,
+                  bound_answer: bool) -> str:
     from llguidance import LLMatcher
 
     pairs = json.loads(signature)
@@ -209,7 +211,7 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
         one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
         check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
                         f"tool {name!r} (its parameters schema)")
-    schema = _json_protocol_schema(pairs, max_len, choice)
+    schema = _json_protocol_schema(pairs, max_len, choice, bound_answer)
     if parallel and choice != "none":  # several calls, one object per line
         calls = {"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]}
         answer = [s for s in schema["anyOf"] if "answer" in s["properties"]]
@@ -228,10 +230,12 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
 
 
 def json_protocol_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_STRING,
-                          choice: str = "auto", parallel: bool = False) -> str:
+                          choice: str = "auto", parallel: bool = False,
+                          bound_answer: bool = True) -> str:
     """The json protocol's grammar for ``tools`` (compiled once per tool set and choice);
-    ``parallel`` allows several calls in one reply, a line each."""
-    return _json_grammar(_signature(tools), tokenizer, max_len, choice, parallel)
+    ``parallel`` allows several calls in one reply, a line each; ``bound_answer=False``
+    leaves the answer's length to the token limit (the server reports that as "length")."""
+    return _json_grammar(_signature(tools), tokenizer, max_len, choice, parallel, bound_answer)
 
 
 def _tag(text: str, special_ids: dict[str, int]) -> str:
@@ -280,7 +284,8 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
 
 
 def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
-                    choice: str = "auto", parallel: bool = False) -> "Constraint":
+                    choice: str = "auto", parallel: bool = False,
+                    bound_answer: bool = True) -> "Constraint":
     """The constraint for one reply of ``protocol`` ("json" or "hermes") over ``tools``;
     the grammar is compiled once per tool set, choice and budget, the matcher is new."""
     from .tokenizer import special_tokens
@@ -288,7 +293,8 @@ def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
     tokenizer = ll_tokenizer(lm)
     budget = string_budget(max_tokens)
     if protocol == "json":
-        grammar = json_protocol_grammar(tools, tokenizer, budget, choice, parallel)
+        grammar = json_protocol_grammar(tools, tokenizer, budget, choice, parallel,
+                                        bound_answer)
     else:
         specials = set(special_tokens(lm.tokenizer))
         ids = {tag: lm.encode(tag)[0] for tag in ("<tool_call>", "</tool_call>")

@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from mlx_agent.bfcl import CATEGORIES, _bfcl, _schema, openai_tools, run_category  # noqa: E402
+from mlx_agent.bfcl import CATEGORIES, _schema, bfcl, openai_tools, run_category  # noqa: E402
 from mlx_agent.serve.service import ChatResult, ToolCallOut, Usage  # noqa: E402
 from mlx_agent.tools import declared_tools  # noqa: E402
 
 
-def test_bfcl_types_become_json_schema():
-    mapping = _bfcl().types
+def testbfcl_types_become_json_schema():
+    mapping = bfcl().types
     params = {"type": "dict", "required": ["a", "ghost"], "optional": ["b"], "properties": {
         "a": {"type": "float", "description": "x"},
         "b": {"type": "tuple", "items": {"type": "any"}},
@@ -41,7 +41,7 @@ class Oracle:
     tool_mode = "full"
 
     def __init__(self, category: str):
-        b = _bfcl()
+        b = bfcl()
         self.answers = {} if "irrelevance" in category else {
             a["id"]: a["ground_truth"] for a in b.answers(CATEGORIES[category])}
         self.questions = iter(b.questions(CATEGORIES[category], include_prereq=False))
@@ -57,13 +57,13 @@ class Oracle:
 
 @pytest.mark.parametrize("category,expected", [("simple", 1.0), ("parallel_multiple", 1.0),
                                                ("irrelevance", 0.0)])
-def test_checker_scores_our_calls_in_bfcl_format(category, expected):
+def test_checker_scores_our_calls_inbfcl_format(category, expected):
     score = run_category(Oracle(category), category, limit=6)
     assert (score.n, score.accuracy, score.parse_errors) == (6, expected, 0)
 
 
 @pytest.mark.real_model
-def test_eval_bfcl_end_to_end_with_the_bundled_model(tmp_path):
+def test_evalbfcl_end_to_end_with_the_bundled_model(tmp_path):
     out = tmp_path / "bfcl.jsonl"
     r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "eval-bfcl",
                         "--categories", "simple,irrelevance", "--limit", "5",
@@ -77,7 +77,7 @@ def test_eval_bfcl_end_to_end_with_the_bundled_model(tmp_path):
     assert "simple" in r.stdout and "mean" in r.stdout
 
 
-def test_eval_bfcl_rejects_an_unknown_category(tmp_path):
+def test_evalbfcl_rejects_an_unknown_category(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "eval-bfcl",
                         "--categories", "simple,exec", "--out", str(tmp_path / "x")],
                        capture_output=True, text=True, timeout=60)

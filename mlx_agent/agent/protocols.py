@@ -47,6 +47,29 @@ class Reply:
     fallback: bool = False
 
 
+def tool_call_blocks(text: str) -> list[Call]:
+    """The ``<tool_call>{"name", "arguments"}</tool_call>`` blocks in ``text``, in order; a
+    block that cannot be read is a Call with ``error`` set."""
+    calls = []
+    for block in _TOOL_CALL.findall(text):
+        try:
+            obj = json.loads(block)
+        except json.JSONDecodeError as e:
+            calls.append(Call("?", None, f"tool call is not valid JSON ({e.msg})"))
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            calls.append(Call("?", None, 'tool call needs {"name": ..., "arguments": {...}}'))
+            continue
+        args = obj.get("arguments", {})
+        if isinstance(args, str):  # some models send the arguments JSON-encoded
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                pass
+        calls.append(Call(obj["name"], args))
+    return calls
+
+
 def json_system_prompt(tools: list[Tool], persona: str | None = None,
                        header: str = "You have access to these tools:") -> str:
     lines = [persona or DEFAULT_PERSONA, header]
@@ -144,27 +167,8 @@ class HermesProtocol:
 
     def parse(self, scanner: ToolCallScanner) -> Reply:
         raw = scanner.turn_text
-        blocks = _TOOL_CALL.findall(raw)
-        if not blocks:
-            return Reply(answer=raw.strip())
-        calls = []
-        for block in blocks:
-            try:
-                obj = json.loads(block)
-            except json.JSONDecodeError as e:
-                calls.append(Call("?", None, f"tool call is not valid JSON ({e.msg})"))
-                continue
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                calls.append(Call("?", None, 'tool call needs {"name": ..., "arguments": {...}}'))
-                continue
-            args = obj.get("arguments", {})
-            if isinstance(args, str):  # some models send the arguments JSON-encoded
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    pass
-            calls.append(Call(obj["name"], args))
-        return Reply(calls=calls)
+        calls = tool_call_blocks(raw)
+        return Reply(calls=calls) if calls else Reply(answer=raw.strip())
 
     def add_assistant(self, raw: str, sampled: list[int], closed: bool) -> None:
         self.messages.append({"role": "assistant", "content": raw})

@@ -48,7 +48,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..chat import TemplateError
     from ..grammar import GrammarError
 
-    return (RequestError, ToolSchemaError, GrammarError, ContextFull, TemplateError, ValueError)
+    return (RequestError, ToolSchemaError, GrammarError, ContextFull, TemplateError)
 
 
 def openai_error(e: BadRequest) -> JSONResponse:
@@ -61,11 +61,19 @@ def _now_iso() -> str:
 
 
 class Server:
-    def __init__(self, service: ChatService, default_sampling: SamplingParams = SamplingParams()):
+    def __init__(self, service: ChatService, default_sampling: SamplingParams = SamplingParams(),
+                 pool: ThreadPoolExecutor | None = None):
         self.service = service
         self.default_sampling = default_sampling
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-agent-model")
+        # the one thread that touches the model (pass the one that loaded it, on Metal)
+        self.pool = pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-agent-model")
         self.names = {service.model_name, f"{service.model_name}:latest"}
+        self.live: set[threading.Event] = set()  # cancel flags of running requests
+
+    async def shutdown(self) -> None:
+        for cancel in list(self.live):  # running generations stop at their next token
+            cancel.set()
+        await asyncio.to_thread(self.pool.shutdown, wait=True, cancel_futures=True)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -92,6 +100,8 @@ class Server:
             raise BadRequest(f"temperature must be between 0 and 2, got {temperature}",
                              param="temperature")
         d = self.default_sampling
+        if seed is not None:
+            seed %= 2**64  # OpenAI takes any integer; MLX's generator a uint64
         try:
             sampling = SamplingParams(
                 temperature=d.temperature if temperature is None else temperature,
@@ -103,10 +113,15 @@ class Server:
             raise BadRequest(str(e)) from None
         return max_tokens, sampling
 
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the model thread; the client's mistakes become BadRequest."""
+        return await self._settle(asyncio.get_running_loop().run_in_executor(self.pool, fn))
+
     async def _run(self, request: Request, fn: Callable[[Callable[[], bool]], ChatResult]
                    ) -> ChatResult:
         """Run ``fn(cancelled)`` on the model thread; a client that leaves cancels it."""
         cancel = threading.Event()
+        self.live.add(cancel)
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self.pool, fn, cancel.is_set)
 
@@ -120,7 +135,9 @@ class Server:
         watcher = asyncio.ensure_future(watch())
         try:
             return await self._settle(job)
-        finally:
+        finally:  # done, failed, or this handler was cancelled: stop the generation
+            cancel.set()
+            self.live.discard(cancel)
             watcher.cancel()
 
     @staticmethod
@@ -134,17 +151,17 @@ class Server:
                 ) -> AsyncIterator[tuple[str, Any]]:
         """Run ``fn(on_text, cancelled)`` on the model thread; yields ("text", str) as the
         model writes and then ("result", ChatResult) or ("error", BadRequest)."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
-
-        def on_text(text: str) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, ("text", text))
-
-        job = loop.run_in_executor(self.pool, fn, on_text, cancel.is_set)
-        job.add_done_callback(lambda _: queue.put_nowait(("done", None)))
-
         async def events():
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue = asyncio.Queue()
+            cancel = threading.Event()
+            self.live.add(cancel)
+
+            def on_text(text: str) -> None:
+                loop.call_soon_threadsafe(queue.put_nowait, ("text", text))
+
+            job = loop.run_in_executor(self.pool, fn, on_text, cancel.is_set)
+            job.add_done_callback(lambda _: queue.put_nowait(("done", None)))
             try:
                 while True:
                     kind, value = await queue.get()
@@ -155,8 +172,12 @@ class Server:
                     yield "result", await self._settle(job)
                 except BadRequest as e:
                     yield "error", e
+                except Exception as e:  # a bug of ours, after the headers went out
+                    yield "error", BadRequest(f"internal error: {e}", status=500,
+                                              code="server_error")
             finally:  # the client left (or the stream ended): stop generating
                 cancel.set()
+                self.live.discard(cancel)
 
         return events()
 
@@ -179,8 +200,8 @@ class Server:
         if isinstance(choice, schema.NamedToolChoice):
             choice = choice.function.name
         messages = []
-        for m in req.messages:
-            d = {"role": m.role, "content": m.content}
+        for m in req.messages:  # "developer" is OpenAI's newer name for "system"
+            d = {"role": "system" if m.role == "developer" else m.role, "content": m.content}
             if m.name:
                 d["name"] = m.name
             if m.tool_calls:
@@ -213,10 +234,11 @@ class Server:
             req = await self._body(request, schema.ChatRequest)
             self._check_model(req.model)
             call = self._chat_call(req)
-            if req.stream:
+            if req.stream:  # a bad request is a 400, checked before the stream starts
+                prep = await self._call(lambda: self.service.prepare(call))
                 usage = bool(req.stream_options and req.stream_options.include_usage)
                 events = self._stream(lambda on_text, cancelled: self.service.chat(
-                    call, on_text, cancelled, streaming=True))
+                    prep, on_text, cancelled, streaming=True))
                 return StreamingResponse(self._chat_sse(events, usage),
                                          media_type="text/event-stream")
             result = await self._run(request, lambda cancelled: self.service.chat(call, None, cancelled))
@@ -246,7 +268,8 @@ class Server:
             if kind == "text":
                 yield chunk({"content": value})
             elif kind == "error":
-                err = {"error": {"message": str(value), "type": "invalid_request_error",
+                kind_name = "server_error" if value.status >= 500 else "invalid_request_error"
+                err = {"error": {"message": str(value), "type": kind_name,
                                  "param": value.param, "code": value.code}}
                 yield f"data: {json.dumps(err)}\n\n"
             elif kind == "result":
@@ -270,9 +293,10 @@ class Server:
                 prompt = prompt[0]
             max_tokens, sampling = self._limits(req.max_tokens, req.temperature, req.top_p, req.seed)
             stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+            prepared = await self._call(lambda: self.service.prepare_completion(prompt))
 
             def work(on_text, cancelled):
-                return self.service.complete(prompt, max_tokens=max_tokens, sampling=sampling,
+                return self.service.complete(prepared, max_tokens=max_tokens, sampling=sampling,
                                              stop=stop, on_text=on_text, cancelled=cancelled)
 
             head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
@@ -369,8 +393,9 @@ class Server:
             call = self._ollama_call(req)
             head = {"model": req.model}
             if req.stream:
+                prep = await self._call(lambda: self.service.prepare(call))
                 events = self._stream(lambda on_text, cancelled: self.service.chat(
-                    call, on_text, cancelled, streaming=True))
+                    prep, on_text, cancelled, streaming=True))
                 return StreamingResponse(self._ollama_ndjson(events, head, chat=True),
                                          media_type="application/x-ndjson")
             result = await self._run(request, lambda cancelled: self.service.chat(call, None, cancelled))
@@ -408,11 +433,14 @@ class Server:
                 return JSONResponse({**head, "created_at": _now_iso(), "response": "",
                                      "done": True, "done_reason": "load"})
 
+            prepared = await self._call(lambda: self.service.prepare_completion(
+                req.prompt, raw=req.raw, system=req.system,
+                json_schema=_ollama_schema(req.format)))
+
             def work(on_text, cancelled):
                 return self.service.complete(
-                    req.prompt, max_tokens=max_tokens or self.service.default_max_tokens,
-                    sampling=sampling, stop=stop, on_text=on_text, cancelled=cancelled,
-                    raw=req.raw, system=req.system)
+                    prepared, max_tokens=max_tokens or self.service.default_max_tokens,
+                    sampling=sampling, stop=stop, on_text=on_text, cancelled=cancelled)
 
             if req.stream:
                 return StreamingResponse(self._ollama_ndjson(self._stream(work), head, chat=False),
@@ -433,6 +461,24 @@ class Server:
             "size": size, "digest": ident.fingerprint.rsplit(":", 1)[-1],
             "details": {"format": ident.format, "family": getattr(s.lm.model, "model_type", ""),
                         "parameter_size": "", "quantization_level": ident.weight_format}}]})
+
+    async def ollama_show(self, request: Request) -> Response:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except json.JSONDecodeError:
+            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
+        name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+        if name not in self.names:
+            return JSONResponse({"error": f"model {name!r} not found"}, status_code=404)
+        s, ident = self.service, self.service.lm.identity
+        return JSONResponse({
+            "modelfile": "", "parameters": "", "template": s.lm.chat.template,
+            "details": {"format": ident.format,
+                        "family": getattr(s.lm.model, "model_type", ""),
+                        "quantization_level": ident.weight_format},
+            "model_info": {"general.architecture": getattr(s.lm.model, "model_type", ""),
+                           "context_length": s.context_length},
+            "capabilities": ["completion", "tools"]})
 
     async def ollama_version(self, request: Request) -> Response:
         return JSONResponse({"version": VERSION})
@@ -464,8 +510,9 @@ def _ollama_schema(fmt: Any) -> dict | None:
     raise BadRequest('format must be "json" or a JSON schema')
 
 
-def make_app(service: ChatService, default_sampling: SamplingParams = SamplingParams()) -> Starlette:
-    server = Server(service, default_sampling)
+def make_app(service: ChatService, default_sampling: SamplingParams = SamplingParams(),
+             pool: ThreadPoolExecutor | None = None) -> Starlette:
+    server = Server(service, default_sampling, pool)
     routes = [
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
@@ -474,12 +521,13 @@ def make_app(service: ChatService, default_sampling: SamplingParams = SamplingPa
         Route("/api/generate", server.ollama_generate, methods=["POST"]),
         Route("/api/tags", server.ollama_tags, methods=["GET"]),
         Route("/api/version", server.ollama_version, methods=["GET"]),
+        Route("/api/show", server.ollama_show, methods=["POST"]),
         Route("/health", server.health, methods=["GET"]),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        server.pool.shutdown(wait=True)  # the model thread finishes its request, then ends
+        await server.shutdown()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.server = server

@@ -18,16 +18,14 @@ schema. Nothing here runs a model or answers ``get_tool_info`` (see :mod:`.servi
 from __future__ import annotations
 
 import json
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..agent.protocols import DEFAULT_HERMES_SYSTEM, json_system_prompt
+from ..agent.protocols import DEFAULT_HERMES_SYSTEM, json_system_prompt, tool_call_blocks
 from ..tools import Tool
 
 GET_TOOL_INFO = "get_tool_info"
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 class RequestError(ValueError):
@@ -44,6 +42,7 @@ class Call:
 class Reply:
     content: str | None = None
     calls: list[Call] = field(default_factory=list)
+    complete: bool = True  # False: not the protocol's shape (cut off, or no grammar)
 
 
 def compact(obj: Any) -> str:
@@ -59,10 +58,10 @@ def text_of(content: Any) -> str:
         return content
     parts = []
     for part in content:
-        if part.get("type") != "text":
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
             raise RequestError(f"content part of type {part.get('type')!r} is not supported; "
-                               "send text parts only")
-        parts.append(part.get("text", ""))
+                               "send text parts ({\"type\": \"text\", \"text\": \"...\"})")
+        parts.append(part["text"])
     return "".join(parts)
 
 
@@ -127,17 +126,41 @@ class ReplyMemo:
         return ids
 
 
+def splice_ids(lm, text: str, messages: list[dict], memo: "ReplyMemo") -> list[int]:
+    """``lm.prompt_ids(text)``, except that the assistant replies this server wrote are the
+    ids it sampled for them (found in the rendered text in order; a template that changes
+    a reply's text just gets it tokenized)."""
+    ids: list[int] = []
+    pos = 0
+    for m in messages:
+        content = m.get("content")
+        if m["role"] != "assistant" or not isinstance(content, str) or not content:
+            continue
+        sampled = memo.get(content)
+        at = text.find(content, pos) if sampled is not None else -1
+        if at < 0:
+            continue
+        ids += lm.encode(text[pos:at]) + sampled
+        pos = at + len(content)
+    ids += lm.encode(text[pos:])
+    if lm.bos_id is not None and ids[:1] != [lm.bos_id]:
+        ids.insert(0, lm.bos_id)
+    return ids
+
+
 class PlainFormat:
     """No tools: the chat template as the model ships it."""
 
     name = "plain"
 
-    def __init__(self, lm):
+    def __init__(self, lm, memo: "ReplyMemo | None" = None):
         self.lm = lm
+        self.memo = memo or ReplyMemo()
 
     def prompt_ids(self, messages: list[dict], tools: Sequence[Tool], deferred: bool) -> list[int]:
         msgs = [{**m, "content": text_of(m.get("content"))} for m in messages]
-        return self.lm.prompt_ids(self.lm.chat.render(msgs, add_generation_prompt=True))
+        return splice_ids(self.lm, self.lm.chat.render(msgs, add_generation_prompt=True),
+                          msgs, self.memo)
 
     def parse(self, text: str) -> Reply:
         return Reply(content=text)
@@ -211,7 +234,7 @@ class JsonFormat:
                 obj, end = decoder.raw_decode(text, pos)
             except json.JSONDecodeError:
                 if not objs:
-                    return Reply(content=text)  # not the protocol: plain text
+                    return Reply(content=text, complete=False)  # cut off, or no grammar
                 break  # calls, then one cut off by the token limit: keep the whole ones
             objs.append(obj)
             pos = end
@@ -229,7 +252,7 @@ class JsonFormat:
         if len(objs) == 1 and isinstance(objs[0], dict) and "answer" in objs[0]:
             answer = objs[0]["answer"]
             return Reply(content=answer if isinstance(answer, str) else compact(answer))
-        return Reply(content=text)
+        return Reply(content=text, complete=False)
 
     def stream_filter(self) -> "JsonAnswerStream":
         return JsonAnswerStream()
@@ -238,8 +261,9 @@ class JsonFormat:
 class HermesFormat:
     name = "hermes"
 
-    def __init__(self, lm):
+    def __init__(self, lm, memo: "ReplyMemo | None" = None):
         self.lm = lm
+        self.memo = memo or ReplyMemo()
 
     def _messages(self, messages: list[dict], tools: Sequence[Tool], deferred: bool):
         out = []
@@ -263,8 +287,8 @@ class HermesFormat:
 
     def prompt_ids(self, messages: list[dict], tools: Sequence[Tool], deferred: bool) -> list[int]:
         msgs, shown = self._messages(messages, tools, deferred)
-        return self.lm.prompt_ids(self.lm.chat.render(msgs, tools=shown or None,
-                                                      add_generation_prompt=True))
+        text = self.lm.chat.render(msgs, tools=shown or None, add_generation_prompt=True)
+        return splice_ids(self.lm, text, msgs, self.memo)
 
     def system_prefix(self, tools: Sequence[Tool], deferred: bool) -> list[int]:
         a, b = (self.prompt_ids([{"role": "user", "content": c}], tools, deferred)
@@ -276,27 +300,18 @@ class HermesFormat:
         return False
 
     def parse(self, text: str) -> Reply:
-        blocks = _TOOL_CALL.findall(text)
-        calls = []
-        for block in blocks:
-            try:
-                obj = json.loads(block)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-                args = obj.get("arguments") or {}
-                calls.append(Call(obj["name"], args if isinstance(args, dict) else {}))
+        calls = [Call(c.name, c.arguments) for c in tool_call_blocks(text)
+                 if c.error is None and isinstance(c.arguments, dict)]
         if calls:
             return Reply(calls=calls)
-        return Reply(content=text.strip())
+        return Reply(content=text.strip(), complete="<tool_call>" not in text)
 
     def stream_filter(self) -> "HermesTextStream":
         return HermesTextStream()
 
 
 def make_format(name: str, lm, memo: ReplyMemo | None = None):
-    return {"json": lambda: JsonFormat(lm, memo), "hermes": lambda: HermesFormat(lm),
-            "plain": lambda: PlainFormat(lm)}[name]()
+    return {"json": JsonFormat, "hermes": HermesFormat, "plain": PlainFormat}[name](lm, memo)
 
 
 # -- what a stream shows as content while a reply is being generated ------------------------
@@ -363,10 +378,15 @@ class JsonAnswerStream:
             if buf[i + 1] == "u":
                 if i + 6 > len(buf):
                     break
-                width = 12 if 0xD800 <= int(buf[i + 2:i + 6], 16) <= 0xDBFF else 6  # a pair
+                width = 6
+                if 0xD800 <= int(buf[i + 2:i + 6], 16) <= 0xDBFF:  # may start a pair
+                    if i + 8 > len(buf):
+                        break
+                    width = 12 if buf[i + 6:i + 8] == "\\u" else 6
             if i + width > len(buf):
                 break
-            out.append(json.loads(f'"{buf[i:i + width]}"'))
+            char = json.loads(f'"{buf[i:i + width]}"')
+            out.append(char.encode("utf-8", "replace").decode("utf-8"))  # no lone surrogates
             i += width
         self.pos = i
         return "".join(out)

@@ -17,6 +17,7 @@ promised: more than one request at a time, or batching.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -24,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import mlx.core as mx
+
 from ..agent.protocols import choose
-from ..engine import SamplingParams, _common_prefix
+from ..engine import SamplingParams, common_prefix
 from ..tools import Tool
 from .render import GET_TOOL_INFO, Call, ReplyMemo, RequestError, get_tool_info_tool, make_format, tool_info
 
@@ -96,6 +99,8 @@ class StopStrings:
         return best
 
     def feed(self, delta: str) -> str:
+        if self.hit:  # nothing after a stop string, even what the detokenizer held back
+            return ""
         self.text += delta
         if not self.stops:
             return self.flush()
@@ -117,36 +122,54 @@ class StopStrings:
 
 class KVSlots:
     """Snapshots of earlier conversations' KV state, so interleaved clients keep their
-    prefixes. The engine's live state is the most recent one."""
+    prefixes. The engine's live state is the most recent conversation."""
 
     def __init__(self, engine, size: int, min_gain: int = 16):
         self.engine, self.size, self.min_gain = engine, size, min_gain
         self.slots: list[tuple[list[int], list]] = []
 
     def select(self, prompt: Sequence[int]) -> None:
-        """Restore the snapshot sharing the longest prefix with ``prompt`` when it beats
-        the live state by ``min_gain`` tokens; the live state becomes a snapshot."""
+        """Before the engine syncs to ``prompt``: keep the live state as a snapshot when
+        ``prompt`` would overwrite ``min_gain`` or more of its tokens, and restore the
+        snapshot that shares the most with ``prompt`` when it beats the live state."""
         if not self.size:
             return
-        live = _common_prefix(self.engine.tokens, prompt)
+        live = common_prefix(self.engine.tokens, prompt)
         best, gain = None, self.min_gain
         for i, (tokens, _) in enumerate(self.slots):
-            n = _common_prefix(tokens, prompt)
+            n = common_prefix(tokens, prompt)
             if n - live >= gain:
                 best, gain = i, n - live
-        if best is None:
-            return
-        tokens, kvs = self.slots.pop(best)
-        self.stash()
-        self.engine.restore(tokens, kvs)
+        if len(self.engine.tokens) - live >= self.min_gain:
+            self._stash()
+        if best is not None:
+            tokens, kvs = self.slots.pop(best)
+            self.engine.restore(tokens, kvs)
 
-    def stash(self) -> None:
+    def _stash(self) -> None:
         try:
             tokens, kvs = self.engine.snapshot()
         except ValueError:  # empty, or a rotated window
             return
+        # copies, so a snapshot does not keep the engine's whole preallocated buffer alive
+        kvs = [(mx.contiguous(k), mx.contiguous(v)) for k, v in kvs]
+        mx.eval(kvs)
+        # a snapshot that is a prefix of this one is redundant
+        self.slots = [s for s in self.slots if s[0] != tokens[: len(s[0])]]
         self.slots.append((tokens, kvs))
         del self.slots[: max(0, len(self.slots) - self.size)]
+
+
+@dataclass
+class _Prepared:
+    """A request checked and ready: its tools, format, first prompt and constraint."""
+
+    call: ChatCall
+    tools: list[Tool]
+    fmt: object
+    deferred: bool
+    prompt: list[int]
+    constraint: object
 
 
 class ChatService:
@@ -184,96 +207,128 @@ class ChatService:
 
     # -- chat ------------------------------------------------------------------------------
 
-    def chat(self, call: ChatCall, on_text: OnText | None = None,
-             cancelled: Callable[[], bool] = lambda: False, streaming: bool = False) -> ChatResult:
-        """Answer one request; ``on_text`` receives the content as it is generated."""
-        start = time.perf_counter()
+    def prepare(self, call: ChatCall) -> _Prepared:
+        """Check ``call`` and build its first prompt and constraint; raises RequestError
+        (or a GrammarError, TemplateError...) for what the client must change. Uses no
+        model state, so the HTTP layer can answer 400 before a stream starts."""
         tools = self.tools if call.tools is None else call.tools
         if call.tool_choice not in ("auto", "none") and not tools:
             raise RequestError(f"tool_choice {call.tool_choice!r} needs tools")
         if call.json_schema is not None and tools:
             raise RequestError("response_format with tools is not supported; send one or "
                                "the other")
-        fmt = make_format(self.protocol if tools else "plain", self.lm, self.memo)
         deferred = bool(tools) and self.tool_mode == "deferred"
-        messages = list(call.messages)
+        if deferred and any(t.name == GET_TOOL_INFO for t in tools):
+            raise RequestError(f"a tool named {GET_TOOL_INFO!r} clashes with the server's "
+                               "deferred-mode tool; rename it")
+        fmt = make_format(self.protocol if tools else "plain", self.lm, self.memo)
+        prep = _Prepared(call, list(tools), fmt, deferred, [], None)
+        prep.prompt = self._prompt(prep, call.messages)
+        prep.constraint = self._constraint(prep, hops=0)
+        return prep
+
+    def chat(self, call: ChatCall | _Prepared, on_text: OnText | None = None,
+             cancelled: Callable[[], bool] = lambda: False, streaming: bool = False) -> ChatResult:
+        """Answer one request; ``on_text`` receives the content as it is generated.
+
+        In deferred mode each ``get_tool_info`` reply is answered here and generated again
+        (a hop); usage reports the last hop's prompt and all hops' completion tokens."""
+        start = time.perf_counter()
+        prep = call if isinstance(call, _Prepared) else self.prepare(call)
+        call, messages = prep.call, list(prep.call.messages)
+        prompt, constraint = prep.prompt, prep.constraint
         usage, hops = Usage(), 0
-        max_tokens = call.max_tokens or self.default_max_tokens
         while True:
-            prompt = fmt.prompt_ids(messages, tools, deferred)
-            if len(prompt) >= self.context_length:
-                raise RequestError(f"the prompt is {len(prompt)} tokens; the context holds "
-                                   f"{self.context_length}")
-            offer_info = deferred and hops < MAX_HOPS and call.tool_choice in ("auto", "required")
-            if tools:
-                constraint = self._constraint(fmt, tools, call, max_tokens, offer_info)
-            elif call.json_schema is not None:
-                constraint = self._schema_constraint(call.json_schema)
-            else:
-                constraint = None
-            content, stops = fmt.stream_filter(), StopStrings(call.stop)
-            raw = []
-
-            def emit(delta: str) -> None:  # the reply's content, cut at a stop string
-                raw.append(delta)
-                visible = stops.feed(content.feed(delta))
-                if visible and on_text:
-                    on_text(visible)
-
-            def halt() -> bool:  # a stop string, or a small model repeating a call
-                if stops.hit:
-                    return True
-                return bool(raw) and "\n" in raw[-1] and fmt.repeats("".join(raw))
-
-            text, ids, finish, cached = self._generate(prompt, call.sampling, max_tokens,
-                                                       constraint, emit, cancelled, halt)
-            usage.add(len(prompt), cached, len(ids))
-            tail = stops.flush()
-            if tail and on_text:
-                on_text(tail)
+            text, shown, ids, finish, cached = self._hop(prep, prompt, constraint, on_text,
+                                                          cancelled)
+            usage.prompt_tokens, usage.cached_tokens = len(prompt), cached
+            usage.completion_tokens += len(ids)
             if finish == "cancelled":
                 self.cancelled += 1
                 self.last_cancelled_tokens = len(ids)
-                return ChatResult(stops.text, [], finish, usage, hops)
-            reply = fmt.parse(text)
-            if fmt.name == "json" and fmt.reply_text(_as_message(reply)) == text.strip():
-                # the ids to render this reply with when the client sends it back
-                self.memo.put(text.strip(),
-                              ids[:-1] if ids and ids[-1] in self.lm.stop_ids else ids)
+                return ChatResult(shown.text, [], finish, usage, hops)
+            reply = prep.fmt.parse(text)
+            self._remember(prep.fmt, reply, text, ids)
+            real = [c for c in reply.calls if c.name != GET_TOOL_INFO]
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO]
-            if not info:
+            if real or not info:
                 break
             hops += 1
-            messages += self._info_turns(info, tools)
-        calls = [ToolCallOut(_call_id(), c.name, c.arguments) for c in reply.calls]
-        if calls:
-            result = ChatResult(None, calls, "tool_calls", usage, hops)
+            messages += self._info_turns(info, prep.tools)
+            prompt = self._prompt(prep, messages)
+            constraint = self._constraint(prep, hops)
+        if real:
+            result = ChatResult(None, [ToolCallOut(_call_id(), c.name, c.arguments)
+                                       for c in real], "tool_calls", usage, hops)
         else:
-            answer = stops.text if stops.hit or reply.content is None else reply.content
-            result = ChatResult(answer, [], "stop" if stops.hit else finish, usage, hops)
+            # a clean answer as parsed; a reply cut short (or cut at a stop string) as the
+            # stream showed it, never raw protocol text
+            clean = reply.complete and not shown.hit
+            result = ChatResult(reply.content if clean else shown.text, [],
+                                "stop" if shown.hit else finish, usage, hops)
         result.seconds = time.perf_counter() - start
         self._metrics(result, streaming)
         return result
 
-    def _constraint(self, fmt, tools, call: ChatCall, max_tokens: int, offer_info: bool):
+    def _remember(self, fmt, reply, text: str, ids: list[int]) -> None:
+        """Keep the ids sampled for a reply, to render it with when the client sends it
+        back; only when that rendering is exactly the text they decode to."""
+        if fmt.name == "json":
+            key = fmt.reply_text(_as_message(reply))
+            same = key == text.strip()
+        else:
+            key = reply.content
+            same = not reply.calls and reply.complete and key == text
+        if same and key:
+            self.memo.put(key, ids[:-1] if ids and ids[-1] in self.lm.stop_ids else ids)
+
+    def _prompt(self, prep: _Prepared, messages: list[dict]) -> list[int]:
+        prompt = prep.fmt.prompt_ids(messages, prep.tools, prep.deferred)
+        if len(prompt) >= self.context_length:
+            raise RequestError(f"the prompt is {len(prompt)} tokens; the context holds "
+                               f"{self.context_length}")
+        return prompt
+
+    def _constraint(self, prep: _Prepared, hops: int):
+        """The reply's grammar: the tools (plus get_tool_info while hops remain), a
+        response_format schema, or none."""
         from ..grammar import tool_constraint
 
-        shown = list(tools) + ([get_tool_info_tool(tools)] if offer_info else [])
-        return tool_constraint(self.lm, fmt.name, shown, max_tokens, call.tool_choice,
-                               call.parallel)
+        call = prep.call
+        if prep.tools:
+            offer_info = prep.deferred and hops < MAX_HOPS and \
+                call.tool_choice in ("auto", "required")
+            shown = prep.tools + ([get_tool_info_tool(prep.tools)] if offer_info else [])
+            return tool_constraint(self.lm, prep.fmt.name, shown,
+                                   call.max_tokens or self.default_max_tokens,
+                                   call.tool_choice, call.parallel, bound_answer=False)
+        if call.json_schema is not None:
+            return schema_constraint(self.lm, call.json_schema)
+        return None
 
-    def _schema_constraint(self, schema: dict):
-        from ..grammar import Constraint, GrammarError, check_compiles, ll_tokenizer
-        from llguidance import LLMatcher
+    def _hop(self, prep: _Prepared, prompt: list[int], constraint, on_text, cancelled):
+        """One generation: returns (raw text, what was shown, ids, finish, cached)."""
+        content, shown = prep.fmt.stream_filter(), StopStrings(prep.call.stop)
+        raw: list[str] = []
 
-        tokenizer = ll_tokenizer(self.lm)
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_flexible": False})
-        except ValueError as e:
-            raise GrammarError(f"response_format schema is not usable: {e}") from None
-        check_compiles(grammar, tokenizer, "the response_format schema")
-        return Constraint(tokenizer, grammar, self.lm.vocab_size)
+        def emit(delta: str) -> None:  # the reply's content, cut at a stop string
+            raw.append(delta)
+            visible = shown.feed(content.feed(delta))
+            if visible and on_text:
+                on_text(visible)
+
+        def halt() -> bool:  # a stop string, or a small model repeating a call
+            if shown.hit:
+                return True
+            return bool(raw) and "\n" in raw[-1] and prep.fmt.repeats("".join(raw))
+
+        max_tokens = prep.call.max_tokens or self.default_max_tokens
+        text, ids, finish, cached = self._generate(prompt, prep.call.sampling, max_tokens,
+                                                   constraint, emit, cancelled, halt)
+        tail = shown.flush()
+        if tail and on_text:
+            on_text(tail)
+        return text, shown, ids, finish, cached
 
     def _info_turns(self, calls: list[Call], tools) -> list[dict]:
         """The assistant turn that asked for tool info, and the server's answers to it."""
@@ -287,35 +342,46 @@ class ChatService:
 
     # -- raw completion --------------------------------------------------------------------
 
-    def complete(self, prompt: str, *, max_tokens: int, sampling: SamplingParams,
-                 stop: Sequence[str] = (), on_text: OnText | None = None,
-                 cancelled: Callable[[], bool] = lambda: False, raw: bool = True,
-                 system: str | None = None) -> ChatResult:
-        """Continue ``prompt`` as text (``raw``), or as a one-message chat."""
-        start = time.perf_counter()
+    def prepare_completion(self, prompt: str, *, raw: bool = True, system: str | None = None,
+                           json_schema: dict | None = None) -> tuple[list[int], object]:
+        """The prompt ids (``raw`` text, or a one-message chat) and the constraint."""
         if raw:
             ids = self.lm.prompt_ids(prompt)
         else:
             msgs = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
             ids = make_format("plain", self.lm).prompt_ids(msgs, [], False)
+        if not ids:
+            raise RequestError("the prompt is empty")
         if len(ids) >= self.context_length:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds "
                                f"{self.context_length}")
-        stops = StopStrings(stop)
+        return ids, (schema_constraint(self.lm, json_schema) if json_schema else None)
+
+    def complete(self, prepared: tuple[list[int], object], *, max_tokens: int,
+                 sampling: SamplingParams, stop: Sequence[str] = (),
+                 on_text: OnText | None = None,
+                 cancelled: Callable[[], bool] = lambda: False) -> ChatResult:
+        """Continue prepared prompt ids as text (``/v1/completions``, ``/api/generate``)."""
+        start = time.perf_counter()
+        ids, constraint = prepared
+        shown = StopStrings(stop)
 
         def emit(delta: str) -> None:
-            visible = stops.feed(delta)
+            visible = shown.feed(delta)
             if visible and on_text:
                 on_text(visible)
 
-        text, out, finish, cached = self._generate(ids, sampling, max_tokens, None, emit,
-                                                   cancelled, lambda: stops.hit)
-        tail = stops.flush()
+        _, out, finish, cached = self._generate(ids, sampling, max_tokens, constraint, emit,
+                                                cancelled, lambda: shown.hit)
+        tail = shown.flush()
         if tail and on_text:
             on_text(tail)
-        usage = Usage(len(ids), cached, len(out))
-        result = ChatResult(stops.text, [], "stop" if stops.hit else finish, usage)
+        if finish == "cancelled":
+            self.cancelled += 1
+            self.last_cancelled_tokens = len(out)
+        result = ChatResult(shown.text, [], "stop" if shown.hit else finish,
+                            Usage(len(ids), cached, len(out)))
         result.seconds = time.perf_counter() - start
         return result
 
@@ -326,6 +392,8 @@ class ChatService:
         """Sync to ``prompt`` and sample; returns (text, ids, finish reason, cached)."""
         if cancelled():  # the client left while this request waited its turn
             return "", [], "cancelled", 0
+        if constraint is not None:
+            constraint.reset()
         self.slots.select(prompt)
         sync = self.engine.sync(prompt)
         detok = self.lm.tokenizer.detokenizer
@@ -367,6 +435,30 @@ class ChatService:
                "completion_tokens": result.usage.completion_tokens, "streaming": streaming}
         with open(self.metrics_out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+
+
+@functools.lru_cache(maxsize=16)
+def _schema_grammar(schema_json: str, tokenizer) -> str:
+    from llguidance import LLMatcher
+
+    from ..grammar import GrammarError, check_compiles
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(
+            schema_json, defaults={"whitespace_flexible": False})
+    except ValueError as e:
+        raise GrammarError(f"the response_format schema is not usable: {e}") from None
+    check_compiles(grammar, tokenizer, "the response_format schema")
+    return grammar
+
+
+def schema_constraint(lm, schema: dict):
+    """A constraint that allows JSON of ``schema`` only (``response_format``)."""
+    from ..grammar import Constraint, ll_tokenizer
+
+    tokenizer = ll_tokenizer(lm)
+    return Constraint(tokenizer, _schema_grammar(json.dumps(schema, sort_keys=True), tokenizer),
+                      lm.vocab_size)
 
 
 def _as_message(reply) -> dict:
