@@ -22,8 +22,6 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/mlx_agent models
 	$(VENV)/bin/mlx_agent generate --chat --max-tokens 64 "What is the capital of France?"
-	$(VENV)/bin/mlx_agent agent --tools examples/echo.json --tool-choice echo,none \
-	    --single "Echo the words: hello from mlx_agent"
 	$(VENV)/bin/mlx_agent agent --adapter models/smollm2-135m-tools \
 	    --tools examples/specialist/tools.json --builtin-tools --root examples/specialist/fixture \
 	    --single "What is 17 times 23?"
