@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install bench clean specialist
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	# BFCL's question/answer files and AST checker for eval-bfcl; --no-deps: its own
 	# dependencies (every vendor's SDK) are heavy and unused here.
 	$(PY) -m pip install -q --no-deps bfcl-eval==2026.3.23
+	$(PY) -m pip install -q filelock  # the one dependency its loaders import
 	touch $(STAMP)
 
 install: $(STAMP)

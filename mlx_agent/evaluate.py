@@ -46,7 +46,7 @@ class Task(msgspec.Struct, forbid_unknown_fields=True):
     tools: str | None = None
     builtin_tools: bool = False
     fixture: str | None = None
-    tool_choice: str | list[str | dict] | None = None
+    tool_choice: str | dict | list[str | dict] | None = None
 
 
 @dataclass
@@ -105,6 +105,12 @@ def load_tasks(path: str | Path) -> list[Task]:
                 raise ValueError(f"{path}:{i}: answer_pattern is not a regex ({e})") from None
         if not task.tools and not task.builtin_tools:
             raise ValueError(f"{path}:{i}: a task needs tools or builtin_tools")
+        choices = task.tool_choice if isinstance(task.tool_choice, list) else [task.tool_choice]
+        for c in choices:
+            if isinstance(c, dict) and not (isinstance(c.get("name"), str)
+                                            and isinstance(c.get("arguments", {}), dict)):
+                raise ValueError(f"{path}:{i}: a tool_choice call needs "
+                                 '{"name": "...", "arguments": {...}}')
         tasks.append(msgspec.structs.replace(task, id=task.id or f"task-{i}"))
     if not tasks:
         raise ValueError(f"{path} has no tasks")
@@ -165,7 +171,7 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
                                         "sampling": sampling})
                 if task.tool_choice is not None:
                     tc = task.tool_choice
-                    config.tool_choice = tc if isinstance(tc, str) else tuple(tc)
+                    config.tool_choice = tuple(tc) if isinstance(tc, list) else tc
                 calls: list[tuple[str, Any]] = []
 
                 def emit(e):

@@ -1,7 +1,9 @@
 """Atomic file writes: a temporary file in the target's directory, fsync, then rename.
 
-A reader (or a crash) sees the old file or the new one, never half of one. Not promised:
-durability of the directory entry itself (no fsync of the directory).
+A reader (or a crashed process) sees the old file or the new one, never half of one; with
+``durable`` (the default) the data is also on disk before the rename, so a crashed machine
+does too. New files get the usual permissions (0666 less the umask), not mkstemp's 0600.
+Not promised: durability of the directory entry itself (no fsync of the directory).
 """
 
 from __future__ import annotations
@@ -13,25 +15,37 @@ from pathlib import Path
 from typing import Iterator
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; done once, at import, before any threads
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yields a temporary path to write; on success it is synced and renamed to ``path``,
-    on failure removed."""
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp",
+                durable: bool = True) -> Iterator[Path]:
+    """Yields a temporary path to write; on success it is synced (``durable``) and renamed
+    to ``path``, on failure removed."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent or ".")
     os.close(fd)
     try:
         yield Path(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_path(path) as tmp:
+def write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
+    with atomic_path(path, durable=durable) as tmp:
         tmp.write_bytes(data)
 
 

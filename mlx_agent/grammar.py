@@ -107,12 +107,14 @@ def ll_tokenizer(lm):
 
 
 _NUMBER_BOUND = 10**12  # integers beyond a trillion are not what a tool call needs
+_VALUE_KEYS = frozenset({"const", "enum", "default", "examples"})
 
 
 def _bound_strings(schema: Any, max_len: int) -> Any:
     """A copy of ``schema`` whose strings have a maxLength and whose numbers have bounds."""
-    if isinstance(schema, dict):
-        out = {k: _bound_strings(v, max_len) for k, v in schema.items()}
+    if isinstance(schema, dict):  # values (const, enum, ...) are data, not schemas
+        out = {k: v if k in _VALUE_KEYS else _bound_strings(v, max_len)
+               for k, v in schema.items()}
         types = out.get("type")
         types = types if isinstance(types, list) else [types]
         fixed = "enum" in out or "const" in out
@@ -154,22 +156,53 @@ def _signature(tools: Sequence[Tool]) -> str:
 CHOICES = ("auto", "required", "none")
 
 
+@functools.lru_cache(maxsize=32)
+def _check_tools(signature: str, tokenizer, max_len: int) -> None:
+    """Compile each tool's parameters alone, to name the tool whose schema fails."""
+    from llguidance import LLMatcher
+
+    for name, params in json.loads(signature):
+        one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
+        check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
+                       f"tool {name!r} (its parameters schema)")
+
+
 def forced_call(name: str, arguments: dict) -> str:
     """The choice that allows exactly one call, ``name(arguments)``: the model still
     samples every token, but only that path is open (guided rollouts, corrections)."""
     return json.dumps({"name": name, "arguments": arguments}, sort_keys=True)
 
 
+def is_forced(choice: str) -> bool:
+    return choice.startswith("{")
+
+
+def _forced(pairs: list, choice: str) -> tuple[str, dict]:
+    """A forced call's (name, parameters schema): each argument a constant, in the order of
+    the tool's own properties (the order the unforced grammar requires)."""
+    from jsonschema import Draft202012Validator
+
+    forced = json.loads(choice)
+    name, args = forced["name"], forced["arguments"]
+    tool = dict(pairs).get(name)
+    if tool is None:
+        known = ", ".join(n for n, _ in pairs) or "none"
+        raise GrammarError(f"the forced call names {name!r}, which is not a tool here "
+                           f"(tools: {known})")
+    problems = [e.message for e in Draft202012Validator(tool).iter_errors(args)]
+    if problems:
+        raise GrammarError(f"the forced call of {name!r} does not fit its schema: {problems[0]}")
+    order = list(tool.get("properties", {}))
+    keys = sorted(args, key=lambda k: order.index(k) if k in order else len(order))
+    return name, {"type": "object", "properties": {k: {"const": args[k]} for k in keys},
+                  "required": keys}
+
+
 def _chosen(pairs: list, choice: str) -> tuple[list, bool]:
     """The (name, parameters) pairs a reply may call under ``choice``, and whether it may
     answer instead."""
-    if choice.startswith("{"):  # a forced call
-        forced = json.loads(choice)
-        _chosen(pairs, forced["name"])  # the tool must exist
-        params = {"type": "object", "properties": {
-            k: {"const": v} for k, v in forced["arguments"].items()},
-            "required": list(forced["arguments"])}
-        return [(forced["name"], params)], False
+    if is_forced(choice):
+        return [_forced(pairs, choice)], False
     if choice == "auto":
         return pairs, True
     if choice == "none":
@@ -207,12 +240,9 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
     from llguidance import LLMatcher
 
     pairs = json.loads(signature)
-    for name, params in pairs:  # name the tool whose schema fails, before the whole grammar
-        one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
-        check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
-                        f"tool {name!r} (its parameters schema)")
+    _check_tools(signature, tokenizer, max_len)
     schema = _json_protocol_schema(pairs, max_len, choice, bound_answer)
-    if parallel and choice != "none":  # several calls, one object per line
+    if parallel and choice != "none" and not is_forced(choice):  # calls, one object per line
         calls = {"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]}
         answer = [s for s in schema["anyOf"] if "answer" in s["properties"]]
         compact = {"x-guidance": {"whitespace_flexible": False}}
@@ -273,8 +303,9 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
     start = [alt for alt, on in (("TEXT", may_answer), ("calls", bool(pairs))) if on]
     lark = f"start: {' | '.join(start)}\n" + "TEXT: /[^<\\s][^<]*/\n"
     if pairs:
+        several = parallel and not is_forced(choice)  # a forced call is made once
         lark += (
-            ('calls: (call "\\n"?)+\n' if parallel else "calls: call\n")
+            ('calls: (call "\\n"?)+\n' if several else "calls: call\n")
             + f'call: {open_tag} "\\n" json_call "\\n" {close_tag}\n'
             + f"json_call: %json {json.dumps(calls)}\n"
         )

@@ -95,8 +95,8 @@ class TrajectoryError(ValueError):
     """A file that is not a readable ``.atraj``."""
 
 
-def write(path: str | os.PathLike, traj: Trajectory) -> None:
-    write_bytes(path, _encoder.encode(traj))
+def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> None:
+    write_bytes(path, _encoder.encode(traj), durable=durable)
 
 
 def read(path: str | os.PathLike) -> Trajectory:
@@ -143,7 +143,7 @@ class Recorder:
     def add(self, step: Step) -> None:
         step.timestamp = round(time.time(), 3)
         self.traj.steps.append(step)
-        write(self.path, self.traj)
+        write(self.path, self.traj, durable=False)  # atomic; synced at the end of the turn
 
     def finish_turn(self, stats: dict) -> None:
         self.traj.turn_stats.append(stats)

@@ -228,3 +228,28 @@ def test_a_forced_call_allows_that_call_only(smol):
         assert not accepts(lm, tok, grammar, text), text
     with pytest.raises(GrammarError, match="not a tool"):
         json_protocol_grammar(TOOLS, tok, choice=forced_call("nope", {}))
+
+
+def test_a_forced_call_keeps_the_schema_order_is_checked_and_made_once(smol):
+    from mlx_agent.grammar import forced_call, hermes_grammar
+
+    lm, tok, _ = smol
+    # given out of order: the grammar writes them in the tool's order (city, unit)
+    choice = forced_call("get_weather", {"unit": "celsius", "city": "Oslo"})
+    grammar = json_protocol_grammar(TOOLS, tok, choice=choice, parallel=True)
+    ok = '{"tool":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'
+    assert accepts(lm, tok, grammar, ok)
+    assert not accepts(lm, tok, grammar, ok + "\n" + ok)  # parallel or not: one call
+    hermes = hermes_grammar(TOOLS, tok, choice=choice, parallel=True)
+    block = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}\n</tool_call>'
+    assert accepts(lm, tok, hermes, block) and not accepts(lm, tok, hermes, block + "\n" + block)
+    with pytest.raises(GrammarError, match="does not fit its schema"):
+        json_protocol_grammar(TOOLS, tok, choice=forced_call("set_timer", {"minutes": "five"}))
+
+
+def test_constants_in_a_schema_are_left_as_they_are(smol):
+    from mlx_agent.grammar import _bound_strings
+
+    schema = {"type": "object", "properties": {"x": {"const": {"type": "string"}},
+                                               "y": {"enum": [{"type": "integer"}]}}}
+    assert _bound_strings(schema, 8) == schema

@@ -206,3 +206,10 @@ def test_paths_outside_the_root_are_refused(repo, path):
     with pytest.raises(OutsideRoot):
         inside(repo, path)
     assert "secret" not in run_tool(tools["grep"], {"pattern": "secret"}).stdout
+
+
+def test_tool_choice_words_are_not_tool_names():
+    from mlx_agent.tools import declared_tools
+
+    with pytest.raises(ToolSchemaError, match="'none' is reserved"):
+        declared_tools([{"name": "none", "parameters": {"type": "object"}}])

@@ -51,7 +51,7 @@ class AgentConfig:
         tc = self.tool_choice
         if isinstance(tc, (str, dict)):
             return _choice_key(tc)
-        return _choice_key(tc[min(step, len(tc) - 1)])
+        return _choice_key(tc[min(step, len(tc) - 1)]) if tc else "auto"
 
     def choices(self) -> set[str]:
         tc = self.tool_choice

@@ -25,6 +25,7 @@ from jsonschema.exceptions import SchemaError
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
+RESERVED = frozenset({"auto", "none", "required"})  # tool_choice's own words
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
@@ -107,6 +108,9 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
     if not runnable and not CLIENT_NAME.match(name):
         raise ToolSchemaError(f"{where}: tool name {name!r} must be 1-64 letters, digits, "
                               "'_', '-' or '.'")
+    if name in RESERVED:
+        raise ToolSchemaError(f"{where}: tool name {name!r} is reserved (a tool_choice value); "
+                              "rename the tool")
     where = f"{where}: tool {name!r}"
     params = function.parameters
     if params.get("type", "object") != "object":
