@@ -153,9 +153,6 @@ def _signature(tools: Sequence[Tool]) -> str:
     return json.dumps([[t.name, t.parameters] for t in tools])  # key order shapes the grammar
 
 
-CHOICES = ("auto", "required", "none")
-
-
 @functools.lru_cache(maxsize=32)
 def _check_tools(signature: str, tokenizer, max_len: int) -> None:
     """Compile each tool's parameters alone, to name the tool whose schema fails."""

@@ -333,6 +333,7 @@ def test_a_client_that_disconnects_stops_its_generation(serve):
     status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 1})
     assert status == 200  # served after the abandoned one stopped (one worker, in order)
     assert s.service.cancelled == 1 and s.service.last_cancelled_tokens < 1500
+    assert s.get("/health")["cancelled_generations"] == 1
 
 
 def test_completions_endpoint_with_stop_strings(serve, tiny_lm):

@@ -211,10 +211,10 @@ class Server:
             if m.tool_call_id:
                 d["tool_call_id"] = m.tool_call_id
             messages.append(d)
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         return ChatCall(messages=messages, tools=tools, tool_choice=choice,
                         parallel=req.parallel_tool_calls, max_tokens=max_tokens,
-                        sampling=sampling, stop=stop, json_schema=_schema_of(req.response_format))
+                        sampling=sampling, stop=req.stops(),
+                        json_schema=_schema_of(req.response_format))
 
     @staticmethod
     def _usage(result: ChatResult) -> dict:
@@ -236,10 +236,9 @@ class Server:
             call = self._chat_call(req)
             if req.stream:  # a bad request is a 400, checked before the stream starts
                 prep = await self._call(lambda: self.service.prepare(call))
-                usage = bool(req.stream_options and req.stream_options.include_usage)
                 events = self._stream(lambda on_text, cancelled: self.service.chat(
                     prep, on_text, cancelled, streaming=True))
-                return StreamingResponse(self._chat_sse(events, usage),
+                return StreamingResponse(self._chat_sse(events, req.include_usage),
                                          media_type="text/event-stream")
             result = await self._run(request, lambda cancelled: self.service.chat(call, None, cancelled))
         except BadRequest as e:
@@ -292,7 +291,7 @@ class Server:
                     raise BadRequest("send one prompt per request", param="prompt")
                 prompt = prompt[0]
             max_tokens, sampling = self._limits(req.max_tokens, req.temperature, req.top_p, req.seed)
-            stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+            stop = req.stops()
             prepared = await self._call(lambda: self.service.prepare_completion(prompt))
 
             def work(on_text, cancelled):
@@ -327,7 +326,7 @@ class Server:
                 yield f"data: {json.dumps({'error': {'message': str(value)}})}\n\n"
             elif kind == "result":
                 yield chunk("", value.finish_reason)
-                if req.stream_options and req.stream_options.include_usage:
+                if req.include_usage:
                     yield f"data: {json.dumps({**head, 'choices': [], 'usage': self._usage(value)})}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -484,7 +483,8 @@ class Server:
         return JSONResponse({"version": VERSION})
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": self.service.model_name})
+        return JSONResponse({"status": "ok", "model": self.service.model_name,
+                             "cancelled_generations": self.service.cancelled})
 
 
 def _schema_of(fmt: schema.ResponseFormat | None) -> dict | None:

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..agent.protocols import DEFAULT_HERMES_SYSTEM, json_system_prompt, tool_call_blocks
+from ..agent.protocols import Call, DEFAULT_HERMES_SYSTEM, json_system_prompt, tool_call_blocks
 from ..tools import Tool
 
 GET_TOOL_INFO = "get_tool_info"
@@ -30,12 +30,6 @@ GET_TOOL_INFO = "get_tool_info"
 
 class RequestError(ValueError):
     """A request this server cannot render (the message says what to change)."""
-
-
-@dataclass
-class Call:
-    name: str
-    arguments: dict
 
 
 @dataclass
@@ -300,7 +294,7 @@ class HermesFormat:
         return False
 
     def parse(self, text: str) -> Reply:
-        calls = [Call(c.name, c.arguments) for c in tool_call_blocks(text)
+        calls = [c for c in tool_call_blocks(text)
                  if c.error is None and isinstance(c.arguments, dict)]
         if calls:
             return Reply(calls=calls)

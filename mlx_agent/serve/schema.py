@@ -60,36 +60,40 @@ class ResponseFormat(Struct):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatRequest(Struct):
-    messages: list[Message]
+class _OpenAIRequest(Struct, kw_only=True):
+    """The fields chat and text completions share."""
+
     model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_OpenAIRequest, kw_only=True):
+    messages: list[Message]
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool = True
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    n: int = 1
 
 
-class CompletionRequest(Struct):
+class CompletionRequest(_OpenAIRequest, kw_only=True):
     prompt: Union[str, list[str]]
-    model: str | None = None
     max_tokens: int = 16
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     echo: bool = False
-    n: int = 1
 
 
 class OllamaOptions(Struct):
