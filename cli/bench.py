@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import model_argument
+
 
 @click.group()
 def bench():
@@ -11,7 +13,7 @@ def bench():
 
 
 @bench.command()
-@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@model_argument()
 @click.option("--tools", "tools_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Your tools file, measured beside the synthetic 256/1k/2k/4k-token prompts.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,

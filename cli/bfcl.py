@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .options import load_options
+from .errors import UserError
+from .options import load_options, max_tokens_option, model_argument, protocol_option
 
 
 def print_table(rows: list[dict]) -> None:
@@ -19,16 +20,15 @@ def print_table(rows: list[dict]) -> None:
 
 
 @click.command("eval-bfcl")
-@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@model_argument()
 @click.option("--categories", default="simple,multiple,parallel,parallel_multiple,irrelevance",
               show_default=True, help="Comma-separated BFCL categories.")
 @click.option("--tool-mode", type=click.Choice(["full", "deferred"]), default="full",
               show_default=True)
-@click.option("--protocol", type=click.Choice(["auto", "json", "hermes"]), default="auto",
-              show_default=True)
+@protocol_option
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Questions per category (default: all).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@max_tokens_option()
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="JSONL file: one row per category (rewritten after each).")
 @load_options
@@ -47,7 +47,6 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     from mlx_agent.serve import ChatService
     from mlx_agent.fileio import write_jsonl
 
-    from .main import UserError
 
     names = [c.strip() for c in categories.split(",") if c.strip()]
     unknown = [c for c in names if c not in CATEGORIES]

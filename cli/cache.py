@@ -44,7 +44,7 @@ def rm(directory, key):
     """Remove the entry whose key starts with KEY (6+ characters)."""
     from mlx_agent.prompt_cache import remove
 
-    from .main import UserError
+    from .errors import UserError
 
     try:
         gone = remove(directory, key)

@@ -11,37 +11,15 @@ import sys
 
 import click
 
-from .options import cache_mode, cache_options, model_options, sampling_options
-
-
-class UserError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file=None):
-        click.echo(f"mlx_agent: error: {self.format_message()}", err=True)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from mlx_agent.cache import ContextFull
-    from mlx_agent.chat import TemplateError
-    from mlx_agent.models import ModelError
-    from mlx_agent.grammar import GrammarError
-    from mlx_agent.tools import ToolSchemaError
-
-    return ModelError, ContextFull, TemplateError, ToolSchemaError, GrammarError
-
-
-class Group(click.Group):
-    """Turns the runtime's user-facing errors into one-line messages with exit code 2."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except _user_errors() as e:
-            raise UserError(str(e)) from None
-        except KeyboardInterrupt:
-            click.echo("", err=True)
-            ctx.exit(130)
+from .agent import agent
+from .bench import bench
+from .bfcl import eval_bfcl
+from .cache import cache
+from .errors import Group, UserError
+from .options import cache_mode, cache_options, max_tokens_option, model_options, sampling_options
+from .serve import serve
+from .train import eval_cmd, sft, traces_to_data
+from .traj import traj
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,7 +41,7 @@ def models():
     import mlx.core as mx
 
     from mlx_agent import blas
-    from mlx_agent.models import NAMED_MODELS, ModelError, default_spec, resolve
+    from mlx_agent.models import MODEL_ENV, NAMED_MODELS, ModelError, default_spec, resolve
     from mlx_agent.models import resolve_weight_format
 
     default = default_spec()
@@ -75,7 +53,7 @@ def models():
             where = f"not installed ({install})"
         click.echo(f"{mark} {name:<16} {where}")
     if default not in NAMED_MODELS:
-        click.echo(f"* {default:<16} (from $MLX_AGENT_MODEL)")
+        click.echo(f"* {default:<16} (from ${MODEL_ENV})")
     device = "metal" if mx.metal.is_available() else "cpu"
     click.echo(f"device: {device}; BLAS: {blas.status().describe()}; "
                f"weights: {resolve_weight_format(None)}")
@@ -88,7 +66,7 @@ def models():
 @sampling_options
 @click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@max_tokens_option(help="Tokens to generate.")
 @click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Constrain the output to JSON matching this JSON Schema file.")
 @click.option("--grammar", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -138,33 +116,24 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
         compiled = grammar_from_file(json_schema or grammar,
                                      "json-schema" if json_schema else "lark", tokenizer)
         constraint = Constraint(tokenizer, compiled, lm.vocab_size)
-    stream = TextStream(engine, lm.tokenizer, ids, sampling=sampling,
-                        max_tokens=max_tokens, stop_ids=lm.stop_ids, constraint=constraint)
-    for segment in stream:
+    p = engine.sync(ids)
+    stream = TextStream(engine, lm.tokenizer, sampling.sampler(), max_tokens=max_tokens,
+                        stop_ids=lm.stop_ids, constraint=constraint)
+    for _, segment in stream:
         click.echo(segment, nl=False)
         sys.stdout.flush()
-    click.echo()
+    click.echo(stream.flush())
     if verbose:
-        r = stream.result
-        p = r.prefill
         ident = lm.identity
         click.echo(
             f"[{ident.name} ({ident.format}, {ident.weight_format}), BLAS "
             f"{blas.status().name}] prompt {len(ids)} tokens: {p.prefilled} prefilled in "
             f"{p.seconds * 1000:.0f} ms ({p.prefilled / max(p.seconds, 1e-9):.1f} tok/s); "
-            f"{len(r.token_ids)} generated at {r.decode_tps:.1f} tok/s; "
-            f"finish: {r.finish_reason}",
+            f"{len(stream.ids)} generated at {stream.decode_tps:.1f} tok/s; "
+            f"finish: {stream.finish_reason}",
             err=True,
         )
 
-
-from .agent import agent  # noqa: E402  (modules of their own; registered here)
-from .bench import bench  # noqa: E402
-from .bfcl import eval_bfcl  # noqa: E402
-from .cache import cache  # noqa: E402
-from .serve import serve  # noqa: E402
-from .train import eval_cmd, sft, traces_to_data  # noqa: E402
-from .traj import traj  # noqa: E402
 
 main.add_command(agent)
 main.add_command(bench)

@@ -1,11 +1,15 @@
-"""Option groups shared by commands, each default defined once."""
+"""Arguments and option groups shared by commands, each default defined once."""
 
 from __future__ import annotations
 
-
 import click
 
+from mlx_agent.agent import AgentConfig
+from mlx_agent.formats import NAMES as PROTOCOLS
 from mlx_agent.models import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV
+
+MAX_STEPS = AgentConfig.max_steps  # assistant steps (tool rounds) per user turn
+MAX_TOKENS = AgentConfig.max_tokens  # tokens per assistant step
 
 
 def _compose(*decorators):
@@ -19,6 +23,35 @@ def _compose(*decorators):
 
 MODEL_HELP = ("GGUF file, Hugging Face directory, .tinygpt file or model name "
               "[default: smollm2-135m]")
+
+
+def model_argument(name: str = "model_spec", metavar: str = "[MODEL]"):
+    """The optional MODEL argument, read from $MLX_AGENT_MODEL when not given."""
+    return click.argument(name, required=False, metavar=metavar, envvar=MODEL_ENV)
+
+
+def protocol_option(f):
+    return click.option("--protocol", type=click.Choice(PROTOCOLS), default="auto",
+                        show_default=True,
+                        help="How tools are shown to the model: auto = hermes when the chat "
+                             "template renders tools, else json.")(f)
+
+
+def max_tokens_option(default: int = MAX_TOKENS, help: str = "Tokens per assistant step."):
+    return click.option("--max-tokens", type=click.IntRange(min=1), default=default,
+                        show_default=True, help=help)
+
+
+def loop_options(f):
+    """--protocol, --max-steps, --max-tokens and --no-grammar: how the agent loop runs."""
+    return _compose(
+        protocol_option,
+        click.option("--max-steps", type=click.IntRange(min=1), default=MAX_STEPS,
+                     show_default=True, help="Assistant steps (tool rounds) per user turn."),
+        max_tokens_option(),
+        click.option("--no-grammar", is_flag=True,
+                     help="Do not constrain replies to valid tool calls and answers."),
+    )(f)
 
 
 def model_options(f):
@@ -72,5 +105,3 @@ def cache_mode(no_kv_preallocate: bool, kv_window: int | None) -> str:
     if kv_window:
         return "rotating"
     return "growing" if no_kv_preallocate else "preallocated"
-
-

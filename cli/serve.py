@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import click
 
-from .options import load_options, sampling_options
+from .errors import UserError, warn
+from .options import (load_options, max_tokens_option, model_argument, protocol_option,
+                      sampling_options)
 
 
 @click.command()
-@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@model_argument()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="0 picks a free port (printed at start-up).")
@@ -19,18 +21,18 @@ from .options import load_options, sampling_options
               help="deferred: a one-line index plus get_tool_info, answered by the server.")
 @click.option("--tool-metrics-out", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per chat request (tool mode, hops, tokens).")
-@click.option("--protocol", type=click.Choice(["auto", "json", "hermes"]), default="auto",
-              show_default=True, help="How tools are shown to the model (see README).")
+@protocol_option
 @click.option("--prompt-cache-dir", type=click.Path(file_okay=False), default=None,
               help="Load the tools block's KV state from here at start-up (saved on a miss).")
 @click.option("--kv-slots", type=click.IntRange(min=0), default=4, show_default=True,
               help="Earlier conversations whose KV state is kept for prefix reuse.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Reply length when a request sets none.")
+@max_tokens_option(512, help="Reply length when a request sets none.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024,
+              show_default=True, help="Larger request bodies get a 413.")
 @load_options
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
-          prompt_cache_dir, kv_slots, max_tokens, adapter, weights, context_length,
+          prompt_cache_dir, kv_slots, max_tokens, max_body_bytes, adapter, weights, context_length,
           temperature, top_p, top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
@@ -66,8 +68,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
         if prompt_cache_dir and tools:
             from mlx_agent.prompt_cache import PromptCache
 
-            hit = service.prime(PromptCache(prompt_cache_dir, warn=lambda m: click.secho(
-                f"warning: {m}", err=True, fg="yellow")))
+            hit = service.prime(PromptCache(prompt_cache_dir, warn=warn))
         return service, hit
 
     service, hit = pool.submit(build).result()
@@ -77,7 +78,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
                    err=True)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                               seed=seed)
-    app = make_app(service, sampling, pool)
+    app = make_app(service, sampling, pool, max_body_bytes)
     bound = sock.getsockname()[1]
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
                f"{tool_mode} tool mode) on http://{host}:{bound}", err=True)
@@ -93,7 +94,6 @@ def _listen(host: str, port: int):
     """A listening socket, so a taken port is a one-line error and port 0 a known port."""
     import socket
 
-    from .main import UserError
 
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)

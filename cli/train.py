@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .options import load_options
+from .errors import UserError
+from .options import load_options, loop_options, model_argument
 
 
 @click.command("traces-to-data")
@@ -25,7 +26,6 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
     """
     from mlx_agent.training_data import convert
 
-    from .main import UserError
 
     if not out and not dry_run:
         raise click.UsageError("give --out FILE, or --dry-run")
@@ -40,7 +40,7 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
 
 
 @click.command()
-@click.argument("base", required=False, metavar="[BASE]", envvar="MLX_AGENT_MODEL")
+@model_argument("base", "[BASE]")
 @click.option("--data", type=click.Path(exists=True, dir_okay=False), required=True,
               help="traces-to-data sft rows (JSONL).")
 @click.option("--out", type=click.Path(file_okay=False), required=True,
@@ -67,7 +67,6 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
     from mlx_agent.models import load
     from mlx_agent.sft import SFTConfig, read_rows, train
 
-    from .main import UserError
 
     if adapter:
         raise click.UsageError("sft trains a new adapter; --adapter is not used here")
@@ -86,17 +85,14 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 
 
 @click.command("eval")
-@click.argument("model_spec", required=False, metavar="[MODEL]", envvar="MLX_AGENT_MODEL")
+@model_argument()
 @click.option("--tasks", "tasks_file", type=click.Path(exists=True, dir_okay=False), required=True,
               help="Tasks JSONL (see README: prompt, tools, fixture, check).")
 @click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs per task, with seeds 0..N-1.")
 @click.option("--trajectory-dir", type=click.Path(file_okay=False), default=None,
               help="Write each run's .atraj here, with its reward.")
-@click.option("--protocol", type=click.Choice(["auto", "json", "hermes"]), default="auto")
-@click.option("--max-steps", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--no-grammar", is_flag=True)
+@loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
@@ -112,7 +108,6 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
     from mlx_agent.evaluate import run
     from mlx_agent.models import load
 
-    from .main import UserError
 
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
 
@@ -121,14 +116,11 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
         click.echo(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
                    f"{r.seconds:.1f} s", err=True)
 
-    try:
-        summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
-                      trajectory_dir=trajectory_dir, on_run=show,
-                      config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
-                                        "grammar": not no_grammar,
-                                        "sampling": SamplingParams(temperature=temperature)})
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
+                  trajectory_dir=trajectory_dir, on_run=show,
+                  config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
+                                    "grammar": not no_grammar,
+                                    "sampling": SamplingParams(temperature=temperature)})
     row = summary.row()
     click.echo(f"{'runs':>5} {'success':>8} {'valid calls':>12} {'calls/run':>10} "
                f"{'turns/run':>10} {'from cache':>11} {'seconds':>8}")

@@ -24,7 +24,7 @@ def show(path, ids):
     """
     from mlx_agent.trajectory import TrajectoryError, read
 
-    from .main import UserError
+    from .errors import UserError
 
     try:
         t = read(path)

@@ -43,24 +43,24 @@ def synthetic_tools(n: int) -> list[dict]:
 
 def worker(model: str | None, tools_file: str, mode: str, cache_dir: str) -> dict:
     """One launch; returns its timings as a dict (printed as JSON by ``main``)."""
-    from .agent import make_protocol
+    from .agent import Conversation, agent_format
     from .models import load
     from .prompt_cache import PromptCache
     from .tools import load_tools
 
     lm = load(model)
     tools = load_tools(tools_file)
-    proto = make_protocol("json", lm, tools)
+    conversation = Conversation(agent_format("json", lm), tools)
     engine = lm.engine()
     start = time.perf_counter()
-    out = {"mode": mode, "system_tokens": len(proto.system_ids)}
+    out = {"mode": mode, "system_tokens": len(conversation.system_ids)}
     if mode != "none":
-        hit = PromptCache(cache_dir).prime(engine, lm.identity, proto.system_ids)
+        hit = PromptCache(cache_dir).prime(engine, lm.identity, conversation.system_ids)
         out["cache_ms" if hit.hit else "prefill_save_ms"] = hit.seconds * 1000
         out["bytes"] = hit.bytes
         out["hit"] = hit.hit
-    proto.add_user("What can you do?")
-    engine.sync(proto.prompt_ids())
+    conversation.add_user("What can you do?")
+    engine.sync(conversation.prompt_ids())
     next(engine.generate(max_tokens=1))
     out["ttft_ms"] = (time.perf_counter() - start) * 1000
     return out
@@ -71,14 +71,14 @@ def multi_turn_share(model: str | None, cache_dir: str, rounds: int = 4) -> dict
     a warm prompt cache (the system prompt loaded, as on every launch after the first)."""
     import mlx.core as mx
 
-    from .agent import Agent, AgentConfig, make_protocol
+    from .agent import Agent, AgentConfig, agent_format
     from .models import load
     from .prompt_cache import PromptCache
     from .tools import parse_tools
 
     lm = load(model)
     tools = parse_tools(json.dumps(synthetic_tools(5)))
-    proto = make_protocol("json", lm, tools)
+    fmt = agent_format("json", lm)
     script: list[int] = []
     for i in range(rounds):
         script += lm.encode(json.dumps({"tool": f"service_{i}_lookup",
@@ -88,9 +88,10 @@ def multi_turn_share(model: str | None, cache_dir: str, rounds: int = 4) -> dict
     def sampler(_):
         return mx.array([script.pop(0)])
 
-    agent = Agent(lm, lm.engine(), tools, proto, AgentConfig(max_steps=rounds + 1),
+    agent = Agent(lm, lm.engine(), tools, fmt, AgentConfig(max_steps=rounds + 1),
                   sampler=sampler)
-    PromptCache(cache_dir).prime(lm.engine(), lm.identity, proto.system_ids)  # the cold launch
+    system_ids = agent.conversation.system_ids
+    PromptCache(cache_dir).prime(lm.engine(), lm.identity, system_ids)  # the cold launch
     agent.prime(PromptCache(cache_dir))  # this launch: warm
     stats = agent.ask("Check the five services for record r0.").stats
     return {"turns": stats.turns, "rendered": stats.rendered_tokens,

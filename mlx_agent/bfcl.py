@@ -19,6 +19,11 @@ import types
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from .engine import SamplingParams
+from .errors import UserFacingError
+from .serve.service import ChatCall
+from .tools import declared_tools
+
 CATEGORIES = {  # the name on the command line -> BFCL v4's test category
     "simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
     "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance",
@@ -28,7 +33,7 @@ CATEGORIES = {  # the name on the command line -> BFCL v4's test category
 }
 
 
-class BFCLMissing(RuntimeError):
+class BFCLMissing(UserFacingError, RuntimeError):
     """bfcl-eval is not installed."""
 
 
@@ -106,13 +111,6 @@ class CategoryScore:
 def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
                  on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
     """Score ``service`` on one category (its first ``limit`` questions)."""
-    from .chat import TemplateError
-    from .engine import SamplingParams
-    from .grammar import GrammarError
-    from .serve import ChatCall
-    from .serve.render import RequestError
-    from .tools import ToolSchemaError, declared_tools
-
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL category {category!r}; choose from "
                          + ", ".join(CATEGORIES))
@@ -129,12 +127,12 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
         tools = openai_tools(q["function"], b.types)
         calls, hop, error = [], 0, None
         try:
-            result = service.chat(ChatCall(
+            result = service.chat(service.prepare(ChatCall(
                 messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
-                tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams()))
+                tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams())))
             calls = [{c.name: c.arguments} for c in result.tool_calls]
             hop = result.hops
-        except (RequestError, ToolSchemaError, GrammarError, TemplateError) as e:
+        except UserFacingError as e:
             error = str(e)
         hops += hop
         if error is not None:  # the question could not be put to the model at all

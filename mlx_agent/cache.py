@@ -22,12 +22,14 @@ from typing import Literal
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
+from .errors import UserFacingError
+
 CacheMode = Literal["preallocated", "growing", "rotating"]
 KVSpec = tuple[int, int, mx.Dtype]  # kv heads, head dim, dtype
 CACHE_MODES: tuple[str, ...] = ("preallocated", "growing", "rotating")
 
 
-class ContextFull(RuntimeError):
+class ContextFull(UserFacingError, RuntimeError):
     """More tokens than a preallocated cache holds."""
 
 

@@ -19,6 +19,12 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import UserFacingError
+
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -27,7 +33,7 @@ CHATML = (
 )
 
 
-class TemplateError(ValueError):
+class TemplateError(UserFacingError, ValueError):
     """The chat template failed to render these messages."""
 
 
@@ -49,10 +55,6 @@ class ChatFormat:
 
     @cached_property
     def _compiled(self):
-        import jinja2
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
         )
@@ -73,8 +75,6 @@ class ChatFormat:
         **extra,
     ) -> str:
         """The prompt text for ``messages`` (and ``tools``, if the template uses them)."""
-        import jinja2
-
         try:
             return self._compiled.render(
                 messages=messages,

@@ -11,19 +11,21 @@ Invariant: every token :meth:`Engine.generate` yields has been fed to the model,
 ``<|im_end|>`` included).
 
 It knows nothing of text, chat turns or tools. It is not thread-safe: one engine, one caller.
+A grammar reaches it only as a :class:`Constraint` (see :mod:`mlx_agent.grammar`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from .cache import CacheMode, ContextFull, KVSpec, make_cache, set_pinned, trimmable
+from .kernels import apply_bitmask
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -49,11 +51,41 @@ def _output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
     return model.lm_head
 
 
+class Constraint(Protocol):
+    """What the engine asks of a grammar: a mask before each token, the token after it."""
+
+    def mask(self) -> mx.array:
+        """The allowed-token bitmask for the next token (llguidance's int32 layout)."""
+
+    def consume(self, token: int) -> None: ...
+
+    @property
+    def done(self) -> bool:
+        """No more tokens: the grammar reached its end."""
+
+
 def greedy_sampler(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 
 
 greedy_sampler.greedy = True
+
+
+def _categorical(temperature: float, filters: list[Callable], seed: int | None) -> Sampler:
+    """mlx-lm's filter chain and categorical draw; with a seed, from a key of its own, so
+    MLX's global generator is neither used nor reseeded."""
+    key = mx.random.key(seed) if seed is not None else None
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        for f in filters:
+            logprobs = f(logprobs)
+        if key is None:
+            return mx.random.categorical(logprobs * (1 / temperature))
+        key, draw = mx.random.split(key)
+        return mx.random.categorical(logprobs * (1 / temperature), key=draw)
+
+    return sample
 
 
 @dataclass(frozen=True)
@@ -77,17 +109,22 @@ class SamplingParams:
             raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
 
     def sampler(self) -> Sampler:
-        """mlx-lm's sampler for these settings; seeds MLX's generator when a seed is set.
+        """A new sampler for these settings (mlx-lm's filters, in ``make_sampler``'s order).
 
-        A greedy sampler is marked ``greedy`` so the engine can skip the log-softmax.
+        With a seed it draws from a key of its own: the same seed gives the same tokens,
+        and nothing else's randomness changes. A greedy sampler is marked ``greedy`` so the
+        engine can skip the log-softmax.
         """
-        if self.seed is not None:
-            mx.random.seed(self.seed)
         if self.temperature == 0:
             return greedy_sampler
-        return make_sampler(
-            temp=self.temperature, top_p=self.top_p, min_p=self.min_p, top_k=self.top_k
-        )
+        filters = []
+        if 0 < self.top_p < 1:
+            filters.append(lambda x: apply_top_p(x, self.top_p))
+        if self.min_p:
+            filters.append(lambda x: apply_min_p(x, self.min_p))
+        if self.top_k > 0:
+            filters.append(lambda x: apply_top_k(x, self.top_k))
+        return _categorical(self.temperature, filters, self.seed)
 
 
 @dataclass(frozen=True)
@@ -178,11 +215,7 @@ class Engine:
         if self.room is not None and len(tokens) > self.context_length:
             raise ContextFull(f"a {len(tokens)}-token snapshot exceeds the "
                               f"{self.context_length}-token context")
-        if trimmable(self.cache):  # keep preallocated buffers instead of allocating anew
-            for c in self.cache:
-                c.trim(c.offset)
-        else:
-            self.reset(keep=self.pinned)
+        self._truncate(0)
         for c, (k, v) in zip(self.cache, kvs):
             c.update_and_fetch(k, v)
         mx.eval([c.state for c in self.cache])
@@ -250,14 +283,8 @@ class Engine:
         if common == len(ids) == len(self.tokens) and self._logits is not None:
             return PrefillStats(common, 0, 0.0)
         common = min(common, len(ids) - 1)
-        drop = len(self.tokens) - common
-        if drop and not trimmable(self.cache):
-            self.reset(keep=self.pinned)
-            common = 0
-        elif drop:
-            for c in self.cache:
-                c.trim(drop)
-            del self.tokens[common:]
+        if common < len(self.tokens):
+            common = self._truncate(common)
         stats = self.prefill(ids[common:])
         return PrefillStats(common, stats.prefilled, time.perf_counter() - start)
 
@@ -266,17 +293,22 @@ class Engine:
         ``self.tokens`` again (a forward pass may have reached only some layers), and
         recompute the logits after the last token."""
         tokens = list(self.tokens)
-        keep = max(len(tokens) - 1, 0)  # the last token is re-fed for its logits
-        if all(c.is_trimmable() and c.offset >= keep for c in self.cache):
+        keep = self._truncate(max(len(tokens) - 1, 0))  # the last token is re-fed for logits
+        self._logits = None
+        if tokens[keep:]:
+            self.prefill(tokens[keep:])
+
+    def _truncate(self, keep: int) -> int:
+        """Make the cache hold only the first ``keep`` tokens: trimmed where every layer's
+        cache can be (preallocated buffers are kept), else emptied. Returns what it holds."""
+        if trimmable(self.cache) and all(c.offset >= keep for c in self.cache):
             for c in self.cache:
                 c.trim(c.offset - keep)
         else:
             self.reset(keep=self.pinned)
             keep = 0
-        self.tokens = tokens[:keep]
-        self._logits = None
-        if tokens[keep:]:
-            self.prefill(tokens[keep:])
+        del self.tokens[keep:]
+        return keep
 
     @property
     def pinned(self) -> int:
@@ -291,7 +323,7 @@ class Engine:
         *,
         max_tokens: int = 256,
         stop_ids: frozenset[int] | set[int] = frozenset(),
-        constraint=None,
+        constraint: Constraint | None = None,
     ) -> Iterator[int]:
         """Sample up to ``max_tokens`` ids, stopping after the first id in ``stop_ids``.
 
@@ -300,8 +332,6 @@ class Engine:
         the logits before each draw and ends generation when its grammar is done; its mask
         for token n+1 is computed on the CPU while the model computes the logits for it.
         """
-        from .kernels import apply_bitmask
-
         if self._logits is None:
             raise RuntimeError("nothing to continue from: prefill or sync a prompt first")
         sampler = sampler or greedy_sampler

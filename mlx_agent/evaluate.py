@@ -32,6 +32,17 @@ from typing import Any, Callable
 
 import msgspec
 
+from .agent import Agent, AgentConfig, agent_format
+from .agent import events as ev
+from .engine import Engine, SamplingParams
+from .errors import UserFacingError
+from .tools import builtin_tools, load_tools
+from .trajectory import Recorder, set_reward
+
+
+class TaskError(UserFacingError, ValueError):
+    """A tasks file that cannot be used; the message names the file and line."""
+
 
 class Check(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     tool_calls: list[dict] | None = None
@@ -86,34 +97,38 @@ class Summary:
 def load_tasks(path: str | Path) -> list[Task]:
     path = Path(path)
     tasks = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             task = msgspec.json.decode(line, type=Task)
         except msgspec.DecodeError as e:
-            raise ValueError(f"{path}:{i}: not a task ({e})") from None
+            raise TaskError(f"{path}:{i}: not a task ({e})") from None
         checks = [c for c in (task.check.tool_calls, task.check.shell, task.check.answer_pattern)
                   if c is not None]
         if len(checks) != 1:
-            raise ValueError(f"{path}:{i}: a task needs exactly one check "
+            raise TaskError(f"{path}:{i}: a task needs exactly one check "
                              "(tool_calls, shell or answer_pattern)")
         if task.check.answer_pattern is not None:
             try:
                 re.compile(task.check.answer_pattern)
             except re.error as e:
-                raise ValueError(f"{path}:{i}: answer_pattern is not a regex ({e})") from None
+                raise TaskError(f"{path}:{i}: answer_pattern is not a regex ({e})") from None
         if not task.tools and not task.builtin_tools:
-            raise ValueError(f"{path}:{i}: a task needs tools or builtin_tools")
+            raise TaskError(f"{path}:{i}: a task needs tools or builtin_tools")
         choices = task.tool_choice if isinstance(task.tool_choice, list) else [task.tool_choice]
         for c in choices:
             if isinstance(c, dict) and not (isinstance(c.get("name"), str)
                                             and isinstance(c.get("arguments", {}), dict)):
-                raise ValueError(f"{path}:{i}: a tool_choice call needs "
+                raise TaskError(f"{path}:{i}: a tool_choice call needs "
                                  '{"name": "...", "arguments": {...}}')
         tasks.append(msgspec.structs.replace(task, id=task.id or f"task-{i}"))
     if not tasks:
-        raise ValueError(f"{path} has no tasks")
+        raise TaskError(f"{path} has no tasks")
     return tasks
 
 
@@ -143,59 +158,57 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
         sampler_for: Callable[[int], Any] | None = None,
         on_run: Callable[[RunResult], None] = lambda r: None) -> Summary:
     """Run every task ``seeds`` times; ``sampler_for(seed)`` overrides sampling (tests)."""
-    from .agent import Agent, AgentConfig, events as ev, make_protocol
-    from .engine import SamplingParams
-    from .tools import builtin_tools, load_tools
-    from .trajectory import Recorder, set_reward
-
     tasks_file = Path(tasks_file)
-    base = tasks_file.parent
     tasks = load_tasks(tasks_file)
-    overrides = dict(config_overrides or {})
     engine = lm.engine()
     summary = Summary()
     for task in tasks:
         for seed in range(seeds):
-            with tempfile.TemporaryDirectory(prefix="mlx-agent-eval-") as tmp:
-                workdir = Path(tmp) / "work"
-                if task.fixture:
-                    shutil.copytree(base / task.fixture, workdir, symlinks=True)
-                else:
-                    workdir.mkdir()
-                tools = load_tools(base / task.tools) if task.tools else []
-                if task.builtin_tools:
-                    tools += builtin_tools(workdir)
-                sampling = dataclasses.replace(overrides.get("sampling", SamplingParams()),
-                                               seed=seed)
-                config = AgentConfig(**{**overrides, "tool_cwd": str(workdir),
-                                        "sampling": sampling})
-                if task.tool_choice is not None:
-                    tc = task.tool_choice
-                    config.tool_choice = tuple(tc) if isinstance(tc, list) else tc
-                calls: list[tuple[str, Any]] = []
-
-                def emit(e):
-                    if isinstance(e, ev.ToolCall) and e.exit_code != -1:
-                        calls.append((e.tool, e.arguments))
-
-                recorder = Recorder(trajectory_dir, task=task.id,
-                                    model_fingerprint=lm.identity.fingerprint,
-                                    sampling=dataclasses.asdict(sampling)) if trajectory_dir else None
-                agent = Agent(lm, engine, tools, make_protocol(protocol, lm, tools), config,
-                              emit=emit, recorder=recorder,
-                              sampler=sampler_for(seed) if sampler_for else None)
-                start = time.perf_counter()
-                out = agent.ask(task.prompt)
-                ok = passed(task, workdir, calls, out.answer)
-                s = out.stats
-                result = RunResult(task=task.id, seed=seed, reward=float(ok), calls=s.calls,
-                                   valid_calls=s.valid_calls, turns=s.turns,
-                                   rendered=s.rendered_tokens, reused=s.reused_tokens,
-                                   seconds=time.perf_counter() - start, answer=out.answer,
-                                   trajectory=str(recorder.path) if recorder else None)
-                if recorder:
-                    set_reward(recorder.path, result.reward)
-                summary.runs.append(result)
-                on_run(result)
+            result = _run_one(lm, engine, task, seed, tasks_file.parent, protocol,
+                              dict(config_overrides or {}), trajectory_dir,
+                              sampler_for(seed) if sampler_for else None)
+            summary.runs.append(result)
+            on_run(result)
     return summary
 
+
+def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,
+             overrides: dict, trajectory_dir: str | Path | None, sampler) -> RunResult:
+    """One run of one task in a fresh working directory; its trajectory gets its reward."""
+    with tempfile.TemporaryDirectory(prefix="mlx-agent-eval-") as tmp:
+        workdir = Path(tmp) / "work"
+        if task.fixture:
+            shutil.copytree(base / task.fixture, workdir, symlinks=True)
+        else:
+            workdir.mkdir()
+        tools = load_tools(base / task.tools) if task.tools else []
+        if task.builtin_tools:
+            tools += builtin_tools(workdir)
+        sampling = dataclasses.replace(overrides.get("sampling", SamplingParams()), seed=seed)
+        config = AgentConfig(**{**overrides, "tool_cwd": str(workdir), "sampling": sampling})
+        if task.tool_choice is not None:
+            tc = task.tool_choice
+            config.tool_choice = tuple(tc) if isinstance(tc, list) else tc
+        calls: list[tuple[str, Any]] = []
+
+        def emit(e):
+            if isinstance(e, ev.ToolCall) and e.exit_code != -1:
+                calls.append((e.tool, e.arguments))
+
+        recorder = Recorder(trajectory_dir, task=task.id,
+                            model_fingerprint=lm.identity.fingerprint,
+                            sampling=dataclasses.asdict(sampling)) if trajectory_dir else None
+        agent = Agent(lm, engine, tools, agent_format(protocol, lm), config, emit=emit,
+                      recorder=recorder, sampler=sampler)
+        start = time.perf_counter()
+        out = agent.ask(task.prompt)
+        s = out.stats
+        result = RunResult(task=task.id, seed=seed,
+                           reward=float(passed(task, workdir, calls, out.answer)),
+                           calls=s.calls, valid_calls=s.valid_calls, turns=s.turns,
+                           rendered=s.rendered_tokens, reused=s.reused_tokens,
+                           seconds=time.perf_counter() - start, answer=out.answer,
+                           trajectory=str(recorder.path) if recorder else None)
+        if recorder:
+            set_reward(recorder.path, result.reward)
+        return result

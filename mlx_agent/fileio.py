@@ -8,6 +8,7 @@ Not promised: durability of the directory entry itself (no fsync of the director
 
 from __future__ import annotations
 
+import json
 import contextlib
 import os
 import tempfile
@@ -54,6 +55,4 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def write_jsonl(path: str | os.PathLike, rows) -> None:
-    import json
-
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

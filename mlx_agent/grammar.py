@@ -29,11 +29,25 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
+from jsonschema import Draft202012Validator
+from llguidance import LLMatcher
 
+from .errors import UserFacingError
+from .tokenizer import special_tokens
 from .tools import Tool
 
 DEFAULT_MAX_STRING = 128  # characters per string value: fits a 256-token step even at a
 # token per character (digits are split one by one), with room for the JSON around it
+
+
+_COMPACT = {"x-guidance": {"whitespace_flexible": False}}  # JSON as call_text writes it
+
+
+def call_text(protocol: str, name: str, arguments: Any) -> str:
+    """A call exactly as the grammar makes the model write it: compact JSON, name first."""
+    key = "tool" if protocol == "json" else "name"
+    return json.dumps({key: name, "arguments": arguments}, ensure_ascii=False,
+                      separators=(",", ":"))
 
 
 def string_budget(max_tokens: int) -> int:
@@ -41,7 +55,7 @@ def string_budget(max_tokens: int) -> int:
     return max(32, max_tokens // 2)
 
 
-class GrammarError(ValueError):
+class GrammarError(UserFacingError, ValueError):
     """A grammar (or a tool's schema) that llguidance cannot compile."""
 
 
@@ -140,8 +154,6 @@ def _arguments_schema(parameters: dict, max_len: int) -> dict:
 
 
 def check_compiles(grammar: str, tokenizer, what: str) -> None:
-    from llguidance import LLMatcher
-
     err = LLMatcher.validate_grammar(grammar, tokenizer)
     if err and not err.startswith("WARNING"):
         detail = " ".join(err.split())  # llguidance's multi-line report, on one line
@@ -156,8 +168,6 @@ def _signature(tools: Sequence[Tool]) -> str:
 @functools.lru_cache(maxsize=32)
 def _check_tools(signature: str, tokenizer, max_len: int) -> None:
     """Compile each tool's parameters alone, to name the tool whose schema fails."""
-    from llguidance import LLMatcher
-
     for name, params in json.loads(signature):
         one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
         check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
@@ -177,8 +187,6 @@ def is_forced(choice: str) -> bool:
 def _forced(pairs: list, choice: str) -> tuple[str, dict]:
     """A forced call's (name, parameters schema): each argument a constant, in the order of
     the tool's own properties (the order the unforced grammar requires)."""
-    from jsonschema import Draft202012Validator
-
     forced = json.loads(choice)
     name, args = forced["name"], forced["arguments"]
     tool = dict(pairs).get(name)
@@ -234,20 +242,17 @@ def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto",
 @functools.lru_cache(maxsize=32)
 def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel: bool,
                   bound_answer: bool) -> str:
-    from llguidance import LLMatcher
-
     pairs = json.loads(signature)
     _check_tools(signature, tokenizer, max_len)
     schema = _json_protocol_schema(pairs, max_len, choice, bound_answer)
     if parallel and choice != "none" and not is_forced(choice):  # calls, one object per line
         calls = {"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]}
         answer = [s for s in schema["anyOf"] if "answer" in s["properties"]]
-        compact = {"x-guidance": {"whitespace_flexible": False}}
         lark = 'start: calls\ncalls: call ("\\n" call)*\n' + \
-            f"call: %json {json.dumps({**calls, **compact})}\n"
+            f"call: %json {json.dumps({**calls, **_COMPACT})}\n"
         if answer:
             lark = lark.replace("start: calls", "start: calls | answer") + \
-                f"answer: %json {json.dumps({**answer[0], **compact})}\n"
+                f"answer: %json {json.dumps({**answer[0], **_COMPACT})}\n"
         grammar = LLMatcher.grammar_from_lark(lark)
     else:
         grammar = LLMatcher.grammar_from_json_schema(schema,
@@ -286,8 +291,6 @@ def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_
 @functools.lru_cache(maxsize=32)
 def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, choice: str,
                     parallel: bool) -> str:
-    from llguidance import LLMatcher
-
     special_ids = dict(json.loads(special_key))
     pairs, may_answer = _chosen(json.loads(signature), choice)
     calls = {"anyOf": [{
@@ -316,8 +319,6 @@ def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
                     bound_answer: bool = True) -> "Constraint":
     """The constraint for one reply of ``protocol`` ("json" or "hermes") over ``tools``;
     the grammar is compiled once per tool set, choice and budget, the matcher is new."""
-    from .tokenizer import special_tokens
-
     tokenizer = ll_tokenizer(lm)
     budget = string_budget(max_tokens)
     if protocol == "json":
@@ -334,8 +335,6 @@ def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
 
 def grammar_from_file(path: str, kind: str, tokenizer) -> str:
     """A grammar from a JSON Schema file (``kind="json-schema"``) or a Lark file."""
-    from llguidance import LLMatcher
-
     try:
         text = open(path, encoding="utf-8").read()
     except OSError as e:
@@ -355,8 +354,6 @@ class Constraint:
     """One decoding constraint: mask before each token, consume after it."""
 
     def __init__(self, tokenizer, grammar: str, vocab_size: int):
-        from llguidance import LLMatcher
-
         self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
@@ -367,10 +364,14 @@ class Constraint:
     def reset(self) -> None:
         self.matcher.reset()
 
-    def mask(self) -> mx.array:
-        """The allowed-token bitmask for the next token (computed on the CPU)."""
+    def mask_words(self) -> np.ndarray:
+        """The allowed-token bitmask for the next token as int32 words (computed on the
+        CPU, into a buffer reused by the next call)."""
         self.matcher.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
-        return mx.array(self._buf)
+        return self._buf
+
+    def mask(self) -> mx.array:
+        return mx.array(self.mask_words())
 
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)
@@ -379,3 +380,24 @@ class Constraint:
     def done(self) -> bool:
         """The grammar reached its end state (or failed): no more tokens."""
         return self.matcher.is_stopped() or self.matcher.is_error()
+
+
+@functools.lru_cache(maxsize=16)
+def _schema_grammar(schema_json: str, tokenizer) -> str:
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(
+            schema_json, defaults={"whitespace_flexible": False})
+    except ValueError as e:
+        raise GrammarError(f"the response_format schema is not usable: {e}") from None
+    check_compiles(grammar, tokenizer, "the response_format schema")
+    return grammar
+
+
+def schema_constraint(lm, schema: dict) -> Constraint:
+    """A constraint that allows JSON of ``schema`` only (``response_format``)."""
+    tokenizer = ll_tokenizer(lm)
+    try:
+        key = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        raise GrammarError("the response_format schema is not JSON a grammar can use") from None
+    return Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)

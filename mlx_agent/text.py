@@ -1,73 +1,68 @@
-"""Text over the engine: stream the decoded text of a generation, O(1) work per token.
+"""The one text layer over the engine: a generation as (token id, text segment) pairs.
 
-A :class:`TextStream` syncs the engine to the prompt ids (reusing the cached prefix), then
-feeds each sampled id to mlx-lm's streaming detokenizer and yields the new text. The stop
-token ends the stream and is not part of the text; it stays in the engine's cache, so the
-turn is closed there. After iteration, :attr:`TextStream.result` holds the ids, the text,
-why it stopped and the timings.
+A :class:`TextStream` continues from whatever the engine holds (sync a prompt first), feeds
+each sampled id to mlx-lm's streaming detokenizer (O(1) work per token) and yields the id
+with the text it completes, which may be empty. A stop id ends the stream; it yields with no
+text and stays in the engine's cache, so the turn is closed there. Whether the caller reads
+to the end or stops early, :meth:`TextStream.flush` gives the text the detokenizer still
+holds, once. The agent loop, the server and ``generate`` all read generations this way.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
-from .engine import Engine, PrefillStats, SamplingParams
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    token_ids: list[int]  # every sampled id, the stop token included
-    finish_reason: str  # "stop" (a stop token) or "length" (max tokens or context end)
-    prefill: PrefillStats
-    decode_seconds: float
-
-    @property
-    def decode_tps(self) -> float:
-        return len(self.token_ids) / self.decode_seconds if self.decode_seconds else 0.0
+from .engine import Constraint, Engine, Sampler
 
 
 class TextStream:
-    def __init__(
-        self,
-        engine: Engine,
-        tokenizer,
-        prompt_ids: Sequence[int],
-        *,
-        sampling: SamplingParams = SamplingParams(),
-        max_tokens: int = 256,
-        stop_ids: frozenset[int] = frozenset(),
-        constraint=None,
-    ):
-        self.engine, self.tokenizer = engine, tokenizer
-        self.prompt_ids = list(prompt_ids)
-        self.sampling, self.max_tokens, self.stop_ids = sampling, max_tokens, stop_ids
-        self.constraint = constraint
-        self.result: Completion | None = None
+    def __init__(self, engine: Engine, tokenizer, sampler: Sampler | None = None, *,
+                 max_tokens: int = 256, stop_ids: frozenset[int] = frozenset(),
+                 constraint: Constraint | None = None):
+        self.engine, self.sampler = engine, sampler
+        self.max_tokens, self.stop_ids, self.constraint = max_tokens, stop_ids, constraint
+        self.detok = tokenizer.detokenizer
+        self.ids: list[int] = []  # every sampled id, a stop id included
+        self.decode_seconds = 0.0
+        self._flushed = False
 
-    def __iter__(self) -> Iterator[str]:
-        prefill = self.engine.sync(self.prompt_ids)
-        detok = self.tokenizer.detokenizer
-        detok.reset()
-        ids: list[int] = []
-        finish = "length"
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        self.detok.reset()
         start = time.perf_counter()
-        for token in self.engine.generate(
-            self.sampling.sampler(), max_tokens=self.max_tokens, stop_ids=self.stop_ids,
-            constraint=self.constraint,
-        ):
-            ids.append(token)
-            if token in self.stop_ids:
-                finish = "stop"
-                break
-            detok.add_token(token)
-            segment = detok.last_segment
-            if segment:
-                yield segment
-        detok.finalize()
-        tail = detok.last_segment
-        if tail:
-            yield tail
-        self.result = Completion(detok.text, ids, finish, prefill, time.perf_counter() - start)
+        try:
+            for token in self.engine.generate(self.sampler, max_tokens=self.max_tokens,
+                                              stop_ids=self.stop_ids, constraint=self.constraint):
+                self.ids.append(token)
+                if token in self.stop_ids:
+                    yield token, ""
+                    return
+                self.detok.add_token(token)
+                yield token, self.detok.last_segment  # reading it consumes it
+        finally:
+            self.decode_seconds = time.perf_counter() - start
+
+    def flush(self) -> str:
+        """The text the detokenizer held back (a partial character at the end); once."""
+        if self._flushed:
+            return ""
+        self._flushed = True
+        self.detok.finalize()
+        return self.detok.last_segment
+
+    @property
+    def text(self) -> str:
+        return self.detok.text
+
+    @property
+    def finish_reason(self) -> str:
+        """``stop`` (a stop id, or the grammar's end) or ``length``."""
+        if self.ids and self.ids[-1] in self.stop_ids:
+            return "stop"
+        if self.constraint is not None and self.constraint.done:
+            return "stop"
+        return "length"
+
+    @property
+    def decode_tps(self) -> float:
+        return len(self.ids) / self.decode_seconds if self.decode_seconds else 0.0

@@ -20,12 +20,16 @@ import hashlib
 from functools import partial
 from pathlib import Path
 
+import sentencepiece as spm
 from mlx_lm.tokenizer_utils import (
     BPEStreamingDetokenizer,
     SPMStreamingDetokenizer,
     TokenizerWrapper,
     _byte_decoder,
 )
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from .chat import CHATML, ChatFormat
 
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -36,7 +40,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def _fast(tok, *, bos: str | None, eos: str | None, unk: str | None = None):
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers takes ~2 s
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=bos, eos_token=eos, unk_token=unk,
@@ -46,8 +50,6 @@ def _fast(tok, *, bos: str | None, eos: str | None, unk: str | None = None):
 
 def from_gguf(meta: dict) -> TokenizerWrapper:
     """Build the tokenizer described by a GGUF file's ``tokenizer.ggml.*`` metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(
@@ -88,8 +90,6 @@ def from_gguf(meta: dict) -> TokenizerWrapper:
 
 def byte_level() -> TokenizerWrapper:
     """256 tokens, id = byte value; no special tokens (the original's byte-level models)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     chars = _bytes_to_unicode()
     tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -101,8 +101,6 @@ class SentencePieceTokenizer:
     """The subset of a Hugging Face tokenizer that mlx-lm and mlx_agent use, over SentencePiece."""
 
     def __init__(self, model_proto: bytes):
-        import sentencepiece as spm
-
         self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self.model_proto = model_proto
         piece = self.sp.id_to_piece
@@ -116,7 +114,9 @@ class SentencePieceTokenizer:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False,
+               split_special_tokens: bool = False) -> list[int]:
+        # control pieces never match text in SentencePiece: splitting is always on
         ids = self.sp.encode(text)
         if add_special_tokens and self.bos_token_id is not None:
             ids = [self.bos_token_id] + ids
@@ -141,8 +141,6 @@ class SentencePieceTokenizer:
     def apply_chat_template(self, messages, tools=None, add_generation_prompt=False,
                             tokenize=True, **extra):
         """Rendered by :mod:`mlx_agent.chat` (ChatML unless a template is set)."""
-        from .chat import CHATML, ChatFormat
-
         text = ChatFormat(self.chat_template or CHATML).render(
             messages, tools=tools, add_generation_prompt=add_generation_prompt, **extra)
         return self.encode(text) if tokenize else text
@@ -154,7 +152,7 @@ def from_sentencepiece(model_proto: bytes) -> TokenizerWrapper:
 
 
 def from_hf_dir(path: Path) -> TokenizerWrapper:
-    from mlx_lm.utils import load_tokenizer
+    from mlx_lm.utils import load_tokenizer  # lazy: mlx_lm.utils takes seconds
 
     return load_tokenizer(Path(path))
 

@@ -26,6 +26,7 @@ from typing import Iterator
 
 import msgspec
 
+from .errors import UserFacingError
 from .fileio import write_bytes
 
 VERSION = 1
@@ -62,7 +63,8 @@ class Trajectory(msgspec.Struct, omit_defaults=True):
     id: str
     steps: list[Step] = msgspec.field(default_factory=list)
     summary: dict[str, str] = msgspec.field(default_factory=dict)
-    version: int = VERSION
+    # written as 1 (the original's reader expects it); None only when a file lacked it
+    version: int | None = None
     task: str | None = None
     checkpoint_path: str | None = None
     model_fingerprint: str | None = None
@@ -91,12 +93,14 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Trajectory)
 
 
-class TrajectoryError(ValueError):
+class TrajectoryError(UserFacingError, ValueError):
     """A file that is not a readable ``.atraj``."""
 
 
 def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> None:
-    write_bytes(path, _encoder.encode(traj), durable=durable)
+    """Write ``traj`` atomically, ``"version": 1`` included."""
+    write_bytes(path, _encoder.encode(msgspec.structs.replace(traj, version=VERSION)),
+                durable=durable)
 
 
 def read(path: str | os.PathLike) -> Trajectory:
@@ -106,7 +110,7 @@ def read(path: str | os.PathLike) -> Trajectory:
         raise TrajectoryError(f"cannot read {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
         raise TrajectoryError(f"{path} is not a valid .atraj file: {e}") from None
-    if traj.version != VERSION:
+    if traj.version not in (None, VERSION):
         raise TrajectoryError(f"{path}: .atraj version {traj.version} is not supported (only 1)")
     return traj
 

@@ -23,7 +23,7 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
 def main():
-    from mlx_agent.agent import JsonProtocol
+    from mlx_agent.formats import make_format
     from mlx_agent.grammar import Constraint, json_protocol_grammar, ll_tokenizer, string_budget
     from mlx_agent.models import load
     from mlx_agent.tools import load_tools
@@ -44,13 +44,12 @@ def main():
 
     results = {False: [], True: []}
     timing = {False: [0, 0.0], True: [0, 0.0]}
+    fmt = make_format("json", lm)
     for task in tasks:
-        proto = JsonProtocol(lm, tools)
-        proto.add_user(task["prompt"])
-        prompt = proto.prompt_ids()
+        prompt = fmt.prompt_ids([{"role": "user", "content": task["prompt"]}], tools)
         for grammar in (False, True):
             engine.sync(prompt)
-            scanner = proto.scanner()
+            scanner = fmt.scanner()
             if grammar:
                 constraint.reset()
             ids = []
@@ -62,11 +61,11 @@ def main():
                     break
             timing[grammar][0] += len(ids)
             timing[grammar][1] += time.perf_counter() - start
-            scanner = proto.scanner()
+            scanner = fmt.scanner()
             scanner.feed(lm.decode(ids))
-            reply = proto.parse(scanner)
+            reply = fmt.parse(scanner.turn_text)
             call = reply.calls[0] if reply.calls else None
-            parsed = scanner.object_text is not None and (call is not None or not reply.fallback)
+            parsed = scanner.object_text is not None and (call is not None or reply.complete)
             tool = by_name.get(call.name) if call else None
             valid = tool is not None and not tool.validate(call.arguments)
             expected = bool(call and call.name == task["tool"] and call.arguments == task["arguments"])

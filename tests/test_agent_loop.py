@@ -2,7 +2,7 @@
 
 The model is a tiny random llama with SmolLM2's vocabulary; the sampler ignores its logits
 and emits scripted replies token by token, so every path of the loop runs through the real
-engine, caches, detokenizer, scanners, protocols and executor.
+engine, caches, detokenizer, scanners, formats and executor.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import mlx.core as mx
 import msgspec
 import pytest
 
-from mlx_agent.agent import Agent, AgentConfig, HermesProtocol, JsonProtocol
+from mlx_agent.agent import Agent, AgentConfig, Conversation, agent_format
 from mlx_agent.agent import events as ev
-from mlx_agent.agent.scanner import JsonObjectScanner, ToolCallScanner
+from mlx_agent.formats.scanner import JsonObjectScanner, ToolCallScanner
 from mlx_agent.chat import ChatFormat
 from mlx_agent.tools import parse_tools
 
@@ -58,7 +58,7 @@ class Recorder(list):
 
 def agent(lm, script, protocol="json", engine=None, recorder=None, **config):
     config.setdefault("grammar", False)  # the script ignores logits; grammar tests opt in
-    proto = (JsonProtocol if protocol == "json" else HermesProtocol)(lm, ECHO)
+    fmt = agent_format(protocol, lm)
     rec = Recorder()
     engine = engine or lm.engine()
     syncs = []
@@ -72,7 +72,7 @@ def agent(lm, script, protocol="json", engine=None, recorder=None, **config):
         return stats
 
     engine.sync = sync
-    a = Agent(lm, engine, ECHO, proto, AgentConfig(**config), emit=rec, sampler=script,
+    a = Agent(lm, engine, ECHO, fmt, AgentConfig(**config), emit=rec, sampler=script,
               recorder=recorder)
     return a, rec, syncs
 
@@ -150,20 +150,19 @@ def test_confirm_denied(tiny_lm):
 
 
 def test_context_limit_ends_the_turn(tiny_lm):
-    proto = JsonProtocol(tiny_lm, ECHO)
-    limit = len(proto.system_ids) + 40
+    limit = len(Conversation(agent_format("json", tiny_lm), ECHO).system_ids) + 40
     engine = tiny_lm.engine(context_length=limit)
     script = Script(tiny_lm, '{"answer": "' + "word " * 200)
     a, rec, _ = agent(tiny_lm, script, engine=engine, max_tokens=500)
     out = a.ask("talk")
-    assert out.stats.stop == "context" and a.turn_warning
+    assert out.stats.stop == "context" and out.warning
     assert len(engine.tokens) == limit
     out2 = a.ask("more")  # the next turn cannot even fit its prompt
     assert out2.stats.stop == "context"
 
 
 def test_rotating_window_keeps_going_with_the_system_prompt_pinned(tiny_lm):
-    proto_len = len(JsonProtocol(tiny_lm, ECHO).system_ids)
+    proto_len = len(Conversation(agent_format("json", tiny_lm), ECHO).system_ids)
     engine = tiny_lm.engine(cache_mode="rotating", kv_window=proto_len + 48)
     replies = ['{"tool": "echo", "arguments": {"text": "' + "y" * 30 + '"}}'] * 3 + ['{"answer": "end"}']
     a, rec, _ = agent(tiny_lm, Script(tiny_lm, *replies), engine=engine)
@@ -182,7 +181,8 @@ def test_hermes_several_calls_in_one_turn(tiny_lm):
     out = a.ask("echo twice")
     assert [c.stdout for c in rec.of(ev.ToolCall)] == ["one", "two"]
     assert out.answer == "Both echoed." and not out.fallback
-    assert "echo" in lm.decode(a.protocol.prompt_ids()[: len(a.protocol.system_ids)])
+    c = a.conversation
+    assert "echo" in lm.decode(c.prompt_ids()[: len(c.system_ids)])
     # the re-rendered conversation reused the cache up to the new tool turn
     before, second, _ = syncs[1]
     assert second.reused >= len(before) - 2
@@ -195,7 +195,7 @@ def test_hermes_stops_after_tool_calls_when_text_follows(tiny_lm):
     a, rec, _ = agent(lm, script, protocol="hermes")
     assert a.ask("x").answer == "fin"
     assert rec.of(ev.Assistant)[0].raw.endswith("</tool_call> and")
-    assert a.protocol.messages[2]["content"].endswith("</tool_call>")
+    assert a.conversation.messages[1]["content"].endswith("</tool_call>")
 
 
 def test_json_scanner_is_incremental_and_string_aware():
@@ -233,7 +233,8 @@ def test_session_round_trip_continues_without_prefill(tiny_lm, tmp_path):
     a.save_session(path)
     b, _, syncs = agent(tiny_lm, Script(tiny_lm, '{"answer": "two"}'))
     assert b.resume(path) == len(a.engine.tokens)
-    assert b.engine.tokens == a.engine.tokens and b.protocol.ids == a.protocol.ids
+    assert b.engine.tokens == a.engine.tokens
+    assert b.conversation.prompt_ids() == a.conversation.prompt_ids()
     assert b.ask("second").answer == "two"
     before, stats, _ = syncs[0]
     assert stats.reused == len(before) == len(a.engine.tokens)  # nothing re-prefilled
@@ -248,7 +249,7 @@ def test_session_round_trip_continues_without_prefill(tiny_lm, tmp_path):
     other = msgspec.structs.replace(tiny_lm.identity, name="other")
     with pytest.raises(ValueError, match="different model"):
         load_session(path, other)
-    assert c.engine.tokens == [] and c.protocol.ids == c.protocol.system_ids
+    assert c.engine.tokens == [] and c.conversation.messages == []
 
 
 def test_grammar_on_a_reply_ends_where_the_grammar_does(tiny_lm):

@@ -46,6 +46,9 @@ class Oracle:
             a["id"]: a["ground_truth"] for a in b.answers(CATEGORIES[category])}
         self.questions = iter(b.questions(CATEGORIES[category], include_prereq=False))
 
+    def prepare(self, call):
+        return call
+
     def chat(self, call):
         q = next(self.questions)
         truth = self.answers.get(q["id"], [{call.tools[0].name: {}}])

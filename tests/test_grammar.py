@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_agent.agent import JsonProtocol
+from mlx_agent.formats import make_format
 from mlx_agent.engine import SamplingParams
 from mlx_agent.grammar import (Constraint, GrammarError, json_protocol_grammar, ll_tokenizer)
 from mlx_agent.models import load
@@ -72,9 +72,8 @@ def test_real_model_calls_always_parse_and_validate_at_temperature_1(smol):
     seen_calls = 0
     for seed in range(8):
         for prompt in ("What's the weather in Rome?", "Add 4 and 9."):
-            proto = JsonProtocol(lm, TOOLS)
-            proto.add_user(prompt)
-            engine.sync(proto.prompt_ids())
+            engine.sync(make_format("json", lm).prompt_ids(
+                [{"role": "user", "content": prompt}], TOOLS))
             c.reset()
             ids = list(engine.generate(SamplingParams(temperature=1.0, seed=seed).sampler(),
                                        max_tokens=96, stop_ids=lm.stop_ids, constraint=c))

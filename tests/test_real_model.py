@@ -10,15 +10,21 @@ def chat_ids(lm, text):
     return lm.encode(lm.chat.render([{"role": "user", "content": text}]))
 
 
+def read(stream: TextStream) -> str:
+    return "".join(segment for _, segment in stream) + stream.flush()
+
+
 def test_greedy_chat_answer_names_paris(real_model):
     lm = real_model
-    stream = TextStream(lm.engine(), lm.tokenizer, chat_ids(lm, "What is the capital of France?"),
-                        max_tokens=40, stop_ids=lm.stop_ids)
-    text = "".join(stream)
+    engine = lm.engine()
+    engine.sync(chat_ids(lm, "What is the capital of France?"))
+    stream = TextStream(engine, lm.tokenizer, max_tokens=40, stop_ids=lm.stop_ids)
+    text = read(stream)
     assert "Paris" in text
-    assert text == stream.result.text
-    assert stream.result.finish_reason == "stop"
-    assert stream.result.token_ids[-1] in lm.stop_ids  # the turn is closed in the cache
+    assert text == stream.text
+    assert stream.finish_reason == "stop"
+    assert stream.ids[-1] in lm.stop_ids  # the turn is closed in the cache
+    assert engine.tokens[-len(stream.ids):] == stream.ids
 
 
 def test_same_seed_same_tokens(real_model):
@@ -26,10 +32,12 @@ def test_same_seed_same_tokens(real_model):
     ids = chat_ids(lm, "Tell me a story.")
 
     def run(seed):
-        s = TextStream(lm.engine(context_length=256), lm.tokenizer, ids, max_tokens=16,
-                       sampling=SamplingParams(temperature=1.0, seed=seed))
-        list(s)
-        return s.result.token_ids
+        engine = lm.engine(context_length=256)
+        engine.sync(ids)
+        s = TextStream(engine, lm.tokenizer, SamplingParams(temperature=1.0, seed=seed).sampler(),
+                       max_tokens=16)
+        read(s)
+        return s.ids
 
     first = run(42)
     assert run(42) == first
@@ -40,13 +48,14 @@ def test_second_turn_reuses_the_first(real_model):
     lm = real_model
     engine = lm.engine(context_length=512)
     msgs = [{"role": "user", "content": "Say hi."}]
-    s = TextStream(engine, lm.tokenizer, lm.encode(lm.chat.render(msgs)), max_tokens=12,
-                   stop_ids=lm.stop_ids)
-    reply = "".join(s)
+    first = lm.encode(lm.chat.render(msgs))
+    engine.sync(first)
+    s = TextStream(engine, lm.tokenizer, max_tokens=12, stop_ids=lm.stop_ids)
+    reply = read(s)
     msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Again."}]
     second = lm.encode(lm.chat.render(msgs))
     stats = engine.sync(second)
-    assert stats.reused >= len(s.prompt_ids) and stats.prefilled < len(second) - stats.reused + 8
+    assert stats.reused >= len(first) and stats.prefilled < len(second) - stats.reused + 8
 
 
 def test_tokenizer_round_trips_and_streams(real_model):

@@ -15,7 +15,8 @@ import pytest
 
 from mlx_agent.engine import SamplingParams
 from mlx_agent.serve import ChatCall, ChatService, make_app
-from mlx_agent.serve.render import JsonAnswerStream, tool_info
+from mlx_agent.formats import tool_info
+from mlx_agent.formats.streams import JsonAnswerStream
 from mlx_agent.serve.service import StopStrings
 from mlx_agent.tools import declared_tools
 
@@ -256,10 +257,10 @@ def test_deferred_mode_answers_get_tool_info_itself(serve, tiny_lm, tmp_path):
 
 
 def test_deferred_prompt_is_an_index_and_the_hop_cap_drops_get_tool_info(tiny_lm):
-    from mlx_agent.serve.render import JsonFormat
+    from mlx_agent.formats import make_format
 
     tools = declared_tools(TOOLS)
-    fmt = JsonFormat(tiny_lm)
+    fmt = make_format("json", tiny_lm)
     text = tiny_lm.decode(fmt.prompt_ids(user("hi"), tools, deferred=True))
     assert "- get_weather: Current weather in a city." in text and "More detail" not in text
     assert "get_tool_info(name: string)" in text and "city: string" not in text
@@ -393,7 +394,7 @@ def test_the_tools_block_comes_from_the_prompt_cache(tiny_lm, tmp_path):
     service = ChatService(tiny_lm, tools=tools)
     hit = service.prime(PromptCache(tmp_path))
     assert not first.hit and hit.hit and hit.tokens == first.tokens > 50
-    r = service.chat(ChatCall(messages=user("hi"), max_tokens=4))
+    r = service.chat(service.prepare(ChatCall(messages=user("hi"), max_tokens=4)))
     assert r.usage.cached_tokens >= hit.tokens
 
 

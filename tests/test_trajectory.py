@@ -56,7 +56,10 @@ def test_hermes_trajectory_with_a_non_canonical_tokenization(tiny_lm, tmp_path):
     assert t.token_sequence() == a.engine.tokens
     user2 = [s for s in t.steps if s.role == "user"][1]
     replayed_before = tj.Trajectory(id="x", steps=t.steps[: t.steps.index(user2)]).token_sequence()
-    assert user2.prefix_len < len(replayed_before)  # the re-render dropped the split tokens
+    # the re-rendered conversation kept the split the model sampled: nothing re-prefilled
+    assert user2.prefix_len == len(replayed_before)
+    sampled = t.steps[2].output_ids
+    assert replayed_before[-len(sampled):] == sampled and split == sampled[3:5]
 
 
 def test_system_prompt_from_the_prompt_cache_is_recorded(tiny_lm, tmp_path):
@@ -65,8 +68,9 @@ def test_system_prompt_from_the_prompt_cache_is_recorded(tiny_lm, tmp_path):
     a.prime(PromptCache(tmp_path / "kv"))
     a.ask("hi")
     t = tj.read(rec.path)
-    assert t.steps[0].role == "system" and t.steps[0].input_ids == a.protocol.system_ids
-    assert t.steps[1].prefix_len == len(a.protocol.system_ids)
+    system = a.conversation.system_ids
+    assert t.steps[0].role == "system" and t.steps[0].input_ids == system
+    assert t.steps[1].prefix_len == len(system)
     assert t.token_sequence() == a.engine.tokens
 
 
@@ -80,6 +84,10 @@ def test_reader_api_and_the_original_fields(tmp_path):
     tj.set_reward(path, 1.0)
     raw = json.loads(path.read_text())
     assert raw["steps"][-1]["reward"] == 1.0 and raw["summary"]["reward"] == "1.0"
+    assert raw["version"] == 1  # written at the top level, as the original's reader expects
+    del raw["version"]  # a file without it still reads
+    (tmp_path / "old.atraj").write_text(json.dumps(raw))
+    assert tj.read(tmp_path / "old.atraj").steps[0].input_ids == [1, 2]
     # a file with only the original's version-1 fields reads
     original = {"version": 1, "id": "abc", "summary": {}, "steps": [
         {"role": "user", "content": "x", "input_ids": [5]},

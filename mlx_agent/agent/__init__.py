@@ -1,7 +1,6 @@
-"""The agent: protocols that show tools to the model, the loop that runs them, its events."""
+"""The agent: the loop that runs tools for a model, its conversation, its events."""
 
-from .loop import Agent, AgentConfig, Outcome
-from .protocols import HermesProtocol, JsonProtocol, choose, make_protocol
+from .conversation import Conversation, agent_format
+from .loop import Agent, AgentConfig, Outcome, TurnStats
 
-__all__ = ["Agent", "AgentConfig", "HermesProtocol", "JsonProtocol", "Outcome", "choose",
-           "make_protocol"]
+__all__ = ["Agent", "AgentConfig", "Conversation", "Outcome", "TurnStats", "agent_format"]

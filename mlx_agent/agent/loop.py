@@ -1,32 +1,36 @@
 """The agent loop: generate, parse, run tools, feed results back, repeat, over one KV cache.
 
-``Agent.ask(text)`` runs one user turn: up to ``max_steps`` assistant steps, each synced to the
-protocol's full conversation (the engine reuses the cached prefix and prefills the rest),
-generated until the protocol's scanner or the end-of-turn token ends it, then parsed into
-tool calls or an answer. Calls are validated against their schema before anything runs;
-unknown tools, invalid arguments, refusals and forged turn markers go back to the model as
-error results. Every sampled token stays in the cache, and after each sync the cached ids
-equal the rendered conversation.
+``Agent.ask(text)`` runs one user turn as steps (``_step``): sync the engine to the
+conversation (the cached prefix is reused, the rest prefilled), query the model until the
+format's scanner or the end-of-turn token ends the reply (``_query``), parse it, and run its
+calls (``_execute``). Calls are validated against their schema before anything runs; unknown
+tools, invalid arguments, refusals and forged turn markers go back to the model as error
+results. Every sampled token stays in the cache, and after each sync the cached ids equal
+the rendered conversation.
 
-Limits live in one place (:meth:`Agent.ask`): ``steps`` when the step budget runs out,
-``context`` when a non-rotating cache is full (a rotating window keeps going, its system
-prompt pinned), ``interrupted`` on Ctrl-C during generation (the session goes on).
+A turn ends in one place (:meth:`Agent.ask`): ``answer``; ``steps`` when the step budget runs
+out; ``context`` when a non-rotating cache is full (a rotating window keeps going, its
+system prompt pinned), with the reason on :attr:`Outcome.warning`; ``interrupted`` on Ctrl-C
+during generation (the session goes on).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
-import msgspec
+from dataclasses import dataclass, field, fields
 from typing import Callable, Sequence
 
 from ..cache import ContextFull
-from ..engine import Engine, SamplingParams
+from ..engine import Constraint, Engine, PrefillStats, SamplingParams
+from ..formats import Call, Format, Reply
+from ..grammar import forced_call, tool_constraint
+from ..prompt_cache import load_session, save_session
+from ..text import TextStream
 from ..tokenizer import special_tokens
 from ..tools import Tool, ToolResult, error_result, run_tool
 from . import events as ev
-from .protocols import Call, Reply
+from .conversation import Conversation
+from .recording import TrajectoryLog
 
 Confirm = Callable[[str, dict], bool]
 
@@ -62,10 +66,37 @@ class AgentConfig:
 
 def _choice_key(choice: str | dict) -> str:
     if isinstance(choice, dict):
-        from ..grammar import forced_call
-
         return forced_call(choice["name"], choice.get("arguments", {}))
     return choice
+
+
+@dataclass
+class TurnStats:
+    """What one user turn cost; becomes the ``stats`` event."""
+
+    turns: int = 0
+    calls: int = 0
+    valid_calls: int = 0
+    tool_errors: int = 0
+    generated_tokens: int = 0
+    rendered_tokens: int = 0
+    prefilled_tokens: int = 0
+    reused_tokens: int = 0
+
+    def synced(self, prompt: int, sync: PrefillStats) -> None:
+        self.turns += 1
+        self.rendered_tokens += prompt
+        self.prefilled_tokens += sync.prefilled
+        self.reused_tokens += sync.reused
+
+    def ran(self, result: ToolResult, valid: bool) -> None:
+        self.calls += 1
+        self.valid_calls += valid
+        self.tool_errors += result.exit_code != 0 or result.timed_out
+
+    def event(self, seconds: float, stop: str) -> ev.Stats:
+        return ev.Stats(**{f.name: getattr(self, f.name) for f in fields(self)},
+                        seconds=round(seconds, 3), stop=stop)
 
 
 @dataclass
@@ -73,24 +104,46 @@ class Outcome:
     answer: str | None
     fallback: bool
     stats: ev.Stats
+    warning: str | None = None  # why a turn stopped early (the context is full)
+
+
+@dataclass
+class _Query:
+    """One reply as generated: its text, the ids sampled, and how it ended."""
+
+    raw: str  # every character decoded
+    turn_text: str  # what the turn keeps (the scanner may end it before the last segment)
+    sampled: list[int]
+    closed: bool  # the model ended the turn with its stop token
+    finished: bool  # the reply reached the format's end by itself
+    interrupted: bool = False
+
+
+@dataclass
+class _End:
+    """Why a turn ends here."""
+
+    stop: str  # answer | context | interrupted
+    answer: str | None = None
+    fallback: bool = False
+    warning: str | None = None
 
 
 class Agent:
-    def __init__(self, lm, engine: Engine, tools: Sequence[Tool], protocol,
+    def __init__(self, lm, engine: Engine, tools: Sequence[Tool], fmt: Format,
                  config: AgentConfig | None = None,
                  emit: Callable[[ev.Event], None] = lambda e: None, sampler=None,
                  recorder=None):
-        self.lm, self.engine, self.protocol = lm, engine, protocol
-        self.recorder = recorder  # a trajectory.Recorder, or None
-        self._pending_tool_steps: list = []
-        self._system_recorded = False
+        self.lm, self.engine, self.fmt = lm, engine, fmt
         self.tools = {t.name: t for t in tools}
         self.config = config or AgentConfig()
         self.emit = emit
         self.sampler = sampler or self.config.sampling.sampler()
-        self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(protocol.markers))
-        self.turn_warning: str | None = None
-        self._constraints: dict[str, object] = {}
+        self.conversation = Conversation(fmt, tools)
+        self.log = TrajectoryLog(recorder, self.conversation.system_ids,
+                                 self.conversation.system_text) if recorder else None
+        self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(fmt.markers))
+        self._constraints: dict[str, Constraint] = {}
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
             for choice in choices:
@@ -98,11 +151,11 @@ class Agent:
         elif choices != {"auto"}:
             raise ValueError("tool_choice needs the grammar (the grammar is what enforces it)")
         if engine.cache_mode == "rotating":
-            engine.pin(len(protocol.system_ids))
+            engine.pin(len(self.conversation.system_ids))
 
     def prime(self, prompt_cache) -> ev.Cache:
         """Load the system prompt's KV state from ``prompt_cache``, or prefill and save it."""
-        hit = prompt_cache.prime(self.engine, self.lm.identity, self.protocol.system_ids)
+        hit = prompt_cache.prime(self.engine, self.lm.identity, self.conversation.system_ids)
         ms = round(hit.seconds * 1000, 2)
         event = ev.Cache(hit=hit.hit, tokens=hit.tokens, bytes=hit.bytes, key=hit.key,
                          load_ms=ms if hit.hit else None, prefill_ms=None if hit.hit else ms)
@@ -111,218 +164,146 @@ class Agent:
 
     def save_session(self, path) -> int:
         """Write the conversation and its KV state to ``path`` (atomically)."""
-        from ..prompt_cache import save_session
-
-        return save_session(path, self.lm.identity, self.engine, self.protocol.name,
-                            self.protocol.state())
+        return save_session(path, self.lm.identity, self.engine, self.fmt.name,
+                            self.conversation.state())
 
     def resume(self, path) -> int:
         """Continue a saved conversation; returns how many tokens came back without prefill.
         Raises ValueError (and changes nothing) when the file cannot be used."""
-        from ..prompt_cache import load_session
-
         name, state, tokens, kvs = load_session(path, self.lm.identity)
-        if name != self.protocol.name:
-            raise ValueError(f"it uses the {name} protocol, this run {self.protocol.name}")
-        before = self.protocol.state()
-        self.protocol.load_state(state)
+        if name != self.fmt.name:
+            raise ValueError(f"it uses the {name} protocol, this run {self.fmt.name}")
+        before = self.conversation.state()
+        self.conversation.load_state(state)
         try:
             if tokens:
                 self.engine.restore(tokens, kvs)
         except ContextFull as e:
-            self.protocol.load_state(before)
+            self.conversation.load_state(before)
             raise ValueError(str(e)) from None
         return len(tokens)
 
-    # -- one user turn ---------------------------------------------------------------
+    # -- one user turn: run -> step -> query / execute --------------------------------
 
     def ask(self, text: str) -> Outcome:
         self.emit(ev.User(text=text))
-        self.protocol.add_user(text)
-        stats = dict(turns=0, calls=0, valid_calls=0, tool_errors=0, generated_tokens=0,
-                     rendered_tokens=0, prefilled_tokens=0, reused_tokens=0)
-        start = time.perf_counter()
-        answer, fallback, stop = None, False, "steps"
-        self.turn_warning = None
+        self.conversation.add_user(text)
+        stats, start = TurnStats(), time.perf_counter()
+        end = _End("steps")
         for step in range(self.config.max_steps):
-            prompt = self.protocol.prompt_ids()
-            try:
-                sync = self.engine.sync(prompt)
-            except ContextFull as e:
-                stop, self.turn_warning = "context", str(e)
+            if (done := self._step(step, stats, text if step == 0 else None)) is not None:
+                end = done
                 break
-            self._record_fed(prompt, sync.reused, text if step == 0 else None)
-            stats["turns"] += 1
-            stats["rendered_tokens"] += len(prompt)
-            stats["prefilled_tokens"] += sync.prefilled
-            stats["reused_tokens"] += sync.reused
-            scanner, sampled = self.protocol.scanner(), []
-            closed = interrupted = False
-            try:
-                closed = self._generate(scanner, sampled, self._constraint(self.config.choice(step)))
-            except KeyboardInterrupt:  # the reply so far stands; the session goes on
-                interrupted = True
-            stats["generated_tokens"] += len(sampled)
-            reply: Reply = self.protocol.parse(scanner)
-            raw = scanner.text
-            self.emit(ev.Assistant(step=step, raw=raw))
-            self._record_assistant(raw, sampled, reply)
-            self.protocol.add_assistant(getattr(scanner, "turn_text", raw), sampled, closed)
-            if interrupted:
-                stop = "interrupted"
-                break
-            if not reply.calls:
-                answer, fallback, stop = reply.answer, reply.fallback, "answer"
-                if not closed and not scanner_finished(scanner) and self.engine.room == 0:
-                    stop, self.turn_warning = "context", "the context is full"
-                break
-            results = []
-            for call in reply.calls:
-                result, valid = self._run(call)
-                stats["calls"] += 1
-                stats["valid_calls"] += valid
-                stats["tool_errors"] += result.exit_code != 0 or result.timed_out
-                content = result.for_model()
-                self.emit(ev.ToolResult(tool=result.tool, content=content))
-                results.append((result.tool, content))
-                self._record_tool(result, content)
-            self.protocol.add_results(results)
-        if answer is not None:
-            self.emit(ev.Answer(text=answer, fallback=fallback))
-        final = ev.Stats(**stats, seconds=round(time.perf_counter() - start, 3), stop=stop)
+        if end.answer is not None:
+            self.emit(ev.Answer(text=end.answer, fallback=end.fallback))
+        final = stats.event(time.perf_counter() - start, end.stop)
         self.emit(final)
-        if self.recorder is not None:
-            for pending in self._pending_tool_steps:  # results the model never read
-                self.recorder.add(pending)
-            self._pending_tool_steps = []
-            self.recorder.finish_turn(msgspec.to_builtins(final))
-        return Outcome(answer, fallback, final)
+        if self.log is not None:
+            self.log.finish(final)
+        return Outcome(end.answer, end.fallback, final, end.warning)
 
-    # -- trajectory recording (token-exact: the ids fed and the ids sampled) -------------
+    def _step(self, step: int, stats: TurnStats, user_text: str | None) -> _End | None:
+        """One assistant step; returns why the turn ends, or None to go on."""
+        prompt = self.conversation.prompt_ids()
+        try:
+            sync = self.engine.sync(prompt)
+        except ContextFull as e:
+            return _End("context", warning=str(e))
+        except KeyboardInterrupt:  # during prefill: the engine repaired its cache
+            return _End("interrupted")
+        stats.synced(len(prompt), sync)
+        q = self._query(step)
+        stats.generated_tokens += len(q.sampled)
+        reply = self.fmt.parse(q.turn_text)
+        self.emit(ev.Assistant(step=step, raw=q.raw))
+        self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
+        results = [] if q.interrupted or not reply.calls else self._execute(reply.calls, stats)
+        if self.log is not None:
+            self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
+        if q.interrupted:
+            return _End("interrupted")
+        if not reply.calls:
+            if not (q.closed or q.finished) and self.engine.room == 0:
+                return _End("context", reply.content, not reply.complete, "the context is full")
+            return _End("answer", reply.content, not reply.complete)
+        self.conversation.add_results([(r.tool, content) for r, content in results])
+        return None
 
-    def _record_fed(self, prompt: list[int], reused: int, user_text: str | None) -> None:
-        if self.recorder is None:
-            return
-        from ..trajectory import Step
+    def _query(self, step: int) -> _Query:
+        """Sample one reply until the scanner or the stop token ends it (Ctrl-C: the reply
+        so far stands)."""
+        scanner = self.fmt.scanner(parallel=self.fmt.name == "hermes")  # json: one call a reply
+        stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
+                            max_tokens=self.config.max_tokens, stop_ids=self.lm.stop_ids,
+                            constraint=self._constraint(self.config.choice(step)))
+        interrupted = False
+        try:
+            for _, segment in stream:
+                if segment and scanner.feed(segment):
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+        scanner.feed(stream.flush())
+        closed = bool(stream.ids) and stream.ids[-1] in self.lm.stop_ids
+        return _Query(scanner.text, scanner.turn_text, stream.ids, closed, scanner.finished,
+                      interrupted)
 
-        fed, at = prompt[reused:], reused
-        system = list(self.protocol.system_ids)
-        if not self._system_recorded:
-            self._system_recorded = True
-            loaded = reused >= len(system)  # from a prompt cache (or a resumed session)
-            if loaded or prompt[: len(system)] == system:
-                self.recorder.add(Step(role="system", content=_system_text(self.protocol),
-                                       input_ids=system, prefix_len=0))
-                if not loaded:
-                    fed, at = prompt[len(system):], len(system)
-        if user_text is not None:
-            self.recorder.add(Step(role="user", content=user_text, input_ids=fed, prefix_len=at))
-            return
-        steps, self._pending_tool_steps = self._pending_tool_steps, []
-        for i, step in enumerate(steps):
-            if i == 0:  # the tool turn(s) went in as one block
-                step.input_ids, step.prefix_len = fed, at
-            self.recorder.add(step)
+    def _execute(self, calls: list[Call], stats: TurnStats) -> list[tuple[ToolResult, str]]:
+        """Run the calls in order; returns each result with the text the model reads."""
+        results = []
+        for call in calls:
+            result, valid = self._run(call)
+            stats.ran(result, valid)
+            content = result.for_model()
+            self.emit(ev.ToolResult(tool=result.tool, content=content))
+            results.append((result, content))
+        return results
 
-    def _record_assistant(self, raw: str, sampled: list[int], reply: Reply) -> None:
-        if self.recorder is None:
-            return
-        import json
+    def _run(self, call: Call) -> tuple[ToolResult, bool]:
+        """Run one call if it is valid; returns the result and whether the call was valid."""
+        result, valid = self._check(call), False
+        if result is None:
+            valid = True
+            if self.config.confirm and not self.config.confirm(call.name, call.arguments):
+                result = error_result(call.name, "the user denied this tool call")
+            else:
+                result = self._withhold_markers(run_tool(
+                    self.tools[call.name], call.arguments, timeout=self.config.tool_timeout,
+                    env_names=self.config.tool_env, cwd=self.config.tool_cwd))
+        self.emit(ev.ToolCall(tool=result.tool, arguments=call.arguments, stdout=result.stdout,
+                              stderr=result.stderr, exit_code=result.exit_code,
+                              timed_out=result.timed_out, duration_sec=result.duration_sec))
+        return result, valid
 
-        from ..trajectory import Step, ToolCallRecord
+    def _check(self, call: Call) -> ToolResult | None:
+        """The error result for a call that must not run, or None for a valid one."""
+        if call.error:
+            return error_result(call.name, call.error)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return error_result(call.name, f"unknown tool {call.name!r}; available: {known}")
+        problems = tool.validate(call.arguments)
+        if problems:
+            return error_result(tool.name, "invalid arguments: " + "; ".join(problems))
+        return None
 
-        call = reply.calls[0] if reply.calls else None
-        record = ToolCallRecord(name=call.name, arguments_json=json.dumps(call.arguments)) \
-            if call else None
-        self.recorder.add(Step(role="assistant", content=raw, output_ids=list(sampled),
-                               tool_call=record))
+    def _withhold_markers(self, result: ToolResult) -> ToolResult:
+        forged = next((s for s in self.forbidden if s in result.stdout or s in result.stderr),
+                      None)
+        if forged:
+            return error_result(result.tool, f"the tool output contains the reserved marker "
+                                             f"{forged!r}; it was withheld")
+        return result
 
-    def _record_tool(self, result: ToolResult, content: str) -> None:
-        if self.recorder is None:
-            return
-        from ..trajectory import Step, ToolResultRecord
-
-        self._pending_tool_steps.append(Step(role="tool", content=content, tool_result=ToolResultRecord(
-            name=result.tool, stdout=result.stdout, stderr=result.stderr,
-            exit_code=result.exit_code, duration_sec=result.duration_sec,
-            timed_out=result.timed_out)))
-
-    # -- pieces ----------------------------------------------------------------------
-
-    def _constraint(self, choice: str):
+    def _constraint(self, choice: str) -> Constraint | None:
         """The grammar constraint for ``choice`` (None with the grammar off), reset."""
         if not self.config.grammar:
             return None
         if choice not in self._constraints:
-            from ..grammar import tool_constraint
-
             self._constraints[choice] = tool_constraint(
-                self.lm, self.protocol.name, list(self.tools.values()), self.config.max_tokens,
-                choice, parallel=self.protocol.name == "hermes")  # json: one call a reply
+                self.lm, self.fmt.name, list(self.tools.values()), self.config.max_tokens,
+                choice, parallel=self.fmt.name == "hermes")  # json: one call a reply
         constraint = self._constraints[choice]
         constraint.reset()
         return constraint
-
-    def _generate(self, scanner, sampled: list[int], constraint) -> bool:
-        """One assistant step: sample into ``sampled`` and ``scanner`` until the scanner or
-        the stop token ends it; True when the model closed the turn with its stop token."""
-        detok = self.lm.tokenizer.detokenizer
-        detok.reset()
-        for token in self.engine.generate(self.sampler, max_tokens=self.config.max_tokens,
-                                          stop_ids=self.lm.stop_ids, constraint=constraint):
-            sampled.append(token)
-            if token in self.lm.stop_ids:
-                break
-            detok.add_token(token)
-            segment = detok.last_segment
-            if segment and scanner.feed(segment):
-                return False
-        detok.finalize()
-        tail = detok.last_segment
-        if tail:
-            scanner.feed(tail)
-        return bool(sampled) and sampled[-1] in self.lm.stop_ids
-
-    def _run(self, call: Call) -> tuple[ToolResult, bool]:
-        """Run one call if it is valid; returns the result and whether the call was valid."""
-        if call.error:
-            result, valid = error_result(call.name, call.error), False
-            self._emit_call(call, result)
-            return result, valid
-        tool = self.tools.get(call.name)
-        if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
-            result = error_result(call.name, f"unknown tool {call.name!r}; available: {known}")
-            self._emit_call(call, result)
-            return result, False
-        problems = tool.validate(call.arguments)
-        if problems:
-            result = error_result(tool.name, "invalid arguments: " + "; ".join(problems))
-            self._emit_call(call, result)
-            return result, False
-        if self.config.confirm and not self.config.confirm(tool.name, call.arguments):
-            result = error_result(tool.name, "the user denied this tool call")
-        else:
-            result = run_tool(tool, call.arguments, timeout=self.config.tool_timeout,
-                              env_names=self.config.tool_env, cwd=self.config.tool_cwd)
-            forged = next((s for s in self.forbidden if s in result.stdout or s in result.stderr), None)
-            if forged:
-                result = error_result(tool.name, f"the tool output contains the reserved "
-                                                 f"marker {forged!r}; it was withheld")
-        self._emit_call(call, result)
-        return result, True
-
-    def _emit_call(self, call: Call, r: ToolResult) -> None:
-        self.emit(ev.ToolCall(tool=r.tool, arguments=call.arguments, stdout=r.stdout,
-                              stderr=r.stderr, exit_code=r.exit_code, timed_out=r.timed_out,
-                              duration_sec=r.duration_sec))
-
-
-def _system_text(protocol) -> str:
-    if hasattr(protocol, "system_text"):
-        return protocol.system_text
-    return protocol.messages[0]["content"]
-
-
-def scanner_finished(scanner) -> bool:
-    return bool(getattr(scanner, "end", None) is not None or getattr(scanner, "done", False))

@@ -18,18 +18,21 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .. import blas
 from .. import tokenizer as tok
 from ..chat import CHATML, ChatFormat
+from ..engine import Engine
+from ..errors import UserFacingError
+from . import gguf, tinygpt, tinygpt_format
 from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
-
-if TYPE_CHECKING:
-    from ..engine import Engine
 
 DEFAULT_MODEL = "smollm2-135m"
 MODEL_ENV = "MLX_AGENT_MODEL"
@@ -57,7 +60,7 @@ class _Parts(NamedTuple):
     bos_id: int | None = None  # set when the file says prompts start with BOS
 
 
-class ModelError(ValueError):
+class ModelError(UserFacingError, ValueError):
     """A model spec that cannot be loaded; the message says what to do."""
 
 
@@ -77,6 +80,10 @@ class LoadedModel:
         """Token ids of ``text``; special tokens written in the text are matched."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of message text: special tokens written in it are plain text."""
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
     def prompt_ids(self, text: str) -> list[int]:
         """Ids to feed for a prompt: ``encode(text)`` with the BOS token in front when the
         model wants one and the text (say, a chat template) did not already write it."""
@@ -88,10 +95,8 @@ class LoadedModel:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def engine(self, **options) -> "Engine":
+    def engine(self, **options) -> Engine:
         """An :class:`~mlx_agent.engine.Engine` for this model; ``options`` as Engine takes."""
-        from ..engine import Engine
-
         ident = self.identity
         options.setdefault("context_length", self.context_length)
         kv_spec = (ident.kv_heads, ident.head_dim, getattr(mx, ident.kv_dtype))
@@ -164,8 +169,6 @@ def _apply_weight_format(model: nn.Module, choice: str) -> str:
 
 
 def _first_float_dtype(model: nn.Module):
-    from mlx.utils import tree_flatten
-
     for _, p in tree_flatten(model.parameters()):
         if mx.issubdtype(p.dtype, mx.floating):
             return str(p.dtype).removeprefix("mlx.core.")
@@ -173,8 +176,6 @@ def _first_float_dtype(model: nn.Module):
 
 
 def _load_gguf(path: Path):
-    from . import gguf
-
     try:
         weights, meta = gguf.read(path)
         model, args = gguf.build(weights, meta)
@@ -190,8 +191,6 @@ def _load_gguf(path: Path):
 
 
 def _load_tinygpt(path: Path):
-    from . import tinygpt, tinygpt_format
-
     try:
         f = tinygpt_format.read(path)
         args = tinygpt.ModelArgs.from_config(f.config, embed_norm=tuple(f.weights))
@@ -221,7 +220,7 @@ def _load_tinygpt(path: Path):
 
 
 def _load_hf(path: Path, adapter: Path | None):
-    from mlx_lm.utils import load as mlx_lm_load
+    from mlx_lm.utils import load as mlx_lm_load  # lazy: mlx_lm.utils takes seconds
 
     try:
         model, tokenizer, config = mlx_lm_load(
@@ -240,8 +239,6 @@ def _load_hf(path: Path, adapter: Path | None):
 
 def _probe(model: nn.Module) -> tuple[str, int, int, int]:
     """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass."""
-    from mlx_lm.models.cache import KVCache
-
     cache = [KVCache() for _ in model.layers]
     logits = model(mx.array([[0]]), cache=cache)
     keys = cache[0].keys
@@ -257,8 +254,6 @@ def load(
     context_length: int | None = None,
 ) -> LoadedModel:
     """Load ``spec`` (default: ``$MLX_AGENT_MODEL`` or ``smollm2-135m``)."""
-    from .. import blas
-
     blas.activate()
     spec = str(spec) if spec is not None else default_spec()
     path = resolve(spec)
@@ -275,7 +270,7 @@ def load(
     model, tokenizer, template, max_ctx, name, bos_id = parts
     weight_format = _apply_weight_format(model, resolve_weight_format(weights))
     if adapter_path is not None and fmt != "hf":  # mlx_lm.load applied it for "hf"
-        from mlx_lm.tuner.utils import load_adapters
+        from mlx_lm.tuner.utils import load_adapters  # lazy: mlx_lm.tuner takes seconds
 
         try:
             load_adapters(model, str(adapter_path))

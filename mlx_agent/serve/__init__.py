@@ -1,7 +1,9 @@
-"""The OpenAI- and Ollama-compatible server: :mod:`.schema` (request bodies), :mod:`.render`
-(prompts and replies), :mod:`.service` (the model behind it), :mod:`.app` (HTTP)."""
+"""The OpenAI- and Ollama-compatible server: :mod:`.schema` (request bodies),
+:mod:`.openai_api` and :mod:`.ollama_api` (adapters), :mod:`.service` (the model behind
+them), :mod:`.app` (HTTP routes and the model thread). Prompts and replies are rendered by
+:mod:`mlx_agent.formats`, as the agent renders them."""
 
 from .app import make_app
-from .service import ChatCall, ChatResult, ChatService
+from .service import ChatCall, ChatResult, ChatService, PreparedChat
 
-__all__ = ["ChatCall", "ChatResult", "ChatService", "make_app"]
+__all__ = ["ChatCall", "ChatResult", "ChatService", "PreparedChat", "make_app"]

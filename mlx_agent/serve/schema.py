@@ -4,7 +4,7 @@ Decoding is the validation: a known field of the wrong type is a :class:`msgspec
 that names it (the server answers 400). Fields this server does not use are accepted and
 ignored, as OpenAI's own server does with fields it does not know, so clients that send
 ``user``, ``logprobs: false`` or ``keep_alive`` work unchanged. Responses are plain dicts
-built in :mod:`.app`.
+built by :mod:`.openai_api` and :mod:`.ollama_api`.
 """
 
 from __future__ import annotations
@@ -145,3 +145,6 @@ def decode(body: bytes, kind: type) -> Any:
         raise ValueError(f"invalid request: {e}") from None
     except msgspec.DecodeError as e:
         raise ValueError(f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError("the body is nested too deeply; send JSON nested less than "
+                         "a few hundred levels") from None

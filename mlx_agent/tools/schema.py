@@ -23,13 +23,15 @@ import msgspec
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from ..errors import UserFacingError
+
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
 RESERVED = frozenset({"auto", "none", "required"})  # tool_choice's own words
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 
 
-class ToolSchemaError(ValueError):
+class ToolSchemaError(UserFacingError, ValueError):
     """A tools file that cannot be used; the message names file, tool and field."""
 
 

@@ -1,10 +1,15 @@
 """Incremental end-of-turn detection over decoded text, O(1) amortized per character.
 
-:class:`JsonObjectScanner` finds the first complete top-level JSON object: it is string- and
-escape-aware, ignores everything (a stray ``}`` included) before the first ``{``, and reports
-where the object ends. :class:`ToolCallScanner` ends a hermes turn once text after a
-``</tool_call>`` is neither white space nor the start of another ``<tool_call>``; the
-end-of-turn token itself is the engine's stop id. Both only look at each character once.
+- :class:`JsonObjectScanner` (json, one call a reply) finds the first complete top-level
+  JSON object: it is string- and escape-aware, ignores everything (a stray ``}`` included)
+  before the first ``{``, and reports where the object ends.
+- :class:`RepeatedLineScanner` (json, parallel calls one per line) ends the turn when a
+  finished line repeats an earlier one: a small model looping on a call.
+- :class:`ToolCallScanner` (hermes) ends a turn once text after a ``</tool_call>`` is
+  neither white space nor the start of another ``<tool_call>``.
+- :class:`NeverScanner` (plain text) leaves the end to the stop token and the token limit.
+
+The end-of-turn token itself is the engine's stop id. Each only looks at each character once.
 """
 
 from __future__ import annotations
@@ -54,6 +59,44 @@ class JsonObjectScanner:
     def object_text(self) -> str | None:
         return self.text[self.start : self.end] if self.end is not None else None
 
+    @property
+    def turn_text(self) -> str:
+        return self.text
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+
+class RepeatedLineScanner:
+    def __init__(self):
+        self.text = ""
+        self._lines: set[str] = set()
+        self._line_start = 0
+        self.repeated = False
+
+    def feed(self, segment: str) -> bool:
+        """Add decoded text; True once a finished line repeats an earlier one."""
+        if self.repeated:
+            return True
+        self.text += segment
+        while (end := self.text.find("\n", self._line_start)) >= 0:
+            line = self.text[self._line_start:end]
+            self._line_start = end + 1
+            if line in self._lines:
+                self.repeated = True
+                return True
+            self._lines.add(line)
+        return False
+
+    @property
+    def turn_text(self) -> str:
+        return self.text
+
+    @property
+    def finished(self) -> bool:
+        return self.repeated
+
 
 class ToolCallScanner:
     def __init__(self):
@@ -99,3 +142,24 @@ class ToolCallScanner:
         if self.done and self._after_close is not None:
             return self.text[: self._after_close]
         return self.text
+
+    @property
+    def finished(self) -> bool:
+        return self.done
+
+
+class NeverScanner:
+    def __init__(self):
+        self.text = ""
+
+    def feed(self, segment: str) -> bool:
+        self.text += segment
+        return False
+
+    @property
+    def turn_text(self) -> str:
+        return self.text
+
+    @property
+    def finished(self) -> bool:
+        return False

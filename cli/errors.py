@@ -1,0 +1,37 @@
+"""How the command line fails: one line on stderr, exit code 2, never a traceback.
+
+:class:`UserError` is for mistakes the CLI itself finds; the runtime's own user-facing
+errors (:class:`mlx_agent.errors.UserFacingError`: a model that does not load, a schema that
+does not compile, a prompt that does not fit, ...) are turned into one by :class:`Group`.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+from mlx_agent.errors import UserFacingError
+
+
+class UserError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"mlx_agent: error: {self.format_message()}", err=True)
+
+
+def warn(message: str) -> None:
+    click.secho(f"warning: {message}", err=True, fg="yellow")
+
+
+class Group(click.Group):
+    """Turns the runtime's user-facing errors into one-line messages with exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserFacingError as e:
+            raise UserError(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+            ctx.exit(130)

@@ -1,0 +1,143 @@
+"""What every wire format shares: parsed replies, OpenAI-shaped messages, the sampled-id memo.
+
+A conversation is a list of OpenAI-shaped message dicts (``role``, ``content``, and for
+assistant turns optionally ``tool_calls``); the agent keeps its own conversation this way and
+the server gets one per request. A parsed reply is a :class:`Reply`: calls, or an answer.
+
+:class:`ReplyMemo` keeps the ids the model sampled for a reply, keyed by the text that reply
+renders to, so a conversation rendered again puts back exactly the ids in the KV cache
+instead of a re-tokenization (which may split text differently).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import UserFacingError
+
+
+class MessageError(UserFacingError):
+    """A message that cannot be rendered (the text says what to change)."""
+
+
+@dataclass
+class Call:
+    name: str
+    arguments: Any
+    error: str | None = None  # set when the call could not be read at all
+
+
+@dataclass
+class Reply:
+    """A parsed assistant reply: ``calls``, or ``content`` (the answer).
+
+    ``complete`` is False when the text is not the format's shape (cut off, written without
+    the grammar, or holding a call that cannot be read): ``content`` is then the raw text.
+    """
+
+    calls: list[Call] = field(default_factory=list)
+    content: str | None = None
+    complete: bool = True
+
+    def message(self) -> dict:
+        """The assistant message a client (or the agent's conversation) keeps for it."""
+        return {"role": "assistant", "content": self.content, "tool_calls": [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in self.calls] or None}
+
+
+class Scanner(Protocol):
+    """Watches a reply's text as it is generated and says when the turn is over."""
+
+    text: str
+
+    def feed(self, segment: str) -> bool:
+        """Add decoded text; True once the turn should end here."""
+
+    @property
+    def turn_text(self) -> str:
+        """The text the turn keeps (it may end before the last segment)."""
+
+    @property
+    def finished(self) -> bool:
+        """The reply reached the format's end by itself (not the token limit)."""
+
+
+class StreamFilter(Protocol):
+    """What a stream shows of a reply while it is generated (answers, not protocol)."""
+
+    def feed(self, delta: str) -> str: ...
+
+
+def compact(obj: Any) -> str:
+    """JSON the way the grammar writes it: no spaces, non-ASCII kept."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def text_of(content: Any) -> str:
+    """A message's content as text: a string, or the text parts of a list of parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise MessageError(f"content part of type {part.get('type')!r} is not supported; "
+                               "send text parts ({\"type\": \"text\", \"text\": \"...\"})")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def arguments_of(call: dict) -> dict:
+    """A tool call's arguments as a dict (OpenAI sends them as a JSON string)."""
+    args = call["function"].get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            raise MessageError(f"tool call {call['function'].get('name')!r} has arguments "
+                               "that are not valid JSON") from None
+    if not isinstance(args, dict):
+        raise MessageError("tool call arguments must be a JSON object")
+    return args
+
+
+def common_prefix_of(a: list[int], b: list[int]) -> list[int]:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[:n]
+
+
+class ReplyMemo:
+    """The ids sampled for recent replies, keyed by the text they render to (bounded LRU;
+    ``size=None``: unbounded, for one agent conversation). Safe to share between the thread
+    that renders requests and the one that generates."""
+
+    def __init__(self, size: int | None = 256):
+        self.size = size
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, text: str, ids: list[int]) -> None:
+        if not text:
+            return
+        with self._lock:
+            self._ids[text] = list(ids)
+            self._ids.move_to_end(text)
+            while self.size is not None and len(self._ids) > self.size:
+                self._ids.popitem(last=False)
+
+    def get(self, text: str) -> list[int] | None:
+        with self._lock:
+            ids = self._ids.get(text)
+            if ids is not None:
+                self._ids.move_to_end(text)
+            return ids
+
+    def items(self) -> list[tuple[str, list[int]]]:
+        with self._lock:
+            return [(k, list(v)) for k, v in self._ids.items()]

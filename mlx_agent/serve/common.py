@@ -1,0 +1,48 @@
+"""What both HTTP APIs share: the client-error exception and request limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine import SamplingParams
+
+
+class BadRequest(Exception):
+    """A request the client must change; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400, code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Checks a request's length and sampling settings against the server's."""
+
+    context_length: int
+    default_sampling: SamplingParams
+
+    def __call__(self, max_tokens: int | None, temperature: float | None, top_p: float | None,
+                 seed: int | None, top_k: int | None = None, min_p: float | None = None
+                 ) -> tuple[int | None, SamplingParams]:
+        ctx = self.context_length
+        if max_tokens is not None and not 1 <= max_tokens <= ctx:
+            raise BadRequest(f"max_tokens must be between 1 and the context length {ctx}, "
+                             f"got {max_tokens}", param="max_tokens")
+        if temperature is not None and not 0 <= temperature <= 2:
+            raise BadRequest(f"temperature must be between 0 and 2, got {temperature}",
+                             param="temperature")
+        d = self.default_sampling
+        if seed is not None:
+            seed %= 2**64  # OpenAI takes any integer; MLX's generator a uint64
+        try:
+            sampling = SamplingParams(
+                temperature=d.temperature if temperature is None else temperature,
+                top_p=d.top_p if top_p is None else top_p,
+                top_k=d.top_k if top_k is None else top_k,
+                min_p=d.min_p if min_p is None else min_p,
+                seed=d.seed if seed is None else seed)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        return max_tokens, sampling

@@ -1,0 +1,167 @@
+"""The OpenAI API as pure adapters: request bodies to a :class:`ChatCall`, results to
+response bodies and server-sent-event chunks. Nothing here runs a model."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from ..formats import compact
+from ..tools import ToolSchemaError, declared_tools
+from . import schema
+from .common import BadRequest, Limits
+from .service import ChatCall, ChatResult
+
+
+def error_body(e: BadRequest) -> dict:
+    kind = "server_error" if e.status >= 500 else "invalid_request_error"
+    return {"error": {"message": str(e), "type": kind, "param": e.param, "code": e.code}}
+
+
+def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
+    if req.n != 1:
+        raise BadRequest("n must be 1", param="n")
+    if not req.messages:
+        raise BadRequest("messages must not be empty", param="messages")
+    max_tokens, sampling = limits(req.max_completion_tokens or req.max_tokens,
+                                  req.temperature, req.top_p, req.seed)
+    tools = None
+    if req.tools is not None:
+        try:
+            tools = declared_tools(req.tools)
+        except ToolSchemaError as e:
+            raise BadRequest(str(e), param="tools") from None
+        except RecursionError:
+            raise BadRequest("a tool schema is nested too deeply", param="tools") from None
+    choice = req.tool_choice or "auto"
+    if isinstance(choice, schema.NamedToolChoice):
+        choice = choice.function.name
+    return ChatCall(messages=[_message(m) for m in req.messages], tools=tools,
+                    tool_choice=choice, parallel=req.parallel_tool_calls,
+                    max_tokens=max_tokens, sampling=sampling, stop=req.stops(),
+                    json_schema=response_schema(req.response_format))
+
+
+def _message(m: schema.Message) -> dict:
+    """"developer" is OpenAI's newer name for "system"."""
+    d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                         "content": m.content}
+    if m.name:
+        d["name"] = m.name
+    if m.tool_calls:
+        d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": c.function.arguments}} for c in m.tool_calls]
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    return d
+
+
+def response_schema(fmt: schema.ResponseFormat | None) -> dict | None:
+    """``response_format`` as a JSON schema for the grammar (None: free text)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    if fmt.json_schema is None or not fmt.json_schema.schema:
+        raise BadRequest("response_format json_schema needs json_schema.schema",
+                         param="response_format")
+    return fmt.json_schema.schema
+
+
+def usage(result: ChatResult) -> dict:
+    u = result.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def tool_calls(result: ChatResult, streaming: bool = False) -> list[dict]:
+    return [{**({"index": i} if streaming else {}), "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": compact(c.arguments)}}
+            for i, c in enumerate(result.tool_calls)]
+
+
+def chat_head(model: str, chunk: bool = False) -> dict:
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion.chunk" if chunk else "chat.completion",
+            "created": int(time.time()), "model": model}
+
+
+def chat_response(result: ChatResult, model: str) -> dict:
+    message = {"role": "assistant", "content": result.content}
+    if result.tool_calls:
+        message["tool_calls"] = tool_calls(result)
+    return {**chat_head(model), "choices": [{"index": 0, "message": message, "logprobs": None,
+                                             "finish_reason": result.finish_reason}],
+            "usage": usage(result)}
+
+
+def _data(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+async def chat_chunks(events: AsyncIterator[tuple[str, Any]], model: str,
+                      include_usage: bool) -> AsyncIterator[str]:
+    head = chat_head(model, chunk=True)
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return _data({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                           "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for kind, value in events:
+        if kind == "text":
+            yield chunk({"content": value})
+        elif kind == "error":
+            yield _data(error_body(value))
+        elif kind == "result":
+            if value.tool_calls:
+                yield chunk({"tool_calls": tool_calls(value, streaming=True)})
+            yield chunk({}, value.finish_reason)
+            if include_usage:
+                yield _data({**head, "choices": [], "usage": usage(value)})
+    yield "data: [DONE]\n\n"
+
+
+def completion_head(model: str) -> dict:
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+            "created": int(time.time()), "model": model}
+
+
+def completion_prompt(req: schema.CompletionRequest) -> str:
+    if req.n != 1:
+        raise BadRequest("n must be 1", param="n")
+    if isinstance(req.prompt, list):
+        if len(req.prompt) != 1:
+            raise BadRequest("send one prompt per request", param="prompt")
+        return req.prompt[0]
+    return req.prompt
+
+
+def completion_response(result: ChatResult, head: dict, prompt: str, echo: bool) -> dict:
+    text = (prompt if echo else "") + (result.content or "")
+    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                 "finish_reason": result.finish_reason}],
+            "usage": usage(result)}
+
+
+async def completion_chunks(events: AsyncIterator[tuple[str, Any]], head: dict, prompt: str,
+                            echo: bool, include_usage: bool) -> AsyncIterator[str]:
+    def chunk(text: str, finish: str | None = None) -> str:
+        return _data({**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                           "finish_reason": finish}]})
+
+    if echo:
+        yield chunk(prompt)
+    async for kind, value in events:
+        if kind == "text":
+            yield chunk(value)
+        elif kind == "error":
+            yield _data({"error": {"message": str(value)}})
+        elif kind == "result":
+            yield chunk("", value.finish_reason)
+            if include_usage:
+                yield _data({**head, "choices": [], "usage": usage(value)})
+    yield "data: [DONE]\n\n"
