@@ -42,8 +42,13 @@ def max_tokens_option(default: int = MAX_TOKENS, help: str = "Tokens per assista
                         show_default=True, help=help)
 
 
+ALLOW_REPEAT_HELP = ("Let the model repeat a call that already ran in this turn (by "
+                     "default the grammar no longer offers it).")
+
+
 def loop_options(f):
-    """--protocol, --max-steps, --max-tokens and --no-grammar: how the agent loop runs."""
+    """--protocol, --max-steps, --max-tokens, --no-grammar and --allow-repeat-calls: how
+    the agent loop runs."""
     return _compose(
         protocol_option,
         click.option("--max-steps", type=click.IntRange(min=1), default=MAX_STEPS,
@@ -51,6 +56,7 @@ def loop_options(f):
         max_tokens_option(),
         click.option("--no-grammar", is_flag=True,
                      help="Do not constrain replies to valid tool calls and answers."),
+        click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP),
     )(f)
 
 

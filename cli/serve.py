@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .errors import UserError, warn
-from .options import (load_options, max_tokens_option, model_argument, protocol_option,
+from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_argument, protocol_option,
                       sampling_options)
 
 
@@ -27,12 +27,13 @@ from .options import (load_options, max_tokens_option, model_argument, protocol_
 @click.option("--kv-slots", type=click.IntRange(min=0), default=4, show_default=True,
               help="Earlier conversations whose KV state is kept for prefix reuse.")
 @max_tokens_option(512, help="Reply length when a request sets none.")
+@click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP)
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024,
               show_default=True, help="Larger request bodies get a 413.")
 @load_options
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
-          prompt_cache_dir, kv_slots, max_tokens, max_body_bytes, adapter, weights, context_length,
+          prompt_cache_dir, kv_slots, max_tokens, allow_repeat_calls, max_body_bytes, adapter, weights, context_length,
           temperature, top_p, top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
@@ -63,7 +64,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
         lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
         service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
                               kv_slots=kv_slots, default_max_tokens=max_tokens,
-                              metrics_out=tool_metrics_out)
+                              metrics_out=tool_metrics_out,
+                              allow_repeat_calls=allow_repeat_calls)
         hit = None
         if prompt_cache_dir and tools:
             from mlx_agent.prompt_cache import PromptCache

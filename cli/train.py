@@ -96,7 +96,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
-             no_grammar, temperature, adapter, weights, context_length):
+             no_grammar, allow_repeat_calls, temperature, adapter, weights, context_length):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
@@ -120,6 +120,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
                   trajectory_dir=trajectory_dir, on_run=show,
                   config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
                                     "grammar": not no_grammar,
+                                    "allow_repeat_calls": allow_repeat_calls,
                                     "sampling": SamplingParams(temperature=temperature)})
     row = summary.row()
     click.echo(f"{'runs':>5} {'success':>8} {'valid calls':>12} {'calls/run':>10} "

@@ -43,11 +43,17 @@ DEFAULT_MAX_STRING = 128  # characters per string value: fits a 256-token step e
 _COMPACT = {"x-guidance": {"whitespace_flexible": False}}  # JSON as call_text writes it
 
 
-def call_text(protocol: str, name: str, arguments: Any) -> str:
-    """A call exactly as the grammar makes the model write it: compact JSON, name first."""
+def call_text(protocol: str, tool: Tool, arguments: Any) -> str:
+    """A call exactly as the grammar makes the model write it: compact JSON, the name first,
+    the arguments in the order of the tool's properties (hermes: in its tags)."""
+    if isinstance(arguments, dict):
+        order = list(tool.properties)
+        arguments = dict(sorted(arguments.items(), key=lambda kv: order.index(kv[0])
+                                if kv[0] in order else len(order)))
     key = "tool" if protocol == "json" else "name"
-    return json.dumps({key: name, "arguments": arguments}, ensure_ascii=False,
+    text = json.dumps({key: tool.name, "arguments": arguments}, ensure_ascii=False,
                       separators=(",", ":"))
+    return text if protocol == "json" else f"<tool_call>\n{text}\n</tool_call>"
 
 
 def string_budget(max_tokens: int) -> int:
@@ -307,7 +313,7 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
         lark += (
             ('calls: (call "\\n"?)+\n' if several else "calls: call\n")
             + f'call: {open_tag} "\\n" json_call "\\n" {close_tag}\n'
-            + f"json_call: %json {json.dumps(calls)}\n"
+            + f"json_call: %json {json.dumps({**calls, **_COMPACT})}\n"
         )
     grammar = LLMatcher.grammar_from_lark(lark)
     check_compiles(grammar, tokenizer, "the hermes tool-call grammar")
@@ -358,8 +364,8 @@ class Constraint:
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         self.vocab_size = vocab_size
-        self._words = (vocab_size + 31) // 32
-        self._buf = np.full(self._words, -1, dtype=np.int32)
+        self.words = (vocab_size + 31) // 32  # int32 words in a mask
+        self._buf = np.full(self.words, -1, dtype=np.int32)
 
     def reset(self) -> None:
         self.matcher.reset()

@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 from ..cache import ContextFull
 from ..engine import Constraint, Engine, PrefillStats, SamplingParams
 from ..formats import Call, Format, Reply
-from ..grammar import forced_call, tool_constraint
+from ..grammar import call_text, forced_call, ll_tokenizer, tool_constraint
+from ..loop_guard import LoopGuard, call_bytes, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..text import TextStream
 from ..tokenizer import special_tokens
@@ -50,6 +51,8 @@ class AgentConfig:
     # repeated: ("calculate", "none") makes the first step call `calculate` and every later
     # step answer. Needs the grammar.
     tool_choice: str | dict | Sequence[str | dict] = "auto"
+    # the loop guard: within a turn, the grammar no longer offers a call that already ran
+    allow_repeat_calls: bool = False
 
     def choice(self, step: int) -> str:
         tc = self.tool_choice
@@ -82,6 +85,7 @@ class TurnStats:
     rendered_tokens: int = 0
     prefilled_tokens: int = 0
     reused_tokens: int = 0
+    repeats_blocked: int = 0
 
     def synced(self, prompt: int, sync: PrefillStats) -> None:
         self.turns += 1
@@ -117,6 +121,7 @@ class _Query:
     closed: bool  # the model ended the turn with its stop token
     finished: bool  # the reply reached the format's end by itself
     interrupted: bool = False
+    repeats_blocked: bool = False  # the loop guard kept the model from a repeated call
 
 
 @dataclass
@@ -144,6 +149,8 @@ class Agent:
                                  self.conversation.system_text) if recorder else None
         self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(fmt.markers))
         self._constraints: dict[str, Constraint] = {}
+        self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
+        self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
             for choice in choices:
@@ -188,6 +195,7 @@ class Agent:
     def ask(self, text: str) -> Outcome:
         self.emit(ev.User(text=text))
         self.conversation.add_user(text)
+        self._made = []
         stats, start = TurnStats(), time.perf_counter()
         end = _End("steps")
         for step in range(self.config.max_steps):
@@ -214,6 +222,7 @@ class Agent:
         stats.synced(len(prompt), sync)
         q = self._query(step)
         stats.generated_tokens += len(q.sampled)
+        stats.repeats_blocked += q.repeats_blocked
         reply = self.fmt.parse(q.turn_text)
         self.emit(ev.Assistant(step=step, raw=q.raw))
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
@@ -233,9 +242,10 @@ class Agent:
         """Sample one reply until the scanner or the stop token ends it (Ctrl-C: the reply
         so far stands)."""
         scanner = self.fmt.scanner(parallel=self.fmt.name == "hermes")  # json: one call a reply
+        constraint = self._guarded(self._constraint(self.config.choice(step)))
         stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
                             max_tokens=self.config.max_tokens, stop_ids=self.lm.stop_ids,
-                            constraint=self._constraint(self.config.choice(step)))
+                            constraint=constraint)
         interrupted = False
         try:
             for _, segment in stream:
@@ -246,7 +256,7 @@ class Agent:
         scanner.feed(stream.flush())
         closed = bool(stream.ids) and stream.ids[-1] in self.lm.stop_ids
         return _Query(scanner.text, scanner.turn_text, stream.ids, closed, scanner.finished,
-                      interrupted)
+                      interrupted, isinstance(constraint, LoopGuard) and constraint.interventions > 0)
 
     def _execute(self, calls: list[Call], stats: TurnStats) -> list[tuple[ToolResult, str]]:
         """Run the calls in order; returns each result with the text the model reads."""
@@ -267,9 +277,11 @@ class Agent:
             if self.config.confirm and not self.config.confirm(call.name, call.arguments):
                 result = error_result(call.name, "the user denied this tool call")
             else:
+                tool = self.tools[call.name]
                 result = self._withhold_markers(run_tool(
-                    self.tools[call.name], call.arguments, timeout=self.config.tool_timeout,
+                    tool, call.arguments, timeout=self.config.tool_timeout,
                     env_names=self.config.tool_env, cwd=self.config.tool_cwd))
+                self._made.append(call_text(self.fmt.name, tool, call.arguments))
         self.emit(ev.ToolCall(tool=result.tool, arguments=call.arguments, stdout=result.stdout,
                               stderr=result.stderr, exit_code=result.exit_code,
                               timed_out=result.timed_out, duration_sec=result.duration_sec))
@@ -295,6 +307,14 @@ class Agent:
             return error_result(result.tool, f"the tool output contains the reserved marker "
                                              f"{forged!r}; it was withheld")
         return result
+
+    def _guarded(self, constraint: Constraint | None) -> Constraint | None:
+        """``constraint`` with this turn's calls excluded (the loop guard), when on."""
+        if constraint is None or not self._made or self.config.allow_repeat_calls:
+            return constraint
+        ll = self._ll
+        return LoopGuard(constraint, token_bytes(ll, self.lm.vocab_size),
+                         [call_bytes(self.lm, ll, text) for text in self._made], ll)
 
     def _constraint(self, choice: str) -> Constraint | None:
         """The grammar constraint for ``choice`` (None with the grammar off), reset."""

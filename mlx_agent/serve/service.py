@@ -10,6 +10,10 @@ most :data:`MAX_HOPS` times; after the last hop the grammar no longer offers
 ``get_tool_info``, so the client only ever sees real calls. A reply holding a tool call that
 cannot be read is not returned as calls: the client gets what the stream showed.
 
+The loop guard (:mod:`mlx_agent.loop_guard`) applies to the calls already in the request's
+current turn (after its last user message) that have results: the grammar no longer offers
+them, unless the server runs with ``allow_repeat_calls``.
+
 Prompt reuse: the engine keeps the last conversation and :class:`KVSlots` earlier ones; each
 request continues from whichever shares the longest token prefix with its prompt.
 ``usage.cached_tokens`` counts the prompt tokens that were not prefilled.
@@ -29,11 +33,12 @@ from typing import Callable, Sequence
 
 from ..engine import Constraint, SamplingParams
 from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMemo,
-                       StreamFilter, choose, get_tool_info_tool, make_format, text_of,
-                       tool_info)
+                       StreamFilter, arguments_of, choose, get_tool_info_tool, make_format,
+                       text_of, tool_info)
 from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
-from ..grammar import schema_constraint, tool_constraint
+from ..grammar import call_text, ll_tokenizer, schema_constraint, tool_constraint
+from ..loop_guard import LoopGuard, call_bytes, token_bytes
 from ..text import TextStream
 from ..tools import Tool
 from .slots import KVSlots
@@ -105,6 +110,7 @@ class ChatResult:
     usage: Usage
     hops: int = 0
     seconds: float = 0.0
+    repeats_blocked: int = 0  # generations in which the loop guard refused a repeated call
 
 
 @dataclass
@@ -116,6 +122,7 @@ class Generated:
     ids: list[int]  # the stop id included
     finish: str  # stop, length, cancelled
     cached: int  # prompt tokens reused from the cache
+    repeats_blocked: bool = False
 
 
 class ChatService:
@@ -123,12 +130,13 @@ class ChatService:
                  protocol: str = "auto", kv_slots: int = 4, default_max_tokens: int = 512,
                  metrics_out: str | Path | None = None, model_name: str | None = None,
                  sampler_for: Callable[[SamplingParams], Callable] | None = None,
-                 context_length: int | None = None):
+                 context_length: int | None = None, allow_repeat_calls: bool = False):
         if tool_mode not in ("full", "deferred"):
             raise ValueError(f"unknown tool mode {tool_mode!r}; use full or deferred")
         self.lm = lm
         self.tools = list(tools)
         self.tool_mode = tool_mode
+        self.allow_repeat_calls = allow_repeat_calls
         self.protocol = choose(protocol, lm.chat)
         self.engine = lm.engine(context_length=context_length) if context_length else lm.engine()
         self.slots = KVSlots(self.engine, kv_slots)
@@ -174,7 +182,7 @@ class ChatService:
         prep = PreparedChat(call, list(tools), fmt, deferred, [], None,
                             call.max_tokens or self.default_max_tokens)
         prep.prompt = self._prompt(prep, call.messages)
-        prep.constraint = self._constraint(prep, hops=0)
+        prep.constraint = self._constraint(prep, 0, call.messages)
         return prep
 
     def chat(self, prep: PreparedChat, on_text: OnText | None = None,
@@ -185,12 +193,13 @@ class ChatService:
         (a hop); usage reports the last hop's prompt and all hops' completion tokens."""
         start = time.perf_counter()
         messages, prompt, constraint = list(prep.call.messages), prep.prompt, prep.constraint
-        usage, hops = Usage(), 0
+        usage, hops, blocked = Usage(), 0, 0
         while True:
             gen = self._generate(prep.call, prompt, prep.max_tokens, constraint, on_text,
                                  cancelled, prep.fmt)
             usage.prompt_tokens, usage.cached_tokens = len(prompt), gen.cached
             usage.completion_tokens += len(gen.ids)
+            blocked += gen.repeats_blocked
             if gen.finish == "cancelled":
                 return self._cancelled(ChatResult(gen.shown.text, [], "cancelled", usage, hops))
             reply = prep.fmt.parse(gen.text)
@@ -201,8 +210,9 @@ class ChatService:
             hops += 1
             messages += _info_turns(info, prep.tools)
             prompt = self._prompt(prep, messages)
-            constraint = self._constraint(prep, hops)
+            constraint = self._constraint(prep, hops, messages)
         result = self._result(reply, gen, usage, hops)
+        result.repeats_blocked = blocked
         result.seconds = time.perf_counter() - start
         self._metrics(result, streaming)
         return result
@@ -232,16 +242,24 @@ class ChatService:
                                f"{self.context_length}")
         return prompt
 
-    def _constraint(self, prep: PreparedChat, hops: int) -> Constraint | None:
-        """The reply's grammar: the tools (plus get_tool_info while hops remain), a
-        response_format schema, or none."""
+    def _constraint(self, prep: PreparedChat, hops: int,
+                    messages: list[dict]) -> Constraint | None:
+        """The reply's grammar: the tools (plus get_tool_info while hops remain) less the
+        calls this turn already made, a response_format schema, or none."""
         call = prep.call
         if prep.tools:
             offer_info = prep.deferred and hops < MAX_HOPS and \
                 call.tool_choice in ("auto", "required")
             shown = prep.tools + ([get_tool_info_tool(prep.tools)] if offer_info else [])
-            return tool_constraint(self.lm, prep.fmt.name, shown, prep.max_tokens,
-                                   call.tool_choice, call.parallel, bound_answer=False)
+            constraint = tool_constraint(self.lm, prep.fmt.name, shown, prep.max_tokens,
+                                         call.tool_choice, call.parallel, bound_answer=False)
+            made = [] if self.allow_repeat_calls else _made(messages, prep.tools)
+            if not made:
+                return constraint
+            ll = ll_tokenizer(self.lm)
+            return LoopGuard(constraint, token_bytes(ll, self.lm.vocab_size),
+                             [call_bytes(self.lm, ll, call_text(prep.fmt.name, t, args))
+                              for t, args in made], ll)
         if call.json_schema is not None:
             return schema_constraint(self.lm, call.json_schema)
         return None
@@ -320,7 +338,9 @@ class ChatService:
         tail = shown.flush()
         if tail and on_text:
             on_text(tail)
-        return Generated(stream.text, shown, stream.ids, finish or stream.finish_reason, cached)
+        blocked = isinstance(constraint, LoopGuard) and constraint.interventions > 0
+        return Generated(stream.text, shown, stream.ids, finish or stream.finish_reason, cached,
+                         blocked)
 
     def _cancelled(self, result: ChatResult) -> ChatResult:
         self.cancelled += 1
@@ -331,6 +351,7 @@ class ChatService:
         if self.metrics_out is None:
             return
         row = {"tool_mode": self.tool_mode, "get_tool_info_hops": result.hops,
+               "repeats_blocked": result.repeats_blocked,
                "prompt_tokens": result.usage.prompt_tokens,
                "cached_tokens": result.usage.cached_tokens,
                "completion_tokens": result.usage.completion_tokens, "streaming": streaming}
@@ -347,6 +368,22 @@ def _info_turns(calls: list[Call], tools: list[Tool]) -> list[dict]:
         {"role": "tool", "tool_call_id": tc["id"], "name": GET_TOOL_INFO,
          "content": tool_info(tools, c.arguments.get("name"))}
         for c, tc in zip(calls, asked)]
+
+
+def _made(messages: list[dict], tools: list[Tool]) -> list[tuple[Tool, dict]]:
+    """The calls of the current turn (after the last user message) that a tool result
+    follows."""
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    by_name = {t.name: t for t in [*tools, get_tool_info_tool(tools)]}
+    made, pending = [], []
+    for m in messages[last_user + 1:]:
+        if m["role"] == "tool":
+            made, pending = made + pending, []
+        for c in (m.get("tool_calls") or ()) if m["role"] == "assistant" else ():
+            tool = by_name.get(c["function"].get("name"))
+            if tool is not None:
+                pending.append((tool, arguments_of(c)))
+    return made
 
 
 def _without_stop(ids: list[int], stop_ids) -> list[int]:

@@ -1,0 +1,169 @@
+"""The loop guard: a constraint that keeps a model from repeating a tool call it already made.
+
+Within one user turn, every call that ran is written the way the grammar writes it
+(:func:`mlx_agent.grammar.call_text`: compact JSON, the grammar's key order, hermes tags),
+as the bytes of the tokens the model would sample for it (:func:`call_bytes`). A
+:class:`LoopGuard` wraps the reply's grammar constraint and, before each token, masks every
+token that would complete one of those texts, or after which the grammar leaves no way but
+to complete it (a look-ahead along the call's remaining bytes, through the grammar itself),
+so the model must make a different call or answer while it still can. Matching is on bytes
+and incremental: a KMP automaton per repeated call follows the reply; the tokens on a call's
+path are found by bisection and exact look-up in the vocabulary sorted by bytes, so a step
+costs a few look-ups and grammar masks, not a pass over the vocabulary. Should every token
+the grammar allows be masked, the guard stands aside for that token rather than leave none.
+
+Not promised: a call written with other string escapes than Python's ``json`` writes (the
+grammar also allows ``\\u00e9`` for ``é``), or one that starts in the middle of a token, is
+not recognised as the same call.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .engine import Constraint
+
+
+class TokenBytes:
+    """Every token's bytes, sorted, to find the tokens that start with given bytes."""
+
+    def __init__(self, ll_tokenizer, vocab_size: int):
+        pieces = sorted((ll_tokenizer.decode_bytes([i]), i)
+                        for i in range(min(vocab_size, ll_tokenizer.vocab_size)))
+        self.keys = [p for p, _ in pieces]
+        self.ids = [i for _, i in pieces]
+        self.max_len = max(map(len, self.keys), default=0)
+        self.exact: dict[bytes, list[int]] = {}
+        for piece, i in pieces:
+            self.exact.setdefault(piece, []).append(i)
+
+    def prefixes_of(self, text: bytes) -> list[tuple[int, int]]:
+        """(id, length) of the tokens whose bytes are a proper, non-empty prefix of text."""
+        return [(i, n) for n in range(1, min(len(text), self.max_len + 1))
+                for i in self.exact.get(text[:n], ())]
+
+    def starting_with(self, prefix: bytes) -> list[int]:
+        lo = bisect.bisect_left(self.keys, prefix)
+        hi = lo
+        while hi < len(self.keys) and self.keys[hi].startswith(prefix):
+            hi += 1
+        return self.ids[lo:hi]
+
+
+@functools.lru_cache(maxsize=4)
+def token_bytes(ll_tokenizer, vocab_size: int) -> TokenBytes:
+    return TokenBytes(ll_tokenizer, vocab_size)
+
+
+def call_bytes(lm, ll_tokenizer, text: str) -> bytes:
+    """``text`` as the bytes the guard sees when the model writes it (special tokens, such
+    as a ``<tool_call>`` tag in some vocabularies, as llguidance spells them)."""
+    return b"".join(ll_tokenizer.decode_bytes([t]) for t in lm.encode(text))
+
+
+class _Matcher:
+    """KMP over one call's bytes: how much of it the reply's text ends with."""
+
+    def __init__(self, text: bytes):
+        self.text = text
+        self.fail = [0] * len(text)
+        k = 0
+        for i in range(1, len(text)):
+            while k and text[i] != text[k]:
+                k = self.fail[k - 1]
+            if text[i] == text[k]:
+                k += 1
+            self.fail[i] = k
+        self.matched = 0
+
+    def feed(self, data: bytes) -> None:
+        text, k = self.text, self.matched
+        for b in data:
+            while k and text[k] != b:
+                k = self.fail[k - 1]
+            if text[k] == b:
+                k += 1
+            if k == len(text):  # the whole call went through (it began mid-token)
+                k = self.fail[k - 1]
+        self.matched = k
+
+    def remainders(self):
+        """Every way the call could still end from here: its rest after each match."""
+        k = self.matched
+        while True:
+            yield self.text[k:]
+            if k == 0:
+                return
+            k = self.fail[k - 1]
+
+
+def _allowed(words: np.ndarray, t: int) -> bool:
+    return bool(words[t >> 5] & np.uint32(1 << (t & 31)))
+
+
+class LoopGuard:
+    """``inner``'s constraint, minus the tokens that would complete one of ``calls``."""
+
+    def __init__(self, inner: Constraint, tokens: TokenBytes, calls: Sequence[bytes],
+                 ll_tokenizer):
+        self.inner, self.tokens, self.ll = inner, tokens, ll_tokenizer
+        self.calls = list(calls)
+        self.matchers = [_Matcher(c) for c in self.calls]
+        self.interventions = 0  # steps where a token the grammar allowed was masked
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.matchers = [_Matcher(c) for c in self.calls]
+
+    def mask(self) -> mx.array:
+        words = self.inner.mask_words().view(np.uint32)
+        before = words.copy()
+        for m in self.matchers:
+            for rest in m.remainders():
+                for t in self._on_path(rest, words, {}):
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+        if not words.any():  # nothing left: stand aside rather than leave no token
+            words[:] = before
+        elif not np.array_equal(words, before):
+            self.interventions += 1
+        return mx.array(words.view(np.int32))
+
+    def _on_path(self, rest: bytes, words: np.ndarray, memo: dict) -> list[int]:
+        """The allowed tokens after which writing ``rest`` is certain: they write all of
+        it, or its start, after which the grammar leaves no other way."""
+        doomed = [t for t in self.tokens.starting_with(rest) if _allowed(words, t)] \
+            if len(rest) <= self.tokens.max_len else []
+        matcher = self.inner.matcher
+        for t, n in self.tokens.prefixes_of(rest):
+            if not _allowed(words, t):
+                continue
+            matcher.consume_token(t)
+            escapes = self._escapes(rest[n:], memo)
+            matcher.rollback(1)
+            if not escapes:
+                doomed.append(t)
+        return doomed
+
+    def _escapes(self, rest: bytes, memo: dict) -> bool:
+        """Whether, from the grammar's current state, the model can still avoid ``rest``."""
+        if len(rest) not in memo:
+            words = np.empty(self.inner.words, dtype=np.uint32)
+            self.inner.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+            allowed = int(np.unpackbits(words.view(np.uint8)).sum())
+            memo[len(rest)] = allowed > len(self._on_path(rest, words, memo))
+        return memo[len(rest)]
+
+    def consume(self, token: int) -> None:
+        self.inner.consume(token)
+        data = self.ll.decode_bytes([token])
+        for m in self.matchers:
+            m.feed(data)
+
+    @property
+    def done(self) -> bool:
+        return self.inner.done
