@@ -163,6 +163,7 @@ from .bench import bench  # noqa: E402
 from .bfcl import eval_bfcl  # noqa: E402
 from .cache import cache  # noqa: E402
 from .serve import serve  # noqa: E402
+from .synth import synth  # noqa: E402
 from .train import eval_cmd, sft, traces_to_data  # noqa: E402
 from .traj import traj  # noqa: E402
 
@@ -175,6 +176,7 @@ main.add_command(traces_to_data)
 main.add_command(sft)
 main.add_command(eval_cmd)
 main.add_command(eval_bfcl)
+main.add_command(synth)
 
 if __name__ == "__main__":
     main()

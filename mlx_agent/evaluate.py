@@ -9,7 +9,8 @@ A tasks file is JSONL; each task:
      "tool_choice": ["calculate", "none"],   # optional, per step (see AgentConfig): guided
                  # rollouts that make the call, then answer; {"name", "arguments"} forces a call
      "check": {"tool_calls": [{"name": "...", "arguments": {...}}]}   # in order; the
-                                                # expected arguments must all match
+                                                # expected arguments must all match;
+                                                # [] means an answer with no call at all
            | {"shell": "pytest -q"}                                   # exits 0 in the task dir
            | {"answer_pattern": "Paris"}}                             # regex on the answer
 
@@ -118,8 +119,12 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 
 def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
-           timeout: float = 60.0) -> bool:
+           timeout: float = 60.0, attempted: int | None = None) -> bool:
+    """``calls`` are the valid calls made; ``attempted`` counts every call, invalid ones too
+    (a task that needs no tool wants an answer and fails on any attempt at a call)."""
     check = task.check
+    if check.tool_calls == []:
+        return answer is not None and (len(calls) if attempted is None else attempted) == 0
     if check.tool_calls is not None:
         # the expected calls, in order, among the valid calls made; the expected arguments
         # must all be there with their values (optional extras the model adds are fine)
@@ -186,8 +191,8 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
                               sampler=sampler_for(seed) if sampler_for else None)
                 start = time.perf_counter()
                 out = agent.ask(task.prompt)
-                ok = passed(task, workdir, calls, out.answer)
                 s = out.stats
+                ok = passed(task, workdir, calls, out.answer, attempted=s.calls)
                 result = RunResult(task=task.id, seed=seed, reward=float(ok), calls=s.calls,
                                    valid_calls=s.valid_calls, turns=s.turns,
                                    rendered=s.rendered_tokens, reused=s.reused_tokens,
