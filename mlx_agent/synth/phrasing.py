@@ -73,7 +73,8 @@ CHAINS = {
                             "{label}.",)},
 }
 NO_TOOL = {
-    P.TRAIN: {"none-a": ("tell me a fun fact about {topic}.", "write a two-line poem about {topic}.",
+    P.TRAIN: {"none-a": ("tell me a fun fact about {topic}.",
+                         "write a two-line poem about {topic}.",
                          "what is a word that means {adjective}?", "why do people like {topic}?",
                          "describe {topic} in three words.", "explain {topic} to a child.",
                          "is calling someone {adjective} a compliment?",
@@ -200,7 +201,7 @@ class Phraser:
     def _distractor(self) -> tuple[str, str]:
         i = self.rng.randrange(len(DISTRACTORS[self.side]))
         text = DISTRACTORS[self.side][i].format(person=self.sampler.pick(P.PEOPLE),
-                                                number=self.sampler._n(2, 60))
+                                                number=self.sampler.on_side(2, 60))
         return f"distractor-{self.side}/{i}", text
 
     def clause(self, tool, arguments: dict) -> tuple[str, str]:

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..tools import Tool, run_tool
-from . import pools as P
-from .phrasing import Phrase, Phraser, words
-from .values import Sampler, Unsatisfiable, canonical, free_leaves, kind_of, singular
+from .phrasing import Phrase, Phraser
+from .values import Sampler, Unsatisfiable, canonical, free_leaves, kind_of, singular, words
 
 KINDS = ("call", "none", "chain", "answer")
 CHAIN_TEXT_KINDS = frozenset({"text", "query", "title", "word"})

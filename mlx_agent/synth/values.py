@@ -272,7 +272,7 @@ class Sampler:
                     return v
         raise Unsatisfiable(f"{name}: no pool value satisfies its schema")
 
-    def _n(self, lo: int, hi: int) -> int:
+    def on_side(self, lo: int, hi: int) -> int:
         """An integer in [lo, hi] on this sampler's side."""
         while True:
             n = self.rng.randint(lo, hi)
@@ -287,7 +287,7 @@ class Sampler:
 
 
 def _date(s: Sampler) -> dt.date:
-    return dt.date(2024, 1, 1) + dt.timedelta(days=s._n(0, 729))
+    return dt.date(2024, 1, 1) + dt.timedelta(days=s.on_side(0, 729))
 
 
 def _person_ascii(s: Sampler) -> str:
@@ -303,7 +303,7 @@ def _path(s: Sampler, w: list[str]) -> str:
 def _id(s: Sampler, w: list[str]) -> str:
     stem = next((x for x in w if x not in {"id", "ids", "identifier", "key", "ref"}), "")
     prefix = stem[:3].upper() if len(stem) >= 3 else s.rng.choice(P.ID_PREFIXES)
-    return f"{prefix}-{s._n(100, 9999)}"
+    return f"{prefix}-{s.on_side(100, 9999)}"
 
 
 def _person(s: Sampler, w: list[str]) -> str:
@@ -323,25 +323,25 @@ GENERATORS = {
     "datetime": lambda s, w: f"{_date(s).isoformat()}T{s.rng.randint(7, 20):02d}:"
                              f"{s.rng.choice((0, 15, 30, 45)):02d}:00Z",
     "date": lambda s, w: _date(s).isoformat(),
-    "time": lambda s, w: (lambda t: f"{t // 4:02d}:{t % 4 * 15:02d}")(s._n(28, 87)),
-    "rfc_time": lambda s, w: (lambda t: f"{t // 4:02d}:{t % 4 * 15:02d}:00Z")(s._n(28, 87)),
+    "time": lambda s, w: (lambda t: f"{t // 4:02d}:{t % 4 * 15:02d}")(s.on_side(28, 87)),
+    "rfc_time": lambda s, w: (lambda t: f"{t // 4:02d}:{t % 4 * 15:02d}:00Z")(s.on_side(28, 87)),
     "city": lambda s, w: s.pick(P.CITIES),
     "country": lambda s, w: s.pick(P.COUNTRIES),
     "language": lambda s, w: s.pick(P.LANGUAGES),
     "currency": lambda s, w: s.pick(P.CURRENCIES),
     "company": lambda s, w: s.pick(P.COMPANIES),
     "product": lambda s, w: s.pick(P.PRODUCTS),
-    "address": lambda s, w: f"{s._n(1, 299)} {s.pick(P.STREETS)}",
-    "phone": lambda s, w: f"+1-555-{s._n(1000, 9999)}",
-    "zip": lambda s, w: f"{s._n(10000, 99999)}",
+    "address": lambda s, w: f"{s.on_side(1, 299)} {s.pick(P.STREETS)}",
+    "phone": lambda s, w: f"+1-555-{s.on_side(1000, 9999)}",
+    "zip": lambda s, w: f"{s.on_side(10000, 99999)}",
     "command": lambda s, w: s.pick(P.COMMANDS),
     "color": lambda s, w: s.pick(P.COLORS),
-    "quantity": lambda s, w: f"{s._n(1, 500)} {s.rng.choice(P.STRING_UNITS)}",
+    "quantity": lambda s, w: f"{s.on_side(1, 500)} {s.rng.choice(P.STRING_UNITS)}",
     "person": _person,
     "query": lambda s, w: s.pick(P.QUERIES),
     "title": lambda s, w: s.pick(P.TITLES),
     "text": lambda s, w: s.pick(P.SENTENCES) + ".",
-    "ipv4": lambda s, w: f"10.{s.rng.randint(0, 255)}.{s.rng.randint(0, 255)}.{s._n(1, 254)}",
+    "ipv4": lambda s, w: f"10.{s.rng.randint(0, 255)}.{s.rng.randint(0, 255)}.{s.on_side(1, 254)}",
     "hostname": lambda s, w: f"{s.pick(P.WORDS)}.example.com",
     "word": lambda s, w: s.pick(P.WORDS),
 }
