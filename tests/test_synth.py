@@ -266,3 +266,22 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
     r = cli("--tools", str(CATALOGUE), "--out", str(out), "--no-run-tools")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+
+
+def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
+    odd = [fn("anything", "Takes anything.", {"x": True, "y": {"type": "string"}},
+              ["y"]),
+           fn("never", "Cannot be called.", {"z": {"enum": []}}, ["z"]),
+           fn("strict_code", "Needs a code.", {"code": {"type": "string",
+                                                        "pattern": "^zz[0-9]{9}$"}}, ["code"]),
+           fn("ping", "Ping the host.", {})]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(odd))
+    tools = load_tools(path)
+    s = synthesize(tools, SynthConfig(n_train=30, n_heldout=30, run_tools=False))
+    assert sorted(s.report["skipped"]) == ["never", "strict_code"]
+    assert_valid(tools, s)
+    # every call of "ping" is {}, so it is training's alone; the held-out side stops short
+    assert not any("ping" in t.tools for t in s.heldout)
+    assert s.report["heldout"]["tasks"] == len(s.heldout)
+    assert {t.kind for t in s.train} == {"call", "none"}

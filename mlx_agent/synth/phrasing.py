@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import pools as P
-from .values import kind_of, singular, words
+from .values import as_schema, kind_of, singular, words
 
 # The first words of a name that read as a verb; otherwise the action is "use <name words>".
 VERBS = frozenset("""add analyze append apply approve archive assign book build buy calculate
@@ -134,7 +134,9 @@ def purpose(tool) -> str:
 
 def label(name: str, schema: dict, rng: random.Random) -> str:
     """How a request names a parameter: its name's words, or a short description."""
-    desc = (schema.get("description") or "").strip().rstrip(".")
+    schema = as_schema(schema)
+    desc = schema.get("description")
+    desc = desc.strip().rstrip(".") if isinstance(desc, str) else ""
     if desc and len(desc.split()) <= 4 and rng.random() < 0.5:
         return desc[0].lower() + desc[1:] if not desc[1:2].isupper() else desc
     return " ".join(words(name)) or name
@@ -143,6 +145,7 @@ def label(name: str, schema: dict, rng: random.Random) -> str:
 def say(value: Any, schema: dict, name: str, context: frozenset, rng: random.Random,
         style: tuple) -> str:
     """How a request states ``value`` of parameter ``name``."""
+    schema = as_schema(schema)
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

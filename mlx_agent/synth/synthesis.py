@@ -31,6 +31,7 @@ from .tasks import KINDS, Builder, Plan, Results, SynthTask, chain_targets
 from .values import Sampler, Unsatisfiable
 
 ATTEMPTS = 40  # draws per task before its kind gives way to a plain call
+MAX_MISSES = 10  # tasks in a row that could not be drawn before a side stops short
 __all__ = ["SynthConfig", "Synthesis", "overlap", "report_lines", "synthesize", "write"]
 
 
@@ -99,6 +100,7 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
     seen_prompts = {t.task["prompt"] for t in taken}
     seen_calls = {c for t in taken for c in t.calls}
     out: list[SynthTask] = []
+    misses = 0
     for kind in Plan.of(n, config.shares(), available).slots(rng):
         for k in (kind, "call") if "call" in available else (kind,):
             task = _draw(makers[k], lambda t: not (t.values & seen_values
@@ -107,6 +109,11 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
             if task is not None:
                 seen_prompts.add(task.task["prompt"])
                 out.append(task)
+                misses = 0
+                break
+        else:
+            misses += 1
+            if misses == MAX_MISSES:  # the catalogue has no more distinct tasks to give
                 break
     return [dataclasses.replace(t, task={"id": f"{side}-{i:04d}-{t.kind}", **t.task})
             for i, t in enumerate(out)]

@@ -30,7 +30,8 @@ from typing import Any
 
 from ..tools import Tool, run_tool
 from .phrasing import Phrase, Phraser
-from .values import Sampler, Unsatisfiable, canonical, free_leaves, kind_of, singular, words
+from .values import (Sampler, Unsatisfiable, as_schema, canonical, free_leaves, kind_of,
+                     singular, words)
 
 KINDS = ("call", "none", "chain", "answer")
 CHAIN_TEXT_KINDS = frozenset({"text", "query", "title", "word"})
@@ -109,7 +110,7 @@ def chain_targets(tools: list[Tool], source: Tool) -> list[tuple[Tool, str, bool
 
 def _as_param(result: str, schema: dict) -> Any:
     """The result as a value of the parameter's type, or None when it is not one."""
-    t = schema.get("type")
+    t = as_schema(schema).get("type")
     if t in ("integer", "number") and re.fullmatch(r"-?\d+", result):
         return int(result)
     if t == "number" and re.fullmatch(r"-?\d+\.\d+", result):
@@ -203,7 +204,7 @@ def _vocabulary(tools: list[Tool]) -> set[str]:
     """Content words of the catalogue, which a no-tool request must not use."""
     vocab = set()
     for t in tools:
-        text = [t.name, t.description] + [f"{k} {v.get('description', '')}"
+        text = [t.name, t.description] + [f"{k} {as_schema(v).get('description', '')}"
                                           for k, v in t.properties.items()]
         vocab |= {singular(w) for s in text for w in words(s) if len(w) > 2}
     return vocab - STOP

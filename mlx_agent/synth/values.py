@@ -35,9 +35,14 @@ class Unsatisfiable(ValueError):
     """A schema no pool value satisfies (a ``pattern``, a ``$ref``, an empty range)."""
 
 
+def as_schema(schema: Any) -> dict:
+    """A subschema as a dict: ``true`` (anything) is ``{}``; so is any other non-object."""
+    return schema if isinstance(schema, dict) else {}
+
+
 def words(text: str) -> list[str]:
     """``getUserID_v2`` -> ``["get", "user", "id", "v", "2"]``."""
-    return [w.lower() for w in _WORD.findall(text or "")]
+    return [w.lower() for w in _WORD.findall(text)] if isinstance(text, str) else []
 
 
 def singular(word: str) -> str:
@@ -105,6 +110,7 @@ class Kind:
 def kind_of(name: str, schema: dict, context: frozenset[str] = frozenset()) -> Kind:
     """The kind of value for parameter ``name`` with ``schema``; ``context`` holds the words
     of the tool's name and description (a ``to`` of a mail tool is an address)."""
+    schema = as_schema(schema)
     typ = _type(schema)
     if "enum" in schema or "const" in schema:
         return Kind("enum")
@@ -134,7 +140,7 @@ def _unit(name: str, schema: dict) -> str:
 
 
 def _type(schema: dict) -> str:
-    t = schema.get("type")
+    t = as_schema(schema).get("type")
     if isinstance(t, list):
         t = next((x for x in t if x != "null"), "null")
     if t is None:
@@ -159,17 +165,22 @@ class Sampler:
         context = frozenset(words(tool.name) + words(tool.description))
         return self._object(tool.parameters, context, omit)
 
-    def value(self, schema: dict, name: str, context: frozenset[str]) -> Any:
+    def value(self, schema: Any, name: str, context: frozenset[str]) -> Any:
+        if schema is False:
+            raise Unsatisfiable(f"{name}: its schema is false (no value is valid)")
+        schema = as_schema(schema)
         if "$ref" in schema:
             raise Unsatisfiable(f"{name}: $ref is not followed")
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
+            if not schema["enum"]:
+                raise Unsatisfiable(f"{name}: the enum is empty")
             return self.rng.choice(schema["enum"])
         branches = schema.get("anyOf") or schema.get("oneOf")
         if branches:
             usable = [b for b in branches if _type(b) != "null"] or branches
-            return self.value({**self.rng.choice(usable)}, name, context)
+            return self.value(self.rng.choice(usable), name, context)
         typ = _type(schema)
         if typ == "object":
             return self._object(schema, context)
@@ -354,6 +365,7 @@ def canonical(value: Any) -> str:
 def free_leaves(schema: dict, value: Any) -> Iterator[str]:
     """The canonical JSON of each leaf of ``value`` that a split keeps apart: not enum or
     const values, booleans, nulls, or integers from a range of fewer than three."""
+    schema = as_schema(schema)
     if "enum" in schema or "const" in schema or value is None or isinstance(value, bool):
         return
     branches = schema.get("anyOf") or schema.get("oneOf")
