@@ -18,6 +18,7 @@ from .cache import cache
 from .errors import Group, UserError
 from .options import cache_mode, cache_options, max_tokens_option, model_options, sampling_options
 from .serve import serve
+from .synth import synth
 from .train import eval_cmd, sft, traces_to_data
 from .traj import traj
 
@@ -144,6 +145,7 @@ main.add_command(traces_to_data)
 main.add_command(sft)
 main.add_command(eval_cmd)
 main.add_command(eval_bfcl)
+main.add_command(synth)
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,8 @@ A tasks file is JSONL; each task:
      "tool_choice": ["calculate", "none"],   # optional, per step (see AgentConfig): guided
                  # rollouts that make the call, then answer; {"name", "arguments"} forces a call
      "check": {"tool_calls": [{"name": "...", "arguments": {...}}]}   # in order; the
-                                                # expected arguments must all match
+                                                # expected arguments must all match;
+                                                # [] means an answer with no call at all
            | {"shell": "pytest -q"}                                   # exits 0 in the task dir
            | {"answer_pattern": "Paris"}}                             # regex on the answer
 
@@ -133,8 +134,12 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 
 def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
-           timeout: float = 60.0) -> bool:
+           timeout: float = 60.0, attempted: int | None = None) -> bool:
+    """``calls`` are the valid calls made; ``attempted`` counts every call, invalid ones too
+    (a task that needs no tool wants an answer and fails on any attempt at a call)."""
     check = task.check
+    if check.tool_calls == []:
+        return answer is not None and (len(calls) if attempted is None else attempted) == 0
     if check.tool_calls is not None:
         # the expected calls, in order, among the valid calls made; the expected arguments
         # must all be there with their values (optional extras the model adds are fine)
@@ -204,7 +209,8 @@ def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: st
         out = agent.ask(task.prompt)
         s = out.stats
         result = RunResult(task=task.id, seed=seed,
-                           reward=float(passed(task, workdir, calls, out.answer)),
+                           reward=float(passed(task, workdir, calls, out.answer,
+                                               attempted=s.calls)),
                            calls=s.calls, valid_calls=s.valid_calls, turns=s.turns,
                            rendered=s.rendered_tokens, reused=s.reused_tokens,
                            seconds=time.perf_counter() - start, answer=out.answer,

@@ -1,0 +1,70 @@
+"""``mlx_agent synth``: training and held-out tasks for a tool catalogue."""
+
+from __future__ import annotations
+
+import click
+
+from mlx_agent.synth.config import SynthConfig
+
+DEFAULTS = SynthConfig()
+SHARE = click.FloatRange(0, 1)
+
+
+@click.command()
+@click.option("--tools", "tools_file", type=click.Path(dir_okay=False), required=True,
+              help="Tools file (JSON, as for `agent --tools`).")
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Directory for train.jsonl, heldout.jsonl, tools.json and report.json.")
+@click.option("--n-train", type=click.IntRange(min=1), default=DEFAULTS.n_train,
+              show_default=True, help="Training tasks.")
+@click.option("--n-heldout", type=click.IntRange(min=1), default=DEFAULTS.n_heldout,
+              show_default=True, help="Held-out tasks.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
+@click.option("--no-tool-share", type=SHARE, default=DEFAULTS.no_tool_share, show_default=True,
+              help="Share of requests that no tool answers (no call is the right reply).")
+@click.option("--two-call-share", type=SHARE, default=DEFAULTS.chain_share, show_default=True,
+              help="Share of tasks needing two calls, the second on the first one's result.")
+@click.option("--answer-share", type=SHARE, default=DEFAULTS.answer_share, show_default=True,
+              help="Share of tasks whose answer must state the tool's result.")
+@click.option("--no-run-tools", is_flag=True,
+              help="Do not run the tools (then no two-call or answer tasks).")
+def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, two_call_share,
+          answer_share, no_run_tools):
+    """Synthesise tasks for the tools in FILE: a training and a held-out set for `eval`.
+
+    Arguments come from each tool's schema, values from pools chosen by parameter name and
+    description; requests are phrased through many templates. The held-out set uses other
+    values and other template families than training; report.json measures the overlap.
+    To learn their results, each tool runs a few times, as `eval` would run it, in an empty
+    temporary directory (--no-run-tools skips that).
+
+    \b
+    Example:
+      mlx_agent synth --tools tools.json --out tasks/ --n-train 300 --n-heldout 60
+      mlx_agent eval --tasks tasks/heldout.jsonl
+    """
+    from pathlib import Path
+
+    from mlx_agent.synth.synthesis import report_lines, synthesize, write
+    from mlx_agent.tools import load_tools
+
+    from .errors import UserError
+
+    if no_tool_share + two_call_share + answer_share > 1:
+        raise click.BadParameter("the shares add up to more than 1", param_hint="--*-share")
+    tools = load_tools(tools_file)  # a bad file is a ToolSchemaError: one line, exit 2
+    if not tools:
+        raise UserError(f"{tools_file} has no tools; give a catalogue of at least one")
+    config = SynthConfig(n_train=n_train, n_heldout=n_heldout, seed=seed,
+                         no_tool_share=no_tool_share, chain_share=two_call_share,
+                         answer_share=answer_share, run_tools=not no_run_tools)
+    try:  # before the work: a directory that cannot take the files fails at once
+        Path(out).mkdir(parents=True, exist_ok=True)
+        result = synthesize(tools, config)
+        written = write(result, Path(tools_file).read_bytes(), out)
+    except OSError as e:
+        raise UserError(f"cannot write to {out}: {e.strerror or e}; "
+                        "choose a directory you can write") from None
+    for line in report_lines(result.report):
+        click.echo(line)
+    click.echo("wrote " + ", ".join(str(p) for p in written))

@@ -1,0 +1,22 @@
+"""The options of task synthesis and their defaults (no imports, so the CLI reads them cheaply)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    n_train: int = 200
+    n_heldout: int = 60
+    seed: int = 0
+    no_tool_share: float = 0.15  # requests no tool answers
+    chain_share: float = 0.15  # two calls, the second taking the first one's result
+    answer_share: float = 0.2  # the answer must state the tool's result
+    optional_share: float = 0.5  # how often an optional parameter is given
+    run_tools: bool = True  # run tools to learn their results (chains and answers need it)
+    tool_timeout: float = 10.0
+
+    def shares(self) -> dict[str, float]:
+        return {"none": self.no_tool_share, "chain": self.chain_share,
+                "answer": self.answer_share}

@@ -1,0 +1,249 @@
+"""Requests phrased from a tool's name, description and parameters, through template families.
+
+A request is a template (imperative, question, indirect, with a distracting detail, naming
+the tool, or quoting its purpose) filled with the tool's action (``get_weather`` -> "get
+weather"), its description, and an argument list in one of several styles ("city Paris",
+"city: Paris", "city=Paris", ...). Every template, argument style, distractor, answer
+request, two-call connector and no-tool request belongs to a family, and every family to one
+side: the held-out side is phrased only in families training never saw.
+
+Promised: a template id names exactly one template; the same random state gives the same
+text. Not promised: fluent English for every tool name (the action is the name's words).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import pools as P
+from .values import as_schema, kind_of, singular, words
+
+# The first words of a name that read as a verb; otherwise the action is "use <name words>".
+VERBS = frozenset("""add analyze append apply approve archive assign book build buy calculate
+cancel change check clear close compare compute convert copy count create decode delete
+describe detect download edit encode estimate evaluate execute explain export fetch filter
+find format generate get grep list load lookup look make merge move open order parse pay
+play post predict print publish query read record register remove rename reply report
+request reserve reset resize restart retrieve run save schedule scan search send set share
+show sort start stop submit summarize sync tag test track transfer translate update upload
+validate verify view write""".split())
+
+# family -> templates; "[...]" holds the part that mentions the arguments (dropped when none)
+REQUESTS = {
+    P.TRAIN: {
+        "imperative-a": ("{action}[ with {args}].", "please {action}[: {args}].",
+                         "{action} for me[, {args}]."),
+        "question-a": ("can you {action}[ with {args}]?", "could you {action}[ for {args}]?"),
+        "indirect-a": ("I need to {action}[ with {args}].",
+                       "I'd like you to {action}[ using {args}]."),
+        "distractor-a": ("{distractor} Anyway, {action}[ with {args}].",
+                         "{distractor} Could you {action}[ for {args}]?"),
+        "named-a": ("use {tool}[ with {args}].", "call {tool}[ with {args}]."),
+        "purpose-a": ("I need this done: {purpose}[. Use {args}].",),
+    },
+    P.HELDOUT: {
+        "imperative-b": ("{action} right away[ — {args}].", "go ahead and {action}[ ({args})]."),
+        "question-b": ("would you {action}[ with {args}], please?",
+                       "is it possible to {action}[ using {args}]?"),
+        "indirect-b": ("my manager asked me to {action}[; {args}].",
+                       "it would help if you could {action}[ with {args}]."),
+        "distractor-b": ("{action}[ with {args}]. {distractor}",),
+        "named-b": ("run the {tool} tool[ on {args}].",),
+        "purpose-b": ("task: {purpose}[ ({args})].",),
+    },
+}
+DISTRACTORS = {
+    P.TRAIN: ("I'm between meetings.", "My laptop battery is almost dead.",
+              "Sorry for the short notice.", "It has been a long week.",
+              "By the way, {person} says hello.", "I have {number} tabs open right now."),
+    P.HELDOUT: ("I'm on the bus right now.", "The office wifi is slow today.",
+                "Quick one before lunch.", "{person} reminded me to ask.",
+                "We are {number} minutes behind schedule."),
+}
+ANSWERS = {P.TRAIN: {"answer-a": (" Tell me what it returns.", " Then tell me the result.")},
+           P.HELDOUT: {"answer-b": (" Report back what you get.", " Let me know the output.")}}
+CHAINS = {
+    P.TRAIN: {"chain-a": ("{first}, then {second} using the result as the {label}.",
+                          "first {first}. After that, {second} with the {label} set to what "
+                          "it returns.")},
+    P.HELDOUT: {"chain-b": ("{first}; once that is done, {second}, passing its output as the "
+                            "{label}.",)},
+}
+NO_TOOL = {
+    P.TRAIN: {"none-a": ("tell me a fun fact about {topic}.",
+                         "write a two-line poem about {topic}.",
+                         "what is a word that means {adjective}?", "why do people like {topic}?",
+                         "describe {topic} in three words.", "explain {topic} to a child.",
+                         "is calling someone {adjective} a compliment?",
+                         "good morning! How is your day going?", "thanks, that is all I needed.")},
+    P.HELDOUT: {"none-b": ("give me one interesting thing about {topic}.",
+                           "compose a short rhyme about {topic}.",
+                           "what is the opposite of {adjective}?", "what makes {topic} special?",
+                           "sum up {topic} in one sentence.",
+                           "use the word {adjective} in a sentence.",
+                           "hey there, how have you been?", "cheers, we are done for today.")},
+}
+# How an argument list reads, by side: (id, one item, separator, last separator)
+ARG_STYLES = {
+    P.TRAIN: (("kv", "{label} {value}", ", ", " and "), ("colon", "{label}: {value}", "; ", "; "),
+              ("as", "{value} as the {label}", ", ", " and ")),
+    P.HELDOUT: (("eq", "{label}={value}", ", ", ", "),
+                ("being", "the {label} being {value}", ", ", " and ")),
+}
+QUOTED = frozenset({"text", "query", "title", "word", "product", "company", "address",
+                    "command", "quantity"})
+_SEGMENT = re.compile(r"\[([^\]]*)\]")
+
+
+@dataclass(frozen=True)
+class Phrase:
+    text: str
+    templates: tuple[str, ...]  # ids of every template, style and distractor used
+
+
+def template_ids(side: str) -> set[str]:
+    """Every template id of ``side`` (for the overlap report)."""
+    out = set()
+    for table in (REQUESTS, ANSWERS, CHAINS, NO_TOOL):
+        for family, texts in table[side].items():
+            out |= {f"{family}/{i}" for i in range(len(texts))}
+    out |= {f"args-{s[0]}" for s in ARG_STYLES[side]}
+    out |= {f"distractor-{side}/{i}" for i in range(len(DISTRACTORS[side]))}
+    return out
+
+
+def action(tool) -> str:
+    """What calling the tool does, as a verb phrase from its name."""
+    w = words(tool.name)
+    if w and w[0] in VERBS:
+        return " ".join(w)
+    return f"use {' '.join(w) or tool.name}"
+
+
+def purpose(tool) -> str:
+    """The description's first sentence, lower-cased like the middle of a sentence."""
+    text = (tool.description or "").strip().split("\n")[0]
+    text = re.split(r"(?<=[.!?])\s", text)[0].rstrip(".!? ")
+    if not text:
+        return action(tool)
+    return text if text[1:2].isupper() else text[0].lower() + text[1:]
+
+
+def label(name: str, schema: dict, rng: random.Random) -> str:
+    """How a request names a parameter: its name's words, or a short description."""
+    schema = as_schema(schema)
+    desc = schema.get("description")
+    desc = desc.strip().rstrip(".") if isinstance(desc, str) else ""
+    if desc and len(desc.split()) <= 4 and rng.random() < 0.5:
+        return desc[0].lower() + desc[1:] if not desc[1:2].isupper() else desc
+    return " ".join(words(name)) or name
+
+
+def say(value: Any, schema: dict, name: str, context: frozenset, rng: random.Random,
+        style: tuple) -> str:
+    """How a request states ``value`` of parameter ``name``."""
+    schema = as_schema(schema)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "(" + args_text(value, schema, context, rng, style) + ")"
+    if isinstance(value, list):
+        item_name = " ".join(singular(w) for w in words(name))
+        items = [say(v, schema.get("items", {}), item_name, context, rng, style) for v in value]
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    kind = kind_of(name, schema, context)
+    if isinstance(value, (int, float)):
+        unit = kind.unit
+        if not unit or unit.lower() in words(name):
+            return str(value)
+        return f"{value}{unit}" if unit in ("%", "°C", "°F") else f"{value} {unit}"
+    if kind.pool in QUOTED and (" " in value or not value):
+        return f'"{value}"'
+    return value
+
+
+def args_text(arguments: dict, schema: dict, context: frozenset, rng: random.Random,
+              style: tuple) -> str:
+    """The argument list in ``style`` (an ``ARG_STYLES`` entry), in the arguments' order."""
+    _, item, sep, last = style
+    props = schema.get("properties", {})
+    parts = [item.format(label=label(k, props.get(k, {}), rng),
+                         value=say(v, props.get(k, {}), k, context, rng, style))
+             for k, v in arguments.items()]
+    if len(parts) <= 1:
+        return "".join(parts)
+    return sep.join(parts[:-1]) + last + parts[-1]
+
+
+def fill(template: str, args: str, **slots: str) -> str:
+    """A template with its argument segment kept (when there are arguments) or dropped."""
+    text = _SEGMENT.sub(lambda m: m.group(1) if args else "", template)
+    return text.format(args=args, **slots)
+
+
+def sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+class Phraser:
+    """Phrases requests on one side, drawing templates, styles and details from it."""
+
+    def __init__(self, rng: random.Random, side: str, sampler):
+        self.rng, self.side, self.sampler = rng, side, sampler
+
+    def _choose(self, table: dict) -> tuple[str, str]:
+        family = self.rng.choice(sorted(table[self.side]))
+        i = self.rng.randrange(len(table[self.side][family]))
+        return f"{family}/{i}", table[self.side][family][i]
+
+    def _distractor(self) -> tuple[str, str]:
+        i = self.rng.randrange(len(DISTRACTORS[self.side]))
+        text = DISTRACTORS[self.side][i].format(person=self.sampler.pick(P.PEOPLE),
+                                                number=self.sampler.on_side(2, 60))
+        return f"distractor-{self.side}/{i}", text
+
+    def clause(self, tool, arguments: dict) -> tuple[str, str]:
+        """``action[ with args]`` for two-call requests; returns (text, style id)."""
+        style = self.rng.choice(ARG_STYLES[self.side])
+        args = args_text(arguments, tool.parameters, _context(tool), self.rng, style)
+        return fill("{action}[ with {args}]", args, action=action(tool)), f"args-{style[0]}"
+
+    def request(self, tool, arguments: dict) -> Phrase:
+        tid, template = self._choose(REQUESTS)
+        style = self.rng.choice(ARG_STYLES[self.side])
+        args = args_text(arguments, tool.parameters, _context(tool), self.rng, style)
+        used = [tid, f"args-{style[0]}"]
+        distractor = ""
+        if "{distractor}" in template:
+            did, distractor = self._distractor()
+            used.append(did)
+        text = fill(template, args, action=action(tool), tool=tool.name,
+                    purpose=purpose(tool), distractor=distractor)
+        return Phrase(sentence(text), tuple(used))
+
+    def answer(self, tool, arguments: dict) -> Phrase:
+        base = self.request(tool, arguments)
+        tid, suffix = self._choose(ANSWERS)
+        return Phrase(base.text + suffix, (*base.templates, tid))
+
+    def chain(self, first, first_args: dict, second, second_args: dict, param: str) -> Phrase:
+        tid, template = self._choose(CHAINS)
+        a, sa = self.clause(first, first_args)
+        b, sb = self.clause(second, second_args)
+        name = label(param, second.properties.get(param, {}), self.rng)
+        return Phrase(sentence(template.format(first=a, second=b, label=name)), (tid, sa, sb))
+
+    def no_tool(self) -> Phrase:
+        tid, template = self._choose(NO_TOOL)
+        text = template.format(topic=self.sampler.pick(P.TOPICS),
+                               adjective=self.sampler.pick(P.ADJECTIVES))
+        return Phrase(sentence(text), (tid,))
+
+
+def _context(tool) -> frozenset:
+    return frozenset(words(tool.name) + words(tool.description))

@@ -1,0 +1,287 @@
+"""`mlx_agent synth`: schema-valid, deterministic, held out by values and templates, and
+loadable (and runnable) by `eval`; the command line in a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from mlx_agent.evaluate import load_tasks, run
+from mlx_agent.synth import phrasing, pools
+from mlx_agent.synth.synthesis import SynthConfig, synthesize
+from mlx_agent.synth.values import canonical, free_leaves, words
+from mlx_agent.tools import load_tools, run_tool
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
+CATALOGUE = ROOT / "tests" / "data" / "catalogue.json"
+EXAMPLES = [ROOT / "examples" / "echo.json", ROOT / "examples" / "debugger.json",
+            ROOT / "examples" / "specialist" / "tools.json"]
+
+
+def fn(name, description, properties, required=(), exec_="echo ok"):
+    return {"type": "function", "function": {
+        "name": name, "description": description, "_exec": exec_,
+        "parameters": {"type": "object", "properties": properties,
+                       "required": list(required)}}}
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "description": "Full name"},
+    "email": {"type": "string", "format": "email"},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "email"]}
+BFCL_SHAPED = [  # written here, in the shapes BFCL's schemas take; no BFCL data
+    fn("book_flight", "Book a flight for a passenger.", {
+        "passenger": PERSON, "date": {"type": "string", "format": "date"},
+        "cabin": {"type": "string", "enum": ["economy", "business", "first"]},
+        "seats": {"type": "integer", "minimum": 1, "maximum": 9},
+        "notes": {"type": "string", "description": "Anything the airline should know"}},
+        ["passenger", "date", "cabin"]),
+    fn("create_event", "Create a calendar event.", {
+        "title": {"type": "string"}, "start": {"type": "string", "format": "date-time"},
+        "attendees": {"type": "array", "items": PERSON, "minItems": 1, "maxItems": 4},
+        "duration_minutes": {"type": "integer", "minimum": 15, "maximum": 480,
+                             "multipleOf": 15},
+        "reminder": {"type": "string", "format": "time"},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+        ["title", "start", "attendees"]),
+    fn("convert_units", "Convert a quantity between units.", {
+        "value": {"type": "number", "exclusiveMinimum": 0, "maximum": 10000},
+        "from_unit": {"type": "string", "enum": ["kg", "lb", "g"]},
+        "to_unit": {"type": "string", "enum": ["kg", "lb", "g"]}},
+        ["value", "from_unit", "to_unit"], 'echo "$value $from_unit in $to_unit"'),
+    fn("get_stock_price", "Latest price of a stock.", {
+        "ticker": {"type": "string", "pattern": "^[A-Z]{1,5}$"},
+        "exchange": {"type": "string", "enum": ["NYSE", "NASDAQ"]}}, ["ticker"]),
+    fn("lookup_order", "Look up an order.", {
+        "order_id": {"type": "string", "format": "uuid"},
+        "include_items": {"type": "boolean"},
+        "limit": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 20},
+                            {"type": "null"}]}}, ["order_id"]),
+    fn("fetch_page", "Fetch a web page.", {
+        "url": {"type": "string", "format": "uri"},
+        "timeout_seconds": {"type": "number", "minimum": 1, "maximum": 60}}, ["url"]),
+    fn("set_thermostat", "Set the thermostat.", {
+        "temperature_celsius": {"type": "number", "minimum": 10, "maximum": 30},
+        "schedule": {"type": "object", "properties": {
+            "days": {"type": "array", "items": {"type": "string", "enum": ["mon", "tue", "wed"]},
+                     "minItems": 1, "uniqueItems": True},
+            "at": {"type": "string", "format": "time"}}, "required": ["days", "at"]}},
+        ["temperature_celsius"]),
+    fn("system_status", "Report the system status.", {}),
+]
+
+
+@pytest.fixture(scope="module")
+def bfcl_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bfcl") / "tools.json"
+    path.write_text(json.dumps({"tools": BFCL_SHAPED}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def catalogue_run():
+    """The test catalogue with its tools run (chains and answers), made once."""
+    return synthesize(load_tools(CATALOGUE), SynthConfig(n_train=100, n_heldout=40))
+
+
+def cli(*args):
+    return subprocess.run([*CLI, "synth", *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ})
+
+
+def calls_of(task: dict) -> list[dict]:
+    return task["check"].get("tool_calls") or []
+
+
+def assert_valid(tools, synthesis):
+    by_name = {t.name: t for t in tools}
+    for t in synthesis.train + synthesis.heldout:
+        for c in map(json.loads, t.calls):
+            tool = by_name[c["name"]]
+            assert tool.validate(c["arguments"]) == [], (t.task, tool.validate(c["arguments"]))
+            strict = Draft202012Validator(tool.parameters,
+                                          format_checker=Draft202012Validator.FORMAT_CHECKER)
+            assert list(strict.iter_errors(c["arguments"])) == [], c
+
+
+@pytest.mark.parametrize("name", ["catalogue", "echo", "debugger", "specialist", "bfcl"])
+def test_every_call_is_schema_valid_and_every_tool_is_covered(name, bfcl_file):
+    path = {"catalogue": CATALOGUE, "bfcl": bfcl_file,
+            **{p.stem if p.stem != "tools" else "specialist": p for p in EXAMPLES}}[name]
+    tools = load_tools(path)
+    s = synthesize(tools, SynthConfig(n_train=80, n_heldout=40, run_tools=False))
+    assert_valid(tools, s)
+    assert s.report["skipped"] == {}
+    args_only = [t for t in tools if t.properties]
+    for side in (s.train, s.heldout):
+        called = Counter(n for t in side if t.kind == "call" for n in t.tools)
+        assert {t.name for t in args_only} <= set(called), called
+    if name == "bfcl":  # the shapes really appear: nested objects, arrays of them, formats
+        calls = [c for t in s.train for c in map(json.loads, t.calls)]
+        flights = [c["arguments"] for c in calls if c["name"] == "book_flight"]
+        assert all("@" in f["passenger"]["email"] for f in flights)
+        events = [c["arguments"] for c in calls if c["name"] == "create_event"]
+        assert all(1 <= len(e["attendees"]) <= 4 and e["duration_minutes"] % 15 == 0
+                   for e in events if "duration_minutes" in e)
+        assert any("notes" in f for f in flights) and any("notes" not in f for f in flights)
+        assert all(re.fullmatch(r"[A-Z]{1,5}", c["arguments"]["ticker"]) for c in calls
+                   if c["name"] == "get_stock_price")
+
+
+def test_chains_and_answers_are_valid_and_use_real_results(catalogue_run):
+    tools = load_tools(CATALOGUE)
+    by_name = {t.name: t for t in tools}
+    assert_valid(tools, catalogue_run)
+    chains = [t for t in catalogue_run.train + catalogue_run.heldout if t.kind == "chain"]
+    assert chains
+    for t in chains:
+        first, second = calls_of(t.task)
+        result = run_tool(by_name[first["name"]], first["arguments"]).stdout.strip()
+        assert result in {str(v) for v in second["arguments"].values()}, t.task
+    answers = [t for t in catalogue_run.heldout if t.kind == "answer"]
+    assert answers
+    for t in answers:
+        (c,) = map(json.loads, t.calls)
+        result = run_tool(by_name[c["name"]], c["arguments"]).stdout.strip()
+        assert re.search(t.task["check"]["answer_pattern"], f"The result is {result}.")
+        assert not re.search(t.task["check"]["answer_pattern"], f"It is {result}0.")
+
+
+def test_kinds_come_in_their_shares(catalogue_run):
+    for side, n in ((catalogue_run.train, 100), (catalogue_run.heldout, 40)):
+        kinds = Counter(t.kind for t in side)
+        assert len(side) == n
+        assert kinds["none"] == round(n * 0.15) and kinds["chain"] == round(n * 0.15)
+        assert kinds["answer"] == round(n * 0.2) and kinds["call"] == n - sum(
+            kinds[k] for k in ("none", "chain", "answer"))
+    vocab = {w for t in load_tools(CATALOGUE) for w in words(t.name + " " + t.description)
+             if len(w) > 3}
+    for t in catalogue_run.train + catalogue_run.heldout:
+        if t.kind == "none":
+            assert t.task["check"] == {"tool_calls": []}
+            assert not set(words(t.task["prompt"])) & vocab, t.task["prompt"]
+        if t.kind == "chain":
+            assert len(calls_of(t.task)) == 2
+
+
+def test_a_catalogue_without_results_gets_no_chains_or_answers():
+    s = synthesize(load_tools(CATALOGUE), SynthConfig(n_train=40, n_heldout=20,
+                                                      run_tools=False))
+    assert {t.kind for t in s.train} == {"call", "none"}
+    assert len(s.train) == 40 and s.report["answerable"] == []
+
+
+def test_held_out_shares_no_value_template_prompt_or_call(catalogue_run, bfcl_file):
+    for tools, s in ((load_tools(CATALOGUE), catalogue_run),
+                     (load_tools(bfcl_file), synthesize(load_tools(bfcl_file), SynthConfig(
+                         n_train=120, n_heldout=60, run_tools=False)))):
+        by_name = {t.name: t for t in tools}
+
+        def values(side):  # recomputed from the calls, not taken from the generator
+            return {v for t in side for c in map(json.loads, t.calls)
+                    for v in free_leaves(by_name[c["name"]].parameters, c["arguments"])}
+
+        train, held = values(s.train), values(s.heldout)
+        assert len(train) > 50 and len(held) > 20  # not vacuous
+        assert not train & held
+        assert not {t.task["prompt"] for t in s.train} & {t.task["prompt"] for t in s.heldout}
+        assert not {c for t in s.train for c in t.calls} & {c for t in s.heldout for c in t.calls}
+        assert not {i for t in s.train for i in t.templates} & {
+            i for t in s.heldout for i in t.templates}
+        assert s.report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0}
+    assert not phrasing.template_ids(pools.TRAIN) & phrasing.template_ids(pools.HELDOUT)
+    for pool in (pools.CITIES, pools.PEOPLE, pools.SENTENCES, pools.TOPICS):
+        assert not set(pools.split(pool, pools.TRAIN)) & set(pools.split(pool, pools.HELDOUT))
+
+
+def test_cli_is_deterministic_and_eval_loads_what_it_writes(tmp_path):
+    outs = {}
+    for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        r = cli("--tools", str(CATALOGUE), "--out", str(tmp_path / name), "--seed", seed,
+                "--n-train", "50", "--n-heldout", "20")
+        assert r.returncode == 0, r.stderr
+        outs[name] = {p.name: p.read_bytes() for p in (tmp_path / name).iterdir()}
+    assert set(outs["a"]) == {"train.jsonl", "heldout.jsonl", "tools.json", "report.json"}
+    assert outs["a"] == outs["b"]
+    assert outs["a"]["train.jsonl"] != outs["c"]["train.jsonl"]
+    assert outs["a"]["tools.json"] == CATALOGUE.read_bytes()
+    assert "values 0, templates 0, prompts 0, calls 0" in r.stdout
+    for split, n in (("train", 50), ("heldout", 20)):
+        tasks = load_tasks(tmp_path / "a" / f"{split}.jsonl")
+        assert len(tasks) == n and all(t.tools == "tools.json" for t in tasks)
+    report = json.loads(outs["a"]["report.json"])
+    assert report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0}
+
+
+def test_eval_runs_synthesised_tasks(tiny_lm, tmp_path):
+    """A scripted model on a call task and two no-tool tasks: the right call passes, an
+    answer passes the no-tool task, and a call fails it."""
+    from .test_agent_loop import Script
+
+    s = synthesize(load_tools(CATALOGUE), SynthConfig(n_train=20, n_heldout=10,
+                                                      run_tools=False))
+    call = next(t.task for t in s.heldout if t.kind == "call")
+    none = next(t.task for t in s.heldout if t.kind == "none")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in (call, none, none)))
+    (tmp_path / "tools.json").write_bytes(CATALOGUE.read_bytes())
+    (want,) = calls_of(call)
+    replies = [json.dumps({"tool": want["name"], "arguments": want["arguments"]}),
+               '{"answer": "done"}', '{"answer": "Happy to help."}',
+               '{"tool": "search_web", "arguments": {"query": "x"}}', '{"answer": "ok"}']
+    script = Script(tiny_lm, *replies)
+    summary = run(tiny_lm, path, config_overrides={"grammar": False, "max_steps": 2},
+                  sampler_for=lambda seed: script)
+    assert [r.reward for r in summary.runs] == [1.0, 1.0, 0.0]
+
+
+def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    cases = [("--tools", str(tmp_path / "missing.json"), "--out", str(out)),
+             ("--tools", str(bad), "--out", str(out)),
+             ("--tools", str(CATALOGUE), "--out", str(out), "--no-tool-share", "0.6",
+              "--answer-share", "0.6")]
+    for args in cases:
+        r = cli(*args)
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.strip()
+        assert not out.exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = cli("--tools", str(CATALOGUE), "--out", str(blocker / "sub"), "--no-run-tools")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot write" in r.stderr
+    # a file that cannot be replaced: none of the others appear either
+    (out / "report.json").mkdir(parents=True)
+    r = cli("--tools", str(CATALOGUE), "--out", str(out), "--no-run-tools")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+
+
+def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
+    odd = [fn("anything", "Takes anything.", {"x": True, "y": {"type": "string"}},
+              ["y"]),
+           fn("never", "Cannot be called.", {"z": {"enum": []}}, ["z"]),
+           fn("strict_code", "Needs a code.", {"code": {"type": "string",
+                                                        "pattern": "^zz[0-9]{9}$"}}, ["code"]),
+           fn("ping", "Ping the host.", {})]
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(odd))
+    tools = load_tools(path)
+    s = synthesize(tools, SynthConfig(n_train=30, n_heldout=30, run_tools=False))
+    assert sorted(s.report["skipped"]) == ["never", "strict_code"]
+    assert_valid(tools, s)
+    # every call of "ping" is {}, so it is training's alone; the held-out side stops short
+    assert not any("ping" in t.tools for t in s.heldout)
+    assert s.report["heldout"]["tasks"] == len(s.heldout)
+    assert {t.kind for t in s.train} == {"call", "none"}
