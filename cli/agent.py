@@ -105,6 +105,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     if builtin_tools and not root:
         raise click.UsageError("--builtin-tools needs --root DIR")
     tools = load_tools(tools_file) if tools_file else []
+    for warning in (w for t in tools for w in t.warnings):
+        click.secho(f"warning: {warning}", err=True, fg="yellow")
     if builtin_tools:
         try:
             tools += make_builtins(root, timeout=tool_timeout, env_names=tool_env)
