@@ -10,7 +10,10 @@ of the group is killed, so background grandchildren die with it.
 
 stdout and stderr are each capped (head and tail around a ``…[truncated N bytes]`` marker),
 read as they arrive so memory stays bounded however much a tool prints; undecodable bytes
-are replaced. Running a command never raises: failures come back in the :class:`ToolResult`.
+are replaced. A handler's return value is capped the same way as it is encoded, a piece at a
+time. :func:`run_tool` never raises: an argument a shell variable cannot hold (NUL, a lone
+surrogate), one that would replace a ``--tool-env`` variable, a handler's exception or our own
+failure all come back as a :class:`ToolResult`, whose text is always valid Unicode.
 
 This is path and environment hygiene, not a sandbox: a template can run anything the user's
 shell can. Handlers run in-process and are not interrupted by the timeout.

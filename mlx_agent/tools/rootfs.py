@@ -37,7 +37,7 @@ MAX_LINE = 64 * 1024  # grep searches (and shows) this much of a line
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _IS_LINK = {errno.ELOOP, errno.ENOTDIR, errno.EMLINK}  # what O_NOFOLLOW meets on a link
-_MAX_LINKS = 40
+_MAX_HOPS = 40
 
 
 class OutsideRoot(ValueError):
@@ -70,7 +70,7 @@ class _Walk:
         self.root = root
         self.fds = [os.open(root, _DIR)]
         self.names: list[str] = []
-        self.links = 0
+        self.hops = 0  # links followed and directories made: bounded, whatever races
 
     def close(self) -> None:
         for fd in self.fds:
@@ -84,10 +84,13 @@ class _Walk:
     def relative(self, name: str | None = None) -> str:
         return "/".join([*self.names, *([name] if name else [])]) or "."
 
-    def _follow(self, target: str, todo: deque) -> None:
-        self.links += 1
-        if self.links > _MAX_LINKS:
+    def _hop(self) -> None:
+        self.hops += 1
+        if self.hops > _MAX_HOPS:
             raise OSError(errno.ELOOP, "too many levels of symbolic links")
+
+    def _follow(self, target: str, todo: deque) -> None:
+        self._hop()
         if target.startswith("/"):
             while len(self.fds) > 1:
                 self.up()
@@ -119,6 +122,7 @@ class _Walk:
             except FileNotFoundError:
                 if not create:
                     raise
+                self._hop()
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, dir_fd=self.fd)
                 todo.appendleft(part)
@@ -145,6 +149,8 @@ def located(root: str, path: str, create: bool = False) -> Iterator[tuple[_Walk,
             raise OutsideRoot(f"{path!r} is outside the tool root") from None
         except FileNotFoundError:
             raise FileNotFoundError(f"no file or directory {path!r}") from None
+        except NotADirectoryError:
+            raise NotADirectoryError(f"{path!r} goes through a file, not a directory") from None
         yield walk, name
     finally:
         walk.close()
