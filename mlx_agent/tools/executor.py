@@ -241,9 +241,10 @@ def _run_handler(tool: Tool, arguments: dict[str, Any], cap: int) -> ToolResult:
     if isinstance(value, ToolResult):
         return value
     # fed in pieces, so a big value is not copied whole (encoded, sliced) on its way in
-    pieces = (value[i:i + _CHUNK] for i in range(0, len(value), _CHUNK)) \
-        if isinstance(value, str) else \
-        json.JSONEncoder(ensure_ascii=False, default=str).iterencode(value)
+    if isinstance(value, str):
+        pieces = (value[i:i + _CHUNK] for i in range(0, len(value), _CHUNK))
+    else:
+        pieces = json.JSONEncoder(ensure_ascii=False, default=str).iterencode(value)
     capped = _Capped(cap)
     for piece in pieces:
         capped.feed(piece.encode("utf-8", "replace"))
