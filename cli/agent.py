@@ -68,6 +68,8 @@ def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout
     if builtin and not root:
         raise click.UsageError("--builtin-tools needs --root DIR")
     tools = load_tools(tools_file) if tools_file else []
+    for warning in (w for t in tools for w in t.warnings):
+        warn(warning)
     if builtin:
         try:
             tools += builtin_tools(root, timeout=timeout, env_names=env_names)

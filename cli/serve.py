@@ -56,6 +56,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
 
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file) if tools_file else []
+    for warning in (w for t in tools for w in t.warnings):
+        click.secho(f"warning: {warning}", err=True, fg="yellow")
     # Everything that touches MLX runs on one thread, the one that loads the model (MLX's
     # streams are per thread on Metal); the server hands it every request.
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-agent-model")

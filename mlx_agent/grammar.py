@@ -7,8 +7,9 @@
   tool's parameters>}`` for each tool or ``{"answer": <string>}``; hermes allows free text, or
   ``<tool_call>`` blocks each holding one tool's ``{"name", "arguments"}``.
   String values without a ``maxLength`` get one, scaled to the step's token budget (a small
-  model can otherwise repeat inside a string until the token limit), and arguments objects without ``additionalProperties`` get
-  ``false``, as in OpenAI's strict mode.
+  model can otherwise repeat inside a string until the token limit), and one without a
+  ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
+  objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode.
 - ``choice`` narrows either grammar the way OpenAI's ``tool_choice`` does: ``"auto"`` (calls
   or an answer), ``"required"`` (calls only), ``"none"`` (an answer only) or a tool's name
   (a call of that tool only). :func:`tool_constraint` builds the constraint for a protocol.
@@ -128,18 +129,21 @@ def ll_tokenizer(lm):
 
 _NUMBER_BOUND = 10**12  # integers beyond a trillion are not what a tool call needs
 _VALUE_KEYS = frozenset({"const", "enum", "default", "examples"})
+NO_NUL = "^[^\\x00]*$"  # anchored: llguidance, like JSON Schema, otherwise searches
 
 
 def _bound_strings(schema: Any, max_len: int) -> Any:
-    """A copy of ``schema`` whose strings have a maxLength and whose numbers have bounds."""
+    """A copy of ``schema`` whose strings have a maxLength and no NUL, and whose numbers
+    have bounds."""
     if isinstance(schema, dict):  # values (const, enum, ...) are data, not schemas
         out = {k: v if k in _VALUE_KEYS else _bound_strings(v, max_len)
                for k, v in schema.items()}
         types = out.get("type")
         types = types if isinstance(types, list) else [types]
         fixed = "enum" in out or "const" in out
-        if "string" in types and "maxLength" not in out and not fixed:
-            out["maxLength"] = max_len
+        if "string" in types and not fixed:
+            out.setdefault("maxLength", max_len)
+            out.setdefault("pattern", NO_NUL)
         if ("integer" in types or "number" in types) and not fixed:
             out.setdefault("minimum", -_NUMBER_BOUND)
             out.setdefault("maximum", _NUMBER_BOUND)

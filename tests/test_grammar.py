@@ -252,3 +252,10 @@ def test_constants_in_a_schema_are_left_as_they_are(smol):
     schema = {"type": "object", "properties": {"x": {"const": {"type": "string"}},
                                                "y": {"enum": [{"type": "integer"}]}}}
     assert _bound_strings(schema, 8) == schema
+
+
+def test_arguments_cannot_hold_a_nul_character(smol):
+    # a shell variable cannot hold NUL: the grammar does not offer it (other controls stay)
+    call = '{"tool":"send_email","arguments":{"to":"a@b.c","subject":"Hi","body":"%s"}}'
+    assert not accepts(*smol, call % "x\\u0000y")
+    assert accepts(*smol, call % "x\\u0001\\ty\\n")

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from mlx_agent.tools import ToolSchemaError, builtin_tools, parse_tools, run_tool
-from mlx_agent.tools.builtin import OutsideRoot, inside
+from mlx_agent.tools.builtin import OutsideRoot
+from mlx_agent.tools.rootfs import located
 
 
 def tool(template, props=None, required=None, exec_args=None, name="t"):
@@ -203,8 +204,8 @@ def test_paths_outside_the_root_are_refused(repo, path):
     assert r.exit_code == 1 and "outside the tool root" in r.stderr
     w = run_tool(tools["write_file"], {"path": path, "content": "x"})
     assert w.exit_code == 1 and "outside the tool root" in w.stderr
-    with pytest.raises(OutsideRoot):
-        inside(repo, path)
+    with pytest.raises(OutsideRoot), located(str(repo), path):
+        pass
     assert "secret" not in run_tool(tools["grep"], {"pattern": "secret"}).stdout
 
 

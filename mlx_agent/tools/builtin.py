@@ -1,104 +1,82 @@
 """Built-in tools over one directory: read_file, list_files, grep, write_file, run_tests.
 
-Every path the model gives is resolved inside the root: ``..``, absolute paths and symlinks
-that land outside are refused. ``run_tests`` runs the root's pytest suite (or unittest when
-pytest is absent) in its own process group with the tool timeout. This is path isolation,
-not a security boundary: ``run_tests`` executes whatever code is in the root.
+Every path the model gives is walked inside the root by :mod:`.rootfs`, a directory
+descriptor at a time (``openat`` with ``O_NOFOLLOW``): ``..`` above the root, absolute paths
+elsewhere and symlinks that lead out are refused, and a symlink swapped in mid-call cannot
+redirect a read or a write. ``read_file`` reads at most the output cap (head and tail of a big
+file); ``grep`` runs Python's ``re`` in a child process, so the tool timeout ends a pattern that
+backtracks; ``write_file`` replaces the file atomically and leaves nothing behind if it fails.
+``run_tests`` runs the root's pytest suite (or unittest when pytest is absent) in its own
+process group with the tool timeout. This is path isolation, not a security boundary:
+``run_tests`` executes whatever code is in the root.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
-import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-from .executor import ToolResult, run_process, tool_env
+from . import rootfs
+from .executor import DEFAULT_CAP, ToolResult, _Capped, run_process, tool_env
+from .rootfs import OutsideRoot
 from .schema import Tool
 
-_SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".pytest_cache"}
+__all__ = ["OutsideRoot", "builtin_tools"]
+
 _MAX_LIST = 500
 _MAX_MATCHES = 200
 
 
-class OutsideRoot(ValueError):
-    pass
+def read_file(root: str, cap: int, path: str) -> ToolResult:
+    """The file's text; one bigger than ``cap`` bytes shows its head and tail, and only
+    those are read."""
+    fd = rootfs.open_in_root(root, path)
+    try:
+        size = os.fstat(fd).st_size
+        capped = _Capped(cap)
+        capped.feed(os.read(fd, capped.half))
+        if size > 2 * capped.half:  # skip the middle without reading it
+            capped.skip(size - 2 * capped.half)
+            os.lseek(fd, size - capped.half, os.SEEK_SET)
+        capped.feed(os.read(fd, capped.half))
+    finally:
+        os.close(fd)
+    return ToolResult(tool="read_file", stdout=capped.text())
 
 
-def inside(root: Path, path: str | None) -> Path:
-    """``path`` resolved under ``root``; raises OutsideRoot when it lands elsewhere."""
-    root = root.resolve()
-    target = (root / (path or ".")).resolve()
-    if target != root and root not in target.parents:
-        raise OutsideRoot(f"{path!r} is outside the tool root")
-    return target
+def list_files(root: str, path: str = ".") -> str:
+    names = [rel for rel, _ in rootfs.files(root, path)]
+    more = len(names) - _MAX_LIST
+    return "\n".join(names[:_MAX_LIST] + ([f"…[{more} more]"] if more > 0 else []))
 
 
-def _relative(root: Path, p: Path) -> str:
-    return p.relative_to(root.resolve()).as_posix() or "."
+def grep(root: str, timeout: float, cap: int, pattern: str, path: str = ".") -> ToolResult:
+    """Matching lines as ``path:line: text``, at most 200, found by a child process that
+    the timeout kills."""
+    job = json.dumps({"root": root, "pattern": pattern, "path": path,
+                      "max_matches": _MAX_MATCHES})  # ASCII: NUL and surrogates escaped
+    r = run_process([sys.executable, "-I", rootfs.__file__, job], tool="grep", timeout=timeout,
+                    cwd=root, env=tool_env(), cap=cap)
+    if r.timed_out:
+        return ToolResult(tool="grep", stdout=r.stdout, exit_code=r.exit_code, timed_out=True,
+                          stderr=f"error: grep timed out after {timeout:g} s; a pattern with "
+                                 "nested repeats such as (a+)+ can take exponential time: "
+                                 "simplify it or narrow the path",
+                          duration_sec=r.duration_sec)
+    return r
 
 
-def _files(root: Path, start: Path):
-    if start.is_file():
-        yield start
-        return
-    for dirpath, dirnames, filenames in os.walk(start):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            if p.resolve().is_relative_to(root.resolve()):  # skip symlinks leading out
-                yield p
+def write_file(root: str, path: str, content: str) -> str:
+    data = content.encode("utf-8")  # before any file exists: a lone surrogate fails here
+    rel = rootfs.write_atomic(root, path, data)
+    return f"wrote {len(data)} bytes to {rel}"
 
 
-def read_file(root: Path, path: str) -> str:
-    target = inside(root, path)
-    if not target.is_file():
-        raise FileNotFoundError(f"no file {path!r}")
-    return target.read_bytes().decode("utf-8", "replace")
-
-
-def list_files(root: Path, path: str = ".") -> str:
-    start = inside(root, path)
-    if not start.exists():
-        raise FileNotFoundError(f"no file or directory {path!r}")
-    files = [_relative(root, p) for p in _files(root, start)]
-    more = len(files) - _MAX_LIST
-    return "\n".join(files[:_MAX_LIST] + ([f"…[{more} more]"] if more > 0 else []))
-
-
-def grep(root: Path, pattern: str, path: str = ".") -> str:
-    start = inside(root, path)
-    regex = re.compile(pattern)
-    hits = []
-    for p in _files(root, start):
-        try:
-            lines = p.read_text("utf-8").splitlines()
-        except (UnicodeDecodeError, OSError):
-            continue
-        hits += [f"{_relative(root, p)}:{i}: {line}" for i, line in enumerate(lines, 1)
-                 if regex.search(line)]
-        if len(hits) >= _MAX_MATCHES:
-            return "\n".join(hits[:_MAX_MATCHES] + ["…[more matches]"])
-    return "\n".join(hits) if hits else "no matches"
-
-
-def write_file(root: Path, path: str, content: str) -> str:
-    target = inside(root, path)
-    if target == root.resolve() or target.is_dir():
-        raise IsADirectoryError(f"{path!r} is a directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(content)
-    os.replace(tmp, target)
-    return f"wrote {len(content.encode('utf-8'))} bytes to {_relative(root, target)}"
-
-
-def run_tests(root: Path, timeout: float, env_names=()) -> ToolResult:
-    root = root.resolve()
+def run_tests(root: str, timeout: float, env_names=()) -> ToolResult:
     uses_pytest = shutil.which("pytest") is not None or _has_module("pytest")
     argv = [sys.executable, "-m", "pytest", "-q", "-x"] if uses_pytest else \
         [sys.executable, "-m", "unittest", "discover", "-v"]
@@ -118,11 +96,14 @@ def _string(description: str) -> dict:
     return {"type": "string", "description": description}
 
 
-def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=()) -> list[Tool]:
-    """The five built-in tools bound to ``root``."""
-    root = Path(root).resolve()
-    if not root.is_dir():
-        raise NotADirectoryError(f"--root {root} is not a directory")
+def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(),
+                  cap: int = DEFAULT_CAP) -> list[Tool]:
+    """The five built-in tools bound to ``root``; ``timeout`` bounds grep and run_tests,
+    ``cap`` the bytes of a file read_file reads."""
+    resolved = Path(root).resolve()
+    if not resolved.is_dir():
+        raise NotADirectoryError(f"--root {resolved} is not a directory")
+    root = str(resolved)
 
     def obj(props: dict, required: list[str]) -> dict:
         return {"type": "object", "properties": props, "required": required,
@@ -131,7 +112,7 @@ def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(
     return [
         Tool(name="read_file", description="Read a UTF-8 text file.",
              parameters=obj({"path": _string("File path, relative to the root.")}, ["path"]),
-             builtin=functools.partial(read_file, root)),
+             builtin=functools.partial(read_file, root, cap)),
         Tool(name="list_files", description="List files under a directory, recursively.",
              parameters=obj({"path": _string("Directory path. Defaults to the root.")}, []),
              builtin=functools.partial(list_files, root)),
@@ -139,7 +120,7 @@ def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(
              parameters=obj({"pattern": _string("Regular expression."),
                              "path": _string("File or directory. Defaults to the root.")},
                             ["pattern"]),
-             builtin=functools.partial(grep, root)),
+             builtin=functools.partial(grep, root, timeout, cap)),
         Tool(name="write_file", description="Create or overwrite a file with the given content.",
              parameters=obj({"path": _string("File path."),
                              "content": _string("Complete new file content.")},

@@ -10,7 +10,10 @@ of the group is killed, so background grandchildren die with it.
 
 stdout and stderr are each capped (head and tail around a ``…[truncated N bytes]`` marker),
 read as they arrive so memory stays bounded however much a tool prints; undecodable bytes
-are replaced. Running a command never raises: failures come back in the :class:`ToolResult`.
+are replaced. A handler's return value is capped the same way as it is encoded, a piece at a
+time. :func:`run_tool` never raises: an argument a shell variable cannot hold (NUL, a lone
+surrogate), one that would replace a ``--tool-env`` variable, a handler's exception or our own
+failure all come back as a :class:`ToolResult`, whose text is always valid Unicode.
 
 This is path and environment hygiene, not a sandbox: a template can run anything the user's
 shell can. Handlers run in-process and are not interrupted by the timeout.
@@ -45,9 +48,19 @@ class ToolResult(msgspec.Struct, frozen=True):
     duration_sec: float = 0.0
 
     def for_model(self) -> str:
-        """The JSON object the model reads in its tool turn."""
-        return json.dumps({"tool": self.tool, "stdout": self.stdout, "stderr": self.stderr,
-                           "exit_code": self.exit_code}, ensure_ascii=False)
+        """The JSON object the model reads in its tool turn (always valid UTF-8 text)."""
+        return valid_text(json.dumps({"tool": self.tool, "stdout": self.stdout,
+                                      "stderr": self.stderr, "exit_code": self.exit_code},
+                                     ensure_ascii=False))
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (which no encoder, tokenizer or log accepts) as '?'."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def error_result(tool: str, message: str) -> ToolResult:
@@ -66,14 +79,21 @@ class _Capped:
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
+        view = memoryview(data)  # slices of a big chunk are not copied
         room = self.half - len(self.head)
         if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data:
-            self.tail += data
+            self.head += view[:room]
+            view = view[room:]
+        if len(view) >= self.half:
+            self.tail[:] = view[-self.half:]
+        elif view:
+            self.tail += view
             if len(self.tail) > self.half:
                 del self.tail[: len(self.tail) - self.half]
+
+    def skip(self, n: int) -> None:
+        """Count ``n`` bytes of the middle that were never read (after a full head)."""
+        self.total += n
 
     def text(self) -> str:
         dropped = self.total - len(self.head) - len(self.tail)
@@ -175,10 +195,43 @@ def run_tool(
     cwd: str | os.PathLike | None = None,
     cap: int = DEFAULT_CAP,
 ) -> ToolResult:
-    """Run a validated call of ``tool``; never raises."""
-    if tool.exec_template is not None:
-        return run_process(["/bin/bash", "-c", exec_script(tool, arguments)], tool=tool.name,
-                           timeout=timeout, cwd=cwd, env=tool_env(env_names), cap=cap)
+    """Run a validated call of ``tool``; never raises: every failure is a tool error."""
+    try:
+        if tool.exec_template is not None:
+            unfit = _unfit_arguments(tool, arguments, env_names)
+            if unfit:
+                return error_result(tool.name, unfit)
+            result = run_process(["/bin/bash", "-c", exec_script(tool, arguments)],
+                                 tool=tool.name, timeout=timeout, cwd=cwd,
+                                 env=tool_env(env_names), cap=cap)
+        else:
+            result = _run_handler(tool, arguments, cap)
+    except Exception as e:  # a bug of ours or of the machine: still the model's information
+        return error_result(tool.name, valid_text(f"the tool failed to run: "
+                                                  f"{type(e).__name__}: {e}"))
+    return msgspec.structs.replace(result, tool=valid_text(result.tool),
+                                   stdout=valid_text(result.stdout),
+                                   stderr=valid_text(result.stderr))
+
+
+def _unfit_arguments(tool: Tool, arguments: dict[str, Any], env_names: Sequence[str]) -> str:
+    """Why the arguments cannot become shell variables ('' when they can)."""
+    for name in tool.exec_args:
+        value = shell_value(arguments.get(name))
+        if "\0" in value:
+            return f"argument {name!r} contains a NUL character, which a shell variable " \
+                   "cannot hold"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"argument {name!r} is not valid Unicode (it holds a lone surrogate)"
+        if name in env_names:
+            return f"argument {name!r} would replace the environment variable {name} that " \
+                   "--tool-env passes to the tool; rename the property"
+    return ""
+
+
+def _run_handler(tool: Tool, arguments: dict[str, Any], cap: int) -> ToolResult:
     start = time.monotonic()
     try:
         value = tool.resolve_handler()(**arguments)
@@ -187,8 +240,13 @@ def run_tool(
                           duration_sec=round(time.monotonic() - start, 4))
     if isinstance(value, ToolResult):
         return value
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    # fed in pieces, so a big value is not copied whole (encoded, sliced) on its way in
+    if isinstance(value, str):
+        pieces = (value[i:i + _CHUNK] for i in range(0, len(value), _CHUNK))
+    else:
+        pieces = json.JSONEncoder(ensure_ascii=False, default=str).iterencode(value)
     capped = _Capped(cap)
-    capped.feed(text.encode("utf-8", "replace"))
+    for piece in pieces:
+        capped.feed(piece.encode("utf-8", "replace"))
     return ToolResult(tool=tool.name, stdout=capped.text(),
                       duration_sec=round(time.monotonic() - start, 4))

@@ -8,8 +8,11 @@ alphabetical order); ``_handler``, ``"package.module:function"`` called with the
 as keyword arguments. Built-in tools carry a Python callable instead.
 
 Parsing goes through msgspec structs; every error names the file, the tool and the field.
-Arguments the model sends are checked with ``jsonschema`` against the tool's ``parameters``
-before anything runs. This module runs nothing and knows nothing of models.
+An ``_exec`` tool whose variables would be names the shell treats specially (``PATH``,
+``IFS``, ``LD_PRELOAD``, ...) is refused; one whose template uses a variable outside double
+quotes loads with a line in :attr:`Tool.warnings` (see :mod:`.exec_checks`). Arguments the
+model sends are checked with ``jsonschema`` against the tool's ``parameters`` before anything
+runs. This module runs nothing and knows nothing of models.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from ..errors import UserFacingError
+from .exec_checks import special_variable, unquoted_references
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
@@ -54,6 +58,7 @@ class Tool(msgspec.Struct, frozen=True):
     exec_args: tuple[str, ...] = ()
     handler: str | None = None
     builtin: Callable[..., Any] | None = None
+    warnings: tuple[str, ...] = ()  # found at load time, for the user (the CLI prints them)
 
     @property
     def required(self) -> list[str]:
@@ -138,6 +143,11 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
     for arg in exec_args:
         if not IDENTIFIER.match(arg):
             raise ToolSchemaError(f"{where}: field '_exec_args' entry {arg!r} is not an identifier")
+        if function.exec_template and special_variable(arg):
+            raise ToolSchemaError(
+                f"{where}: property {arg!r} is a variable the shell or the environment treats "
+                f"specially; as the argument's value it would change how the command runs: "
+                f"rename the property")
     if function.handler:
         module, _, attr = function.handler.partition(":")
         if not module or not attr:
@@ -151,7 +161,25 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
             raise ToolSchemaError(f"{where}: field '_handler' {function.handler!r} is not callable")
     return Tool(name=name, description=function.description, parameters=params,
                 exec_template=function.exec_template, exec_args=exec_args,
-                handler=function.handler)
+                handler=function.handler, warnings=_template_warnings(function, exec_args, where))
+
+
+def _template_warnings(function: Function, exec_args: tuple[str, ...], where: str) -> tuple:
+    if not function.exec_template:
+        return ()
+    props = function.parameters.get("properties", {})
+    splittable = [a for a in exec_args if not _scalar(props.get(a))]
+    return tuple(
+        f"{where}: _exec uses ${name} outside double quotes, so the shell splits and globs "
+        f"its value; write \"${name}\" (after -- if the command takes options)"
+        for name in unquoted_references(function.exec_template, splittable))
+
+
+def _scalar(schema: Any) -> bool:
+    """Whether a property can only be a number or a boolean (nothing to split or glob)."""
+    types = schema.get("type") if isinstance(schema, dict) else None
+    types = types if isinstance(types, list) else [types]
+    return all(t in ("integer", "number", "boolean") for t in types)
 
 
 def parse_tools(data: bytes | str, source: str = "<tools>") -> list[Tool]:

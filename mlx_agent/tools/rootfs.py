@@ -1,0 +1,314 @@
+"""File work confined to one directory, safe against symlink swaps; and the built-in grep.
+
+Every path is walked a component at a time from the root's directory descriptor: each
+directory is opened with ``O_NOFOLLOW`` relative to its parent (``openat``), so swapping a
+directory for a symlink mid-call cannot lead outside. Symlinks are followed by hand: the
+target is read (``readlinkat``) and walked the same way, and a walk that leaves the root
+(``..`` above it, an absolute path elsewhere, a link out) raises :class:`OutsideRoot`.
+Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be regular (a FIFO or device is
+refused, not waited on). Writes go to a temporary file in the held directory, renamed over the
+name (``renameat`` never follows a link at the destination) and removed if anything fails.
+
+This module imports only the standard library: the built-in ``grep`` runs it as a script
+(``python -I rootfs.py '<json>'``) in a child process that the tool timeout can kill, since a
+backtracking regular expression cannot be interrupted in-process.
+
+Not promised: a directory renamed out of the root while a call holds it is not noticed; a
+hard link in the root to a file elsewhere is a file in the root; writes are atomic but not
+fsynced. Linux and macOS.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import errno
+import json
+import os
+import re
+import secrets
+import stat
+import sys
+from collections import deque
+from typing import Iterator
+
+SKIP_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".pytest_cache"})
+MAX_LINE = 64 * 1024  # grep searches (and shows) this much of a line
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_IS_LINK = {errno.ELOOP, errno.ENOTDIR, errno.EMLINK}  # what O_NOFOLLOW meets on a link
+_MAX_HOPS = 40
+
+
+class OutsideRoot(ValueError):
+    pass
+
+
+def _parts(root: str, path: str) -> list[str]:
+    if "\0" in path:
+        raise ValueError(f"the path {path!r} contains a NUL character")
+    if path.startswith("/"):
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            raise OutsideRoot()
+        path = path[len(root):]
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _readlink(dir_fd: int, name: str) -> str | None:
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOENT):  # not a link, or not there
+            return None
+        raise
+
+
+class _Walk:
+    """The open directories from the root down to where a walk stands, with their names."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.fds = [os.open(root, _DIR)]
+        self.names: list[str] = []
+        self.hops = 0  # links followed and directories made: bounded, whatever races
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    @property
+    def fd(self) -> int:
+        return self.fds[-1]
+
+    def relative(self, name: str | None = None) -> str:
+        return "/".join([*self.names, *([name] if name else [])]) or "."
+
+    def _hop(self) -> None:
+        self.hops += 1
+        if self.hops > _MAX_HOPS:
+            raise OSError(errno.ELOOP, "too many levels of symbolic links")
+
+    def _follow(self, target: str, todo: deque) -> None:
+        self._hop()
+        if target.startswith("/"):
+            while len(self.fds) > 1:
+                self.up()
+        todo.extendleft(reversed(_parts(self.root, target)))
+
+    def up(self) -> None:
+        if len(self.fds) == 1:
+            raise OutsideRoot()
+        os.close(self.fds.pop())
+        self.names.pop()
+
+    def down(self, parts: list[str], create: bool = False) -> str | None:
+        """Walk ``parts``; the last one is returned (not opened) unless it is ``..`` or a
+        symlink, which are followed. ``create`` makes missing directories on the way."""
+        todo = deque(parts)
+        while todo:
+            part = todo.popleft()
+            if part == "..":
+                self.up()
+                continue
+            if not todo:
+                target = _readlink(self.fd, part)
+                if target is None:
+                    return part
+                self._follow(target, todo)
+                continue
+            try:
+                fd = os.open(part, _DIR, dir_fd=self.fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                self._hop()
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=self.fd)
+                todo.appendleft(part)
+                continue
+            except OSError as e:
+                target = _readlink(self.fd, part) if e.errno in _IS_LINK else None
+                if target is None:
+                    raise
+                self._follow(target, todo)
+                continue
+            self.fds.append(fd)
+            self.names.append(part)
+        return None
+
+
+@contextlib.contextmanager
+def located(root: str, path: str, create: bool = False) -> Iterator[tuple[_Walk, str | None]]:
+    """The walk to ``path``'s parent directory and its last name (None: a directory)."""
+    walk = _Walk(root)
+    try:
+        try:
+            name = walk.down(_parts(root, path or "."), create=create)
+        except OutsideRoot:
+            raise OutsideRoot(f"{path!r} is outside the tool root") from None
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no file or directory {path!r}") from None
+        except NotADirectoryError:
+            raise NotADirectoryError(f"{path!r} goes through a file, not a directory") from None
+        yield walk, name
+    finally:
+        walk.close()
+
+
+def open_regular(dir_fd: int, name: str, path: str) -> int:
+    """A descriptor for the regular file ``name`` in ``dir_fd``; ``path`` names it in errors."""
+    try:
+        fd = os.open(name, _FILE, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no file {path!r}") from None
+    except OSError as e:
+        if e.errno in _IS_LINK:  # swapped for a link since we looked: refuse, don't follow
+            raise OutsideRoot(f"{path!r} changed while it was opened; try again") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(f"{path!r} is a directory")
+        raise OSError(f"{path!r} is not a regular file")
+    return fd
+
+
+def open_in_root(root: str, path: str) -> int:
+    """A descriptor of the regular file at ``path`` inside ``root``; the caller closes it."""
+    with located(root, path) as (walk, name):
+        if name is None:
+            raise IsADirectoryError(f"{path!r} is a directory")
+        return open_regular(walk.fd, name, path)
+
+
+def files(root: str, path: str = ".") -> Iterator[tuple[str, int]]:
+    """(relative path, descriptor) of each regular file at or under ``path``, sorted, skipping
+    :data:`SKIP_DIRS`; each descriptor is closed when the next file is asked for."""
+    with located(root, path) as (walk, name):
+        try:
+            start = os.open(name, _FILE, dir_fd=walk.fd) if name else os.dup(walk.fd)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no file or directory {path!r}") from None
+        prefix = walk.relative(name)
+    try:
+        if stat.S_ISDIR(os.fstat(start).st_mode):
+            entries = _tree(prefix, start)
+        else:
+            entries = iter([(prefix, None, None)])
+        for rel, dir_fd, name in entries:
+            fd = _open_entry(root, rel, dir_fd, name)
+            if fd is None:
+                continue
+            try:
+                yield rel, fd
+            finally:
+                os.close(fd)
+    finally:
+        os.close(start)
+
+
+def _tree(prefix: str, start: int):
+    # fwalk descends only into real directories (it compares lstat and fstat of each)
+    for top, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=start):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        for name in sorted(filenames):
+            yield os.path.normpath(os.path.join(prefix, top, name)), dir_fd, name
+
+
+def _open_entry(root: str, rel: str, dir_fd: int | None, name: str | None) -> int | None:
+    """A regular file's descriptor, or None for anything else (a link out, a FIFO, gone)."""
+    try:
+        if dir_fd is not None:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            if stat.S_ISREG(mode):
+                return open_regular(dir_fd, name, rel)
+            if not stat.S_ISLNK(mode):
+                return None
+        return open_in_root(root, rel)  # a link, or the start itself: the careful walk
+    except (OSError, ValueError):
+        return None
+
+
+def write_atomic(root: str, path: str, data: bytes) -> str:
+    """Replace (or create) the file at ``path`` with ``data``; its relative path."""
+    with located(root, path, create=True) as (walk, name):
+        if name is None:
+            raise IsADirectoryError(f"{path!r} is a directory")
+        try:
+            old = os.stat(name, dir_fd=walk.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISDIR(old.st_mode):
+            raise IsADirectoryError(f"{path!r} is a directory")
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666, dir_fd=walk.fd)  # 0666 less the umask, as any new file
+        try:
+            try:
+                if old is not None and stat.S_ISREG(old.st_mode):
+                    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=walk.fd, dst_dir_fd=walk.fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=walk.fd)
+            raise
+        return walk.relative(name)
+
+
+# -- grep, run as a child process --------------------------------------------------------
+
+def _lines(fd: int) -> Iterator[str]:
+    """The lines of a UTF-8 file as ``str.splitlines`` cuts them, each at most
+    :data:`MAX_LINE` bytes; raises UnicodeDecodeError as a whole-file read would."""
+    with open(fd, "rb", closefd=False) as f:
+        while raw := f.readline(MAX_LINE):
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            whole = raw.endswith(b"\n") or len(raw) < MAX_LINE
+            text = decoder.decode(raw, final=whole)
+            if not whole:  # the rest of a long line is skipped, not searched
+                while (more := f.readline(MAX_LINE)) and not more.endswith(b"\n"):
+                    pass
+            yield from text.splitlines() or [""]
+
+
+def grep(root: str, pattern: str, path: str, max_matches: int) -> str:
+    regex = re.compile(pattern)
+    hits: list[str] = []
+    for rel, fd in files(root, path):
+        try:
+            found = [f"{rel}:{i}: {line}" for i, line in enumerate(_lines(fd), 1)
+                     if regex.search(line)]
+        except (UnicodeDecodeError, OSError):  # not text: skipped, as a whole
+            continue
+        hits += found
+        if len(hits) >= max_matches:
+            return "\n".join(hits[:max_matches] + ["…[more matches]"])
+    return "\n".join(hits) if hits else "no matches"
+
+
+def _main(argv: list[str]) -> int:
+    sys.stdout.reconfigure(encoding="utf-8", errors="surrogateescape")
+    sys.stderr.reconfigure(encoding="utf-8", errors="backslashreplace")
+    job = json.loads(argv[1])
+    try:
+        re.compile(job["pattern"])
+    except re.error as e:
+        print(f"error: bad regular expression: {e}", file=sys.stderr)
+        return 1
+    try:
+        print(grep(job["root"], job["pattern"], job["path"], job["max_matches"]), end="")
+    except Exception as e:  # reported like any built-in's failure
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))
