@@ -94,7 +94,7 @@ class Layout:
             want[f"keys.{i}"] = want[f"values.{i}"] = kv
         extra = sorted(tensors.keys() - want.keys())
         if extra:
-            raise ValueError(f"it holds an unexpected tensor {extra[0][:64]!r}")
+            raise ValueError(f"it holds an unexpected tensor {printable(extra[0], 64)!r}")
         for name, (dtype, shape) in want.items():
             t = tensors.get(name)
             if t is None:
@@ -128,7 +128,7 @@ class CacheFile:
         version = self.metadata.get("format")
         if version != str(FORMAT_VERSION):
             raise ValueError(f"it was written by another version of mlx_agent (format "
-                             f"{str(version)[:8]}, this one reads {FORMAT_VERSION})")
+                             f"{printable(str(version), 8)}, this one reads {FORMAT_VERSION})")
         layout.check(self.tensors)
         data = _read_exactly(self._fd, self._data_start, self.size - self._data_start)
         views = {n: memoryview(data)[t.data_offsets[0]:t.data_offsets[1]]
@@ -191,6 +191,12 @@ def _open_regular(path: Path, follow_symlinks: bool) -> int:
     return fd
 
 
+def printable(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters, control characters shown as ``?``: names and
+    messages that come from a file are shown to a terminal."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
 def kind_of(mode: int) -> str:
     """What a file that is not a regular one is, in a word or two."""
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
@@ -216,15 +222,15 @@ def _read_header(fd: int, size: int) -> tuple[dict[str, str], dict[str, Tensor],
             raise ValueError("its metadata holds a value that is not a string")
         tensors = {name: msgspec.convert(v, Tensor) for name, v in raw.items()}
     except msgspec.DecodeError as e:  # ValidationError is one too
-        raise ValueError(f"its header is not a safetensors header ({str(e)[:80]})") from None
+        raise ValueError(f"its header is not a safetensors header ({printable(str(e))})") from None
     end = 0
     for name, t in sorted(tensors.items(), key=lambda item: item[1].data_offsets):
         if t.dtype not in _DTYPES:
-            raise ValueError(f"its tensor {name[:64]!r} has dtype {t.dtype[:16]!r}, not one "
-                             f"of {', '.join(_DTYPES)}")
+            raise ValueError(f"its tensor {printable(name, 64)!r} has dtype "
+                             f"{printable(t.dtype, 16)!r}, not one of {', '.join(_DTYPES)}")
         start, stop = t.data_offsets
         if start != end or stop - start != t.nbytes():
-            raise ValueError(f"its tensor {name[:64]!r} does not fit its offsets")
+            raise ValueError(f"its tensor {printable(name, 64)!r} does not fit its offsets")
         end = stop
     if end != size - 8 - n:
         raise ValueError(f"its header declares {end} bytes of tensors, the file holds "

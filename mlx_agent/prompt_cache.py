@@ -40,7 +40,7 @@ import mlx.core as mx
 import msgspec
 
 from . import cache_file, user_key
-from .cache_file import FORMAT_VERSION, CacheFile, Layout, kind_of
+from .cache_file import FORMAT_VERSION, CacheFile, Layout, kind_of, printable
 
 SUFFIX = ".safetensors"
 _STALE_TMP_SECONDS = 600
@@ -233,8 +233,9 @@ def load_session(path: str | os.PathLike, identity) -> tuple[str, dict, list[int
             if f.metadata.get("kind") != "session":
                 raise ValueError("it is not a session file")
             if f.metadata.get("identity") != msgspec.json.encode(identity).decode():
-                raise ValueError(f"it was saved with model {f.metadata.get('model', '?')[:64]!r} "
-                                 "(a different model, adapter or weight format)")
+                model = printable(f.metadata.get("model", "?"), 64)
+                raise ValueError(f"it was saved with model {model!r} (a different model, "
+                                 "adapter or weight format)")
             arrays = f.load(secret, Layout.of(identity))
             meta = f.metadata
     except OSError as e:
@@ -282,7 +283,7 @@ class _Listed(msgspec.Struct):
     kind: Literal["prompt"]
     key: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
     tokens: Annotated[str, msgspec.Meta(pattern="^[0-9]{1,10}$")]
-    created: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,12}(\.[0-9]{1,9})?$")]
+    created: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,10}(\.[0-9]{1,9})?$")]
     model: str = "?"
     format: str = ""
 
@@ -312,15 +313,16 @@ def _entry(path: Path, st: os.stat_result) -> Entry:
         with CacheFile(path) as f:
             meta = msgspec.convert(f.metadata, _Listed)
     except msgspec.ValidationError as e:  # before ValueError: it is one
-        return replace(unknown, problem=f"its metadata is not a prompt cache's ({str(e)[:80]})")
+        return replace(unknown, problem=f"its metadata is not a prompt cache's "
+                                        f"({printable(str(e))})")
     except (OSError, ValueError) as e:
         return replace(unknown, problem=_reason(e))
     problem = ""
     if meta.format != str(FORMAT_VERSION):
-        problem = (f"it was written by another version of mlx_agent (format {meta.format[:8]!r}, "
-                   f"this one reads {FORMAT_VERSION})")
-    return replace(unknown, key=meta.key, model=meta.model, tokens=int(meta.tokens),
-                   created=float(meta.created), problem=problem)
+        problem = (f"it was written by another version of mlx_agent (format "
+                   f"{printable(meta.format, 8)!r}, this one reads {FORMAT_VERSION})")
+    return replace(unknown, key=meta.key, model=printable(meta.model, 48),
+                   tokens=int(meta.tokens), created=float(meta.created), problem=problem)
 
 
 def remove(directory: str | os.PathLike, key: str) -> list[Entry]:
