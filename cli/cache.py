@@ -73,5 +73,8 @@ def prune_cmd(directory, max_bytes):
     gone = prune(directory, max_bytes)
     for e in gone:
         click.echo(f"removed {e.path.name} ({e.bytes} bytes)")
-    left = [e for e in entries(directory) if e.key]  # prune leaves files not ours alone
-    click.echo(f"{len(left)} entries, {sum(e.bytes for e in left)} bytes left")
+    listed = entries(directory)
+    left = [e for e in listed if e.key]
+    others = len(listed) - len(left)  # files that are not prompt caches are never deleted
+    click.echo(f"{len(left)} entries, {sum(e.bytes for e in left)} bytes left"
+               + (f"; {others} other files left alone (see cache ls)" if others else ""))

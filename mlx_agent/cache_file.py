@@ -212,9 +212,10 @@ def _read_header(fd: int, size: int) -> tuple[dict[str, str], dict[str, Tensor],
     if size < 8:
         raise ValueError("it is too short to be a safetensors file")
     n = int.from_bytes(_read_exactly(fd, 0, 8), "little")
-    if n > min(MAX_HEADER_BYTES, size - 8):
-        raise ValueError(f"its header claims {n} bytes, more than the file holds or "
-                         f"{MAX_HEADER_BYTES} bytes")
+    if n > size - 8:
+        raise ValueError(f"its header claims {n} bytes, the whole file holds {size}")
+    if n > MAX_HEADER_BYTES:
+        raise ValueError(f"its header claims {n} bytes, more than the {MAX_HEADER_BYTES} read")
     try:
         raw = msgspec.json.decode(_read_exactly(fd, 8, n), type=_RawHeader)
         metadata = raw.pop("__metadata__", {})
