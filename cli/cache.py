@@ -26,15 +26,21 @@ def cache():
 @cache.command("ls")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def ls(directory):
-    """List entries, most recently used first."""
+    """List entries, most recently used first, then the files that can never load."""
+    from mlx_agent.cache_file import printable
     from mlx_agent.prompt_cache import entries
 
-    rows = entries(directory)
+    listed = entries(directory)
+    rows = [e for e in listed if not e.problem]
     click.echo(f"{'key':<16}  {'model':<24} {'tokens':>7} {'bytes':>12}  {'created':<19}  last used")
     for e in rows:
         click.echo(f"{e.key[:16]:<16}  {e.model[:24]:<24} {e.tokens:>7} {e.bytes:>12}  "
                    f"{_when(e.created):<19}  {_when(e.last_used)}")
-    click.echo(f"{len(rows)} entries, {sum(e.bytes for e in rows)} bytes")
+    bad = [e for e in listed if e.problem]
+    for e in bad:
+        click.echo(f"bad: {printable(e.path.name)}: {e.problem}")
+    click.echo(f"{len(rows)} entries, {sum(e.bytes for e in rows)} bytes"
+               + (f"; {len(bad)} bad files, never loaded" if bad else ""))
 
 
 @cache.command("rm")
@@ -67,5 +73,8 @@ def prune_cmd(directory, max_bytes):
     gone = prune(directory, max_bytes)
     for e in gone:
         click.echo(f"removed {e.path.name} ({e.bytes} bytes)")
-    left = entries(directory)
-    click.echo(f"{len(left)} entries, {sum(e.bytes for e in left)} bytes left")
+    listed = entries(directory)
+    left = [e for e in listed if e.key]
+    others = len(listed) - len(left)  # files that are not prompt caches are never deleted
+    click.echo(f"{len(left)} entries, {sum(e.bytes for e in left)} bytes left"
+               + (f"; {others} other files left alone (see cache ls)" if others else ""))

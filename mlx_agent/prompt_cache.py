@@ -1,9 +1,11 @@
 """Persistent prompt caches: a prompt's KV state on disk, keyed so a wrong hit cannot happen.
 
-One ``.safetensors`` file per key, written by MLX: per layer ``keys.{i}`` and ``values.{i}``
-(``[1, kv_heads, T, head_dim]``) and the prompt's ``token_ids``; string metadata holds the
-format version, the key, the model identity, the cache mode, the shapes, a SHA-256 of the
-tensor bytes and the creation time. Nothing is unpickled or built from a name found in a file.
+One ``.safetensors`` file per key in the format of :mod:`mlx_agent.cache_file` (version 2):
+per layer ``keys.{i}`` and ``values.{i}`` (``[1, kv_heads, T, head_dim]``) and the prompt's
+``token_ids``; string metadata holds the format version, the key, the model identity, the cache
+mode, the creation time and an HMAC-SHA-256 keyed by the user's secret (:mod:`mlx_agent.user_key`).
+Nothing is unpickled or built from a name found in a file. Sessions (:func:`save_session`) are
+the same format with the conversation in the metadata.
 
 The key is a SHA-256 over a canonical JSON of everything that changes the KV state: model
 name, file fingerprint, adapter fingerprint, vocabulary hash, layer count, KV dtype and head
@@ -11,11 +13,15 @@ shape, cache mode, format version and the prompt's exact token ids. File names a
 ``<model-slug>-<16 hex>.safetensors``.
 
 Writes are atomic (a temporary file in the same directory, fsync, rename), so concurrent
-writers or a killed process never leave a file that loads wrong. Loading checks everything
-against the model and the prompt before use; a truncated, corrupt, tampered or mismatched file
-is reported through ``warn``, ignored, and replaced by the next save. A directory that cannot
-be written is a warning too: the run goes on without saving. "Last used" is the file's mtime,
-refreshed on every hit; :func:`prune` removes least recently used files first.
+writers or a killed process never leave a file that loads wrong. Loading checks the header
+against the model and the prompt before reading any tensor data, then the MAC; a truncated,
+corrupt, tampered, unauthenticated (another user's key, format 1) or mismatched file, or one
+that is not a regular file, is reported through ``warn``, ignored, and replaced by the next
+save. An unusable key file is one warning, and the run goes on without the cache; a directory
+that cannot be written is a warning too. "Last used" is the file's mtime, refreshed on every
+hit; :func:`prune` removes least recently used files first and never deletes a file whose
+header is not a prompt cache's. Not promised: secrecy (files are not encrypted), or anything
+against someone who can read the user's key.
 """
 
 from __future__ import annotations
@@ -24,17 +30,18 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Annotated, Callable, Literal, Sequence
 
 import mlx.core as mx
 import msgspec
 
-from .fileio import atomic_path
+from . import cache_file, user_key
+from .cache_file import FORMAT_VERSION, CacheFile, Layout, kind_of, printable
 
-FORMAT_VERSION = 1
 SUFFIX = ".safetensors"
 _STALE_TMP_SECONDS = 600
 
@@ -59,6 +66,7 @@ class Entry:
     bytes: int
     created: float
     last_used: float
+    problem: str = ""  # why it can never load; "" when it may
 
 
 def cache_key(identity, token_ids: Sequence[int], cache_mode: str) -> str:
@@ -90,79 +98,33 @@ def file_for(directory: Path, identity, key: str) -> Path:
     return Path(directory) / f"{slug(identity.name)}-{key[:16]}{SUFFIX}"
 
 
-def _digest(arrays: dict[str, mx.array]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        h.update(name.encode())
-        h.update(memoryview(mx.contiguous(arrays[name])))
-    return h.hexdigest()
-
-
-def write_state(path: Path, arrays: dict[str, mx.array], metadata: dict[str, str]) -> int:
-    """Write atomically; returns the file's size. Raises OSError when the directory refuses."""
-    path = Path(path)
-    mx.eval(list(arrays.values()))
-    metadata = {**metadata, "sha256": _digest(arrays)}
-    with atomic_path(path, suffix=".tmp" + SUFFIX) as tmp:
-        mx.save_safetensors(str(tmp), arrays, metadata)
-    return path.stat().st_size
-
-
-def read_state(path: Path) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """Arrays and metadata, checksum verified; raises ValueError on any damage."""
-    try:
-        arrays, metadata = mx.load(str(path), format="safetensors", return_metadata=True)
-    except Exception as e:  # MLX reports damage as bare runtime errors
-        raise ValueError(f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    if metadata.get("sha256") != _digest(arrays):
-        raise ValueError("checksum mismatch (the file was modified or damaged)")
-    return arrays, metadata
-
-
 def kv_arrays(token_ids: Sequence[int], kvs) -> dict[str, mx.array]:
+    """The tensors of a file: token ids and, when there are tokens, each layer's KV."""
     arrays = {"token_ids": mx.array(list(token_ids), dtype=mx.int32)}
-    for i, (k, v) in enumerate(kvs):
+    for i, (k, v) in enumerate(kvs if len(token_ids) else ()):
         arrays[f"keys.{i}"], arrays[f"values.{i}"] = k, v
     return arrays
 
 
-def check_kv(arrays: dict[str, mx.array], identity, token_ids: Sequence[int] | None) -> list:
-    """The per-layer (keys, values) in ``arrays`` after checking them against the model."""
-    ids = arrays.get("token_ids")
-    if ids is None or ids.ndim != 1:
-        raise ValueError("no token_ids")
-    n = ids.shape[0]
-    if token_ids is not None and ids.tolist() != list(token_ids):
-        raise ValueError("its token ids differ from this prompt's")
-    want = (1, identity.kv_heads, n, identity.head_dim)
-    dtype = getattr(mx, identity.kv_dtype)
-    kvs = []
-    for i in range(identity.num_layers):
-        k, v = arrays.get(f"keys.{i}"), arrays.get(f"values.{i}")
-        for name, a in (("keys", k), ("values", v)):
-            if a is None:
-                raise ValueError(f"layer {i} has no {name}")
-            if tuple(a.shape) != want or a.dtype != dtype:
-                raise ValueError(f"layer {i} {name} are {tuple(a.shape)} {a.dtype}, the model "
-                                 f"needs {want} {dtype}")
-        kvs.append((k, v))
-    extra = set(arrays) - {"token_ids"} - {f"{p}.{i}" for p in ("keys", "values")
-                                           for i in range(identity.num_layers)}
-    if extra:
-        raise ValueError(f"unexpected tensors ({sorted(extra)[0]}, ...)")
-    return kvs
+def _kv_pairs(arrays: dict[str, mx.array], layers: int) -> list:
+    """Per-layer (keys, values) of arrays that :class:`cache_file.Layout` has checked."""
+    return [(arrays[f"keys.{i}"], arrays[f"values.{i}"]) for i in range(layers)]
 
 
 class PromptCache:
     """A directory of prompt caches, plus the last few in memory for tasks in one process."""
 
     def __init__(self, directory: str | os.PathLike, *, warn: Warn = lambda m: None,
-                 max_bytes: int | None = None, memory_entries: int = 2):
+                 max_bytes: int | None = None, memory_entries: int = 2,
+                 key_file: str | os.PathLike | None = None):
         self.dir = Path(directory).expanduser()
         self.warn = warn
         self.max_bytes = max_bytes
         self._memory: dict[str, tuple[list[int], list]] = {}
         self._memory_entries = memory_entries
+        self._key_file = key_file
+        self._secret: bytes | None = None
+        self._off = False
 
     def _remember(self, key: str, tokens: list[int], kvs: list) -> None:
         self._memory.pop(key, None)
@@ -170,8 +132,19 @@ class PromptCache:
         while len(self._memory) > self._memory_entries:
             self._memory.pop(next(iter(self._memory)))
 
+    def _user_key(self) -> bytes | None:
+        """The key that authenticates files; None (after one warning) when it is unusable."""
+        if self._secret is None and not self._off:
+            try:
+                self._secret = user_key.load(self._key_file)
+            except user_key.KeyFileError as e:
+                self._off = True
+                self.warn(f"{e}; the prompt cache is off for this run")
+        return self._secret
+
     def prime(self, engine, identity, token_ids: Sequence[int]) -> Hit:
-        """Make ``engine`` hold ``token_ids``: from memory, from disk, or by prefilling and saving."""
+        """Make ``engine`` hold ``token_ids``: from memory, from disk, or by prefilling and
+        saving."""
         token_ids = list(token_ids)
         key = cache_key(identity, token_ids, engine.cache_mode)
         path = file_for(self.dir, identity, key)
@@ -180,28 +153,39 @@ class PromptCache:
             tokens, kvs = self._memory[key]
             engine.restore(tokens, kvs)
             return Hit(key, len(tokens), _size(path), time.perf_counter() - start, True)
-        if path.exists():
+        secret = self._user_key()
+        if secret is not None:
             try:
-                arrays, meta = read_state(path)
-                if meta.get("key") != key or meta.get("format") != str(FORMAT_VERSION):
-                    raise ValueError("its metadata names another key or format")
-                kvs = check_kv(arrays, identity, token_ids)
+                kvs = self._load(path, secret, identity, key, token_ids)
                 engine.restore(token_ids, kvs)
                 self._remember(key, token_ids, kvs)
                 _touch(path)
                 return Hit(key, len(token_ids), _size(path), time.perf_counter() - start, True)
+            except (FileNotFoundError, NotADirectoryError):
+                pass  # not saved yet: a plain miss
             except (ValueError, OSError) as e:
-                self.warn(f"prompt cache {path.name} is not usable: {e}; rebuilding it")
+                self.warn(f"prompt cache {path.name} is not usable: {_reason(e)}; rebuilding it")
                 engine.reset(keep=engine.pinned)
         engine.sync(token_ids)
         _, kvs = engine.snapshot()
-        size = self._save(path, identity, key, token_ids, kvs, engine.cache_mode)
+        size = 0 if secret is None else self._save(path, identity, key, token_ids, kvs,
+                                                   engine.cache_mode, secret)
         self._remember(key, token_ids, kvs)
         return Hit(key, len(token_ids), size, time.perf_counter() - start, False)
 
-    def _save(self, path, identity, key, token_ids, kvs, cache_mode) -> int:
+    @staticmethod
+    def _load(path: Path, secret: bytes, identity, key: str, token_ids: list[int]) -> list:
+        with CacheFile(path) as f:
+            if f.metadata.get("key") != key or f.metadata.get("kind") != "prompt":
+                raise ValueError("its metadata names another key")
+            arrays = f.load(secret, Layout.of(identity, len(token_ids)))
+        if arrays["token_ids"].tolist() != token_ids:
+            raise ValueError("its token ids differ from this prompt's")
+        return _kv_pairs(arrays, identity.num_layers)
+
+    def _save(self, path, identity, key, token_ids, kvs, cache_mode, secret) -> int:
         meta = {
-            "format": str(FORMAT_VERSION), "key": key, "kind": "prompt",
+            "key": key, "kind": "prompt",
             "model": identity.name, "identity": msgspec.json.encode(identity).decode(),
             "cache_mode": cache_mode, "tokens": str(len(token_ids)),
             "created": f"{time.time():.3f}",
@@ -209,7 +193,7 @@ class PromptCache:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             _clean_stale_tmp(self.dir)
-            size = write_state(path, kv_arrays(token_ids, kvs), meta)
+            size = cache_file.write(path, kv_arrays(token_ids, kvs), meta, secret)
         except OSError as e:
             self.warn(f"cannot save the prompt cache in {self.dir}: {e.strerror or e}; "
                       "continuing without it")
@@ -222,41 +206,51 @@ class PromptCache:
 
 def save_session(path: str | os.PathLike, identity, engine, protocol: str, state: dict) -> int:
     """Write a conversation (protocol state, token ids, KV) atomically; returns its size.
+    Raises OSError (a :class:`user_key.KeyFileError` when the key is unusable).
 
     When a rotating window has evicted tokens, only the conversation is saved and resuming
     prefills it again.
     """
     try:
         tokens, kvs = engine.snapshot()
-        arrays = kv_arrays(tokens, kvs)
     except ValueError:
-        arrays = {"token_ids": mx.array([], dtype=mx.int32)}
+        tokens, kvs = [], []
     meta = {
-        "format": str(FORMAT_VERSION), "kind": "session", "model": identity.name,
+        "kind": "session", "model": identity.name,
         "identity": msgspec.json.encode(identity).decode(), "cache_mode": engine.cache_mode,
         "protocol": protocol, "state": json.dumps(state), "created": f"{time.time():.3f}",
     }
-    return write_state(Path(path), arrays, meta)
+    return cache_file.write(Path(path), kv_arrays(tokens, kvs), meta, user_key.load())
 
 
 def load_session(path: str | os.PathLike, identity) -> tuple[str, dict, list[int], list]:
     """(protocol, state, token ids, per-layer KV) of a session; raises ValueError when it is
-    damaged or was made by another model. Token ids and KV are empty when only the
-    conversation was saved."""
-    arrays, meta = read_state(Path(path))
-    if meta.get("kind") != "session" or meta.get("format") != str(FORMAT_VERSION):
-        raise ValueError("not a session file of this version")
-    if meta.get("identity") != msgspec.json.encode(identity).decode():
-        raise ValueError(f"it was saved with model {meta.get('model')!r} (a different model, "
-                         "adapter or weight format)")
+    damaged, unauthenticated, or was made by another model. Token ids and KV are empty when
+    only the conversation was saved."""
+    try:
+        secret = user_key.load()
+        with CacheFile(path, follow_symlinks=True) as f:  # a path the user named
+            if f.metadata.get("kind") != "session":
+                raise ValueError("it is not a session file")
+            if f.metadata.get("identity") != msgspec.json.encode(identity).decode():
+                model = printable(f.metadata.get("model", "?"), 64)
+                raise ValueError(f"it was saved with model {model!r} (a different model, "
+                                 "adapter or weight format)")
+            arrays = f.load(secret, Layout.of(identity))
+            meta = f.metadata
+    except OSError as e:
+        raise ValueError(_reason(e)) from None
     try:
         state = json.loads(meta["state"])
-    except (KeyError, json.JSONDecodeError):
+    except (KeyError, ValueError, RecursionError):
         raise ValueError("its conversation state is unreadable") from None
-    ids = arrays.get("token_ids")
-    if ids is None or ids.size == 0:
-        return meta.get("protocol", ""), state, [], []
-    return meta.get("protocol", ""), state, ids.tolist(), check_kv(arrays, identity, None)
+    ids = arrays["token_ids"].tolist()
+    kvs = _kv_pairs(arrays, identity.num_layers) if ids else []
+    return meta.get("protocol", ""), state, ids, kvs
+
+
+def _reason(e: Exception) -> str:
+    return (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
 
 
 def _size(path: Path) -> int:
@@ -277,56 +271,74 @@ def _clean_stale_tmp(directory: Path) -> None:
     now = time.time()
     for p in directory.glob(f".*.tmp{SUFFIX}"):
         try:
-            if now - p.stat().st_mtime > _STALE_TMP_SECONDS:
+            if now - p.lstat().st_mtime > _STALE_TMP_SECONDS:
                 p.unlink()
         except OSError:
             pass
 
 
+class _Listed(msgspec.Struct):
+    """The metadata ``cache ls`` shows, as a prompt cache of any format writes it."""
+
+    kind: Literal["prompt"]
+    key: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    tokens: Annotated[str, msgspec.Meta(pattern="^[0-9]{1,10}$")]
+    created: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,10}(\.[0-9]{1,9})?$")]
+    model: str = "?"
+    format: str = ""
+
+
 def entries(directory: str | os.PathLike) -> list[Entry]:
-    """The cache files in ``directory`` (those whose header reads), most recently used first."""
+    """Every ``*.safetensors`` in ``directory``, most recently used first, from headers only
+    (authentication happens on load). A file that can never load comes back with ``problem``
+    set, and with an empty ``key`` unless its metadata is a prompt cache's."""
     out = []
     for p in Path(directory).expanduser().glob(f"*{SUFFIX}"):
         if p.name.startswith("."):
             continue
         try:
-            meta = _header(p)
-            st = p.stat()
-        except (OSError, ValueError):
-            continue
-        out.append(Entry(key=meta.get("key", "?"), path=p, model=meta.get("model", "?"),
-                         tokens=int(meta.get("tokens", 0)), bytes=st.st_size,
-                         created=float(meta.get("created", st.st_mtime)),
-                         last_used=st.st_mtime))
+            st = p.lstat()
+        except OSError:
+            continue  # removed meanwhile
+        out.append(_entry(p, st))
     return sorted(out, key=lambda e: e.last_used, reverse=True)
 
 
-def _header(path: Path) -> dict[str, str]:
-    """A safetensors file's ``__metadata__`` without reading its tensors."""
-    with path.open("rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError("too short")
-        n = int.from_bytes(raw, "little")
-        if n > 100 << 20:
-            raise ValueError("header too large")
-        header = json.loads(f.read(n))
-    return header.get("__metadata__", {}) if isinstance(header, dict) else {}
+def _entry(path: Path, st: os.stat_result) -> Entry:
+    unknown = Entry(key="", path=path, model="?", tokens=0, bytes=st.st_size,
+                    created=st.st_mtime, last_used=st.st_mtime)
+    if not stat.S_ISREG(st.st_mode):
+        return replace(unknown, problem=f"it is not a regular file ({kind_of(st.st_mode)})")
+    try:
+        with CacheFile(path) as f:
+            meta = msgspec.convert(f.metadata, _Listed)
+    except msgspec.ValidationError as e:  # before ValueError: it is one
+        return replace(unknown, problem=f"its metadata is not a prompt cache's "
+                                        f"({printable(str(e))})")
+    except (OSError, ValueError) as e:
+        return replace(unknown, problem=_reason(e))
+    problem = ""
+    if meta.format != str(FORMAT_VERSION):
+        problem = (f"it was written by another version of mlx_agent (format "
+                   f"{printable(meta.format, 8)!r}, this one reads {FORMAT_VERSION})")
+    return replace(unknown, key=meta.key, model=printable(meta.model, 48),
+                   tokens=int(meta.tokens), created=float(meta.created), problem=problem)
 
 
 def remove(directory: str | os.PathLike, key: str) -> list[Entry]:
     """Remove the entries whose key starts with ``key`` (at least 6 hex digits)."""
     if len(key) < 6:
         raise ValueError("give at least 6 characters of the key")
-    gone = [e for e in entries(directory) if e.key.startswith(key)]
+    gone = [e for e in entries(directory) if e.key and e.key.startswith(key)]
     for e in gone:
         e.path.unlink(missing_ok=True)
     return gone
 
 
 def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None) -> list[Entry]:
-    """Delete least recently used entries until the directory holds at most ``max_bytes``."""
-    current = entries(directory)
+    """Delete least recently used prompt caches until they take at most ``max_bytes``.
+    Files whose metadata is not a prompt cache's are never deleted (nor counted)."""
+    current = [e for e in entries(directory) if e.key]
     total = sum(e.bytes for e in current)
     gone = []
     for e in reversed(current):  # least recently used first

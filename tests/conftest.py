@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mlx_agent  # noqa: F401  (loads the fast BLAS before mlx, as the CLI does)
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -46,6 +48,22 @@ def make_tiny_gpt(seed: int = 0):
     model.load_weights(list(model.sanitize({k: mx.array(v) for k, v in f.weights.items()}).items()))
     mx.eval(model.parameters())
     return model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_key_file(tmp_path_factory):
+    """Tests (and the CLIs they start) authenticate cache files with a key of their own, not
+    the user's ~/.config/mlx_agent/cache.key."""
+    from mlx_agent.user_key import ENV
+
+    path = tmp_path_factory.mktemp("key") / "cache.key"
+    before = os.environ.get(ENV)
+    os.environ[ENV] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = before
 
 
 @pytest.fixture(params=["llama", "tinygpt"])

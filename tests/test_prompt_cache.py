@@ -112,7 +112,7 @@ def _damage(path, how):
     elif how == "wrong metadata":
         n = int.from_bytes(data[:8], "little")
         header = data[8 : 8 + n].replace(b'"tokens":"30"', b'"tokens":"31"').replace(
-            b'"format":"1"', b'"format":"9"')
+            b'"format":"2"', b'"format":"9"')
         path.write_bytes(bytes(data[:8]) + bytes(header) + bytes(data[8 + n :]))
 
 
@@ -153,7 +153,7 @@ def test_unwritable_directory_is_a_warning(lm, tmp_path):
 
 SAVER = """
 import sys, mlx_agent
-from mlx_agent import prompt_cache as pc
+from mlx_agent import prompt_cache as pc, user_key
 from mlx_agent.models import load
 lm = load(sys.argv[1])
 for _ in range(int(sys.argv[3])):
@@ -162,7 +162,7 @@ for _ in range(int(sys.argv[3])):
                     pc.cache_key(lm.identity, list(range(40, 70)), "preallocated")),
         lm.identity, pc.cache_key(lm.identity, list(range(40, 70)), "preallocated"),
         list(range(40, 70)), (lambda e: (e.prefill(list(range(40, 70))), e.snapshot()[1])[1])(lm.engine()),
-        "preallocated")
+        "preallocated", user_key.load())
 print("ok")
 """
 

@@ -8,18 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mlx_agent.user_key import ENV as KEY_ENV
+
+from .test_cache_files import MALFORMED, plant
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
 
 
-def run(*args):
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ))
+def run(*args, timeout=300, **env):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})
 
 
-def agent(kv, *extra):
+def agent(kv, *extra, **kw):
     return run("agent", "--tools", str(ROOT / "examples/echo.json"), "--single", "Echo hi",
-               "--max-tokens", "2", "--max-steps", "1", "--prompt-cache-dir", str(kv), *extra)
+               "--max-tokens", "2", "--max-steps", "1", "--prompt-cache-dir", str(kv), *extra,
+               **kw)
 
 
 def test_second_launch_loads_the_system_prompt_and_damage_is_a_warning(tmp_path):
@@ -77,3 +82,43 @@ def test_save_session_then_resume_without_prefill(tmp_path):
     other = run("agent", "--builtin-tools", "--root", str(tmp_path), "--single", "x",
                 "--max-tokens", "2", "--resume", str(session))
     assert other.returncode == 0 and "cannot resume" in other.stderr
+
+
+def test_malformed_files_and_fifos_never_crash_or_hang_agent_or_cache(tmp_path):
+    kv = tmp_path / "kv"
+    first = agent(kv, "--json-out")
+    key = json.loads(first.stdout.splitlines()[0])["key"]
+    (path,) = kv.glob("*.safetensors")
+    path.unlink()
+    os.mkfifo(path)  # at the very path the next launch reads
+    for name, spec in MALFORMED.items():
+        plant(kv, name, spec)
+    second = agent(kv, "--prompt-cache-max-bytes", "100000000", timeout=120)
+    assert second.returncode == 0 and "Traceback" not in second.stderr, second.stderr
+    assert "not usable: it is not a regular file (a FIFO)" in second.stderr
+    assert path.is_file()  # replaced by the rebuilt cache
+
+    os.mkfifo(kv / "fifo.safetensors")
+    ls = run("cache", "ls", str(kv), timeout=60)
+    assert ls.returncode == 0 and "Traceback" not in ls.stderr, ls.stderr
+    assert key[:16] in ls.stdout
+    assert f"1 entries, {path.stat().st_size} bytes; {len(MALFORMED) + 1} bad" in ls.stdout
+    assert "bad: fifo.safetensors: it is not a regular file (a FIFO)" in ls.stdout
+    assert "bad: tokens-many.safetensors: its metadata is not a prompt cache's" in ls.stdout
+    assert "bad: deep.safetensors: its header is not a safetensors header" in ls.stdout
+    rm = run("cache", "rm", str(kv), key[:10], timeout=60)
+    assert rm.returncode == 0 and f"removed {path.name}" in rm.stdout, rm.stderr
+    prune = run("cache", "prune", str(kv), "--max-bytes", "0", timeout=60)
+    assert prune.returncode == 0, prune.stderr
+    assert f"0 entries, 0 bytes left; {len(MALFORMED) + 1} other files left alone" in prune.stdout
+    assert len(list(kv.iterdir())) == len(MALFORMED) + 1  # files not ours are left alone
+
+
+def test_a_key_file_open_to_others_is_a_warning_and_nothing_loads(tmp_path):
+    kv, key = tmp_path / "kv", tmp_path / "conf" / "cache.key"
+    assert agent(kv, **{KEY_ENV: str(key)}).returncode == 0  # makes the key and the cache
+    key.chmod(0o644)
+    r = agent(kv, **{KEY_ENV: str(key)})
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"run chmod 600 {key}" in r.stderr and "prompt cache is off" in r.stderr
+    assert "skipping prefill" not in r.stderr
