@@ -3,7 +3,8 @@
 Every path the model gives is resolved inside the root: ``..``, absolute paths and symlinks
 that land outside are refused. ``run_tests`` runs the root's pytest suite (or unittest when
 pytest is absent) in its own process group with the tool timeout. This is path isolation,
-not a security boundary: ``run_tests`` executes whatever code is in the root.
+not a security boundary: ``run_tests`` executes whatever code is in the root, confined only by
+the ``sandbox`` given to :func:`builtin_tools`; the other four run in-process, unsandboxed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from .executor import ToolResult, run_process, tool_env
+from .sandbox import Sandbox
 from .schema import Tool
 
 _SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".pytest_cache"}
@@ -97,14 +99,15 @@ def write_file(root: Path, path: str, content: str) -> str:
     return f"wrote {len(content.encode('utf-8'))} bytes to {_relative(root, target)}"
 
 
-def run_tests(root: Path, timeout: float, env_names=()) -> ToolResult:
+def run_tests(root: Path, timeout: float, env_names=(),
+              sandbox: Sandbox | None = None) -> ToolResult:
     root = root.resolve()
     uses_pytest = shutil.which("pytest") is not None or _has_module("pytest")
     argv = [sys.executable, "-m", "pytest", "-q", "-x"] if uses_pytest else \
         [sys.executable, "-m", "unittest", "discover", "-v"]
     env = tool_env(env_names)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return run_process(argv, tool="run_tests", timeout=timeout, cwd=root, env=env)
+    return run_process(argv, tool="run_tests", timeout=timeout, cwd=root, env=env, sandbox=sandbox)
 
 
 @functools.cache
@@ -118,8 +121,9 @@ def _string(description: str) -> dict:
     return {"type": "string", "description": description}
 
 
-def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=()) -> list[Tool]:
-    """The five built-in tools bound to ``root``."""
+def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(),
+                  sandbox: Sandbox | None = None) -> list[Tool]:
+    """The five built-in tools bound to ``root``; ``run_tests`` runs under ``sandbox``."""
     root = Path(root).resolve()
     if not root.is_dir():
         raise NotADirectoryError(f"--root {root} is not a directory")
@@ -147,5 +151,5 @@ def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(
              builtin=functools.partial(write_file, root)),
         Tool(name="run_tests", description="Run the repository's test suite.",
              parameters=obj({}, []),
-             builtin=functools.partial(run_tests, root, timeout, tuple(env_names))),
+             builtin=functools.partial(run_tests, root, timeout, tuple(env_names), sandbox)),
     ]
