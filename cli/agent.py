@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from .options import cache_mode, cache_options, load_options, sampling_options
+from .options import (cache_mode, cache_options, load_options, make_sandbox, sampling_options,
+                      sandbox_options)
 
 
 def _human(event, *, single: bool) -> None:
@@ -76,13 +77,14 @@ def _human(event, *, single: bool) -> None:
               help="Write this rollout as a token-exact <uuid>.atraj file here.")
 @click.option("--trajectory-task", default=None, metavar="NAME",
               help="Task name recorded in the trajectory.")
+@sandbox_options
 @load_options
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
           max_tokens, tool_timeout, tool_env, confirm_tools, no_grammar, tool_choice, json_out, transcript,
           prompt_cache_dir, prompt_cache_max_bytes, save_session, resume, trajectory_dir,
-          trajectory_task, adapter, weights, context_length,
+          trajectory_task, sandbox, allow_network, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
 
@@ -105,9 +107,10 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     if builtin_tools and not root:
         raise click.UsageError("--builtin-tools needs --root DIR")
     tools = load_tools(tools_file) if tools_file else []
+    box = make_sandbox(sandbox, allow_network, root)
     if builtin_tools:
         try:
-            tools += make_builtins(root, timeout=tool_timeout, env_names=tool_env)
+            tools += make_builtins(root, timeout=tool_timeout, env_names=tool_env, sandbox=box)
         except NotADirectoryError as e:
             raise UserError(str(e)) from None
     names = [t.name for t in tools]
@@ -142,7 +145,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
 
     config = AgentConfig(
         max_steps=max_steps, max_tokens=max_tokens, tool_timeout=tool_timeout,
-        tool_env=tool_env, tool_cwd=root,
+        tool_env=tool_env, tool_cwd=root, sandbox=box,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed),
         confirm=confirm if confirm_tools else None, grammar=not no_grammar,
@@ -166,8 +169,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     bot = Agent(lm, engine, tools, proto, config, emit=emit, recorder=recorder)
     if not json_out:
         click.secho(f"[{lm.identity.name}, {proto.name} protocol, {len(tools)} tools, "
-                    f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}]", err=True,
-                    dim=True)
+                    f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}, "
+                    f"{box.describe()}]", err=True, dim=True)
     if prompt_cache_dir:
         from mlx_agent.prompt_cache import PromptCache
 

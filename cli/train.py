@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import load_options
+from .options import load_options, make_sandbox, sandbox_options
 
 
 @click.command("traces-to-data")
@@ -98,9 +98,10 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--no-grammar", is_flag=True)
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@sandbox_options
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
-             no_grammar, temperature, adapter, weights, context_length):
+             no_grammar, temperature, sandbox, allow_network, adapter, weights, context_length):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
@@ -114,6 +115,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
 
     from .main import UserError
 
+    box = make_sandbox(sandbox, allow_network, None)
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
 
     def show(r):
@@ -125,7 +127,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
         summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
                       trajectory_dir=trajectory_dir, on_run=show,
                       config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
-                                        "grammar": not no_grammar,
+                                        "grammar": not no_grammar, "sandbox": box,
                                         "sampling": SamplingParams(temperature=temperature)})
     except ValueError as e:
         raise UserError(str(e)) from None

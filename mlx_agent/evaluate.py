@@ -15,7 +15,9 @@ A tasks file is JSONL; each task:
 
 Every run gets a fresh temporary copy of its fixture (or an empty directory) as the working
 directory of its tools. One engine serves all runs, so the shared system prompt is prefilled
-once and reused. Each run's trajectory gets its reward (1.0 or 0.0). Nothing here prints.
+once and reused. Each run's trajectory gets its reward (1.0 or 0.0). A ``sandbox`` in
+``config_overrides`` (see ``AgentConfig``) confines the tools, ``run_tests`` and a shell check
+to the run's directory. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
+
+from .tools.executor import run_process
+from .tools.sandbox import Sandbox
 
 
 class Check(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -118,7 +122,7 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 
 def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
-           timeout: float = 60.0) -> bool:
+           timeout: float = 60.0, sandbox: Sandbox | None = None) -> bool:
     check = task.check
     if check.tool_calls is not None:
         # the expected calls, in order, among the valid calls made; the expected arguments
@@ -129,12 +133,10 @@ def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str 
                        for n, a in it)
                    for want in check.tool_calls)
     if check.shell is not None:
-        try:
-            r = subprocess.run(["/bin/bash", "-c", check.shell], cwd=workdir, timeout=timeout,
-                               capture_output=True, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return False
-        return r.returncode == 0
+        # the check often runs code the model wrote (pytest): it gets the tools' sandbox
+        r = run_process(["/bin/bash", "-c", check.shell], tool="check", timeout=timeout,
+                        cwd=workdir, sandbox=sandbox)
+        return r.exit_code == 0 and not r.timed_out
     return answer is not None and re.search(check.answer_pattern, answer) is not None
 
 
@@ -164,7 +166,7 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
                     workdir.mkdir()
                 tools = load_tools(base / task.tools) if task.tools else []
                 if task.builtin_tools:
-                    tools += builtin_tools(workdir)
+                    tools += builtin_tools(workdir, sandbox=overrides.get("sandbox"))
                 sampling = dataclasses.replace(overrides.get("sampling", SamplingParams()),
                                                seed=seed)
                 config = AgentConfig(**{**overrides, "tool_cwd": str(workdir),
@@ -186,7 +188,7 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
                               sampler=sampler_for(seed) if sampler_for else None)
                 start = time.perf_counter()
                 out = agent.ask(task.prompt)
-                ok = passed(task, workdir, calls, out.answer)
+                ok = passed(task, workdir, calls, out.answer, sandbox=overrides.get("sandbox"))
                 s = out.stats
                 result = RunResult(task=task.id, seed=seed, reward=float(ok), calls=s.calls,
                                    valid_calls=s.valid_calls, turns=s.turns,

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from ..cache import ContextFull
 from ..engine import Engine, SamplingParams
 from ..tokenizer import special_tokens
-from ..tools import Tool, ToolResult, error_result, run_tool
+from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
 from . import events as ev
 from .protocols import Call, Reply
 
@@ -38,6 +38,7 @@ class AgentConfig:
     tool_timeout: float = 30.0
     tool_env: Sequence[str] = ()
     tool_cwd: str | None = None
+    sandbox: Sandbox | None = None  # confines _exec tools (see mlx_agent.tools.sandbox)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     confirm: Confirm | None = None  # asked before each call; False = denied
     grammar: bool = True  # constrain replies to valid tool calls and answers
@@ -304,7 +305,8 @@ class Agent:
             result = error_result(tool.name, "the user denied this tool call")
         else:
             result = run_tool(tool, call.arguments, timeout=self.config.tool_timeout,
-                              env_names=self.config.tool_env, cwd=self.config.tool_cwd)
+                              env_names=self.config.tool_env, cwd=self.config.tool_cwd,
+                              sandbox=self.config.sandbox)
             forged = next((s for s in self.forbidden if s in result.stdout or s in result.stderr), None)
             if forged:
                 result = error_result(tool.name, f"the tool output contains the reserved "
