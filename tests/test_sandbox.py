@@ -215,6 +215,15 @@ def test_sandbox_init_shows_no_secret(area):
     assert out.startswith("0 "), out  # grep ran and found nothing
 
 
+def test_the_runtimes_variables_by_default(mode, area, monkeypatch):
+    """``run_process(env=None)``: unconfined, the tool inherits everything; sandboxed, only
+    the reduced environment."""
+    monkeypatch.setenv("MLX_AGENT_TEST_SECRET", SECRET)
+    r = run_process(["/bin/sh", "-c", "printenv MLX_AGENT_TEST_SECRET"], tool="t", timeout=10,
+                    cwd=area / "root", sandbox=Sandbox(mode))
+    escaped(mode, SECRET in r.stdout, r)
+
+
 LINGER = "setsid bash -c 'sleep 1; echo alive > mark' </dev/null >/dev/null 2>&1 & sleep 0.3;"
 
 

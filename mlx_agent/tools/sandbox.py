@@ -188,10 +188,10 @@ def unavailable(backend: str) -> str | None:
             return f"{SANDBOX_EXEC} is missing"
     else:
         raise ValueError(f"cannot probe sandbox backend {backend!r}")
-    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    env, cwd = {"PATH": os.environ.get("PATH", os.defpath)}, tempfile.gettempdir()
     try:
-        with Sandbox(backend).command(["/bin/sh", "-c", "exit 0"], "/", env) as (argv, env):
-            r = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
+        with Sandbox(backend).command(["/bin/sh", "-c", "exit 0"], cwd, env) as (argv, env):
+            r = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                capture_output=True, timeout=_PROBE_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"{backend} could not start a test process ({e})"
