@@ -13,8 +13,8 @@ import sys
 import click
 
 from .errors import UserError, warn
-from .options import (cache_mode, cache_options, load_options, loop_options, model_argument,
-                      sampling_options)
+from .options import (cache_mode, cache_options, load_options, loop_options, make_sandbox,
+                      model_argument, sampling_options, sandbox_options)
 
 
 class Sink:
@@ -59,8 +59,9 @@ class Sink:
 
 
 def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout: float,
-                env_names) -> list:
-    """The tools of ``--tools`` and ``--builtin-tools``, checked for clashing names."""
+                env_names, sandbox) -> list:
+    """The tools of ``--tools`` and ``--builtin-tools`` (``run_tests`` under ``sandbox``),
+    checked for clashing names; warnings about their templates are printed."""
     from mlx_agent.tools import builtin_tools, load_tools
 
     if not tools_file and not builtin:
@@ -72,7 +73,7 @@ def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout
         warn(warning)
     if builtin:
         try:
-            tools += builtin_tools(root, timeout=timeout, env_names=env_names)
+            tools += builtin_tools(root, timeout=timeout, env_names=env_names, sandbox=sandbox)
         except NotADirectoryError as e:
             raise UserError(str(e)) from None
     names = [t.name for t in tools]
@@ -131,13 +132,15 @@ def repl(turn) -> None:
               help="Write this rollout as a token-exact <uuid>.atraj file here.")
 @click.option("--trajectory-task", default=None, metavar="NAME",
               help="Task name recorded in the trajectory.")
+@sandbox_options
 @load_options
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
-          max_tokens, no_grammar, allow_repeat_calls, tool_timeout, tool_env, confirm_tools, tool_choice, json_out,
-          transcript, prompt_cache_dir, prompt_cache_max_bytes, save_session, resume,
-          trajectory_dir, trajectory_task, adapter, weights, context_length,
+          max_tokens, no_grammar, allow_repeat_calls, tool_timeout, tool_env, confirm_tools,
+          tool_choice, json_out, transcript, prompt_cache_dir, prompt_cache_max_bytes,
+          save_session, resume, trajectory_dir, trajectory_task, sandbox, allow_network,
+          adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
 
@@ -151,7 +154,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     from mlx_agent.engine import SamplingParams
     from mlx_agent.models import load
 
-    tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env)
+    box = make_sandbox(sandbox, allow_network, root)
+    tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box)
     choices = tuple(c.strip() for c in tool_choice.split(","))
     if no_grammar and set(choices) != {"auto"}:
         raise click.UsageError("--tool-choice needs the grammar; drop --no-grammar")
@@ -160,7 +164,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     engine = lm.engine(cache_mode=mode, kv_window=kv_window or None)
     config = AgentConfig(
         max_steps=max_steps, max_tokens=max_tokens, tool_timeout=tool_timeout,
-        tool_env=tool_env, tool_cwd=root,
+        tool_env=tool_env, tool_cwd=root, sandbox=box,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed),
         confirm=_confirm if confirm_tools else None, grammar=not no_grammar,
@@ -176,8 +180,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
                             " system prompt; use a larger window")
         if not json_out:
             click.secho(f"[{lm.identity.name}, {bot.fmt.name} protocol, {len(tools)} tools, "
-                        f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}]", err=True,
-                        dim=True)
+                        f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}, "
+                        f"{box.describe()}]", err=True, dim=True)
         if prompt_cache_dir:
             _prime(bot, prompt_cache_dir, prompt_cache_max_bytes)
         if resume:

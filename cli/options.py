@@ -8,6 +8,8 @@ from mlx_agent.agent import AgentConfig
 from mlx_agent.formats import NAMES as PROTOCOLS
 from mlx_agent.models import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV
 
+from .errors import UserError, warn
+
 MAX_STEPS = AgentConfig.max_steps  # assistant steps (tool rounds) per user turn
 MAX_TOKENS = AgentConfig.max_tokens  # tokens per assistant step
 
@@ -111,3 +113,26 @@ def cache_mode(no_kv_preallocate: bool, kv_window: int | None) -> str:
     if kv_window:
         return "rotating"
     return "growing" if no_kv_preallocate else "preallocated"
+
+
+def sandbox_options(f):
+    """--sandbox and --allow-network: how tool processes are confined."""
+    return _compose(
+        click.option("--sandbox", type=click.Choice(["auto", "bwrap", "seatbelt", "none"]),
+                     default="auto", show_default=True, envvar="MLX_AGENT_SANDBOX",
+                     help="Confine tool processes: auto = bwrap on Linux, seatbelt on macOS, "
+                          "else none with a warning (see README, Security)."),
+        click.option("--allow-network", is_flag=True,
+                     help="Let sandboxed tools use the network."),
+    )(f)
+
+
+def make_sandbox(choice: str, allow_network: bool, root: str | None):
+    """The resolved sandbox for these options; an unavailable explicit one is a user error."""
+    from mlx_agent.tools import SandboxUnavailable, resolve_sandbox
+
+    try:
+        return resolve_sandbox(choice, network=allow_network, writable=[root] if root else [],
+                               warn=warn)
+    except SandboxUnavailable as e:
+        raise UserError(str(e)) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .errors import UserError
-from .options import load_options, loop_options, model_argument
+from .options import load_options, loop_options, make_sandbox, model_argument, sandbox_options
 
 
 @click.command("traces-to-data")
@@ -94,9 +94,11 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Write each run's .atraj here, with its reward.")
 @loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@sandbox_options
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, temperature, adapter, weights, context_length):
+             no_grammar, allow_repeat_calls, temperature, sandbox, allow_network, adapter, weights,
+             context_length):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
@@ -108,7 +110,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
     from mlx_agent.evaluate import run
     from mlx_agent.models import load
 
-
+    box = make_sandbox(sandbox, allow_network, None)
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
 
     def show(r):
@@ -119,7 +121,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
     summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
                   trajectory_dir=trajectory_dir, on_run=show,
                   config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
-                                    "grammar": not no_grammar,
+                                    "grammar": not no_grammar, "sandbox": box,
                                     "allow_repeat_calls": allow_repeat_calls,
                                     "sampling": SamplingParams(temperature=temperature)})
     row = summary.row()

@@ -16,7 +16,9 @@ A tasks file is JSONL; each task:
 
 Every run gets a fresh temporary copy of its fixture (or an empty directory) as the working
 directory of its tools. One engine serves all runs, so the shared system prompt is prefilled
-once and reused. Each run's trajectory gets its reward (1.0 or 0.0). Nothing here prints.
+once and reused. Each run's trajectory gets its reward (1.0 or 0.0). A ``sandbox`` in
+``config_overrides`` (see ``AgentConfig``) confines the tools, ``run_tests`` and a shell check
+to the run's directory. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from .agent import events as ev
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
 from .tools import builtin_tools, load_tools
+from .tools.executor import run_process
+from .tools.sandbox import Sandbox
 from .trajectory import Recorder, set_reward
 
 
@@ -134,9 +137,11 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 
 def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
-           timeout: float = 60.0, attempted: int | None = None) -> bool:
+           timeout: float = 60.0, attempted: int | None = None,
+           sandbox: Sandbox | None = None) -> bool:
     """``calls`` are the valid calls made; ``attempted`` counts every call, invalid ones too
-    (a task that needs no tool wants an answer and fails on any attempt at a call)."""
+    (a task that needs no tool wants an answer and fails on any attempt at a call); a
+    ``shell`` check runs under ``sandbox`` (it runs the code the model wrote)."""
     check = task.check
     if check.tool_calls == []:
         return answer is not None and (len(calls) if attempted is None else attempted) == 0
@@ -149,12 +154,10 @@ def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str 
                        for n, a in it)
                    for want in check.tool_calls)
     if check.shell is not None:
-        try:
-            r = subprocess.run(["/bin/bash", "-c", check.shell], cwd=workdir, timeout=timeout,
-                               capture_output=True, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return False
-        return r.returncode == 0
+        # the check often runs code the model wrote (pytest): it gets the tools' sandbox
+        r = run_process(["/bin/bash", "-c", check.shell], tool="check", timeout=timeout,
+                        cwd=workdir, sandbox=sandbox)
+        return r.exit_code == 0 and not r.timed_out
     return answer is not None and re.search(check.answer_pattern, answer) is not None
 
 
@@ -188,7 +191,7 @@ def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: st
             workdir.mkdir()
         tools = load_tools(base / task.tools) if task.tools else []
         if task.builtin_tools:
-            tools += builtin_tools(workdir)
+            tools += builtin_tools(workdir, sandbox=overrides.get("sandbox"))
         sampling = dataclasses.replace(overrides.get("sampling", SamplingParams()), seed=seed)
         config = AgentConfig(**{**overrides, "tool_cwd": str(workdir), "sampling": sampling})
         if task.tool_choice is not None:
@@ -210,7 +213,8 @@ def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: st
         s = out.stats
         result = RunResult(task=task.id, seed=seed,
                            reward=float(passed(task, workdir, calls, out.answer,
-                                               attempted=s.calls)),
+                                               attempted=s.calls,
+                                               sandbox=overrides.get("sandbox"))),
                            calls=s.calls, valid_calls=s.valid_calls, turns=s.turns,
                            rendered=s.rendered_tokens, reused=s.reused_tokens,
                            seconds=time.perf_counter() - start, answer=out.answer,

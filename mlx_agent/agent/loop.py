@@ -28,7 +28,7 @@ from ..loop_guard import LoopGuard, call_bytes, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..text import TextStream
 from ..tokenizer import special_tokens
-from ..tools import Tool, ToolResult, error_result, run_tool
+from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
 from . import events as ev
 from .conversation import Conversation
 from .recording import TrajectoryLog
@@ -43,6 +43,7 @@ class AgentConfig:
     tool_timeout: float = 30.0
     tool_env: Sequence[str] = ()
     tool_cwd: str | None = None
+    sandbox: Sandbox | None = None  # confines _exec tools (see mlx_agent.tools.sandbox)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     confirm: Confirm | None = None  # asked before each call; False = denied
     grammar: bool = True  # constrain replies to valid tool calls and answers
@@ -280,7 +281,8 @@ class Agent:
                 tool = self.tools[call.name]
                 result = self._withhold_markers(run_tool(
                     tool, call.arguments, timeout=self.config.tool_timeout,
-                    env_names=self.config.tool_env, cwd=self.config.tool_cwd))
+                    env_names=self.config.tool_env, cwd=self.config.tool_cwd,
+                    sandbox=self.config.sandbox))
                 self._made.append(call_text(self.fmt.name, tool, call.arguments))
         self.emit(ev.ToolCall(tool=result.tool, arguments=call.arguments, stdout=result.stdout,
                               stderr=result.stderr, exit_code=result.exit_code,

@@ -2,7 +2,9 @@
 
 from .builtin import builtin_tools
 from .executor import ToolResult, error_result, run_tool
+from .sandbox import Sandbox, SandboxUnavailable, resolve as resolve_sandbox
 from .schema import Tool, ToolSchemaError, declared_tools, load_tools, parse_tools
 
-__all__ = ["Tool", "ToolResult", "ToolSchemaError", "builtin_tools", "error_result",
-           "declared_tools", "load_tools", "parse_tools", "run_tool"]
+__all__ = ["Sandbox", "SandboxUnavailable", "Tool", "ToolResult", "ToolSchemaError",
+           "builtin_tools", "error_result", "declared_tools", "load_tools", "parse_tools",
+           "resolve_sandbox", "run_tool"]

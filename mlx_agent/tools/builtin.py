@@ -7,8 +7,9 @@ redirect a read or a write. ``read_file`` reads at most the output cap (head and
 file); ``grep`` runs Python's ``re`` in a child process, so the tool timeout ends a pattern that
 backtracks; ``write_file`` replaces the file atomically and leaves nothing behind if it fails.
 ``run_tests`` runs the root's pytest suite (or unittest when pytest is absent) in its own
-process group with the tool timeout. This is path isolation, not a security boundary:
-``run_tests`` executes whatever code is in the root.
+process group with the tool timeout, confined by the ``sandbox`` given to
+:func:`builtin_tools` (it executes whatever code is in the root); the other four run
+in-process, never sandboxed, kept inside the root by the walk above.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from . import rootfs
 from .executor import DEFAULT_CAP, ToolResult, _Capped, run_process, tool_env
 from .rootfs import OutsideRoot
+from .sandbox import Sandbox
 from .schema import Tool
 
 __all__ = ["OutsideRoot", "builtin_tools"]
@@ -76,13 +78,14 @@ def write_file(root: str, path: str, content: str) -> str:
     return f"wrote {len(data)} bytes to {rel}"
 
 
-def run_tests(root: str, timeout: float, env_names=()) -> ToolResult:
+def run_tests(root: str, timeout: float, env_names=(),
+              sandbox: Sandbox | None = None) -> ToolResult:
     uses_pytest = shutil.which("pytest") is not None or _has_module("pytest")
     argv = [sys.executable, "-m", "pytest", "-q", "-x"] if uses_pytest else \
         [sys.executable, "-m", "unittest", "discover", "-v"]
     env = tool_env(env_names)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return run_process(argv, tool="run_tests", timeout=timeout, cwd=root, env=env)
+    return run_process(argv, tool="run_tests", timeout=timeout, cwd=root, env=env, sandbox=sandbox)
 
 
 @functools.cache
@@ -97,9 +100,9 @@ def _string(description: str) -> dict:
 
 
 def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(),
-                  cap: int = DEFAULT_CAP) -> list[Tool]:
+                  cap: int = DEFAULT_CAP, sandbox: Sandbox | None = None) -> list[Tool]:
     """The five built-in tools bound to ``root``; ``timeout`` bounds grep and run_tests,
-    ``cap`` the bytes of a file read_file reads."""
+    ``cap`` the bytes of a file read_file reads; ``run_tests`` runs under ``sandbox``."""
     resolved = Path(root).resolve()
     if not resolved.is_dir():
         raise NotADirectoryError(f"--root {resolved} is not a directory")
@@ -128,5 +131,5 @@ def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(
              builtin=functools.partial(write_file, root)),
         Tool(name="run_tests", description="Run the repository's test suite.",
              parameters=obj({}, []),
-             builtin=functools.partial(run_tests, root, timeout, tuple(env_names))),
+             builtin=functools.partial(run_tests, root, timeout, tuple(env_names), sandbox)),
     ]

