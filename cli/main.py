@@ -93,6 +93,8 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
         prompt = sys.stdin.read()
     if system and not chat:
         raise click.BadParameter("--system needs --chat", param_hint="--system")
+    if json_schema and grammar:
+        raise click.UsageError("give --json-schema or --grammar, not both")
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
     if chat:
         messages = ([{"role": "system", "content": system}] if system else [])
@@ -107,19 +109,9 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
                        kv_window=kv_window or None)
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                               min_p=min_p, seed=seed)
-    constraint = None
-    if json_schema and grammar:
-        raise click.UsageError("give --json-schema or --grammar, not both")
-    if json_schema or grammar:
-        from mlx_agent.grammar import Constraint, grammar_from_file, ll_tokenizer
-
-        tokenizer = ll_tokenizer(lm)
-        compiled = grammar_from_file(json_schema or grammar,
-                                     "json-schema" if json_schema else "lark", tokenizer)
-        constraint = Constraint(tokenizer, compiled, lm.vocab_size)
     p = engine.sync(ids)
     stream = TextStream(engine, lm.tokenizer, sampling.sampler(), max_tokens=max_tokens,
-                        stop_ids=lm.stop_ids, constraint=constraint)
+                        stop_ids=lm.stop_ids, constraint=_file_constraint(lm, json_schema, grammar))
     for _, segment in stream:
         click.echo(segment, nl=False)
         sys.stdout.flush()
@@ -134,6 +126,18 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
             f"finish: {stream.finish_reason}",
             err=True,
         )
+
+
+def _file_constraint(lm, json_schema: str | None, grammar: str | None):
+    """The constraint of ``--json-schema`` or ``--grammar`` (None without either)."""
+    if not (json_schema or grammar):
+        return None
+    from mlx_agent.grammar import Constraint, grammar_from_file, ll_tokenizer
+
+    tokenizer = ll_tokenizer(lm)
+    compiled = grammar_from_file(json_schema or grammar,
+                                 "json-schema" if json_schema else "lark", tokenizer)
+    return Constraint(tokenizer, compiled, lm.vocab_size)
 
 
 main.add_command(agent)

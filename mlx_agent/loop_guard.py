@@ -106,6 +106,10 @@ def _allowed(words: np.ndarray, t: int) -> bool:
     return bool(words[t >> 5] & np.uint32(1 << (t & 31)))
 
 
+def _count(words: np.ndarray) -> int:
+    return int(np.unpackbits(words.view(np.uint8)).sum())
+
+
 class LoopGuard:
     """``inner``'s constraint, minus the tokens that would complete one of ``calls``."""
 
@@ -122,41 +126,58 @@ class LoopGuard:
 
     def mask(self) -> mx.array:
         words = self.inner.mask_words().view(np.uint32)
-        before = words.copy()
-        for m in self.matchers:
-            for rest in m.remainders():
-                for t in self._on_path(rest, words, {}):
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
-        if not words.any():  # nothing left: stand aside rather than leave no token
-            words[:] = before
-        elif not np.array_equal(words, before):
+        rests = {rest for m in self.matchers for rest in m.remainders()}
+        doomed = self._doomed(frozenset(rests), words, {})
+        if doomed and len(doomed) < _count(words):  # never leave no token at all
+            for t in doomed:
+                words[t >> 5] &= ~np.uint32(1 << (t & 31))
             self.interventions += 1
         return mx.array(words.view(np.int32))
 
-    def _on_path(self, rest: bytes, words: np.ndarray, memo: dict) -> list[int]:
-        """The allowed tokens after which writing ``rest`` is certain: they write all of
-        it, or its start, after which the grammar leaves no other way."""
-        doomed = [t for t in self.tokens.starting_with(rest) if _allowed(words, t)] \
-            if len(rest) <= self.tokens.max_len else []
+    def _doomed(self, rests: frozenset, words: np.ndarray, memo: dict) -> set[int]:
+        """The allowed tokens after which some call in ``rests`` (what is left of each
+        repeated call from here) is certain: they write one whole, or they write the start
+        of one or more and the grammar leaves no way but to finish one of them."""
+        doomed, paths = set(), {}
+        for rest in rests:
+            if len(rest) <= self.tokens.max_len:
+                doomed.update(t for t in self.tokens.starting_with(rest) if _allowed(words, t))
+            for t, n in self.tokens.prefixes_of(rest):
+                if _allowed(words, t):
+                    paths.setdefault(t, set()).add(rest[n:])
         matcher = self.inner.matcher
-        for t, n in self.tokens.prefixes_of(rest):
-            if not _allowed(words, t):
+        for t, ahead in paths.items():
+            if t in doomed:
                 continue
             matcher.consume_token(t)
-            escapes = self._escapes(rest[n:], memo)
+            escapes = self._escapes(frozenset(ahead), memo)
             matcher.rollback(1)
             if not escapes:
-                doomed.append(t)
+                doomed.add(t)
         return doomed
 
-    def _escapes(self, rest: bytes, memo: dict) -> bool:
-        """Whether, from the grammar's current state, the model can still avoid ``rest``."""
-        if len(rest) not in memo:
+    def _escapes(self, rests: frozenset, memo: dict) -> bool:
+        """Whether, from the grammar's current state, the model can still avoid writing
+        every one of ``rests``.
+
+        The bytes the grammar forces next settle most states at once: forced bytes that
+        cover a rest make it certain; forced bytes that leave a rest drop it; none forced
+        means two next bytes are possible (or the end), so if every rest starts with the
+        same byte, one way leaves them all. Otherwise look one token ahead, through the
+        grammar's mask, and recurse along the tokens that stay on some call's path."""
+        if rests not in memo:
+            forced = bytes(self.inner.matcher.compute_ff_bytes())
+            if any(forced.startswith(r) for r in rests if forced):
+                memo[rests] = False
+                return False
+            left = frozenset(r for r in rests if r.startswith(forced[:len(r)]))
+            if not left or not forced and len({r[:1] for r in left}) == 1:
+                memo[rests] = True
+                return True
             words = np.empty(self.inner.words, dtype=np.uint32)
             self.inner.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
-            allowed = int(np.unpackbits(words.view(np.uint8)).sum())
-            memo[len(rest)] = allowed > len(self._on_path(rest, words, memo))
-        return memo[len(rest)]
+            memo[rests] = len(self._doomed(left, words, memo)) < _count(words)
+        return memo[rests]
 
     def consume(self, token: int) -> None:
         self.inner.consume(token)

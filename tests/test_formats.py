@@ -142,3 +142,19 @@ def test_oversized_and_deeply_nested_requests_are_4xx_and_the_server_goes_on(ser
     assert time.perf_counter() - start < 5  # refused before tokenizing 4 MB
     r = s.client.chat.completions.create(model="tiny", messages=user("hi"), max_tokens=2)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_lone_surrogate_the_model_wrote_without_the_grammar_cannot_crash_the_agent(tiny_lm, protocol):
+    from mlx_agent.agent import events as ev
+
+    lm = tiny_lm if protocol == "json" else hermes_lm(tiny_lm)
+    call = ('{"tool": "echo", "arguments": {"text": "a\\ud800b"}}' if protocol == "json" else
+            '<tool_call>{"name": "echo", "arguments": {"text": "a\\ud800b"}}</tool_call><|im_end|>')
+    answer = '{"answer": "x\\udfffy"}' if protocol == "json" else "xy<|im_end|>"
+    a, rec, _ = agent(lm, Script(lm, call, answer), protocol=protocol)
+    out = a.ask("go")
+    assert rec.of(ev.ToolCall)[0].stdout == "a\ufffdb"
+    for event in rec:
+        ev.encode(event)  # every event can be written as JSON
+    assert out.answer in ("x\ufffdy", "xy")

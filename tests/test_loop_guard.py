@@ -67,7 +67,7 @@ def run(lm, tools, protocol, replies, **config):
 def test_a_repeated_call_is_refused_and_the_model_answers_instead(tiny_lm):
     call = '{"tool":"ping","arguments":{}}'
     out, rec = run(tiny_lm, PING, "json", [call, call, '{"answer":"pong"}'])
-    assert out.answer == "pong" and out.stats.calls == 1 and out.stats.repeats_blocked == 1
+    assert out.answer == "pong" and out.stats.calls == 1 and out.stats.guarded_steps == 1
 
 
 def test_a_repeated_call_must_change_its_arguments(tiny_lm):
@@ -76,21 +76,21 @@ def test_a_repeated_call_must_change_its_arguments(tiny_lm):
                    [call, call, '{"tool":"echo","arguments":{"text":"hi there"}}',
                     '{"answer":"ok"}'])
     assert [c.stdout for c in rec.of(ev.ToolCall)] == ["hi", "hi there"]
-    assert out.answer == "ok" and out.stats.repeats_blocked == 1
+    assert out.answer == "ok" and out.stats.guarded_steps == 1
 
 
 def test_hermes_repeats_are_refused_too(tiny_lm):
     lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
     call = '<tool_call>\n{"name":"ping","arguments":{}}\n</tool_call>'
     out, rec = run(lm, PING, "hermes", [call, call, "pong"])
-    assert out.answer == "pong" and out.stats.calls == 1 and out.stats.repeats_blocked == 1
+    assert out.answer == "pong" and out.stats.calls == 1 and out.stats.guarded_steps == 1
 
 
 def test_allow_repeat_calls_turns_the_guard_off(tiny_lm):
     call = '{"tool":"ping","arguments":{}}'
     out, _ = run(tiny_lm, PING, "json", [call, call, '{"answer":"pong"}'],
                  allow_repeat_calls=True)
-    assert out.stats.calls == 2 and out.stats.repeats_blocked == 0 and out.answer == "pong"
+    assert out.stats.calls == 2 and out.stats.guarded_steps == 0 and out.answer == "pong"
 
 
 def test_the_server_refuses_calls_already_in_the_turn(tiny_lm, serve):  # noqa: F811
@@ -107,3 +107,18 @@ def test_the_server_refuses_calls_already_in_the_turn(tiny_lm, serve):  # noqa: 
     again = messages + [{"role": "assistant", "content": "pong"}, *user("once more")]
     r = s.client.chat.completions.create(model="tiny", messages=again, tools=tools)
     assert r.choices[0].message.tool_calls[0].function.name == "ping"
+
+
+def test_calls_that_share_a_path_are_refused_together(tiny_lm):
+    """Each enum value was used: every way into the tool ends in a repeat, so the guard
+    turns the model away before it starts the call, not at the enum where all is lost."""
+    unit = parse_tools(json.dumps([{
+        "name": "set_unit", "description": "Set the unit",
+        "parameters": {"type": "object", "required": ["unit"], "additionalProperties": False,
+                       "properties": {"unit": {"type": "string", "enum": ["c", "f"]}}},
+        "_exec": 'echo "$unit"'}]))
+    c, f = ('{"tool":"set_unit","arguments":{"unit":"%s"}}' % u for u in "cf")
+    out, rec = run(tiny_lm, unit, "json", [c, f, c, '{"answer":"set"}'])
+    assert [e.stdout.strip() for e in rec.of(ev.ToolCall)] == ["c", "f"]
+    # the guard also masked "c" while the model wrote "f": that step counts too
+    assert out.answer == "set" and out.stats.guarded_steps == 2

@@ -270,7 +270,7 @@ def test_deferred_prompt_is_an_index_and_the_hop_cap_drops_get_tool_info(tiny_lm
     prep = service.prepare(ChatCall(messages=user("hi"), tools=tools))
     ask = tiny_lm.encode('{"tool":"get_tool_info","arguments":{"name":"set_timer"}}')
     for hops, ok in ((0, True), (2, True), (3, False)):  # MAX_HOPS = 3
-        c = service._constraint(prep, hops)
+        c = service._constraint(prep, hops, prep.call.messages)
         assert (c.matcher.validate_tokens(ask) == len(ask)) is ok
     assert json.loads(tool_info(tools, "set_timer"))["parameters"]["required"] == ["minutes"]
     assert "unknown tool 'nope'" in json.loads(tool_info(tools, "nope"))["error"]

@@ -64,7 +64,7 @@ class Stats(Event, tag="stats"):
     rendered_tokens: int = 0
     prefilled_tokens: int = 0
     reused_tokens: int = 0
-    repeats_blocked: int = 0  # replies in which the loop guard masked a repeated call
+    guarded_steps: int = 0  # steps in which the loop guard masked a repeat's tokens
     seconds: float = 0.0
     stop: str = "answer"  # answer | steps | context | interrupted
 

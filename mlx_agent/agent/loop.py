@@ -86,7 +86,7 @@ class TurnStats:
     rendered_tokens: int = 0
     prefilled_tokens: int = 0
     reused_tokens: int = 0
-    repeats_blocked: int = 0
+    guarded_steps: int = 0
 
     def synced(self, prompt: int, sync: PrefillStats) -> None:
         self.turns += 1
@@ -122,7 +122,7 @@ class _Query:
     closed: bool  # the model ended the turn with its stop token
     finished: bool  # the reply reached the format's end by itself
     interrupted: bool = False
-    repeats_blocked: bool = False  # the loop guard kept the model from a repeated call
+    guarded_steps: bool = False  # the loop guard masked tokens that would repeat a call
 
 
 @dataclass
@@ -223,7 +223,7 @@ class Agent:
         stats.synced(len(prompt), sync)
         q = self._query(step)
         stats.generated_tokens += len(q.sampled)
-        stats.repeats_blocked += q.repeats_blocked
+        stats.guarded_steps += q.guarded_steps
         reply = self.fmt.parse(q.turn_text)
         self.emit(ev.Assistant(step=step, raw=q.raw))
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from ..tools import Tool
 from .deferred import INDEX_HEADER, get_tool_info_tool, tool_index
-from .messages import Call, Reply, ReplyMemo, arguments_of, compact, text_of
+from .messages import Call, Reply, ReplyMemo, arguments_of, compact, text_of, valid_json_text
 from .scanner import JsonObjectScanner, RepeatedLineScanner
 from .streams import JsonAnswerStream
 
@@ -119,7 +119,7 @@ class JsonFormat:
                 obj, pos = decoder.raw_decode(stripped, pos)
             except (json.JSONDecodeError, RecursionError):
                 break
-            objs.append(obj)
+            objs.append(valid_json_text(obj))
             while pos < len(stripped) and stripped[pos].isspace():
                 pos += 1
         calls, seen = [], set()

@@ -107,6 +107,18 @@ def arguments_of(call: dict) -> dict:
     return args
 
 
+def valid_json_text(obj: Any) -> Any:
+    """``obj`` (parsed JSON) with every lone surrogate (a ``\\ud800`` escape the model wrote
+    without the grammar) replaced by U+FFFD, so it can be encoded, shown and run."""
+    if isinstance(obj, str):
+        return obj.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(obj, list):
+        return [valid_json_text(v) for v in obj]
+    if isinstance(obj, dict):
+        return {valid_json_text(k): valid_json_text(v) for k, v in obj.items()}
+    return obj
+
+
 def common_prefix_of(a: list[int], b: list[int]) -> list[int]:
     n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return a[:n]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .messages import Call
+from .messages import Call, valid_json_text
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -16,7 +16,7 @@ def tool_call_blocks(text: str) -> list[Call]:
     calls = []
     for block in _TOOL_CALL.findall(text):
         try:
-            obj = json.loads(block)
+            obj = valid_json_text(json.loads(block))
         except json.JSONDecodeError as e:
             calls.append(Call("?", None, f"tool call is not valid JSON ({e.msg})"))
             continue
@@ -29,7 +29,7 @@ def tool_call_blocks(text: str) -> list[Call]:
         args = obj.get("arguments", {})
         if isinstance(args, str):  # some models send the arguments JSON-encoded
             try:
-                args = json.loads(args)
+                args = valid_json_text(json.loads(args))
             except (json.JSONDecodeError, RecursionError):
                 pass
         if not isinstance(args, dict):

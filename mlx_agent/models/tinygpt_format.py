@@ -151,6 +151,34 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
         data = path.read_bytes()
     except OSError as e:
         raise TinyGPTError(f"cannot read {path}: {e.strerror}") from None
+    header, hlen = _read_header(path, data)
+    config = header["config"]
+    layout = _layout_of(header)
+    manifest = _parse_manifest(header)
+    _check_manifest(manifest, config)
+    (step,) = struct.unpack_from("<i", data, 12 + hlen)
+    body = _Body(path, memoryview(data)[16 + hlen :], manifest)
+    block = int(header.get("int4BlockSize") or DEFAULT_INT4_BLOCK)
+    adam = None
+    if layout == "training":
+        weights, adam = body.training()
+    elif layout == "inference":
+        weights = body.inference(header.get("weightDtype"))
+    else:
+        weights = body.int4(block)
+    spm = header.get(SENTENCEPIECE_KEY)
+    if spm is not None:
+        try:
+            spm = base64.b64decode(spm, validate=True)
+        except (ValueError, TypeError):
+            raise TinyGPTError(f"{path}: {SENTENCEPIECE_KEY} is not valid base64") from None
+    rest = {k: v for k, v in header.items() if k not in ("config", "manifest", SENTENCEPIECE_KEY)}
+    return TinyGPTFile(config=config, weights=weights, layout=layout, step=step, adam=adam,
+                       sentencepiece=spm, header=rest, int4_block=block)
+
+
+def _read_header(path: Path, data: bytes) -> tuple[dict, int]:
+    """The JSON header (with a config object) and its length, checked against the file."""
     if len(data) < 12:
         raise TinyGPTError(f"{path} is truncated ({len(data)} bytes, no header)")
     if data[:4] != MAGIC:
@@ -164,76 +192,70 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
         )
     try:
         header = json.loads(data[12 : 12 + hlen].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise TinyGPTError(f"{path}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict) or not isinstance(header.get("config"), dict):
         raise TinyGPTError(f"{path}: header has no config object")
-    config = header["config"]
-    layout = _layout_of(header)
-    manifest = _parse_manifest(header)
-    _check_manifest(manifest, config)
-    (step,) = struct.unpack_from("<i", data, 12 + hlen)
-    body = memoryview(data)[16 + hlen :]
-    sizes = [int(np.prod(e["shape"])) for e in manifest]
+    return header, hlen
 
-    def need(nbytes: int, what: str):
-        if len(body) != nbytes:
+
+class _Body:
+    """The weights after the header, in one of the three layouts."""
+
+    def __init__(self, path: Path, body: memoryview, manifest: list[dict]):
+        self.path, self.body, self.manifest = path, body, manifest
+        self.sizes = [int(np.prod(e["shape"])) for e in manifest]
+
+    def _need(self, nbytes: int, what: str) -> None:
+        if len(self.body) != nbytes:
             raise TinyGPTError(
-                f"{path}: body is {len(body)} bytes but the manifest's {what} needs {nbytes}"
-                + (" (truncated file?)" if len(body) < nbytes else "")
+                f"{self.path}: body is {len(self.body)} bytes but the manifest's {what} needs "
+                f"{nbytes}" + (" (truncated file?)" if len(self.body) < nbytes else "")
             )
 
-    weights: dict[str, np.ndarray] = {}
-    adam = None
-    block = int(header.get("int4BlockSize") or DEFAULT_INT4_BLOCK)
-    if layout == "training":
-        need(12 * sum(sizes), "fp32 weights with Adam state")
-        adam = {}
-        off = 0
-        for e, n in zip(manifest, sizes):
-            parts = [np.frombuffer(body, "<f4", n, off + 4 * n * k) for k in range(3)]
+    def training(self) -> tuple[dict, dict]:
+        self._need(12 * sum(self.sizes), "fp32 weights with Adam state")
+        weights, adam, off = {}, {}, 0
+        for e, n in zip(self.manifest, self.sizes):
+            parts = [np.frombuffer(self.body, "<f4", n, off + 4 * n * k) for k in range(3)]
             weights[e["name"]] = _from_stored(e["name"], parts[0], e["shape"])
             adam[e["name"]] = tuple(_from_stored(e["name"], p, e["shape"]) for p in parts[1:])
             off += 12 * n
-    elif layout == "inference":
-        total = sum(sizes)
+        return weights, adam
+
+    def inference(self, weight_dtype: str | None) -> dict:
+        total = sum(self.sizes)
         # includesOptimizerState: false without weightDtype may hold fp32 weights.
-        itemsize = 4 if header.get("weightDtype") != "fp16" and len(body) == 4 * total else 2
-        need(itemsize * total, f"fp{8 * itemsize} weights")
+        itemsize = 4 if weight_dtype != "fp16" and len(self.body) == 4 * total else 2
+        self._need(itemsize * total, f"fp{8 * itemsize} weights")
         dtype = "<f2" if itemsize == 2 else "<f4"
-        off = 0
-        for e, n in zip(manifest, sizes):
+        weights, off = {}, 0
+        for e, n in zip(self.manifest, self.sizes):
             start = int(e.get("floatOffset", off))
             if start < 0 or start + n > total:
-                raise TinyGPTError(f"{path}: floatOffset of {e['name']} is past the body")
-            flat = np.frombuffer(body, dtype, n, itemsize * start)
+                raise TinyGPTError(f"{self.path}: floatOffset of {e['name']} is past the body")
+            flat = np.frombuffer(self.body, dtype, n, itemsize * start)
             weights[e["name"]] = _from_stored(e["name"], flat, e["shape"])
             off = start + n
-    else:
+        return weights
+
+    def int4(self, block: int) -> dict:
         if block <= 0 or block % 2:
-            raise TinyGPTError(f"{path}: int4BlockSize {block} must be a positive even number")
-        blocks = [-(-n // block) for n in sizes]
-        need(2 * sum(blocks) + sum(blocks) * block // 2, "int4 scales and nibbles")
-        scales = np.frombuffer(body, "<f2", sum(blocks), 0).astype(np.float32)
-        packed = np.frombuffer(body, np.uint8, offset=2 * sum(blocks))
+            raise TinyGPTError(f"{self.path}: int4BlockSize {block} must be a positive even number")
+        blocks = [-(-n // block) for n in self.sizes]
+        self._need(2 * sum(blocks) + sum(blocks) * block // 2, "int4 scales and nibbles")
+        scales = np.frombuffer(self.body, "<f2", sum(blocks), 0).astype(np.float32)
+        packed = np.frombuffer(self.body, np.uint8, offset=2 * sum(blocks))
         nib = np.empty(packed.size * 2, np.uint8)
         nib[0::2], nib[1::2] = packed & 0xF, packed >> 4
-        s_off = q_off = 0
-        for e, n, nb in zip(manifest, sizes, blocks):
+        weights, s_off, q_off = {}, 0, 0
+        for e, n, nb in zip(self.manifest, self.sizes, blocks):
             q = nib[q_off : q_off + nb * block].astype(np.float32) - 8.0
             vals = (q.reshape(nb, block) * scales[s_off : s_off + nb, None]).reshape(-1)[:n]
             weights[e["name"]] = _from_stored(e["name"], vals, e["shape"])
             s_off += nb
             q_off += nb * block
-    spm = header.get(SENTENCEPIECE_KEY)
-    if spm is not None:
-        try:
-            spm = base64.b64decode(spm, validate=True)
-        except (ValueError, TypeError):
-            raise TinyGPTError(f"{path}: {SENTENCEPIECE_KEY} is not valid base64") from None
-    rest = {k: v for k, v in header.items() if k not in ("config", "manifest", SENTENCEPIECE_KEY)}
-    return TinyGPTFile(config=config, weights=weights, layout=layout, step=step, adam=adam,
-                       sentencepiece=spm, header=rest, int4_block=block)
+        return weights
 
 
 def _quantize_int4(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:

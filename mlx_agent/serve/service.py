@@ -110,7 +110,7 @@ class ChatResult:
     usage: Usage
     hops: int = 0
     seconds: float = 0.0
-    repeats_blocked: int = 0  # generations in which the loop guard refused a repeated call
+    guarded_steps: int = 0  # generations in which the loop guard masked a repeat's tokens
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Generated:
     ids: list[int]  # the stop id included
     finish: str  # stop, length, cancelled
     cached: int  # prompt tokens reused from the cache
-    repeats_blocked: bool = False
+    guarded_steps: bool = False
 
 
 class ChatService:
@@ -199,7 +199,7 @@ class ChatService:
                                  cancelled, prep.fmt)
             usage.prompt_tokens, usage.cached_tokens = len(prompt), gen.cached
             usage.completion_tokens += len(gen.ids)
-            blocked += gen.repeats_blocked
+            blocked += gen.guarded_steps
             if gen.finish == "cancelled":
                 return self._cancelled(ChatResult(gen.shown.text, [], "cancelled", usage, hops))
             reply = prep.fmt.parse(gen.text)
@@ -212,7 +212,7 @@ class ChatService:
             prompt = self._prompt(prep, messages)
             constraint = self._constraint(prep, hops, messages)
         result = self._result(reply, gen, usage, hops)
-        result.repeats_blocked = blocked
+        result.guarded_steps = blocked
         result.seconds = time.perf_counter() - start
         self._metrics(result, streaming)
         return result
@@ -351,7 +351,7 @@ class ChatService:
         if self.metrics_out is None:
             return
         row = {"tool_mode": self.tool_mode, "get_tool_info_hops": result.hops,
-               "repeats_blocked": result.repeats_blocked,
+               "guarded_steps": result.guarded_steps,
                "prompt_tokens": result.usage.prompt_tokens,
                "cached_tokens": result.usage.cached_tokens,
                "completion_tokens": result.usage.completion_tokens, "streaming": streaming}
