@@ -218,3 +218,16 @@ def test_eval_confines_the_tools_and_the_shell_check(tiny_lm, tmp_path, area):
                   config_overrides={"grammar": False, "sandbox": Sandbox("bwrap")})
     assert summary.runs[0].calls == 1 and summary.runs[0].reward == 0.0
     assert not (outside / "by-tool").exists() and not (outside / "by-check").exists()
+
+
+def test_a_python_that_lives_in_tmp_stays_visible_under_bwrap(monkeypatch, tmp_path):
+    """A project (and its virtual environment) under /tmp must still start its Python
+    inside the private /tmp: it is bound read-only again (CI clones into /tmp)."""
+    from mlx_agent.tools.sandbox import Sandbox, bwrap_argv
+
+    monkeypatch.setattr(sys, "prefix", "/tmp/proj/.venv")
+    policy = Sandbox("bwrap").policy(str(tmp_path), {}, home="/tmp/home", tmp="/tmp")
+    assert "/tmp/proj/.venv" in policy.runtime
+    argv = bwrap_argv(policy, ["true"])
+    bind = argv.index("/tmp/proj/.venv") - 1
+    assert argv[bind] == "--ro-bind" and bind > argv.index("--tmpfs")

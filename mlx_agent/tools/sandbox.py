@@ -52,6 +52,9 @@ class Policy:
     env: tuple[tuple[str, str], ...]  # the reduced environment, before HOME and TMPDIR
     home: str  # private and empty
     tmp: str  # private temporary directory
+    # read-only again over the private /tmp and /run: where this Python lives, when it does
+    # (a virtual environment in /tmp), so run_tests and the like can still start it
+    runtime: tuple[str, ...] = ()
 
     def environ(self) -> dict[str, str]:
         return {**dict(self.env), "HOME": self.home, "TMPDIR": self.tmp}
@@ -65,9 +68,19 @@ def bwrap_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
     if policy.network:
         # --share-net undoes --unshare-all's network namespace; DNS may live under /run
         args += ["--share-net", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
+    for path in policy.runtime:
+        args += ["--ro-bind", path, path]
     for root in policy.writable:
         args += ["--bind", root, root]
     return [*args, "--chdir", policy.cwd, "--", *argv]
+
+
+def _hidden_runtime() -> tuple[str, ...]:
+    """This interpreter's directories that a private /tmp or /run would hide."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix,
+                                           os.path.dirname(sys.executable))}
+    hidden = sorted(p for p in paths if p.startswith(("/tmp/", "/run/")))
+    return tuple(p for p in hidden if not any(p.startswith(q + "/") for q in hidden))
 
 
 _SEATBELT_BASE = """\
@@ -149,7 +162,8 @@ class Sandbox:
     def policy(self, cwd: str, env: Mapping[str, str], home: str, tmp: str) -> Policy:
         roots = dict.fromkeys(os.path.realpath(p) for p in (cwd, *self.writable))
         return Policy(cwd=os.path.realpath(cwd), writable=tuple(roots), network=self.network,
-                      env=tuple(sorted(env.items())), home=home, tmp=tmp)
+                      env=tuple(sorted(env.items())), home=home, tmp=tmp,
+                      runtime=_hidden_runtime())
 
     @contextmanager
     def command(self, argv: Sequence[str], cwd: str,
