@@ -14,7 +14,7 @@ from typing import Sequence
 from ..tokenizer import special_tokens
 from ..tools import Tool
 from .messages import (Call, MessageError, Reply, ReplyMemo, arguments_of, common_prefix_of,
-                       text_of)
+                       compact, text_of)
 from .scanner import NeverScanner, ToolCallScanner
 from .streams import HermesTextStream, Passthrough
 from .tool_calls import tool_call_blocks
@@ -146,6 +146,17 @@ class HermesFormat(TemplateFormat):
                 out.insert(0, {"role": "system", "content": f"{DEFAULT_HERMES_SYSTEM}\n\n{index}"})
             shown = [get_tool_info_tool(tools).openai()]
         return out, shown
+
+    @staticmethod
+    def reply_text(message: dict) -> str:
+        """An assistant message as the model writes it: its content, or its calls as
+        ``<tool_call>`` blocks (compact JSON, as the grammar writes them)."""
+        content = message.get("content")
+        if isinstance(content, str) and content or not message.get("tool_calls"):
+            return content if isinstance(content, str) else ""
+        return "\n".join("<tool_call>\n" + compact({"name": c["function"]["name"],
+                                                     "arguments": arguments_of(c)})
+                         + "\n</tool_call>" for c in message["tool_calls"])
 
     def parse(self, text: str) -> Reply:
         """Calls when the text holds ``<tool_call>`` blocks (a block that cannot be read is

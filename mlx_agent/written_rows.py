@@ -1,0 +1,56 @@
+"""Training rows from conversations written directly, not sampled: no rollout needed.
+
+A conversation (OpenAI-shaped messages ending in an assistant reply: a request, a call, the
+tool's result, an answer, ...) is rendered by the same wire format the agent uses, so the
+row's ``input_ids`` are exactly what the agent would have in its KV cache had the model
+written those replies itself, and ``loss_mask`` is 1 on the tokens the model would have
+sampled: each assistant reply, and the end-of-turn token where the format has the model write
+it (hermes, plain; a json reply ends where its grammar does). The row's shape is
+``traces-to-data``'s, so ``mlx_agent sft`` trains on it as it is.
+
+Not promised: that a reply is one the model would write. Nothing here checks a call against
+its tool or an answer against a result; what to write is the caller's choice.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .formats import Format
+from .tools import Tool
+
+
+class RowError(ValueError):
+    """A conversation that cannot become a row (the message says why)."""
+
+
+def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict]) -> dict:
+    """``{"messages", "input_ids", "loss_mask"}`` for ``messages``, token-exact with the
+    agent's view of the same conversation."""
+    replies = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    if not replies or replies[-1] != len(messages) - 1:
+        raise RowError("a written conversation must end with an assistant reply")
+    if fmt.name != "json":  # templates: replies are kept as the text the model writes
+        messages = [{"role": "assistant", "content": fmt.reply_text(m)}
+                    if m["role"] == "assistant" else m for m in messages]
+    samples_end = fmt.name != "json"  # json: the grammar ends the reply, not a stop token
+    end = [min(lm.stop_ids)] if samples_end else []
+    last = replies[-1]
+    ids = fmt.prompt_ids(messages[:last], tools) + _reply_ids(lm, fmt, messages[last]) + end
+    mask = [0] * len(ids)
+    for k in replies:
+        start = len(fmt.prompt_ids(messages[:k], tools))
+        written = _reply_ids(lm, fmt, messages[k])
+        stop = start + len(written)
+        if ids[start:stop] != written:
+            raise RowError(f"message {k} does not render as the agent would see it")
+        if samples_end and stop < len(ids) and ids[stop] in lm.stop_ids:
+            stop += 1
+        mask[start:stop] = [1] * (stop - start)
+    return {"messages": messages, "input_ids": ids, "loss_mask": mask}
+
+
+def _reply_ids(lm, fmt: Format, message: dict) -> list[int]:
+    """The ids the model writes for an assistant message: the text the format renders it
+    as, tokenized as the agent renders replies it did not sample itself."""
+    return lm.encode_text(fmt.reply_text(message))

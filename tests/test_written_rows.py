@@ -1,0 +1,56 @@
+"""Rows written directly are token-exact with the agent's rollout of the same conversation."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.chat import ChatFormat
+from mlx_agent.written_rows import RowError, conversation_row
+
+from .test_agent_loop import ECHO, QWEN_LIKE, Script, agent
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_written_row_equals_the_replayed_rollout(tiny_lm, tmp_path, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    if protocol == "json":
+        replies = ['{"tool":"echo","arguments":{"text":"hi"}}', '{"answer":"It said hi."}']
+    else:
+        replies = ['<tool_call>\n{"name":"echo","arguments":{"text":"hi"}}\n</tool_call><|im_end|>',
+                   "It said hi.<|im_end|>"]
+    rec = tj.Recorder(tmp_path, task="t")
+    a, _, _ = agent(lm, Script(lm, *replies), protocol=protocol, recorder=rec)
+    assert a.ask("Echo hi and tell me what it said.").answer == "It said hi."
+    ids, mask = tj.read(rec.path).replay()
+    row = conversation_row(lm, a.fmt, ECHO, a.conversation.messages)
+    assert row["input_ids"] == ids and row["loss_mask"] == mask
+    assert lm.decode([t for t, m in zip(ids, mask) if m]).count("hi") == 2  # call and answer
+
+
+def test_a_conversation_must_end_with_a_reply(tiny_lm):
+    from mlx_agent.formats import make_format
+
+    with pytest.raises(RowError, match="end with an assistant reply"):
+        conversation_row(tiny_lm, make_format("json", tiny_lm), ECHO,
+                         [{"role": "user", "content": "hi"}])
+
+
+def test_hermes_calls_written_as_tool_calls_render_as_the_model_writes_them(tiny_lm):
+    from mlx_agent.formats import make_format
+
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    fmt = make_format("hermes", lm)
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "echo", "arguments": '{"text": "hi"}'}}
+    structured = [{"role": "user", "content": "Echo hi."},
+                  {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "tool", "name": "echo", "content": "hi"},
+                  {"role": "assistant", "content": "It said hi."}]
+    as_text = [*structured[:1], {"role": "assistant", "content":
+               '<tool_call>\n{"name":"echo","arguments":{"text":"hi"}}\n</tool_call>'},
+               *structured[2:]]
+    a, b = (conversation_row(lm, fmt, ECHO, m) for m in (structured, as_text))
+    assert a["input_ids"] == b["input_ids"] and a["loss_mask"] == b["loss_mask"]
