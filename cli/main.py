@@ -64,7 +64,7 @@ def models():
 
     from mlx_agent import blas
     from mlx_agent.models import NAMED_MODELS, ModelError, default_spec, resolve
-    from mlx_agent.models import resolve_weight_format
+    from mlx_agent.models import weight_path
 
     default = default_spec()
     for name, (_, _, install) in NAMED_MODELS.items():
@@ -78,7 +78,7 @@ def models():
         click.echo(f"* {default:<16} (from $MLX_AGENT_MODEL)")
     device = "metal" if mx.metal.is_available() else "cpu"
     click.echo(f"device: {device}; BLAS: {blas.status().describe()}; "
-               f"weights: {resolve_weight_format(None)}")
+               f"weights: {weight_path()}")
 
 
 @main.command()

@@ -5,9 +5,11 @@
 :class:`ModelIdentity` that caches key on. Every user error (missing path, unknown format,
 corrupt file, unsupported architecture) raises :class:`ModelError` with a one-line message.
 
-On a machine without Metal the weights are dequantized to float32 by default: with an
-optimized BLAS (:mod:`mlx_agent.blas`) that is several times faster than MLX's CPU quantized
-matmul (see README). On Metal they stay quantized. ``weights=`` forces either.
+On Metal quantized weights stay quantized. On a CPU they stay quantized too when the CPU
+kernel runs (:mod:`mlx_agent.models.quantized`: GGUF Q4_0, Q4_1 and Q8_0 blocks as loaded);
+where it does not, they are dequantized to float32 by default: with an optimized BLAS
+(:mod:`mlx_agent.blas`) that is several times faster than MLX's CPU quantized matmul (see
+README). ``weights=`` forces either; :func:`weight_path` says which path runs and why.
 
 Not promised: downloading anything. A name resolves only to files already installed.
 """
@@ -26,7 +28,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from .. import tokenizer as tok
 from ..chat import CHATML, ChatFormat
+from ..kernels import kernel_status
 from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
+from .quantized import use_cpu_kernel
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -145,8 +149,23 @@ def resolve_weight_format(requested: str | None) -> str:
     if choice not in WEIGHT_FORMATS:
         raise ModelError(f"unknown weight format {choice!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     if choice == "auto":
-        return "quantized" if mx.metal.is_available() else "float32"
+        return "quantized" if mx.metal.is_available() or kernel_status().available else "float32"
     return choice
+
+
+def weight_path(requested: str | None = None) -> str:
+    """One line: the weight format in use, the code that computes with it, and why."""
+    choice = resolve_weight_format(requested)
+    if mx.metal.is_available():
+        return f"{choice} on Metal"
+    status = kernel_status()
+    if choice == "quantized":
+        if status.available:
+            return f"quantized on the {status.describe()}"
+        return f"quantized on MLX's quantized matmul (CPU kernel not used: {status.reason})"
+    if status.available:
+        return f"float32 on the BLAS (as asked; the {status.describe()} takes quantized)"
+    return f"float32 on the BLAS (CPU kernel not used: {status.reason})"
 
 
 def _apply_weight_format(model: nn.Module, choice: str) -> str:
@@ -154,12 +173,14 @@ def _apply_weight_format(model: nn.Module, choice: str) -> str:
     quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
                     for _, m in model.named_modules())
     if choice == "float32":
+        model.set_dtype(mx.float32)  # first: float32 scales dequantize exactly, not via float16
         if quantized:
             from mlx_lm.utils import dequantize_model
 
             dequantize_model(model)
-        model.set_dtype(mx.float32)
         return "float32"
+    if quantized and not mx.metal.is_available():
+        use_cpu_kernel(model)
     return "quantized" if quantized else str(_first_float_dtype(model))
 
 
@@ -311,4 +332,4 @@ def load(
 
 
 __all__ = ["LoadedModel", "ModelError", "ModelIdentity", "load", "resolve", "default_spec",
-           "DEFAULT_MODEL", "NAMED_MODELS", "WEIGHT_FORMATS"]
+           "DEFAULT_MODEL", "NAMED_MODELS", "WEIGHT_FORMATS", "weight_path"]

@@ -1,0 +1,20 @@
+// Python bindings: mlx_agent.kernels._ext (nanobind, in MLX's nanobind domain so mx.array
+// passes through unchanged).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "qmatmul.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_ext, m) {
+  m.doc() = "mlx_agent CPU kernels (MLX custom primitives)";
+  m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only.");
+  m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
+  m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
+  m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;
+}

@@ -1,0 +1,127 @@
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "qmatmul_rows.h"
+
+namespace mlx_agent {
+
+namespace {
+
+constexpr int kGroup = 32;
+
+const RowsKernel& rows_kernel() {
+  static const RowsKernel k = select_rows_kernel();
+  return k;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("[mlx_agent.quantized_matmul] " + what);
+}
+
+// 4-bit groups unpack as (even elements, odd elements): arrange x the same way once.
+void reorder_for_nibbles(const float* x, float* out, size_t rows, int K) {
+  for (size_t r = 0; r < rows; ++r) {
+    for (int g = 0; g < K; g += kGroup) {
+      const float* src = x + r * K + g;
+      float* dst = out + r * K + g;
+      for (int i = 0; i < kGroup / 2; ++i) {
+        dst[i] = src[2 * i];
+        dst[kGroup / 2 + i] = src[2 * i + 1];
+      }
+    }
+  }
+}
+
+// Rows of W per task: enough tasks for every thread to stay busy when one of them is
+// delayed (the cores are shared), few enough that each task amortises its dispatch.
+int rows_per_task(int N, int M, int threads) {
+  int tasks = threads * 4;
+  int rows = (N + tasks - 1) / tasks;
+  int min_rows = std::max(8, 64 / std::max(1, M));
+  return std::max(rows, min_rows);
+}
+
+}  // namespace
+
+std::string isa() { return rows_kernel().isa; }
+
+int threads() { return pool().size(); }
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int bits, mx::StreamOrDevice s) {
+  check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(w.ndim() == 2 && w.dtype() == mx::uint32, "w must be a 2-D uint32 array");
+  check(x.ndim() >= 1, "x must have at least one dimension");
+  const int N = w.shape(0), K = w.shape(1) * 32 / bits;
+  check(K % kGroup == 0, "K must be a multiple of 32");
+  check(x.shape(-1) == K, "x's last dimension does not match w");
+  mx::Shape groups_shape{N, K / kGroup};
+  check(scales.shape() == groups_shape && biases.shape() == groups_shape,
+        "scales and biases must be [N, K / 32]");
+  check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
+
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  auto param = [&](const mx::array& a) {
+    bool keep = a.dtype() == mx::float16 || a.dtype() == mx::float32;
+    return mx::contiguous(keep ? a : mx::astype(a, mx::float32, stream), false, stream);
+  };
+  auto x2 = mx::contiguous(
+      mx::reshape(mx::astype(x, mx::float32, stream), {-1, K}, stream), false, stream);
+  auto y = mx::array({x2.shape(0), N}, mx::float32,
+                     std::make_shared<QuantizedMatmul>(stream, bits),
+                     {x2, mx::contiguous(w, false, stream), param(scales), param(biases)});
+  auto out_shape = x.shape();
+  out_shape.back() = N;
+  return mx::astype(mx::reshape(y, out_shape, stream), x.dtype(), stream);
+}
+
+void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  const auto& scales = inputs[2];
+  const auto& biases = inputs[3];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_input_array(scales);
+  encoder.set_input_array(biases);
+  encoder.set_output_array(out);
+
+  QProblem p{x.data<float>(),
+             w.data<uint8_t>(),
+             scales.data<void>(),
+             biases.data<void>(),
+             scales.dtype() == mx::float16,
+             out.data<float>(),
+             static_cast<int>(x.shape(0)),
+             static_cast<int>(w.shape(0)),
+             static_cast<int>(x.shape(1)),
+             bits_};
+  encoder.dispatch([p]() mutable {
+    std::vector<float> reordered;
+    if (p.bits == 4) {
+      reordered.resize(static_cast<size_t>(p.M) * p.K);
+      reorder_for_nibbles(p.x, reordered.data(), p.M, p.K);
+      p.x = reordered.data();
+    }
+    const RowsFn fn = rows_kernel().fn;
+    Pool& workers = pool();
+    const int rows = rows_per_task(p.N, p.M, workers.size());
+    const int tasks = (p.N + rows - 1) / rows;
+    workers.run(tasks, [&](int t) { fn(p, t * rows, std::min(p.N, (t + 1) * rows)); });
+  });
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlx_agent.quantized_matmul] runs on the CPU only");
+}
+
+}  // namespace mlx_agent

@@ -1,0 +1,83 @@
+"""Quantized matmul ``y = x @ W^T`` on the CPU, for decode and small batches.
+
+``W`` is in MLX's affine layout with group size 32 and 4 or 8 bits: ``weight`` packed uint32,
+``scales`` and ``biases`` per group of 32, each weight ``scale * q + bias``. It is the layout
+``mx.load`` gives GGUF Q4_0, Q4_1 and Q8_0 tensors (Q4_1 exactly: ``d``, ``m``; Q4_0 and Q8_0
+with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
+
+- :func:`quantized_matmul_ops`: the reference, in MLX ops: dequantize to float32, matmul.
+- :func:`kernel_status`: whether the C++ kernel (``_ext``, an MLX custom primitive built at
+  install from ``kernels/csrc``) runs here, and why not when it does not.
+- :func:`quantized_matmul`: the public entry; the kernel when asked and available.
+
+The kernel dequantizes each group in registers with the reference's arithmetic and keeps
+activations in float32 (AVX-512, AVX2+FMA+F16C or scalar, chosen at run time; rows split
+across a small thread pool). It does not promise bit-identical results to the reference:
+sums run in another order, so results agree to float32 rounding. Not on Metal: there MLX's
+own quantized matmul runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+GROUP_SIZE = 32
+BITS = (4, 8)
+DISABLE_ENV = "MLX_AGENT_KERNELS"  # "0" turns the kernels off
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    available: bool
+    reason: str  # why not, when not available
+    isa: str = ""
+    threads: int = 0
+
+    def describe(self) -> str:
+        if self.available:
+            return f"CPU kernel ({self.isa}, {self.threads} threads)"
+        return f"pure MLX ({self.reason})"
+
+
+@functools.cache
+def _load() -> tuple[object | None, KernelStatus]:
+    if os.environ.get(DISABLE_ENV, "").strip() == "0":
+        return None, KernelStatus(False, f"kernels turned off by {DISABLE_ENV}=0")
+    if mx.metal.is_available():
+        return None, KernelStatus(False, "Metal runs MLX's own quantized matmul")
+    try:
+        from . import _ext
+    except ImportError as e:
+        return None, KernelStatus(
+            False, f"the C++ kernels are not built ({e}); reinstall with `pip install -e .`")
+    if _ext.mlx_version != mx.__version__:
+        return None, KernelStatus(
+            False, f"kernels built for mlx {_ext.mlx_version}, running mlx {mx.__version__}; "
+                   "reinstall with `pip install -e .`")
+    return _ext, KernelStatus(True, "", isa=_ext.isa(), threads=_ext.threads())
+
+
+def kernel_status() -> KernelStatus:
+    """Whether the CPU kernel runs in this process, and why not."""
+    return _load()[1]
+
+
+def quantized_matmul_ops(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                         bits: int) -> mx.array:
+    """Reference: ``x @ dequantize(W)^T`` in float32, cast back to ``x``'s dtype."""
+    dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32),
+                          group_size=GROUP_SIZE, bits=bits)
+    return (x.astype(mx.float32) @ dense.T).astype(x.dtype)
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+                     use_kernel: bool = True) -> mx.array:
+    """``x @ W^T`` for ``x`` of shape ``[..., K]``; ``W`` as :func:`quantized_matmul_ops`."""
+    ext = _load()[0] if use_kernel else None
+    if ext is None:
+        return quantized_matmul_ops(x, w, scales, biases, bits)
+    return ext.quantized_matmul(x, w, scales, biases, bits)

@@ -1,0 +1,78 @@
+"""Quantized layers that compute on the CPU kernel (:mod:`mlx_agent.kernels.qmatmul`).
+
+:func:`use_cpu_kernel` swaps each ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` whose
+layout the kernel reads (affine, group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as
+loaded) for a subclass that keeps the very same arrays and calls the kernel for inputs of up
+to :data:`KERNEL_MAX_ROWS` rows (decode and the batched engine); longer inputs (prefill
+chunks) dequantize to float32 and use the BLAS matmul, which measures faster there. A tied
+embedding's output head (``as_linear``) runs on the kernel too.
+
+Not promised: other quantization modes or group sizes (those layers are left as they are),
+or bit-identical logits to the float32 path (they agree to float32 rounding; see tests).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..kernels import kernel_status, quantized_matmul
+from ..kernels.qmatmul import BITS, GROUP_SIZE, quantized_matmul_ops
+
+KERNEL_MAX_ROWS = 16
+
+
+def _matmul(layer, x: mx.array) -> mx.array:
+    w, scales, biases = layer["weight"], layer["scales"], layer["biases"]
+    if x.size // x.shape[-1] <= KERNEL_MAX_ROWS:
+        return quantized_matmul(x, w, scales, biases, layer.bits)
+    return quantized_matmul_ops(x, w, scales, biases, layer.bits)
+
+
+class KernelQuantizedLinear(nn.QuantizedLinear):
+    """``nn.QuantizedLinear`` computed by the CPU kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _matmul(self, x)
+        return y + self["bias"] if "bias" in self else y
+
+
+class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    """``nn.QuantizedEmbedding`` whose tied output head runs on the CPU kernel."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return _matmul(self, x)
+
+
+def _fits(module) -> bool:
+    return (getattr(module, "mode", "affine") == "affine" and module.group_size == GROUP_SIZE
+            and module.bits in BITS and module.get("biases") is not None)
+
+
+def _retyped(module: nn.Module, cls: type) -> nn.Module:
+    """A module of class ``cls`` sharing ``module``'s arrays and settings (no copy)."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.__dict__.update(module.__dict__)
+    for key, value in module.items():
+        new[key] = value
+    return new
+
+
+def use_cpu_kernel(model: nn.Module) -> int:
+    """Route the model's fitting quantized layers through the CPU kernel; returns how many.
+    Does nothing (returns 0) where the kernel does not run (see ``kernel_status``)."""
+    if not kernel_status().available:
+        return 0
+    swaps = {nn.QuantizedLinear: KernelQuantizedLinear,
+             nn.QuantizedEmbedding: KernelQuantizedEmbedding}
+    replaced = []
+    for path, module in model.named_modules():
+        cls = swaps.get(type(module))
+        if cls is not None and _fits(module):
+            replaced.append((path, _retyped(module, cls)))
+    if replaced:
+        from mlx.utils import tree_unflatten
+
+        model.update_modules(tree_unflatten(replaced))
+    return len(replaced)
