@@ -61,6 +61,8 @@ def test_kernel_matches_reference(tmp_path, kind, rows, k):
         x = mx.random.normal((m, k), key=mx.random.key(m))
         ref = quantized_matmul_ops(x, w, s, b, bits)
         assert rel_err(quantized_matmul(x, w, s, b, bits), ref) < TOL
+    xt = mx.random.normal((k, 4)).T  # not contiguous
+    assert rel_err(quantized_matmul(xt, w, s, b, bits), quantized_matmul_ops(xt, w, s, b, bits)) < TOL
     x3 = mx.random.normal((2, 3, k))  # leading dimensions and float16 activations
     assert quantized_matmul(x3, w, s, b, bits).shape == (2, 3, rows)
     half = quantized_matmul(x3.astype(mx.float16), w, s, b, bits)

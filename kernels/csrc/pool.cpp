@@ -69,7 +69,12 @@ void Pool::run(int tasks, const std::function<void(int)>& fn) {
   }
   if (sleeping_.load() > 0) wake_.notify_all();
   drain(job);
-  while (done_.load(std::memory_order_acquire) < tasks) MLX_AGENT_PAUSE();
+  // A worker still holding a task may have lost its core (the machine may be shared):
+  // yield now and then instead of spinning against it.
+  for (int i = 1; done_.load(std::memory_order_acquire) < tasks; ++i) {
+    MLX_AGENT_PAUSE();
+    if ((i & 63) == 0) std::this_thread::yield();
+  }
 }
 
 void Pool::work() {
@@ -78,6 +83,7 @@ void Pool::work() {
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; job_of(state_.load(std::memory_order_acquire)) == seen; ++i) {
       MLX_AGENT_PAUSE();
+      if ((i & 63) == 63) std::this_thread::yield();
       if ((i & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) {
         std::unique_lock<std::mutex> lock(mutex_);
         sleeping_.fetch_add(1);

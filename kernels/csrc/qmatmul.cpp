@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "qmatmul_rows.h"
@@ -22,20 +23,6 @@ const RowsKernel& rows_kernel() {
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("[mlx_agent.quantized_matmul] " + what);
-}
-
-// 4-bit groups unpack as (even elements, odd elements): arrange x the same way once.
-void reorder_for_nibbles(const float* x, float* out, size_t rows, int K) {
-  for (size_t r = 0; r < rows; ++r) {
-    for (int g = 0; g < K; g += kGroup) {
-      const float* src = x + r * K + g;
-      float* dst = out + r * K + g;
-      for (int i = 0; i < kGroup / 2; ++i) {
-        dst[i] = src[2 * i];
-        dst[kGroup / 2 + i] = src[2 * i + 1];
-      }
-    }
-  }
 }
 
 // Rows of W per task: enough tasks for every thread to stay busy when one of them is
@@ -66,19 +53,19 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
         "scales and biases must be [N, K / 32]");
   check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
 
+  // Few graph nodes: decode calls this hundreds of times per token. Non-contiguous x is
+  // copied in eval_cpu rather than by an extra node here.
   auto stream = mx::to_stream(s, mx::Device::cpu);
   auto param = [&](const mx::array& a) {
     bool keep = a.dtype() == mx::float16 || a.dtype() == mx::float32;
-    return mx::contiguous(keep ? a : mx::astype(a, mx::float32, stream), false, stream);
+    return keep ? a : mx::astype(a, mx::float32, stream);
   };
-  auto x2 = mx::contiguous(
-      mx::reshape(mx::astype(x, mx::float32, stream), {-1, K}, stream), false, stream);
-  auto y = mx::array({x2.shape(0), N}, mx::float32,
-                     std::make_shared<QuantizedMatmul>(stream, bits),
-                     {x2, mx::contiguous(w, false, stream), param(scales), param(biases)});
+  auto x32 = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
   auto out_shape = x.shape();
   out_shape.back() = N;
-  return mx::astype(mx::reshape(y, out_shape, stream), x.dtype(), stream);
+  auto y = mx::array(out_shape, mx::float32, std::make_shared<QuantizedMatmul>(stream, bits),
+                     {x32, w, param(scales), param(biases)});
+  return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), stream);
 }
 
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -86,6 +73,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   const auto& w = inputs[1];
   const auto& scales = inputs[2];
   const auto& biases = inputs[3];
+  for (int i = 1; i < 4; ++i)
+    check(inputs[i].flags().row_contiguous, "weights, scales and biases must be contiguous");
   out.set_data(mx::allocator::malloc(out.nbytes()));
 
   auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -95,22 +84,31 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   encoder.set_input_array(biases);
   encoder.set_output_array(out);
 
+  const int K = x.shape(-1);
   QProblem p{x.data<float>(),
              w.data<uint8_t>(),
              scales.data<void>(),
              biases.data<void>(),
              scales.dtype() == mx::float16,
              out.data<float>(),
-             static_cast<int>(x.shape(0)),
+             static_cast<int>(x.size() / K),
              static_cast<int>(w.shape(0)),
-             static_cast<int>(x.shape(1)),
+             K,
              bits_};
-  encoder.dispatch([p]() mutable {
-    std::vector<float> reordered;
-    if (p.bits == 4) {
-      reordered.resize(static_cast<size_t>(p.M) * p.K);
-      reorder_for_nibbles(p.x, reordered.data(), p.M, p.K);
-      p.x = reordered.data();
+  encoder.dispatch([p, x, contiguous = x.flags().row_contiguous]() mutable {
+    // 4-bit groups are read (evens, odds): x is laid out that way, and made contiguous, here.
+    std::vector<float> staged;
+    if (p.bits == 4 || !contiguous) {
+      staged.resize(x.size());
+      const float* src = x.data<float>();
+      for (size_t r = 0; r < static_cast<size_t>(p.M); ++r)
+        for (int k = 0; k < p.K; ++k) {
+          size_t at = contiguous ? r * p.K + k : mx::elem_to_loc(r * p.K + k, x.shape(), x.strides());
+          int g = k / kGroup * kGroup, i = k % kGroup;
+          int to = p.bits == 4 ? g + (i % 2) * (kGroup / 2) + i / 2 : k;
+          staged[r * p.K + to] = src[at];
+        }
+      p.x = staged.data();
     }
     const RowsFn fn = rows_kernel().fn;
     Pool& workers = pool();

@@ -143,13 +143,15 @@ def _format_of(path: Path) -> str:
     )
 
 
-def resolve_weight_format(requested: str | None) -> str:
-    """The weight format to use: an explicit choice, $MLX_AGENT_WEIGHTS, or auto for this device."""
+def resolve_weight_format(requested: str | None, quantized_model: bool = True) -> str:
+    """The weight format to use: an explicit choice, $MLX_AGENT_WEIGHTS, or auto for this
+    device and model (a float model on a CPU computes in float32)."""
     choice = requested or os.environ.get(WEIGHTS_ENV) or "auto"
     if choice not in WEIGHT_FORMATS:
         raise ModelError(f"unknown weight format {choice!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     if choice == "auto":
-        return "quantized" if mx.metal.is_available() or kernel_status().available else "float32"
+        fast = mx.metal.is_available() or (quantized_model and kernel_status().available)
+        return "quantized" if fast else "float32"
     return choice
 
 
@@ -168,10 +170,12 @@ def weight_path(requested: str | None = None) -> str:
     return f"float32 on the BLAS (CPU kernel not used: {status.reason})"
 
 
-def _apply_weight_format(model: nn.Module, choice: str) -> str:
-    """Dequantize to float32 when asked; returns the format now in use."""
+def _apply_weight_format(model: nn.Module, requested: str | None) -> str:
+    """Dequantize to float32 when asked (or when that is the fast path here); returns the
+    format now in use."""
     quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
                     for _, m in model.named_modules())
+    choice = resolve_weight_format(requested, quantized_model=quantized)
     if choice == "float32":
         model.set_dtype(mx.float32)  # first: float32 scales dequantize exactly, not via float16
         if quantized:
@@ -294,7 +298,7 @@ def load(
     else:
         parts = _load_hf(path, adapter_path)
     model, tokenizer, template, max_ctx, name, bos_id = parts
-    weight_format = _apply_weight_format(model, resolve_weight_format(weights))
+    weight_format = _apply_weight_format(model, weights)
     if adapter_path is not None and fmt != "hf":  # mlx_lm.load applied it for "hf"
         from mlx_lm.tuner.utils import load_adapters
 
