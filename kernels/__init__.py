@@ -10,7 +10,8 @@ run), a ``*_ops`` reference that documents the math, and a public function with
 """
 
 from .bitmask import apply_bitmask, apply_bitmask_ops
-from .qmatmul import KernelStatus, kernel_status, quantized_matmul, quantized_matmul_ops
+from .qmatmul import (KernelStatus, dequantize, dequantize_ops, kernel_status, quantized_matmul,
+                      quantized_matmul_ops)
 
-__all__ = ["apply_bitmask", "apply_bitmask_ops", "KernelStatus", "kernel_status",
-           "quantized_matmul", "quantized_matmul_ops"]
+__all__ = ["apply_bitmask", "apply_bitmask_ops", "KernelStatus", "dequantize", "dequantize_ops",
+           "kernel_status", "quantized_matmul", "quantized_matmul_ops"]

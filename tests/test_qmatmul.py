@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_agent.kernels import kernel_status, quantized_matmul, quantized_matmul_ops
+from mlx_agent.kernels import (dequantize, dequantize_ops, kernel_status, quantized_matmul,
+                               quantized_matmul_ops)
 from mlx_agent.models import load
 from mlx_agent.models.quantized import KernelQuantizedEmbedding, KernelQuantizedLinear
 
@@ -57,7 +58,9 @@ def test_reference_is_the_gguf_dequantization(tmp_path, kind):
 def test_kernel_matches_reference(tmp_path, kind, rows, k):
     (w, s, b), _ = quantized_tensor(tmp_path, kind, rows, k)
     bits = 8 if kind == "q8_0" else 4
-    for m in (1, 2, 3, 5, 16, 17):
+    np.testing.assert_allclose(np.array(dequantize(w, s, b, bits)),
+                               np.array(dequantize_ops(w, s, b, bits)), rtol=1e-6, atol=1e-6)
+    for m in (1, 2, 3, 5, 16, 17, 40):  # up to 16 rows the matmul kernel, then dequantize
         x = mx.random.normal((m, k), key=mx.random.key(m))
         ref = quantized_matmul_ops(x, w, s, b, bits)
         assert rel_err(quantized_matmul(x, w, s, b, bits), ref) < TOL
@@ -72,7 +75,8 @@ def test_kernel_matches_reference(tmp_path, kind, rows, k):
 
 ISA_CHECK = textwrap.dedent("""
     import mlx_agent, mlx.core as mx, numpy as np
-    from mlx_agent.kernels import kernel_status, quantized_matmul, quantized_matmul_ops
+    from mlx_agent.kernels import (dequantize, dequantize_ops, kernel_status, quantized_matmul,
+                               quantized_matmul_ops)
     print(kernel_status().isa)
     worst = 0.0
     for bits in (4, 8):

@@ -14,6 +14,9 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only.");
+  m.def("dequantize", &mlx_agent::dequantize, "w"_a, "scales"_a, "biases"_a, "bits"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "W in MLX's affine layout (group size 32, 4 or 8 bits) as float32 [N, K]; CPU only.");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;

@@ -40,26 +40,44 @@ std::string isa() { return rows_kernel().isa; }
 
 int threads() { return pool().size(); }
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int bits, mx::StreamOrDevice s) {
+// Checks W's arrays; returns K.
+int check_weights(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits) {
   check(bits == 4 || bits == 8, "bits must be 4 or 8");
   check(w.ndim() == 2 && w.dtype() == mx::uint32, "w must be a 2-D uint32 array");
-  check(x.ndim() >= 1, "x must have at least one dimension");
   const int N = w.shape(0), K = w.shape(1) * 32 / bits;
   check(K % kGroup == 0, "K must be a multiple of 32");
-  check(x.shape(-1) == K, "x's last dimension does not match w");
   mx::Shape groups_shape{N, K / kGroup};
   check(scales.shape() == groups_shape && biases.shape() == groups_shape,
         "scales and biases must be [N, K / 32]");
+  return K;
+}
+
+// Scales and biases as the kernel reads them: float16 or float32.
+mx::array as_param(const mx::array& a, mx::Stream stream) {
+  bool keep = a.dtype() == mx::float16 || a.dtype() == mx::float32;
+  return keep ? a : mx::astype(a, mx::float32, stream);
+}
+
+mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                     int bits, mx::StreamOrDevice s) {
+  const int K = check_weights(w, scales, biases, bits);
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  return mx::array({w.shape(0), K}, mx::float32,
+                   std::make_shared<QuantizedMatmul>(stream, bits, true),
+                   {w, as_param(scales, stream), as_param(biases, stream)});
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int bits, mx::StreamOrDevice s) {
+  const int K = check_weights(w, scales, biases, bits), N = w.shape(0);
+  check(x.ndim() >= 1, "x must have at least one dimension");
+  check(x.shape(-1) == K, "x's last dimension does not match w");
   check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
 
   // Few graph nodes: decode calls this hundreds of times per token. Non-contiguous x is
   // copied in eval_cpu rather than by an extra node here.
   auto stream = mx::to_stream(s, mx::Device::cpu);
-  auto param = [&](const mx::array& a) {
-    bool keep = a.dtype() == mx::float16 || a.dtype() == mx::float32;
-    return keep ? a : mx::astype(a, mx::float32, stream);
-  };
+  auto param = [&](const mx::array& a) { return as_param(a, stream); };
   auto x32 = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
   auto out_shape = x.shape();
   out_shape.back() = N;
@@ -68,7 +86,30 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), stream);
 }
 
+void QuantizedMatmul::eval_dequantize(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& w = inputs[0];
+  const auto& scales = inputs[1];
+  const auto& biases = inputs[2];
+  for (const auto& a : inputs)
+    check(a.flags().row_contiguous, "weights, scales and biases must be contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  QProblem p{nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+             scales.dtype() == mx::float16, out.data<float>(), 0, static_cast<int>(w.shape(0)),
+             static_cast<int>(out.shape(1)), bits_};
+  encoder.dispatch([p]() {
+    const RowsFn fn = rows_kernel().dequant;
+    Pool& workers = pool();
+    const int rows = rows_per_task(p.N, 1, workers.size());
+    const int tasks = (p.N + rows - 1) / rows;
+    workers.run(tasks, [&](int t) { fn(p, t * rows, std::min(p.N, (t + 1) * rows)); });
+  });
+}
+
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  if (dequantize_) return eval_dequantize(inputs, out);
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   const auto& scales = inputs[2];

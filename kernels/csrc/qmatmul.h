@@ -17,26 +17,37 @@ namespace mx = mlx::core;
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int bits, mx::StreamOrDevice s = {});
 
+// W as float32 [N, K] (the prefill path dequantizes a layer at a time for the BLAS matmul).
+mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                     int bits, mx::StreamOrDevice s = {});
+
 // "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
 std::string isa();
 
 // Threads the kernel splits a matmul across (the calling thread included).
 int threads();
 
+// With dequantize_, the output is W itself (x is not an input).
 class QuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmul(mx::Stream stream, int bits) : mx::UnaryPrimitive(stream), bits_(bits) {}
+  QuantizedMatmul(mx::Stream stream, int bits, bool dequantize = false)
+      : mx::UnaryPrimitive(stream), bits_(bits), dequantize_(dequantize) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
 
-  const char* name() const override { return "MlxAgentQuantizedMatmul"; }
+  const char* name() const override {
+    return dequantize_ ? "MlxAgentDequantize" : "MlxAgentQuantizedMatmul";
+  }
   bool is_equivalent(const mx::Primitive& other) const override {
-    return bits_ == static_cast<const QuantizedMatmul&>(other).bits_;
+    auto& o = static_cast<const QuantizedMatmul&>(other);
+    return bits_ == o.bits_ && dequantize_ == o.dequantize_;
   }
 
  private:
+  void eval_dequantize(const std::vector<mx::array>& inputs, mx::array& out);
   int bits_;
+  bool dequantize_;
 };
 
 }  // namespace mlx_agent

@@ -92,6 +92,21 @@ void rows_scalar(const QProblem& p, int n0, int n1) {
   }
 }
 
+void dequant_scalar(const QProblem& p, int n0, int n1) {
+  thread_local std::vector<float> params;
+  const int groups = p.K / kGroup, row_bytes = p.K * p.bits / 8;
+  for (int n = n0; n < n1; ++n) {
+    row_params(p, n, params);
+    const uint8_t* q = p.w + static_cast<size_t>(n) * row_bytes;
+    float* out = p.y + static_cast<size_t>(n) * p.K;
+    for (int k = 0; k < p.K; ++k) {
+      const int g = k / kGroup;
+      const int v = p.bits == 4 ? (q[k / 2] >> (4 * (k % 2))) & 15 : q[k];
+      out[k] = params[g] * static_cast<float>(v) + params[groups + g];
+    }
+  }
+}
+
 #if defined(__x86_64__)
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -99,23 +114,11 @@ void rows_scalar(const QProblem& p, int n0, int n1) {
 
 namespace {
 
-AVX2_TARGET void row_params_avx2(const QProblem& p, int n, std::vector<float>& buf) {
-  if (!p.half) return row_params(p, n, buf);
-  int groups = p.K / kGroup;
-  buf.resize(2 * static_cast<size_t>(groups));
-  size_t at = static_cast<size_t>(n) * groups;
-  auto s = static_cast<const uint16_t*>(p.scales) + at;
-  auto b = static_cast<const uint16_t*>(p.biases) + at;
-  int g = 0;
-  for (; g + 8 <= groups; g += 8) {
-    _mm256_storeu_ps(&buf[g], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(s + g))));
-    _mm256_storeu_ps(&buf[groups + g],
-                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(b + g))));
-  }
-  for (; g < groups; ++g) {
-    buf[g] = half_to_float(s[g]);
-    buf[groups + g] = half_to_float(b[g]);
-  }
+// Scale or bias number i, as float32.
+template <bool HALF>
+AVX2_TARGET inline float param(const void* base, size_t i) {
+  if constexpr (HALF) return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
+  else return static_cast<const float*>(base)[i];
 }
 
 AVX2_TARGET inline float hsum256(__m256 v) {
@@ -143,39 +146,49 @@ AVX2_TARGET inline void load_q8x4(const uint8_t* wrow, int g, __m256 q[4]) {
   }
 }
 
-template <int BITS, int MB>
-AVX2_TARGET void row_block_avx2(const QProblem& p, const uint8_t* wrow, const float* params,
-                                int m0, int n) {
+// MB rows of x against R rows of W (n0 .. n0 + R - 1), as block_avx512 below.
+template <int BITS, int MB, int R, bool HALF>
+AVX2_TARGET void block_avx2(const QProblem& p, int m0, int n0) {
   const int groups = p.K / kGroup;
-  __m256 acc[MB][2];
-  for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  __m256 acc[R][MB][2];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MB; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   for (int g = 0; g < groups; ++g) {
-    __m256 q[4];
-    load_q8x4<BITS>(wrow, g, q);
-    const __m256 s = _mm256_broadcast_ss(params + g), b = _mm256_broadcast_ss(params + groups + g);
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_fmadd_ps(q[j], s, b);
-    for (int i = 0; i < MB; ++i) {
-      const float* xg = p.x + static_cast<size_t>(m0 + i) * p.K + g * kGroup;
-      acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xg), q[0], acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), q[1], acc[i][1]);
-      acc[i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), q[2], acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), q[3], acc[i][1]);
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(n0 + r) * groups + g;
+      __m256 q[4];
+      load_q8x4<BITS>(p.w + (n0 + r) * row_bytes, g, q);
+      const __m256 s = _mm256_set1_ps(param<HALF>(p.scales, at));
+      const __m256 b = _mm256_set1_ps(param<HALF>(p.biases, at));
+      for (int j = 0; j < 4; ++j) q[j] = _mm256_fmadd_ps(q[j], s, b);
+      for (int i = 0; i < MB; ++i) {
+        const float* xg = p.x + static_cast<size_t>(m0 + i) * p.K + g * kGroup;
+        acc[r][i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xg), q[0], acc[r][i][0]);
+        acc[r][i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), q[1], acc[r][i][1]);
+        acc[r][i][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 16), q[2], acc[r][i][0]);
+        acc[r][i][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), q[3], acc[r][i][1]);
+      }
     }
   }
-  for (int i = 0; i < MB; ++i)
-    p.y[static_cast<size_t>(m0 + i) * p.N + n] = hsum256(_mm256_add_ps(acc[i][0], acc[i][1]));
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MB; ++i)
+      p.y[static_cast<size_t>(m0 + i) * p.N + n0 + r] =
+          hsum256(_mm256_add_ps(acc[r][i][0], acc[r][i][1]));
 }
 
-template <int BITS>
+template <int BITS, bool HALF>
 AVX2_TARGET void rows_avx2_bits(const QProblem& p, int n0, int n1) {
-  thread_local std::vector<float> params;
-  const int row_bytes = p.K * BITS / 8;
-  for (int n = n0; n < n1; ++n) {
-    row_params_avx2(p, n, params);
-    const uint8_t* wrow = p.w + static_cast<size_t>(n) * row_bytes;
+  int n = n0;
+  if (p.M == 1) {
+    for (; n + 2 <= n1; n += 2) block_avx2<BITS, 1, 2, HALF>(p, 0, n);
+    for (; n < n1; ++n) block_avx2<BITS, 1, 1, HALF>(p, 0, n);
+    return;
+  }
+  for (; n < n1; ++n) {
     int m = 0;
-    for (; m + 4 <= p.M; m += 4) row_block_avx2<BITS, 4>(p, wrow, params.data(), m, n);
-    for (; m < p.M; ++m) row_block_avx2<BITS, 1>(p, wrow, params.data(), m, n);
+    for (; m + 4 <= p.M; m += 4) block_avx2<BITS, 4, 1, HALF>(p, m, n);
+    for (; m < p.M; ++m) block_avx2<BITS, 1, 1, HALF>(p, m, n);
   }
 }
 
@@ -192,13 +205,6 @@ AVX512_TARGET inline void load_q16x2(const uint8_t* wrow, int g, __m512 q[2]) {
     q[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)b)));
     q[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(b + 16))));
   }
-}
-
-// Scale or bias number i, as float32.
-template <bool HALF>
-AVX2_TARGET inline float param(const void* base, size_t i) {
-  if constexpr (HALF) return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
-  else return static_cast<const float*>(base)[i];
 }
 
 // MB rows of x against R rows of W (n0 .. n0 + R - 1). Several weight rows per pass share the
@@ -256,10 +262,51 @@ AVX512_TARGET void rows_avx512_bits(const QProblem& p, int n0, int n1) {
   }
 }
 
+// Natural-order dequantization, for the prefill path's float32 matmul.
+template <int BITS, bool HALF>
+AVX512_TARGET void dequant_avx512_bits(const QProblem& p, int n0, int n1) {
+  const int groups = p.K / kGroup;
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* wrow = p.w + n * row_bytes;
+    float* out = p.y + static_cast<size_t>(n) * p.K;
+    for (int g = 0; g < groups; ++g) {
+      const size_t at = static_cast<size_t>(n) * groups + g;
+      __m128i a, b;
+      if constexpr (BITS == 4) {
+        __m128i v = _mm_loadu_si128((const __m128i*)(wrow + g * 16));
+        __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        a = _mm_unpacklo_epi8(lo, hi);
+        b = _mm_unpackhi_epi8(lo, hi);
+      } else {
+        a = _mm_loadu_si128((const __m128i*)(wrow + g * 32));
+        b = _mm_loadu_si128((const __m128i*)(wrow + g * 32 + 16));
+      }
+      const __m512 s = _mm512_set1_ps(param<HALF>(p.scales, at));
+      const __m512 bias = _mm512_set1_ps(param<HALF>(p.biases, at));
+      _mm512_storeu_ps(out + g * kGroup,
+                       _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(a)), s, bias));
+      _mm512_storeu_ps(out + g * kGroup + 16,
+                       _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), s, bias));
+    }
+  }
+}
+
 }  // namespace
 
+void dequant_avx512(const QProblem& p, int n0, int n1) {
+  if (p.bits == 4)
+    p.half ? dequant_avx512_bits<4, true>(p, n0, n1) : dequant_avx512_bits<4, false>(p, n0, n1);
+  else
+    p.half ? dequant_avx512_bits<8, true>(p, n0, n1) : dequant_avx512_bits<8, false>(p, n0, n1);
+}
+
 void rows_avx2(const QProblem& p, int n0, int n1) {
-  p.bits == 4 ? rows_avx2_bits<4>(p, n0, n1) : rows_avx2_bits<8>(p, n0, n1);
+  if (p.bits == 4)
+    p.half ? rows_avx2_bits<4, true>(p, n0, n1) : rows_avx2_bits<4, false>(p, n0, n1);
+  else
+    p.half ? rows_avx2_bits<8, true>(p, n0, n1) : rows_avx2_bits<8, false>(p, n0, n1);
 }
 
 void rows_avx512(const QProblem& p, int n0, int n1) {
@@ -279,10 +326,10 @@ RowsKernel select_rows_kernel() {
               __builtin_cpu_supports("f16c");
   if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl"))
-    usable.push_back({"avx512", rows_avx512});
-  if (avx2) usable.push_back({"avx2", rows_avx2});
+    usable.push_back({"avx512", rows_avx512, dequant_avx512});
+  if (avx2) usable.push_back({"avx2", rows_avx2, dequant_scalar});
 #endif
-  usable.push_back({"scalar", rows_scalar});
+  usable.push_back({"scalar", rows_scalar, dequant_scalar});
   const char* want = std::getenv("MLX_AGENT_KERNEL_ISA");
   for (const auto& k : usable)
     if (want && std::strcmp(want, k.isa) == 0) return k;

@@ -20,7 +20,8 @@ using RowsFn = void (*)(const QProblem&, int n0, int n1);
 
 struct RowsKernel {
   const char* isa;
-  RowsFn fn;
+  RowsFn fn;       // y[:, n0:n1] = x @ W[n0:n1]^T
+  RowsFn dequant;  // y[n0:n1] = W[n0:n1] as float32 ([N, K]; x and M unused)
 };
 
 // The fastest kernel this CPU runs: "avx512", "avx2" or "scalar".
@@ -28,9 +29,11 @@ struct RowsKernel {
 RowsKernel select_rows_kernel();
 
 void rows_scalar(const QProblem& p, int n0, int n1);
+void dequant_scalar(const QProblem& p, int n0, int n1);
 #if defined(__x86_64__)
 void rows_avx2(const QProblem& p, int n0, int n1);
 void rows_avx512(const QProblem& p, int n0, int n1);
+void dequant_avx512(const QProblem& p, int n0, int n1);
 #endif
 
 }  // namespace mlx_agent

@@ -2,10 +2,9 @@
 
 :func:`use_cpu_kernel` swaps each ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` whose
 layout the kernel reads (affine, group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as
-loaded) for a subclass that keeps the very same arrays and calls the kernel for inputs of up
-to :data:`KERNEL_MAX_ROWS` rows (decode and the batched engine); longer inputs (prefill
-chunks) dequantize to float32 and use the BLAS matmul, which measures faster there. A tied
-embedding's output head (``as_linear``) runs on the kernel too.
+loaded) for a subclass that keeps the very same arrays and computes with
+:func:`mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small batches,
+dequantize + BLAS for prefill chunks). A tied embedding's output head (``as_linear``) too.
 
 Not promised: other quantization modes or group sizes (those layers are left as they are),
 or bit-identical logits to the float32 path (they agree to float32 rounding; see tests).
@@ -17,16 +16,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..kernels import kernel_status, quantized_matmul
-from ..kernels.qmatmul import BITS, GROUP_SIZE, quantized_matmul_ops
-
-KERNEL_MAX_ROWS = 16
+from ..kernels.qmatmul import BITS, GROUP_SIZE
 
 
 def _matmul(layer, x: mx.array) -> mx.array:
-    w, scales, biases = layer["weight"], layer["scales"], layer["biases"]
-    if x.size // x.shape[-1] <= KERNEL_MAX_ROWS:
-        return quantized_matmul(x, w, scales, biases, layer.bits)
-    return quantized_matmul_ops(x, w, scales, biases, layer.bits)
+    return quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"], layer.bits)
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
