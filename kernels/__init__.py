@@ -1,8 +1,9 @@
 """Custom kernels: each with a pure-MLX reference beside it.
 
 - :mod:`.bitmask`: a Metal kernel where Metal is available;
-- :mod:`.qmatmul`: a CPU kernel, an MLX custom primitive in C++ (``csrc/``) compiled when the
-  package is installed; where it did not build, the reference runs.
+- :mod:`.qmatmul` (quantized matmul) and :mod:`.norm_rope` (RMS norm, RoPE): CPU kernels,
+  MLX custom primitives in C++ (``csrc/``) compiled when the package is installed
+  (:mod:`.ext` says whether they run); where they do not, the reference runs.
 
 Each module follows one pattern: a factory that loads the kernel once (None where it cannot
 run), a ``*_ops`` reference that documents the math, and a public function with
@@ -10,8 +11,9 @@ run), a ``*_ops`` reference that documents the math, and a public function with
 """
 
 from .bitmask import apply_bitmask, apply_bitmask_ops
-from .qmatmul import (KernelStatus, dequantize, dequantize_ops, kernel_status, quantized_matmul,
-                      quantized_matmul_ops)
+from .ext import KernelStatus, kernel_status
+from .norm_rope import rms_norm, rope
+from .qmatmul import dequantize, dequantize_ops, quantized_matmul, quantized_matmul_ops
 
 __all__ = ["apply_bitmask", "apply_bitmask_ops", "KernelStatus", "dequantize", "dequantize_ops",
-           "kernel_status", "quantized_matmul", "quantized_matmul_ops"]
+           "kernel_status", "quantized_matmul", "quantized_matmul_ops", "rms_norm", "rope"]

@@ -7,8 +7,6 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
 
 - :func:`quantized_matmul_ops`, :func:`dequantize_ops`: the reference, in MLX ops: dequantize
   to float32 (scales in float32, so exactly), matmul.
-- :func:`kernel_status`: whether the C++ kernels (``_ext``, MLX custom primitives built at
-  install from ``kernels/csrc``) run here, and why not when they do not.
 - :func:`quantized_matmul`, :func:`dequantize`: the public entries; the kernels when asked
   and available.
 
@@ -24,52 +22,13 @@ rounding), or anything on Metal, where MLX's own quantized matmul runs on the GP
 
 from __future__ import annotations
 
-import functools
-import os
-from dataclasses import dataclass
-
 import mlx.core as mx
+
+from .ext import extension
 
 GROUP_SIZE = 32
 BITS = (4, 8)
 KERNEL_MAX_ROWS = 16  # rows of x up to which the matmul kernel beats dequantize + BLAS
-DISABLE_ENV = "MLX_AGENT_KERNELS"  # "0" turns the kernels off
-
-
-@dataclass(frozen=True)
-class KernelStatus:
-    available: bool
-    reason: str  # why not, when not available
-    isa: str = ""
-    threads: int = 0
-
-    def describe(self) -> str:
-        if self.available:
-            return f"CPU kernel ({self.isa}, {self.threads} threads)"
-        return f"pure MLX ({self.reason})"
-
-
-@functools.cache
-def _load() -> tuple[object | None, KernelStatus]:
-    if os.environ.get(DISABLE_ENV, "").strip() == "0":
-        return None, KernelStatus(False, f"kernels turned off by {DISABLE_ENV}=0")
-    if mx.metal.is_available():
-        return None, KernelStatus(False, "Metal runs MLX's own quantized matmul")
-    try:
-        from . import _ext
-    except ImportError as e:
-        return None, KernelStatus(
-            False, f"the C++ kernels are not built ({e}); reinstall with `pip install -e .`")
-    if _ext.mlx_version != mx.__version__:
-        return None, KernelStatus(
-            False, f"kernels built for mlx {_ext.mlx_version}, running mlx {mx.__version__}; "
-                   "reinstall with `pip install -e .`")
-    return _ext, KernelStatus(True, "", isa=_ext.isa(), threads=_ext.threads())
-
-
-def kernel_status() -> KernelStatus:
-    """Whether the CPU kernel runs in this process, and why not."""
-    return _load()[1]
 
 
 def dequantize_ops(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array:
@@ -87,7 +46,7 @@ def quantized_matmul_ops(x: mx.array, w: mx.array, scales: mx.array, biases: mx.
 def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                use_kernel: bool = True) -> mx.array:
     """``W`` as float32 ``[N, K]``, as :func:`dequantize_ops`."""
-    ext = _load()[0] if use_kernel else None
+    ext = extension() if use_kernel else None
     if ext is None:
         return dequantize_ops(w, scales, biases, bits)
     return ext.dequantize(w, scales, biases, bits)
@@ -96,7 +55,7 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                      use_kernel: bool = True) -> mx.array:
     """``x @ W^T`` for ``x`` of shape ``[..., K]``; ``W`` as :func:`quantized_matmul_ops`."""
-    ext = _load()[0] if use_kernel else None
+    ext = extension() if use_kernel else None
     if ext is None:
         return quantized_matmul_ops(x, w, scales, biases, bits)
     if x.size // x.shape[-1] <= KERNEL_MAX_ROWS:

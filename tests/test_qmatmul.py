@@ -1,4 +1,5 @@
-"""The CPU quantized matmul against its pure-MLX reference, from one matmul to whole models.
+"""The CPU kernels (quantized matmul, RMS norm, RoPE) against their pure-MLX references, from
+one call to whole models.
 
 The reference half always runs; the kernel half skips only where the kernel did not build
 (``kernel_status`` says why). Errors are relative to the largest reference value."""
@@ -16,9 +17,10 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_agent.kernels import (dequantize, dequantize_ops, kernel_status, quantized_matmul,
-                               quantized_matmul_ops)
+                               quantized_matmul_ops, rms_norm, rope)
 from mlx_agent.models import load
-from mlx_agent.models.quantized import KernelQuantizedEmbedding, KernelQuantizedLinear
+from mlx_agent.models.cpu_layers import (KernelQuantizedEmbedding, KernelQuantizedLinear,
+                                         KernelRMSNorm, KernelRoPE)
 
 from . import gguf_blocks
 from .conftest import make_tiny_llama
@@ -76,7 +78,7 @@ def test_kernel_matches_reference(tmp_path, kind, rows, k):
 ISA_CHECK = textwrap.dedent("""
     import mlx_agent, mlx.core as mx, numpy as np
     from mlx_agent.kernels import (dequantize, dequantize_ops, kernel_status, quantized_matmul,
-                               quantized_matmul_ops)
+                               quantized_matmul_ops, rms_norm, rope)
     print(kernel_status().isa)
     worst = 0.0
     for bits in (4, 8):
@@ -91,6 +93,21 @@ ISA_CHECK = textwrap.dedent("""
                 worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
     print(worst)
 """)
+
+
+@needs_kernel
+@pytest.mark.parametrize("traditional", [True, False])
+@pytest.mark.parametrize("dims", [64, 32])
+def test_norm_and_rope_kernels_match_mx_fast(traditional, dims):
+    x = mx.random.normal((1, 5, 9, 64)).transpose(0, 2, 1, 3)  # a transposed view, as in attention
+    # float32 angles: MLX's CPU exp is not libm's, so far positions differ more
+    for offset, tol in ((0, 1e-6), (37, 1e-5), (4000, 1e-4)):
+        ref = mx.fast.rope(x, dims, traditional=traditional, base=1e5, scale=0.5, offset=offset)
+        got = rope(x, dims, traditional=traditional, base=1e5, scale=0.5, offset=offset)
+        assert rel_err(got, ref) < tol
+    w = mx.random.normal((64,))
+    assert rel_err(rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5)) < 1e-6
+    assert rms_norm(x, w, 1e-5, use_kernel=False).shape == x.shape
 
 
 @needs_kernel
@@ -131,6 +148,8 @@ def test_tiny_model_logits_and_greedy_tokens_match_float32(tmp_path, kind):
     layers = [m for _, m in fast.model.named_modules()]
     assert sum(isinstance(m, KernelQuantizedLinear) for m in layers) == 14  # 7 per layer
     assert any(isinstance(m, KernelQuantizedEmbedding) for m in layers)
+    assert sum(isinstance(m, KernelRMSNorm) for m in layers) == 5  # 2 per layer and the last
+    assert sum(isinstance(m, KernelRoPE) for m in layers) == 2
     for ids in ([[1, 5, 9, 33, 2]], [list(range(40))]):  # kernel rows and prefill rows
         assert rel_err(fast.model(mx.array(ids)), ref.model(mx.array(ids))) < TOL
     prompt = [3, 14, 15, 92, 65]

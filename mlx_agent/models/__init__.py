@@ -6,7 +6,7 @@
 corrupt file, unsupported architecture) raises :class:`ModelError` with a one-line message.
 
 On Metal quantized weights stay quantized. On a CPU they stay quantized too when the CPU
-kernel runs (:mod:`mlx_agent.models.quantized`: GGUF Q4_0, Q4_1 and Q8_0 blocks as loaded);
+kernel runs (:mod:`mlx_agent.models.cpu_layers`: GGUF Q4_0, Q4_1 and Q8_0 blocks as loaded);
 where it does not, they are dequantized to float32 by default: with an optimized BLAS
 (:mod:`mlx_agent.blas`) that is several times faster than MLX's CPU quantized matmul (see
 README). ``weights=`` forces either; :func:`weight_path` says which path runs and why.
@@ -30,7 +30,7 @@ from .. import tokenizer as tok
 from ..chat import CHATML, ChatFormat
 from ..kernels import kernel_status
 from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
-from .quantized import use_cpu_kernel
+from .cpu_layers import use_cpu_kernels
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -182,9 +182,10 @@ def _apply_weight_format(model: nn.Module, requested: str | None) -> str:
             from mlx_lm.utils import dequantize_model
 
             dequantize_model(model)
+    if not mx.metal.is_available():
+        use_cpu_kernels(model)
+    if choice == "float32":
         return "float32"
-    if quantized and not mx.metal.is_available():
-        use_cpu_kernel(model)
     return "quantized" if quantized else str(_first_float_dtype(model))
 
 

@@ -1,0 +1,93 @@
+"""Model layers that compute on the CPU kernels (:mod:`mlx_agent.kernels`).
+
+:func:`use_cpu_kernels` swaps, in place, layers for subclasses that keep the very same arrays
+and settings:
+
+- ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` whose layout the kernel reads (affine,
+  group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as loaded) compute with
+  :func:`~mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small
+  batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too;
+- ``nn.RMSNorm`` and ``nn.RoPE`` run as one graph node each
+  (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks.
+
+Not promised: other quantization modes, group sizes or RoPE variants (those layers are left
+as they are), or bit-identical logits to the float32 reference (they agree to float32
+rounding; see tests/test_qmatmul.py).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..kernels import kernel_status, quantized_matmul, rms_norm, rope
+from ..kernels.qmatmul import BITS, GROUP_SIZE
+
+
+def _matmul(layer, x: mx.array) -> mx.array:
+    return quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"], layer.bits)
+
+
+class KernelQuantizedLinear(nn.QuantizedLinear):
+    """``nn.QuantizedLinear`` computed by the CPU kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _matmul(self, x)
+        return y + self["bias"] if "bias" in self else y
+
+
+class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    """``nn.QuantizedEmbedding`` whose tied output head runs on the CPU kernel."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return _matmul(self, x)
+
+
+class KernelRMSNorm(nn.RMSNorm):
+    def __call__(self, x: mx.array) -> mx.array:
+        return rms_norm(x, self["weight"], self.eps)
+
+
+class KernelRoPE(nn.RoPE):
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        return rope(x, self.dims, traditional=self.traditional, base=self.base,
+                    scale=self.scale, offset=offset)
+
+
+def _fits(module) -> bool:
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        return (getattr(module, "mode", "affine") == "affine" and module.group_size == GROUP_SIZE
+                and module.bits in BITS and module.get("biases") is not None)
+    return True
+
+
+_SWAPS = {nn.QuantizedLinear: KernelQuantizedLinear,
+          nn.QuantizedEmbedding: KernelQuantizedEmbedding,
+          nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE}
+
+
+def _retyped(module: nn.Module, cls: type) -> nn.Module:
+    """A module of class ``cls`` sharing ``module``'s arrays and settings (no copy)."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.__dict__.update(module.__dict__)
+    for key, value in module.items():
+        new[key] = value
+    return new
+
+
+def use_cpu_kernels(model: nn.Module) -> int:
+    """Route the model's fitting layers through the CPU kernels; returns how many. Does
+    nothing (returns 0) where the kernels do not run (see ``kernel_status``)."""
+    if not kernel_status().available:
+        return 0
+    replaced = []
+    for path, module in model.named_modules():
+        cls = _SWAPS.get(type(module))  # exact types: subclasses may compute differently
+        if cls is not None and _fits(module):
+            replaced.append((path, _retyped(module, cls)))
+    if replaced:
+        from mlx.utils import tree_unflatten
+
+        model.update_modules(tree_unflatten(replaced))
+    return len(replaced)
