@@ -1,7 +1,8 @@
 """Custom kernels: each with a pure-MLX reference beside it.
 
 - :mod:`.bitmask`: a Metal kernel where Metal is available;
-- :mod:`.qmatmul` (quantized matmul) and :mod:`.norm_rope` (RMS norm, RoPE): CPU kernels,
+- :mod:`.qmatmul` (quantized matmul), :mod:`.norm_rope` (RMS norm, RoPE) and
+  :mod:`.attention` (attention for one query position): CPU kernels,
   MLX custom primitives in C++ (``csrc/``) compiled when the package is installed
   (:mod:`.ext` says whether they run); where they do not, the reference runs.
 
@@ -11,9 +12,10 @@ run), a ``*_ops`` reference that documents the math, and a public function with
 """
 
 from .bitmask import apply_bitmask, apply_bitmask_ops
+from .attention import attention
 from .ext import KernelStatus, kernel_status
 from .norm_rope import rms_norm, rope
 from .qmatmul import dequantize, dequantize_ops, quantized_matmul, quantized_matmul_ops
 
-__all__ = ["apply_bitmask", "apply_bitmask_ops", "KernelStatus", "dequantize", "dequantize_ops",
+__all__ = ["apply_bitmask", "apply_bitmask_ops", "attention", "KernelStatus", "dequantize", "dequantize_ops",
            "kernel_status", "quantized_matmul", "quantized_matmul_ops", "rms_norm", "rope"]

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_agent.kernels import (dequantize, dequantize_ops, kernel_status, quantized_matmul,
-                               quantized_matmul_ops, rms_norm, rope)
+from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
+                               quantized_matmul, quantized_matmul_ops, rms_norm, rope)
 from mlx_agent.models import load
-from mlx_agent.models.cpu_layers import (KernelQuantizedEmbedding, KernelQuantizedLinear,
-                                         KernelRMSNorm, KernelRoPE)
+from mlx_agent.models.cpu_layers import (KernelLlamaAttention, KernelQuantizedEmbedding,
+                                         KernelQuantizedLinear, KernelRMSNorm, KernelRoPE)
 
 from . import gguf_blocks
 from .conftest import make_tiny_llama
@@ -77,8 +77,8 @@ def test_kernel_matches_reference(tmp_path, kind, rows, k):
 
 ISA_CHECK = textwrap.dedent("""
     import mlx_agent, mlx.core as mx, numpy as np
-    from mlx_agent.kernels import (dequantize, dequantize_ops, kernel_status, quantized_matmul,
-                               quantized_matmul_ops, rms_norm, rope)
+    from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
+                               quantized_matmul, quantized_matmul_ops, rms_norm, rope)
     print(kernel_status().isa)
     worst = 0.0
     for bits in (4, 8):
@@ -108,6 +108,17 @@ def test_norm_and_rope_kernels_match_mx_fast(traditional, dims):
     w = mx.random.normal((64,))
     assert rel_err(rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5)) < 1e-6
     assert rms_norm(x, w, 1e-5, use_kernel=False).shape == x.shape
+
+
+@needs_kernel
+@pytest.mark.parametrize("keys", [1, 7, 640, 3000])
+def test_decode_attention_kernel_matches_mx_fast(keys):
+    q = mx.random.normal((1, 9, 1, 64))
+    cache_k, cache_v = mx.random.normal((2, 1, 3, 4096, 64))  # read through a slice, in place
+    k, v = cache_k[..., :keys, :], cache_v[..., :keys, :]
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+    assert rel_err(attention(q, k, v, 0.125), ref) < 1e-5
+    assert rel_err(attention(q, k, v, 0.125, use_kernel=False), ref) == 0
 
 
 @needs_kernel
@@ -150,6 +161,7 @@ def test_tiny_model_logits_and_greedy_tokens_match_float32(tmp_path, kind):
     assert any(isinstance(m, KernelQuantizedEmbedding) for m in layers)
     assert sum(isinstance(m, KernelRMSNorm) for m in layers) == 5  # 2 per layer and the last
     assert sum(isinstance(m, KernelRoPE) for m in layers) == 2
+    assert sum(isinstance(m, KernelLlamaAttention) for m in layers) == 2
     for ids in ([[1, 5, 9, 33, 2]], [list(range(40))]):  # kernel rows and prefill rows
         assert rel_err(fast.model(mx.array(ids)), ref.model(mx.array(ids))) < TOL
     prompt = [3, 14, 15, 92, 65]

@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
+#include "attention.h"
 #include "norm_rope.h"
 #include "qmatmul.h"
 
@@ -23,6 +24,9 @@ NB_MODULE(_ext, m) {
   m.def("rope", &mlx_agent::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
         "offset"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope as one CPU primitive (float32, integer offset).");
+  m.def("decode_attention", &mlx_agent::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "softmax(scale q k^T) v for one query position (float32, grouped heads, no mask).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;

@@ -8,7 +8,9 @@ and settings:
   :func:`~mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small
   batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too;
 - ``nn.RMSNorm`` and ``nn.RoPE`` run as one graph node each
-  (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks.
+  (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks;
+- mlx-lm's llama ``Attention`` attends a decode step's one query with
+  :func:`mlx_agent.kernels.attention` (one node); everything else about it is mlx-lm's.
 
 Not promised: other quantization modes, group sizes or RoPE variants (those layers are left
 as they are), or bit-identical logits to the float32 reference (they agree to float32
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import llama
+from mlx_lm.models.base import scaled_dot_product_attention
 
-from ..kernels import kernel_status, quantized_matmul, rms_norm, rope
+from ..kernels import attention, kernel_status, quantized_matmul, rms_norm, rope
 from ..kernels.qmatmul import BITS, GROUP_SIZE
 
 
@@ -54,6 +58,28 @@ class KernelRoPE(nn.RoPE):
                     scale=self.scale, offset=offset)
 
 
+class KernelLlamaAttention(llama.Attention):
+    """mlx-lm's llama attention (same projections, rope and cache), whose single-query steps
+    attend on the CPU kernel."""
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        B, L, _ = x.shape
+        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+        keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        offset = cache.offset if cache is not None else 0
+        queries, keys = self.rope(queries, offset=offset), self.rope(keys, offset=offset)
+        if cache is not None:
+            keys, values = cache.update_and_fetch(keys, values)
+        if hasattr(cache, "bits"):  # quantized KV: mlx-lm's own path
+            out = scaled_dot_product_attention(queries, keys, values, cache=cache,
+                                               scale=self.scale, mask=mask)
+        else:
+            out = attention(queries, keys, values, self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
 def _fits(module) -> bool:
     if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         return (getattr(module, "mode", "affine") == "affine" and module.group_size == GROUP_SIZE
@@ -61,9 +87,13 @@ def _fits(module) -> bool:
     return True
 
 
-_SWAPS = {nn.QuantizedLinear: KernelQuantizedLinear,
-          nn.QuantizedEmbedding: KernelQuantizedEmbedding,
-          nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE}
+# Leaves first, then the attention modules that hold some of them: each pass retypes modules
+# whose children the previous pass has already swapped.
+_SWAPS = (
+    {nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding,
+     nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE},
+    {llama.Attention: KernelLlamaAttention},
+)
 
 
 def _retyped(module: nn.Module, cls: type) -> nn.Module:
@@ -81,13 +111,16 @@ def use_cpu_kernels(model: nn.Module) -> int:
     nothing (returns 0) where the kernels do not run (see ``kernel_status``)."""
     if not kernel_status().available:
         return 0
-    replaced = []
-    for path, module in model.named_modules():
-        cls = _SWAPS.get(type(module))  # exact types: subclasses may compute differently
-        if cls is not None and _fits(module):
-            replaced.append((path, _retyped(module, cls)))
-    if replaced:
-        from mlx.utils import tree_unflatten
+    from mlx.utils import tree_unflatten
 
-        model.update_modules(tree_unflatten(replaced))
-    return len(replaced)
+    count = 0
+    for swaps in _SWAPS:
+        replaced = []
+        for path, module in model.named_modules():
+            cls = swaps.get(type(module))  # exact types: subclasses may compute differently
+            if cls is not None and _fits(module):
+                replaced.append((path, _retyped(module, cls)))
+        if replaced:
+            model.update_modules(tree_unflatten(replaced))
+        count += len(replaced)
+    return count
