@@ -117,3 +117,25 @@ def test_ctrl_c_stops_the_reply_not_the_session():
     assert proc.returncode == 0, err
     assert "(interrupted)" in err and "Traceback" not in err
     assert out.count("you> ") == 2  # the session asked for the next message
+
+
+def test_ctrl_c_while_the_prompt_is_read_stops_the_turn_not_the_session():
+    import signal
+    import time
+
+    proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
+                             "--max-tokens", "8", "--max-steps", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    assert "json protocol" in proc.stderr.readline()
+    proc.stdin.write("sea " * 1500 + "\n")  # seconds of prefill before any reply
+    proc.stdin.flush()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.stdin.write(":quit\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "(interrupted)" in err and "Traceback" not in err
+    assert out.count("you> ") == 2

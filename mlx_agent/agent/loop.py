@@ -151,6 +151,9 @@ class Agent:
             except ContextFull as e:
                 stop, self.turn_warning = "context", str(e)
                 break
+            except KeyboardInterrupt:  # Ctrl-C while the prompt is read: no reply this turn
+                stop = "interrupted"
+                break
             self._record_fed(prompt, sync.reused, text if step == 0 else None)
             stats["turns"] += 1
             stats["rendered_tokens"] += len(prompt)
