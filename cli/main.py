@@ -43,7 +43,7 @@ def models():
 
     from mlx_agent import blas
     from mlx_agent.models import MODEL_ENV, NAMED_MODELS, ModelError, default_spec, resolve
-    from mlx_agent.models import resolve_weight_format
+    from mlx_agent.models import weight_path
 
     default = default_spec()
     for name, (_, _, install) in NAMED_MODELS.items():
@@ -57,7 +57,7 @@ def models():
         click.echo(f"* {default:<16} (from ${MODEL_ENV})")
     device = "metal" if mx.metal.is_available() else "cpu"
     click.echo(f"device: {device}; BLAS: {blas.status().describe()}; "
-               f"weights: {resolve_weight_format(None)}")
+               f"weights: {weight_path()}")
 
 
 @main.command()

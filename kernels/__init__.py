@@ -1,10 +1,21 @@
-"""Custom kernels: a Metal kernel where Metal is available, a pure-MLX reference elsewhere.
+"""Custom kernels: each with a pure-MLX reference beside it.
 
-Each module follows one pattern: a factory that builds the kernel once (None off Metal), a
-``*_ops`` reference that documents the math, and a public function with ``use_kernel``.
-Kernels import only MLX.
+- :mod:`.bitmask`: a Metal kernel where Metal is available;
+- :mod:`.qmatmul` (quantized matmul), :mod:`.norm_rope` (RMS norm, RoPE) and
+  :mod:`.attention` (attention for one query position): CPU kernels,
+  MLX custom primitives in C++ (``csrc/``) compiled when the package is installed
+  (:mod:`.ext` says whether they run); where they do not, the reference runs.
+
+Each module follows one pattern: a factory that loads the kernel once (None where it cannot
+run), a ``*_ops`` reference that documents the math, and a public function with
+``use_kernel``. Kernels import only MLX.
 """
 
 from .bitmask import apply_bitmask, apply_bitmask_ops
+from .attention import attention
+from .ext import KernelStatus, kernel_status
+from .norm_rope import rms_norm, rope
+from .qmatmul import dequantize, dequantize_ops, quantized_matmul, quantized_matmul_ops
 
-__all__ = ["apply_bitmask", "apply_bitmask_ops"]
+__all__ = ["apply_bitmask", "apply_bitmask_ops", "attention", "KernelStatus", "dequantize", "dequantize_ops",
+           "kernel_status", "quantized_matmul", "quantized_matmul_ops", "rms_norm", "rope"]

@@ -1,8 +1,10 @@
 """KV caches: three modes behind mlx-lm's cache protocol.
 
-- ``preallocated`` (default): one buffer per layer sized to the context length, allocated
-  on the first write; every later write is a slice assignment, nothing is re-allocated while
-  the conversation grows. Writing past the end raises :class:`ContextFull`.
+- ``preallocated`` (default): one buffer per layer, allocated in steps of
+  :data:`PREALLOCATE_STEP` tokens up to the context length (a short chat does not hold a
+  whole 8k-token context in memory); a write inside the buffer is a slice assignment, and
+  the buffer is re-allocated at most once per step. Writing past the context length raises
+  :class:`ContextFull`.
 - ``growing``: mlx-lm's :class:`~mlx_lm.models.cache.KVCache` (grows in 256-token steps).
 - ``rotating``: a window of ``max_size`` tokens whose first ``keep`` tokens (the system
   prompt) are pinned; older tokens after them are evicted, so a conversation can go on past
@@ -27,6 +29,7 @@ from .errors import UserFacingError
 CacheMode = Literal["preallocated", "growing", "rotating"]
 KVSpec = tuple[int, int, mx.Dtype]  # kv heads, head dim, dtype
 CACHE_MODES: tuple[str, ...] = ("preallocated", "growing", "rotating")
+PREALLOCATE_STEP = 1024  # tokens per allocation of a preallocated cache
 
 
 class ContextFull(UserFacingError, RuntimeError):
@@ -34,15 +37,20 @@ class ContextFull(UserFacingError, RuntimeError):
 
 
 class PreallocatedKVCache(KVCache):
-    """A :class:`KVCache` whose buffer is the full context length from the first write."""
+    """A :class:`KVCache` whose buffer grows in steps of :data:`PREALLOCATE_STEP` tokens up to
+    ``max_size``, the first step allocated from the first write (or from ``kv_spec``)."""
 
     def __init__(self, max_size: int, kv_spec: "KVSpec | None" = None):
         super().__init__()
         self.max_size = max_size
         if kv_spec is not None:  # allocate now, outside the first prefill's time
             heads, head_dim, dtype = kv_spec
-            self.keys = mx.zeros((1, heads, max_size, head_dim), dtype)
-            self.values = mx.zeros((1, heads, max_size, head_dim), dtype)
+            self.keys, self.values = self._buffers(1, heads, head_dim, head_dim, dtype, 1)
+
+    def _buffers(self, batch, heads, dk, dv, dtype, tokens: int):
+        size = min(self.max_size, -(-tokens // PREALLOCATE_STEP) * PREALLOCATE_STEP)
+        return (mx.zeros((batch, heads, size, dk), dtype),
+                mx.zeros((batch, heads, size, dv), dtype))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         prev, n = self.offset, keys.shape[2]
@@ -50,10 +58,13 @@ class PreallocatedKVCache(KVCache):
             raise ContextFull(
                 f"{prev + n} tokens do not fit a {self.max_size}-token KV cache"
             )
-        if self.keys is None:
+        if self.keys is None or prev + n > self.keys.shape[2]:
             B, H, _, Dk = keys.shape
-            self.keys = mx.zeros((B, H, self.max_size, Dk), keys.dtype)
-            self.values = mx.zeros((B, H, self.max_size, values.shape[3]), values.dtype)
+            new_k, new_v = self._buffers(B, H, Dk, values.shape[3], keys.dtype, prev + n)
+            if prev:
+                new_k[..., :prev, :] = self.keys[..., :prev, :]
+                new_v[..., :prev, :] = self.values[..., :prev, :]
+            self.keys, self.values = new_k, new_v
         self.offset += n
         self.keys[..., prev : self.offset, :] = keys
         self.values[..., prev : self.offset, :] = values

@@ -126,7 +126,7 @@ def main():
                  *bench_mlx_lm(lm, ids, args.new_tokens, args.repeats)))
     ratio = ("ratio mlx_agent / mlx-lm", rows[0][1] / rows[1][1], rows[0][2] / rows[1][2])
     if not args.skip_slow and device == "cpu":
-        env = {**os.environ, "MLX_AGENT_BLAS": "none"}
+        env = {**os.environ, "MLX_AGENT_BLAS": "none", "MLX_AGENT_KERNELS": "0"}
         out = subprocess.run(
             [sys.executable, __file__, "--worker", "--weights", "quantized", "--model", args.model,
              "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),

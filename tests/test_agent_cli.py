@@ -95,6 +95,14 @@ def test_readme_debugger_command_runs(buggy_repo):
     assert "json protocol, 3 tools" in r.stderr and "grammar on" in r.stderr
 
 
+def default_sigint():
+    """In the child: Ctrl-C handled again, even when the tests run in a background job (which
+    starts with SIGINT ignored, and Python then installs no KeyboardInterrupt handler)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_reply_not_the_session():
     import signal
     import time
@@ -102,7 +110,7 @@ def test_ctrl_c_stops_the_reply_not_the_session():
     proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
                              "--max-tokens", "400", "--max-steps", "1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ))
+                            text=True, env=dict(os.environ), preexec_fn=default_sigint)
     # the banner comes once the model is loaded; the first reply then runs for seconds
     banner = next(line for line in iter(proc.stderr.readline, "") if "protocol" in line)
     assert "json protocol" in banner  # (after a warning, where there is no sandbox)
@@ -117,3 +125,25 @@ def test_ctrl_c_stops_the_reply_not_the_session():
     assert proc.returncode == 0, err
     assert "(interrupted)" in err and "Traceback" not in err
     assert out.count("you> ") == 2  # the session asked for the next message
+
+
+def test_ctrl_c_while_the_prompt_is_read_stops_the_turn_not_the_session():
+    import signal
+    import time
+
+    proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
+                             "--max-tokens", "8", "--max-steps", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ), preexec_fn=default_sigint)
+    assert "json protocol" in proc.stderr.readline()
+    proc.stdin.write("sea " * 1500 + "\n")  # seconds of prefill before any reply
+    proc.stdin.flush()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.stdin.write(":quit\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "(interrupted)" in err and "Traceback" not in err
+    assert out.count("you> ") == 2

@@ -83,6 +83,23 @@ def test_preallocated_and_growing_agree_and_prealloc_never_reallocates(tiny_mode
     assert [c.keys.shape for c in pre.cache] == shapes  # written in place, never regrown
 
 
+def test_preallocated_cache_grows_in_steps_and_agrees_with_growing(tiny_model, monkeypatch):
+    from mlx_agent import cache
+
+    monkeypatch.setattr(cache, "PREALLOCATE_STEP", 16)
+    ids = ids_for(tiny_model, 12, 3)
+    pre = Engine(tiny_model, context_length=40, cache_mode="preallocated")
+    grow = Engine(tiny_model, context_length=40, cache_mode="growing")
+    for e in (pre, grow):
+        e.prefill(ids)
+    assert {c.keys.shape[2] for c in pre.cache} == {16}
+    assert list(pre.generate(max_tokens=26)) == list(grow.generate(max_tokens=26))
+    assert {c.keys.shape[2] for c in pre.cache} == {40}  # 16, 32, then capped at the context
+    np.testing.assert_allclose(np.array(pre.logits), np.array(grow.logits), atol=ATOL)
+    with pytest.raises(ContextFull):
+        pre.prefill(ids_for(tiny_model, 3))
+
+
 def test_preallocated_cache_refuses_overflow(tiny_model):
     engine = Engine(tiny_model, context_length=16, cache_mode="preallocated")
     engine.prefill(ids_for(tiny_model, 10))

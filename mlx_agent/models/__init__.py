@@ -5,9 +5,11 @@
 :class:`ModelIdentity` that caches key on. Every user error (missing path, unknown format,
 corrupt file, unsupported architecture) raises :class:`ModelError` with a one-line message.
 
-On a machine without Metal the weights are dequantized to float32 by default: with an
-optimized BLAS (:mod:`mlx_agent.blas`) that is several times faster than MLX's CPU quantized
-matmul (see README). On Metal they stay quantized. ``weights=`` forces either.
+On Metal quantized weights stay quantized. On a CPU they stay quantized too when the CPU
+kernel runs (:mod:`mlx_agent.models.cpu_layers`: GGUF Q4_0, Q4_1 and Q8_0 blocks as loaded);
+where it does not, they are dequantized to float32 by default: with an optimized BLAS
+(:mod:`mlx_agent.blas`) that is several times faster than MLX's CPU quantized matmul (see
+README). ``weights=`` forces either; :func:`weight_path` says which path runs and why.
 
 Not promised: downloading anything. A name resolves only to files already installed.
 """
@@ -31,7 +33,9 @@ from .. import tokenizer as tok
 from ..chat import CHATML, ChatFormat
 from ..engine import Engine
 from ..errors import UserFacingError
+from ..kernels import kernel_status
 from . import gguf, tinygpt, tinygpt_format
+from .cpu_layers import use_cpu_kernels
 from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -144,26 +148,48 @@ def _format_of(path: Path) -> str:
     )
 
 
-def resolve_weight_format(requested: str | None) -> str:
-    """The weight format to use: an explicit choice, $MLX_AGENT_WEIGHTS, or auto for this device."""
+def resolve_weight_format(requested: str | None, quantized_model: bool = True) -> str:
+    """The weight format to use: an explicit choice, $MLX_AGENT_WEIGHTS, or auto for this
+    device and model (a float model on a CPU computes in float32)."""
     choice = requested or os.environ.get(WEIGHTS_ENV) or "auto"
     if choice not in WEIGHT_FORMATS:
         raise ModelError(f"unknown weight format {choice!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     if choice == "auto":
-        return "quantized" if mx.metal.is_available() else "float32"
+        fast = mx.metal.is_available() or (quantized_model and kernel_status().available)
+        return "quantized" if fast else "float32"
     return choice
 
 
-def _apply_weight_format(model: nn.Module, choice: str) -> str:
-    """Dequantize to float32 when asked; returns the format now in use."""
+def weight_path(requested: str | None = None) -> str:
+    """One line: the weight format in use, the code that computes with it, and why."""
+    choice = resolve_weight_format(requested)
+    if mx.metal.is_available():
+        return f"{choice} on Metal"
+    status = kernel_status()
+    if choice == "quantized":
+        if status.available:
+            return f"quantized on the {status.describe()}"
+        return f"quantized on MLX's quantized matmul (CPU kernel not used: {status.reason})"
+    if status.available:
+        return f"float32 on the BLAS (as asked; the {status.describe()} takes quantized)"
+    return f"float32 on the BLAS (CPU kernel not used: {status.reason})"
+
+
+def _apply_weight_format(model: nn.Module, requested: str | None) -> str:
+    """Dequantize to float32 when asked (or when that is the fast path here); returns the
+    format now in use."""
     quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
                     for _, m in model.named_modules())
+    choice = resolve_weight_format(requested, quantized_model=quantized)
     if choice == "float32":
+        model.set_dtype(mx.float32)  # first: float32 scales dequantize exactly, not via float16
         if quantized:
             from mlx_lm.utils import dequantize_model
 
             dequantize_model(model)
-        model.set_dtype(mx.float32)
+    if not mx.metal.is_available():
+        use_cpu_kernels(model)
+    if choice == "float32":
         return "float32"
     return "quantized" if quantized else str(_first_float_dtype(model))
 
@@ -268,7 +294,7 @@ def load(
     else:
         parts = _load_hf(path, adapter_path)
     model, tokenizer, template, max_ctx, name, bos_id = parts
-    weight_format = _apply_weight_format(model, resolve_weight_format(weights))
+    weight_format = _apply_weight_format(model, weights)
     if adapter_path is not None and fmt != "hf":  # mlx_lm.load applied it for "hf"
         from mlx_lm.tuner.utils import load_adapters  # lazy: mlx_lm.tuner takes seconds
 
@@ -306,4 +332,4 @@ def load(
 
 
 __all__ = ["LoadedModel", "ModelError", "ModelIdentity", "load", "resolve", "default_spec",
-           "DEFAULT_MODEL", "NAMED_MODELS", "WEIGHT_FORMATS"]
+           "DEFAULT_MODEL", "NAMED_MODELS", "WEIGHT_FORMATS", "weight_path"]

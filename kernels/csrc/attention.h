@@ -1,0 +1,33 @@
+// Attention for one query position (decode) as a single CPU primitive: on the CPU,
+// mx.fast.scaled_dot_product_attention runs as its composed fallback (about ten graph nodes
+// per layer and token with grouped heads).
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlx_agent {
+
+namespace mx = mlx::core;
+
+// softmax(scale * q k^T) v for float32 q [B, Hq, 1, D], k [B, Hkv, T, D], v [B, Hkv, T, Dv],
+// Hq a multiple of Hkv (grouped-query attention), no mask. k and v may be views with strided
+// rows (a slice of a preallocated cache).
+mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                           float scale, mx::StreamOrDevice s = {});
+
+class DecodeAttention : public mx::UnaryPrimitive {
+ public:
+  DecodeAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "MlxAgentDecodeAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return scale_ == static_cast<const DecodeAttention&>(other).scale_;
+  }
+
+ private:
+  float scale_;
+};
+
+}  // namespace mlx_agent

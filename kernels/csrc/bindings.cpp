@@ -1,0 +1,33 @@
+// Python bindings: mlx_agent.kernels._ext (nanobind, in MLX's nanobind domain so mx.array
+// passes through unchanged).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "attention.h"
+#include "norm_rope.h"
+#include "qmatmul.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_ext, m) {
+  m.doc() = "mlx_agent CPU kernels (MLX custom primitives)";
+  m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only.");
+  m.def("dequantize", &mlx_agent::dequantize, "w"_a, "scales"_a, "biases"_a, "bits"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "W in MLX's affine layout (group size 32, 4 or 8 bits) as float32 [N, K]; CPU only.");
+  m.def("rms_norm", &mlx_agent::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "mx.fast.rms_norm as one CPU primitive (float32).");
+  m.def("rope", &mlx_agent::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
+        "offset"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rope as one CPU primitive (float32, integer offset).");
+  m.def("decode_attention", &mlx_agent::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "softmax(scale q k^T) v for one query position (float32, grouped heads, no mask).");
+  m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
+  m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
+  m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;
+}

@@ -1,0 +1,124 @@
+#include "norm_rope.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlx_agent {
+
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("[mlx_agent] " + what);
+}
+
+// Where row r (of the last dimension's length) of x starts, for x whose last dimension is
+// contiguous; rows are read through x's strides, so transposed views need no copy.
+size_t row_start(const mx::array& x, size_t r) {
+  if (x.flags().row_contiguous) return r * x.shape(-1);
+  return mx::elem_to_loc(r * x.shape(-1), x.shape(), x.strides());
+}
+
+void setup(const mx::Stream& stream, const std::vector<mx::array>& inputs, mx::array& out) {
+  check(inputs[0].strides().back() == 1 || inputs[0].shape(-1) == 1,
+        "the last dimension must be contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+}
+
+}  // namespace
+
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps,
+                   mx::StreamOrDevice s) {
+  check(x.dtype() == mx::float32 && weight.dtype() == mx::float32, "rms_norm takes float32");
+  check(x.ndim() >= 1 && weight.ndim() == 1 && weight.shape(0) == x.shape(-1),
+        "weight must be [D] for x [..., D]");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32, std::make_shared<RMSNormCPU>(stream, eps),
+                   {x, weight});
+}
+
+void RMSNormCPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  check(inputs[1].flags().row_contiguous, "the weight must be contiguous");
+  setup(stream(), inputs, out);
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  mx::cpu::get_command_encoder(stream()).dispatch([x, w, out, eps = eps_]() mutable {
+    const size_t D = x.shape(-1), rows = D ? x.size() / D : 0;
+    const float* src = x.data<float>();
+    const float* wt = w.data<float>();
+    float* dst = out.data<float>();
+    for (size_t r = 0; r < rows; ++r) {
+      const float* xr = src + row_start(x, r);
+      float ss = 0.0f;
+      for (size_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+      float* yr = dst + r * D;
+      for (size_t i = 0; i < D; ++i) yr[i] = wt[i] * (xr[i] * inv);
+    }
+  });
+}
+
+void RMSNormCPU::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlx_agent.rms_norm] runs on the CPU only");
+}
+
+mx::array rope(const mx::array& x, int dims, bool traditional, float base, float scale,
+               int offset, mx::StreamOrDevice s) {
+  check(x.dtype() == mx::float32, "rope takes float32");
+  check(x.ndim() >= 2, "rope needs x [..., L, D]");
+  check(dims > 0 && dims % 2 == 0 && dims <= x.shape(-1), "dims must be even and at most D");
+  check(offset >= 0, "the offset must not be negative");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<RoPECPU>(stream, dims, traditional, base, scale, offset),
+                   {x});
+}
+
+void RoPECPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  setup(stream(), inputs, out);
+  const auto& x = inputs[0];
+  mx::cpu::get_command_encoder(stream()).dispatch(
+      [x, out, dims = dims_, trad = traditional_, base = base_, scale = scale_,
+       offset = offset_]() mutable {
+        const size_t D = x.shape(-1), L = x.shape(-2), rows = x.size() / D;
+        const int half = dims / 2;
+        // As MLX: inverse frequency base^(-i / half) for pair i, angle (scale * position) * it.
+        std::vector<float> inv_freq(half);
+        for (int i = 0; i < half; ++i)
+          inv_freq[i] = std::exp(-static_cast<float>(i) * (std::log(base) / half));
+        std::vector<float> cosv(half * L), sinv(half * L);
+        for (size_t l = 0; l < L; ++l)
+          for (int i = 0; i < half; ++i) {
+            float theta = scale * static_cast<float>(offset + l) * inv_freq[i];
+            cosv[l * half + i] = std::cos(theta);
+            sinv[l * half + i] = std::sin(theta);
+          }
+        const float* src = x.data<float>();
+        float* dst = out.data<float>();
+        for (size_t r = 0; r < rows; ++r) {
+          const float* xr = src + row_start(x, r);
+          float* yr = dst + r * D;
+          const float* c = cosv.data() + (r % L) * half;
+          const float* sn = sinv.data() + (r % L) * half;
+          for (int i = 0; i < half; ++i) {
+            const size_t a = trad ? 2 * i : i, b = trad ? 2 * i + 1 : i + half;
+            yr[a] = xr[a] * c[i] - xr[b] * sn[i];
+            yr[b] = xr[a] * sn[i] + xr[b] * c[i];
+          }
+          for (size_t i = dims; i < D; ++i) yr[i] = xr[i];
+        }
+      });
+}
+
+void RoPECPU::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlx_agent.rope] runs on the CPU only");
+}
+
+}  // namespace mlx_agent

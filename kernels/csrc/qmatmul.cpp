@@ -1,0 +1,166 @@
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "qmatmul_rows.h"
+
+namespace mlx_agent {
+
+namespace {
+
+constexpr int kGroup = 32;
+
+const RowsKernel& rows_kernel() {
+  static const RowsKernel k = select_rows_kernel();
+  return k;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("[mlx_agent.quantized_matmul] " + what);
+}
+
+// Rows of W per task: enough tasks for every thread to stay busy when one of them is
+// delayed (the cores are shared), few enough that each task amortises its dispatch.
+int rows_per_task(int N, int M, int threads) {
+  int tasks = threads * 4;
+  int rows = (N + tasks - 1) / tasks;
+  int min_rows = std::max(8, 64 / std::max(1, M));
+  return std::max(rows, min_rows);
+}
+
+}  // namespace
+
+std::string isa() { return rows_kernel().isa; }
+
+int threads() { return pool().size(); }
+
+// Checks W's arrays; returns K.
+int check_weights(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits) {
+  check(bits == 4 || bits == 8, "bits must be 4 or 8");
+  check(w.ndim() == 2 && w.dtype() == mx::uint32, "w must be a 2-D uint32 array");
+  const int N = w.shape(0), K = w.shape(1) * 32 / bits;
+  check(K % kGroup == 0, "K must be a multiple of 32");
+  mx::Shape groups_shape{N, K / kGroup};
+  check(scales.shape() == groups_shape && biases.shape() == groups_shape,
+        "scales and biases must be [N, K / 32]");
+  return K;
+}
+
+// Scales and biases as the kernel reads them: float16 or float32.
+mx::array as_param(const mx::array& a, mx::Stream stream) {
+  bool keep = a.dtype() == mx::float16 || a.dtype() == mx::float32;
+  return keep ? a : mx::astype(a, mx::float32, stream);
+}
+
+mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                     int bits, mx::StreamOrDevice s) {
+  const int K = check_weights(w, scales, biases, bits);
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  return mx::array({w.shape(0), K}, mx::float32,
+                   std::make_shared<QuantizedMatmul>(stream, bits, true),
+                   {w, as_param(scales, stream), as_param(biases, stream)});
+}
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int bits, mx::StreamOrDevice s) {
+  const int K = check_weights(w, scales, biases, bits), N = w.shape(0);
+  check(x.ndim() >= 1, "x must have at least one dimension");
+  check(x.shape(-1) == K, "x's last dimension does not match w");
+  check(mx::issubdtype(x.dtype(), mx::floating), "x must be floating point");
+
+  // Few graph nodes: decode calls this hundreds of times per token. Non-contiguous x is
+  // copied in eval_cpu rather than by an extra node here.
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  auto param = [&](const mx::array& a) { return as_param(a, stream); };
+  auto x32 = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
+  auto out_shape = x.shape();
+  out_shape.back() = N;
+  auto y = mx::array(out_shape, mx::float32, std::make_shared<QuantizedMatmul>(stream, bits),
+                     {x32, w, param(scales), param(biases)});
+  return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), stream);
+}
+
+void QuantizedMatmul::eval_dequantize(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& w = inputs[0];
+  const auto& scales = inputs[1];
+  const auto& biases = inputs[2];
+  for (const auto& a : inputs)
+    check(a.flags().row_contiguous, "weights, scales and biases must be contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  QProblem p{nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+             scales.dtype() == mx::float16, out.data<float>(), 0, static_cast<int>(w.shape(0)),
+             static_cast<int>(out.shape(1)), bits_};
+  encoder.dispatch([p]() {
+    const RowsFn fn = rows_kernel().dequant;
+    Pool& workers = pool();
+    const int rows = rows_per_task(p.N, 1, workers.size());
+    const int tasks = (p.N + rows - 1) / rows;
+    workers.run(tasks, [&](int t) { fn(p, t * rows, std::min(p.N, (t + 1) * rows)); });
+  });
+}
+
+void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  if (dequantize_) return eval_dequantize(inputs, out);
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  const auto& scales = inputs[2];
+  const auto& biases = inputs[3];
+  for (int i = 1; i < 4; ++i)
+    check(inputs[i].flags().row_contiguous, "weights, scales and biases must be contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_input_array(scales);
+  encoder.set_input_array(biases);
+  encoder.set_output_array(out);
+
+  const int K = x.shape(-1);
+  QProblem p{x.data<float>(),
+             w.data<uint8_t>(),
+             scales.data<void>(),
+             biases.data<void>(),
+             scales.dtype() == mx::float16,
+             out.data<float>(),
+             static_cast<int>(x.size() / K),
+             static_cast<int>(w.shape(0)),
+             K,
+             bits_};
+  encoder.dispatch([p, x, contiguous = x.flags().row_contiguous]() mutable {
+    // 4-bit groups are read (evens, odds): x is laid out that way, and made contiguous, here.
+    std::vector<float> staged;
+    if (p.bits == 4 || !contiguous) {
+      staged.resize(x.size());
+      const float* src = x.data<float>();
+      for (size_t r = 0; r < static_cast<size_t>(p.M); ++r)
+        for (int k = 0; k < p.K; ++k) {
+          size_t at = contiguous ? r * p.K + k : mx::elem_to_loc(r * p.K + k, x.shape(), x.strides());
+          int g = k / kGroup * kGroup, i = k % kGroup;
+          int to = p.bits == 4 ? g + (i % 2) * (kGroup / 2) + i / 2 : k;
+          staged[r * p.K + to] = src[at];
+        }
+      p.x = staged.data();
+    }
+    const RowsFn fn = rows_kernel().fn;
+    Pool& workers = pool();
+    const int rows = rows_per_task(p.N, p.M, workers.size());
+    const int tasks = (p.N + rows - 1) / rows;
+    workers.run(tasks, [&](int t) { fn(p, t * rows, std::min(p.N, (t + 1) * rows)); });
+  });
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlx_agent.quantized_matmul] runs on the CPU only");
+}
+
+}  // namespace mlx_agent

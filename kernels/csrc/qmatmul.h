@@ -1,0 +1,53 @@
+// Quantized matmul for decode and small batches on the CPU: y = x @ W^T, W in MLX's affine
+// layout (group size 32, 4 or 8 bits), which is how mx.load hands over GGUF Q4_0, Q4_1 and
+// Q8_0 blocks: w = scale * q + bias per group of 32 weights.
+#pragma once
+
+#include <string>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlx_agent {
+
+namespace mx = mlx::core;
+
+// x: [..., K] floating; w: [N, K * bits / 32] uint32; scales, biases: [N, K / 32] float16 or
+// float32. Returns [..., N] in x's dtype. CPU only.
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int bits, mx::StreamOrDevice s = {});
+
+// W as float32 [N, K] (the prefill path dequantizes a layer at a time for the BLAS matmul).
+mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                     int bits, mx::StreamOrDevice s = {});
+
+// "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
+std::string isa();
+
+// Threads the kernel splits a matmul across (the calling thread included).
+int threads();
+
+// With dequantize_, the output is W itself (x is not an input).
+class QuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmul(mx::Stream stream, int bits, bool dequantize = false)
+      : mx::UnaryPrimitive(stream), bits_(bits), dequantize_(dequantize) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+
+  const char* name() const override {
+    return dequantize_ ? "MlxAgentDequantize" : "MlxAgentQuantizedMatmul";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedMatmul&>(other);
+    return bits_ == o.bits_ && dequantize_ == o.dequantize_;
+  }
+
+ private:
+  void eval_dequantize(const std::vector<mx::array>& inputs, mx::array& out);
+  int bits_;
+  bool dequantize_;
+};
+
+}  // namespace mlx_agent

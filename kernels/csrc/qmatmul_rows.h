@@ -1,0 +1,39 @@
+// The inner loops of the quantized matmul, one per instruction set, chosen at run time.
+#pragma once
+
+#include <cstdint>
+
+namespace mlx_agent {
+
+// One call computes y[:, n0:n1] for all M rows of x.
+struct QProblem {
+  const float* x;         // [M, K]; for 4 bits each group of 32 is reordered evens-then-odds
+  const uint8_t* w;       // [N, K * bits / 8], MLX's packing (low bits first)
+  const void* scales;     // [N, K / 32]
+  const void* biases;     // [N, K / 32]
+  bool half;              // scales and biases are float16 (else float32)
+  float* y;               // [M, N]
+  int M, N, K, bits;
+};
+
+using RowsFn = void (*)(const QProblem&, int n0, int n1);
+
+struct RowsKernel {
+  const char* isa;
+  RowsFn fn;       // y[:, n0:n1] = x @ W[n0:n1]^T
+  RowsFn dequant;  // y[n0:n1] = W[n0:n1] as float32 ([N, K]; x and M unused)
+};
+
+// The fastest kernel this CPU runs: "avx512", "avx2" or "scalar".
+// MLX_AGENT_KERNEL_ISA=avx2|scalar asks for a slower one (tests compare them all).
+RowsKernel select_rows_kernel();
+
+void rows_scalar(const QProblem& p, int n0, int n1);
+void dequant_scalar(const QProblem& p, int n0, int n1);
+#if defined(__x86_64__)
+void rows_avx2(const QProblem& p, int n0, int n1);
+void rows_avx512(const QProblem& p, int n0, int n1);
+void dequant_avx512(const QProblem& p, int n0, int n1);
+#endif
+
+}  // namespace mlx_agent

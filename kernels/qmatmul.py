@@ -1,0 +1,64 @@
+"""Quantized matmul ``y = x @ W^T`` on the CPU, for decode and small batches.
+
+``W`` is in MLX's affine layout with group size 32 and 4 or 8 bits: ``weight`` packed uint32,
+``scales`` and ``biases`` per group of 32, each weight ``scale * q + bias``. It is the layout
+``mx.load`` gives GGUF Q4_0, Q4_1 and Q8_0 tensors (Q4_1 exactly: ``d``, ``m``; Q4_0 and Q8_0
+with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
+
+- :func:`quantized_matmul_ops`, :func:`dequantize_ops`: the reference, in MLX ops: dequantize
+  to float32 (scales in float32, so exactly), matmul.
+- :func:`quantized_matmul`, :func:`dequantize`: the public entries; the kernels when asked
+  and available.
+
+For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
+dequantizes each group in registers with the reference's arithmetic and keeps activations in
+float32. For more rows (prefill chunks), where the work is compute-bound, the dequantize
+kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than the matmul
+kernel there, and the float32 copy lives for one layer's matmul only. Both run AVX-512,
+AVX2+FMA+F16C or scalar code, chosen at run time, over a small thread pool. Not promised:
+bit-identical results to the reference (sums run in another order; they agree to float32
+rounding), or anything on Metal, where MLX's own quantized matmul runs on the GPU.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .ext import extension
+
+GROUP_SIZE = 32
+BITS = (4, 8)
+KERNEL_MAX_ROWS = 16  # rows of x up to which the matmul kernel beats dequantize + BLAS
+
+
+def dequantize_ops(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array:
+    """Reference: ``W`` as float32 ``[N, K]``."""
+    return mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32),
+                         group_size=GROUP_SIZE, bits=bits)
+
+
+def quantized_matmul_ops(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                         bits: int) -> mx.array:
+    """Reference: ``x @ dequantize(W)^T`` in float32, cast back to ``x``'s dtype."""
+    return (x.astype(mx.float32) @ dequantize_ops(w, scales, biases, bits).T).astype(x.dtype)
+
+
+def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+               use_kernel: bool = True) -> mx.array:
+    """``W`` as float32 ``[N, K]``, as :func:`dequantize_ops`."""
+    ext = extension() if use_kernel else None
+    if ext is None:
+        return dequantize_ops(w, scales, biases, bits)
+    return ext.dequantize(w, scales, biases, bits)
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
+                     use_kernel: bool = True) -> mx.array:
+    """``x @ W^T`` for ``x`` of shape ``[..., K]``; ``W`` as :func:`quantized_matmul_ops`."""
+    ext = extension() if use_kernel else None
+    if ext is None:
+        return quantized_matmul_ops(x, w, scales, biases, bits)
+    if x.size // x.shape[-1] <= KERNEL_MAX_ROWS:
+        return ext.quantized_matmul(x, w, scales, biases, bits)
+    dense = ext.dequantize(w, scales, biases, bits)
+    return (x.astype(mx.float32) @ dense.T).astype(x.dtype)
