@@ -103,47 +103,36 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_stops_the_reply_not_the_session():
+def interrupted_session(prompt: str, max_tokens: int, wait: float):
+    """Start a REPL, send ``prompt``, press Ctrl-C after ``wait`` s, then quit: the
+    process's exit code, stdout and stderr."""
     import signal
     import time
 
     proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
-                             "--max-tokens", "400", "--max-steps", "1"],
+                             "--max-tokens", str(max_tokens), "--max-steps", "1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ), preexec_fn=default_sigint)
-    # the banner comes once the model is loaded; the first reply then runs for seconds
+    # the banner comes once the model is loaded (after a warning, where there is no sandbox)
     banner = next(line for line in iter(proc.stderr.readline, "") if "protocol" in line)
-    assert "json protocol" in banner  # (after a warning, where there is no sandbox)
-    proc.stdin.write("Tell me a very long story about the sea.\n")
+    assert "json protocol" in banner
+    proc.stdin.write(prompt + "\n")
     proc.stdin.flush()
-    time.sleep(2.5)
+    time.sleep(wait)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     proc.stdin.write(":quit\n")
     proc.stdin.flush()
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("prompt, max_tokens, wait", [
+    ("Tell me a very long story about the sea.", 400, 2.5),  # Ctrl-C while it replies
+    ("sea " * 1500, 8, 1.0),  # Ctrl-C during seconds of prefill, before any reply
+], ids=["reply", "prefill"])
+def test_ctrl_c_stops_the_turn_not_the_session(prompt, max_tokens, wait):
+    code, out, err = interrupted_session(prompt, max_tokens, wait)
+    assert code == 0, err
     assert "(interrupted)" in err and "Traceback" not in err
     assert out.count("you> ") == 2  # the session asked for the next message
-
-
-def test_ctrl_c_while_the_prompt_is_read_stops_the_turn_not_the_session():
-    import signal
-    import time
-
-    proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
-                             "--max-tokens", "8", "--max-steps", "1"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ), preexec_fn=default_sigint)
-    assert "json protocol" in proc.stderr.readline()
-    proc.stdin.write("sea " * 1500 + "\n")  # seconds of prefill before any reply
-    proc.stdin.flush()
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    proc.stdin.write(":quit\n")
-    proc.stdin.flush()
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    assert "(interrupted)" in err and "Traceback" not in err
-    assert out.count("you> ") == 2
