@@ -2,7 +2,8 @@
 
 ``python tests/mcp_server.py [MODE [PIDFILE]]``: ``ok`` (the default) serves add, fail, crash, slow,
 picture and a badly-typed ``broken`` tool; ``exit`` dies before the handshake; ``hang`` never
-answers it; ``second`` serves only another ``add``. Each start appends its pid to
+answers it; ``second`` serves only another ``add``; ``http`` serves the ``ok`` tools over
+Streamable HTTP on 127.0.0.1 (``http PIDFILE PORT``). Each start appends its pid to
 PIDFILE when one is given, so tests can check that no server outlives the agent.
 """
 
@@ -65,4 +66,7 @@ else:
     server._tool_manager._tools["broken"].parameters = {
         "type": "object", "properties": {"x": {"type": "int"}}}
 
-server.run()
+if mode == "http":  # Streamable HTTP on 127.0.0.1, the port in argv[3]
+    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[3]))
+else:
+    server.run()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from mlx_agent.agent import events as ev
 from mlx_agent.tools import run_tool
-from mlx_agent.tools.mcp import McpError, McpServers, load_config, spec_from_command
+from mlx_agent.tools.mcp import McpError, McpServers, ServerSpec, load_config, spec_from_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = Path(__file__).resolve().parent / "mcp_server.py"
@@ -87,6 +88,49 @@ def test_listing_calls_errors_summaries_and_cap(pidfile):
         assert picture.exit_code == 0 and picture.stdout.startswith("[image/")
         assert "…[truncated 6 bytes]" in picture.stdout and picture.stdout.endswith("bytes]")
     assert_gone(pidfile)
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """tests/mcp_server.py over Streamable HTTP on a free 127.0.0.1 port; yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(tmp_path / "pids"),
+                             str(port)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_streamable_http_server_by_url(http_server):
+    with McpServers([ServerSpec(name="web", url=http_server)]) as servers:
+        tools, _ = by_name(servers)
+        assert servers.origin["add"] == "web"
+        r = run_tool(tools["add"], {"a": 20, "b": 22})
+        assert (r.stdout, r.exit_code) == ("42", 0)
+        assert run_tool(tools["fail"], {}).exit_code == 1
+
+
+def test_an_http_server_that_is_not_there_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}}))
+    r = cli("tools", "ls", "--mcp-config", str(config), env={"MLX_AGENT_MCP_START_TIMEOUT": "5"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "MCP server 'web'" in r.stderr
 
 
 def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):

@@ -287,7 +287,10 @@ class McpServers:
             self._loop)
         try:
             result = future.result(timeout=self.call_timeout + 5)
-        except BaseException as e:  # noqa: BLE001 — a tool's failure is the model's information
+        except KeyboardInterrupt:  # the user's, not the tool's: the agent loop handles it
+            future.cancel()
+            raise
+        except Exception as e:  # a tool's failure is the model's information
             future.cancel()
             return ToolResult(tool=public, stderr=valid_text(server.describe_failure(
                 f"failed the call ({_reason(e)})")), exit_code=1,
@@ -313,6 +316,8 @@ class McpServers:
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
         self._stack.close()
 
     async def _shutdown(self) -> None:
