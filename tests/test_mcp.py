@@ -252,3 +252,17 @@ def test_forced_call_end_to_end_through_the_agent():
     args = calls[0].arguments
     assert calls[0].stdout == str(args["a"] + args["b"])
     assert isinstance(events[-1], ev.Stats) and events[-1].calls == 1
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (["--mcp", "'unclosed"], {}, "--mcp \"'unclosed\": No closing quotation"),
+    (["--mcp", " "], {}, "--mcp needs a command"),
+    (["--mcp", "/no/such/server"], {}, "MCP server 'server' failed to start (FileNotFoundError"),
+    (["--mcp", "true"], {"MLX_AGENT_MCP_START_TIMEOUT": "soon"},
+     "$MLX_AGENT_MCP_START_TIMEOUT must be a number of seconds above 0, not 'soon'"),
+])
+def test_bad_mcp_options_are_one_line(args, env, message):
+    r = cli("tools", "ls", "--sandbox", "none", *args, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlx_agent: error: ") and message in lines[0]

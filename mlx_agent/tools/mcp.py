@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import msgspec
+from mcp import ClientSession
+from mcp import types as mcp_types
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 from ..errors import UserFacingError
 from .executor import DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text
@@ -149,15 +153,12 @@ class McpServers:
         self.specs = unique_names(specs)
         self.sandbox, self.call_timeout, self.cap = sandbox, call_timeout, cap
         self.cwd = cwd or os.getcwd()
-        env_timeout = os.environ.get(START_TIMEOUT_ENV)
-        self.start_timeout = start_timeout or (float(env_timeout) if env_timeout
-                                               else START_TIMEOUT)
+        self.start_timeout = start_timeout or _env_timeout()
         self.servers: dict[str, _Server] = {}
         self.origin: dict[str, str] = {}  # tool name as the model sees it -> its server
         self._stack = contextlib.ExitStack()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="mcp-client")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> McpServers:
         self.start()
@@ -168,6 +169,9 @@ class McpServers:
 
     def start(self) -> None:
         """Start every server and list its tools; :class:`McpError` if one fails."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="mcp-client")
         self._thread.start()
         try:
             pending = [(self._launch(spec)) for spec in self.specs]
@@ -199,9 +203,6 @@ class McpServers:
 
     def _transport(self, server: _Server):
         """The SDK's client transport for ``server`` (a stdio one under the sandbox)."""
-        from mcp.client.stdio import StdioServerParameters, stdio_client
-        from mcp.client.streamable_http import streamable_http_client
-
         spec = server.spec
         if spec.url is not None:
             return streamable_http_client(spec.url)
@@ -217,8 +218,6 @@ class McpServers:
     async def _serve(self, server: _Server, transport, ready) -> None:
         """Owns one session from start to close (the SDK's contexts must exit in the task
         that entered them)."""
-        from mcp import ClientSession
-
         server.stop = asyncio.Event()
         server.task = asyncio.current_task()
         try:
@@ -309,14 +308,14 @@ class McpServers:
 
     def close(self) -> None:
         """Close every session (the SDK stops each server's process group); idempotent."""
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             try:
                 asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=15)
             except BaseException:  # noqa: BLE001 — closing: the group kill below still runs
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
-        if not self._thread.is_alive() and not self._loop.is_closed():
+        if self._loop is not None and not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         self._stack.close()
 
@@ -331,6 +330,20 @@ class McpServers:
             await asyncio.wait(tasks, timeout=12)
 
 
+def _env_timeout() -> float:
+    text = os.environ.get(START_TIMEOUT_ENV, "")
+    if not text:
+        return START_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 1e6:
+        raise McpError(f"${START_TIMEOUT_ENV} must be a number of seconds above 0, "
+                       f"not {text!r}")
+    return seconds
+
+
 async def _list_tools(session) -> list[dict]:
     listed, cursor = [], None
     while True:
@@ -343,9 +356,7 @@ async def _list_tools(session) -> list[dict]:
 
 
 def _page(cursor):
-    from mcp import types
-
-    return types.PaginatedRequestParams(cursor=cursor)
+    return mcp_types.PaginatedRequestParams(cursor=cursor)
 
 
 def _summary(block: dict) -> str:
