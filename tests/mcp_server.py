@@ -1,13 +1,14 @@
 """A small MCP server for the tests, written with the official SDK (stdio transport).
 
 ``python tests/mcp_server.py [MODE [PIDFILE]]``: ``ok`` (the default) serves add, fail, crash, slow,
-picture and a badly-typed ``broken`` tool; ``exit`` dies before the handshake; ``hang`` never
+connect, picture and a badly-typed ``broken`` tool; ``exit`` dies before the handshake; ``hang`` never
 answers it; ``second`` serves only another ``add``; ``http`` serves the ``ok`` tools over
 Streamable HTTP on 127.0.0.1 (``http PIDFILE PORT``). Each start appends its pid to
 PIDFILE when one is given, so tests can check that no server outlives the agent.
 """
 
 import os
+import socket
 import sys
 import time
 
@@ -52,6 +53,15 @@ else:
         """Sleeps."""
         time.sleep(seconds)
         return "done"
+
+    @server.tool()
+    def connect(port: int) -> str:
+        """Opens a TCP connection to 127.0.0.1:port."""
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except OSError as e:
+            return f"refused: {e}"
+        return "connected"
 
     @server.tool()
     def picture() -> Image:

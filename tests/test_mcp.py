@@ -12,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from mlx_agent.agent import events as ev
 from mlx_agent.tools import run_tool
 from mlx_agent.tools.mcp import McpError, McpServers, ServerSpec, load_config, spec_from_command
+from mlx_agent.tools.sandbox import Sandbox, unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = Path(__file__).resolve().parent / "mcp_server.py"
@@ -73,7 +75,7 @@ def by_name(servers):
 def test_listing_calls_errors_summaries_and_cap(pidfile):
     with McpServers([spec_from_command(server())], cap=16) as servers:
         tools, warnings = by_name(servers)
-        assert set(tools) == {"add", "fail", "crash", "slow", "picture"}
+        assert set(tools) == {"add", "fail", "crash", "slow", "connect", "picture"}
         assert tools["add"].signature() == "add(a: integer, b: integer)"
         assert tools["add"].description == "Add two integers."
         assert servers.origin["add"] == "mcp_server"
@@ -131,6 +133,20 @@ def test_an_http_server_that_is_not_there_is_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert "MCP server 'web'" in r.stderr
+
+
+@pytest.mark.skipif(unavailable("bwrap") is not None, reason="needs a working bwrap")
+@pytest.mark.parametrize("network", [False, True])
+def test_a_sandboxed_server_has_the_network_only_when_its_config_says_so(network):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        spec = msgspec.structs.replace(spec_from_command(server()), network=network)
+        with McpServers([spec], sandbox=Sandbox("bwrap")) as servers:
+            tools, _ = by_name(servers)
+            r = run_tool(tools["connect"], {"port": listener.getsockname()[1]})
+    assert r.exit_code == 0
+    assert r.stdout == "connected" if network else r.stdout.startswith("refused")
 
 
 def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):
