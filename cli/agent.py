@@ -14,7 +14,8 @@ import click
 
 from .errors import UserError, warn
 from .options import (cache_mode, cache_options, load_options, loop_options, make_sandbox,
-                      model_argument, sampling_options, sandbox_options)
+                      mcp_options, model_argument, sampling_options, sandbox_options,
+                      start_mcp)
 
 
 class Sink:
@@ -59,13 +60,14 @@ class Sink:
 
 
 def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout: float,
-                env_names, sandbox) -> list:
-    """The tools of ``--tools`` and ``--builtin-tools`` (``run_tests`` under ``sandbox``),
-    checked for clashing names; warnings about their templates are printed."""
+                env_names, sandbox, mcp=None) -> list:
+    """The tools of ``--tools``, ``--builtin-tools`` (``run_tests`` under ``sandbox``) and
+    the started MCP servers ``mcp``, checked for clashing names; warnings about their
+    templates and schemas are printed."""
     from mlx_agent.tools import builtin_tools, load_tools
 
-    if not tools_file and not builtin:
-        raise click.UsageError("give --tools FILE, or --builtin-tools with --root DIR")
+    if not tools_file and not builtin and mcp is None:
+        raise click.UsageError("give --tools FILE, or --builtin-tools with --root DIR, or --mcp")
     if builtin and not root:
         raise click.UsageError("--builtin-tools needs --root DIR")
     tools = load_tools(tools_file) if tools_file else []
@@ -80,6 +82,11 @@ def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
         raise UserError(f"tool {clash[0]!r} is defined twice (a --tools entry and a built-in)")
+    if mcp is not None:  # after the check: a server's tool that clashes gets its server's prefix
+        served, warnings = mcp.tools(taken=names)
+        for warning in warnings:
+            warn(warning)
+        tools += served
     return tools
 
 
@@ -133,6 +140,7 @@ def repl(turn) -> None:
 @click.option("--trajectory-task", default=None, metavar="NAME",
               help="Task name recorded in the trajectory.")
 @sandbox_options
+@mcp_options
 @load_options
 @cache_options
 @sampling_options
@@ -140,7 +148,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
           max_tokens, no_grammar, allow_repeat_calls, tool_timeout, tool_env, confirm_tools,
           tool_choice, json_out, transcript, prompt_cache_dir, prompt_cache_max_bytes,
           save_session, resume, trajectory_dir, trajectory_task, sandbox, allow_network,
-          adapter, weights, context_length,
+          mcp_commands, mcp_config, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.
 
@@ -155,7 +163,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     from mlx_agent.models import load
 
     box = make_sandbox(sandbox, allow_network, root)
-    tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box)
+    servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
+    tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box, servers)
     choices = tuple(c.strip() for c in tool_choice.split(","))
     if no_grammar and set(choices) != {"auto"}:
         raise click.UsageError("--tool-choice needs the grammar; drop --no-grammar")

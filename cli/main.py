@@ -19,6 +19,7 @@ from .errors import Group, UserError
 from .options import cache_mode, cache_options, max_tokens_option, model_options, sampling_options
 from .serve import serve
 from .synth import synth
+from .tools import tools
 from .train import eval_cmd, sft, traces_to_data
 from .traj import traj
 
@@ -150,6 +151,7 @@ main.add_command(sft)
 main.add_command(eval_cmd)
 main.add_command(eval_bfcl)
 main.add_command(synth)
+main.add_command(tools)
 
 if __name__ == "__main__":
     main()

@@ -136,3 +136,25 @@ def make_sandbox(choice: str, allow_network: bool, root: str | None):
                                warn=warn)
     except SandboxUnavailable as e:
         raise UserError(str(e)) from None
+
+
+def mcp_options(f):
+    """--mcp and --mcp-config: tools from Model Context Protocol servers."""
+    return _compose(
+        click.option("--mcp", "mcp_commands", multiple=True, metavar="'COMMAND ARGS...'",
+                     help="Add the tools of this stdio MCP server (repeatable)."),
+        click.option("--mcp-config", type=click.Path(dir_okay=False), default=None,
+                     help='MCP servers in the {"mcpServers": {...}} shape other clients use.'),
+    )(f)
+
+
+def start_mcp(commands, config: str | None, sandbox, timeout: float, cwd: str | None):
+    """The started MCP servers of these options, stopped when the command ends (however it
+    ends); None when there are none."""
+    if not commands and not config:
+        return None
+    from mlx_agent.tools.mcp import McpServers, load_config, spec_from_command
+
+    specs = [spec_from_command(c) for c in commands] + (load_config(config) if config else [])
+    servers = McpServers(specs, sandbox=sandbox, call_timeout=timeout, cwd=cwd)
+    return click.get_current_context().with_resource(servers)

@@ -1,0 +1,394 @@
+"""Tools from Model Context Protocol servers, through the official ``mcp`` SDK.
+
+:class:`McpServers` starts each server once (stdio: a child process; or Streamable HTTP by
+``url``), lists its tools and turns them into :class:`~.schema.Tool` s whose ``builtin`` calls
+``tools/call``. The SDK is async; one event loop in a background thread owns every session,
+and the synchronous methods here wait on it with timeouts. A server that does not answer
+``initialize`` and ``tools/list`` within the start-up timeout, or exits first, is a
+:class:`McpError` naming it with the last line of its stderr. A call never raises: an
+``isError`` result, a timeout or a server that died are tool results with exit code 1.
+
+Text content is the tool's stdout; other content is summarised (``[image/png, 1234 bytes]``);
+the whole is capped like ``_exec`` output. Tool names keep the server's names, prefixed
+``server__name`` where two servers (or a server and ``--tools``) offer the same one; schemas
+go through the same checks as a tools file, and a tool that fails them is left out with a
+warning naming the server and the tool.
+
+:meth:`McpServers.close` (also on ``with`` exit) closes every session; the SDK then closes
+the server's stdin, and terminates and kills its process group. Stdio servers start under the
+tool sandbox when one is given (``"network": true`` in a config entry lets one use the
+network). What a server does is its own: an unsandboxed one can do whatever the user can.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import shlex
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+from mcp import ClientSession
+from mcp import types as mcp_types
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from ..errors import UserFacingError
+from .executor import DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text
+from .sandbox import Sandbox
+from .schema import Tool, ToolSchemaError, declared_tools
+
+START_TIMEOUT = 20.0
+START_TIMEOUT_ENV = "MLX_AGENT_MCP_START_TIMEOUT"  # seconds; tests set it low
+_LAUNCHERS = frozenset({"python", "python3", "node", "npx", "uvx", "uv", "deno", "bun", "bunx"})
+
+
+class McpError(UserFacingError, RuntimeError):
+    """A server that cannot be used (bad config, failed start); the message names it."""
+
+
+class ServerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One ``mcpServers`` entry: a stdio ``command`` (with ``args``, ``env``, ``cwd``) or a
+    Streamable HTTP ``url``."""
+
+    name: str = ""
+    command: str | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    url: str | None = None
+    network: bool = False
+    type: str | None = None  # some clients write "stdio" / "http"; the fields decide
+    description: str | None = None
+
+
+def spec_from_command(text: str) -> ServerSpec:
+    """The server of ``--mcp "COMMAND ARGS..."``, named after its script or command."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise McpError(f"--mcp {text!r}: {e}") from None
+    if not argv:
+        raise McpError("--mcp needs a command, such as --mcp 'python server.py'")
+    named = argv[0]
+    if Path(argv[0]).name.rstrip("0123456789.") in _LAUNCHERS:
+        named = next((a for a in argv[1:] if not a.startswith("-")), argv[0])
+    name = Path(named).stem.replace("-", "_") or "mcp"
+    return ServerSpec(name=name, command=argv[0], args=argv[1:])
+
+
+def load_config(path: str | os.PathLike) -> list[ServerSpec]:
+    """The servers of an ``{"mcpServers": {name: {...}}}`` file."""
+    try:
+        raw = msgspec.json.decode(Path(path).read_bytes())
+    except OSError as e:
+        raise McpError(f"cannot read MCP config {path}: {e.strerror}") from None
+    except msgspec.DecodeError as e:
+        raise McpError(f"{path}: not valid JSON ({e})") from None
+    servers = raw.get("mcpServers") if isinstance(raw, dict) else None
+    if not isinstance(servers, dict):
+        raise McpError(f'{path}: expected {{"mcpServers": {{"name": {{"command": ...}}}}}}')
+    specs = []
+    for name, entry in servers.items():
+        try:
+            spec = msgspec.convert(entry, ServerSpec)
+        except msgspec.ValidationError as e:
+            raise McpError(f"{path}: server {name!r}: {e}") from None
+        if (spec.command is None) == (spec.url is None):
+            raise McpError(f"{path}: server {name!r} needs exactly one of 'command' and 'url'")
+        specs.append(msgspec.structs.replace(spec, name=name))
+    return specs
+
+
+def unique_names(specs: Sequence[ServerSpec]) -> list[ServerSpec]:
+    """``specs`` with repeated server names numbered (``files``, ``files_2``)."""
+    seen: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        seen[spec.name] = seen.get(spec.name, 0) + 1
+        n = seen[spec.name]
+        out.append(spec if n == 1 else msgspec.structs.replace(spec, name=f"{spec.name}_{n}"))
+    return out
+
+
+@dataclasses.dataclass
+class _Server:
+    spec: ServerSpec
+    errlog: Any  # a real file: the SDK hands it to the child as its stderr
+    stop: asyncio.Event | None = None
+    task: asyncio.Task | None = None
+    session: Any = None
+    listed: list[dict] = dataclasses.field(default_factory=list)
+    dead: str = ""  # why the session ended, once it has
+
+    def last_stderr(self) -> str:
+        try:
+            self.errlog.flush()
+            with open(self.errlog.name, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+                lines = f.read().decode("utf-8", "replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1].strip() if lines else ""
+
+    def describe_failure(self, what: str) -> str:
+        last = self.last_stderr()
+        return f"MCP server {self.spec.name!r} {what}" + (f"; its stderr: {last}" if last else "")
+
+
+class McpServers:
+    """Started MCP servers and the tools they offer; use as a context manager."""
+
+    def __init__(self, specs: Sequence[ServerSpec], *, sandbox: Sandbox | None = None,
+                 start_timeout: float | None = None, call_timeout: float = 30.0,
+                 cap: int = DEFAULT_CAP, cwd: str | None = None):
+        self.specs = unique_names(specs)
+        self.sandbox, self.call_timeout, self.cap = sandbox, call_timeout, cap
+        self.cwd = cwd or os.getcwd()
+        self.start_timeout = start_timeout or _env_timeout()
+        self.servers: dict[str, _Server] = {}
+        self.origin: dict[str, str] = {}  # tool name as the model sees it -> its server
+        self._stack = contextlib.ExitStack()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> McpServers:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start every server and list its tools; :class:`McpError` if one fails."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="mcp-client")
+        self._thread.start()
+        try:
+            pending = [(self._launch(spec)) for spec in self.specs]
+            for server, ready in pending:
+                self._wait_ready(server, ready)
+        except BaseException:
+            self.close()
+            raise
+
+    def _launch(self, spec: ServerSpec):
+        errlog = self._stack.enter_context(
+            tempfile.NamedTemporaryFile(prefix=f"mlx-agent-mcp-{spec.name}-", suffix=".log"))
+        server = _Server(spec, errlog)
+        self.servers[spec.name] = server
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        transport = self._transport(server)
+        asyncio.run_coroutine_threadsafe(self._serve(server, transport, ready), self._loop)
+        return server, ready
+
+    def _wait_ready(self, server: _Server, ready: concurrent.futures.Future) -> None:
+        try:
+            ready.result(timeout=self.start_timeout)
+        except concurrent.futures.TimeoutError:
+            raise McpError(server.describe_failure(
+                f"did not start within {self.start_timeout:g} s")) from None
+        except Exception as e:
+            raise McpError(server.describe_failure(
+                f"failed to start ({_reason(e)})")) from None
+
+    def _transport(self, server: _Server):
+        """The SDK's client transport for ``server`` (a stdio one under the sandbox)."""
+        spec = server.spec
+        if spec.url is not None:
+            return streamable_http_client(spec.url)
+        cwd = spec.cwd or self.cwd
+        env = {**tool_env(), **spec.env}
+        argv = [spec.command, *spec.args]
+        if self.sandbox is not None and self.sandbox.backend != "none":
+            box = dataclasses.replace(self.sandbox, network=self.sandbox.network or spec.network)
+            argv, env = self._stack.enter_context(box.command(argv, cwd, env))
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
+        return stdio_client(params, errlog=server.errlog)
+
+    async def _serve(self, server: _Server, transport, ready) -> None:
+        """Owns one session from start to close (the SDK's contexts must exit in the task
+        that entered them)."""
+        server.stop = asyncio.Event()
+        server.task = asyncio.current_task()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = (await stack.enter_async_context(transport))[:2]
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                server.listed = await _list_tools(session)
+                server.session = session
+                ready.set_result(True)
+                await server.stop.wait()
+        except BaseException as e:  # noqa: BLE001 — reported to whoever waits on it
+            server.dead = _reason(e)
+            if not ready.done():
+                ready.set_exception(e if isinstance(e, Exception) else RuntimeError(str(e)))
+        finally:
+            server.session = None
+            server.dead = server.dead or "closed"
+
+    def tools(self, taken: Sequence[str] = ()) -> tuple[list[Tool], list[str]]:
+        """The servers' tools and a warning for each left out; a name offered twice (or
+        already in ``taken``) becomes ``server__name``."""
+        offered: dict[str, int] = {}
+        for server in self.servers.values():
+            for entry in server.listed:
+                offered[entry.get("name")] = offered.get(entry.get("name"), 0) + 1
+        tools, warnings = [], []
+        for server in self.servers.values():
+            for entry in server.listed:
+                name = entry.get("name")
+                public = name if offered[name] == 1 and name not in taken else \
+                    f"{server.spec.name}__{name}"
+                try:
+                    tools.append(self._tool(server, entry, public))
+                    self.origin[public] = server.spec.name
+                except ToolSchemaError as e:
+                    warnings.append(f"{e}; left out")
+        return tools, warnings
+
+    def _tool(self, server: _Server, entry: dict, public: str) -> Tool:
+        source = f"MCP server {server.spec.name!r}"
+        fields = {"name": public, "description": entry.get("description") or "",
+                  "parameters": entry.get("inputSchema") or {"type": "object"}}
+        if public != entry.get("name"):
+            source = f"{source} (tool {entry.get('name')!r})"
+        (schema,) = declared_tools([fields], source)
+
+        def call(**arguments) -> ToolResult:
+            return self.call(server.spec.name, entry["name"], arguments, public)
+
+        return msgspec.structs.replace(schema, builtin=call)
+
+    def call(self, server_name: str, name: str, arguments: dict, public: str | None = None
+             ) -> ToolResult:
+        """``tools/call`` on a server; never raises."""
+        public = public or name
+        start = time.monotonic()
+        server = self.servers.get(server_name)
+        session = server.session if server else None
+        if session is None:
+            why = server.describe_failure(f"is not running ({server.dead})") if server else \
+                f"no MCP server {server_name!r}"
+            return error_result(public, why)
+        future = asyncio.run_coroutine_threadsafe(
+            session.call_tool(name, arguments, read_timeout_seconds=self.call_timeout),
+            self._loop)
+        try:
+            result = future.result(timeout=self.call_timeout + 5)
+        except KeyboardInterrupt:  # the user's, not the tool's: the agent loop handles it
+            future.cancel()
+            raise
+        except Exception as e:  # a tool's failure is the model's information
+            future.cancel()
+            return ToolResult(tool=public, stderr=valid_text(server.describe_failure(
+                f"failed the call ({_reason(e)})")), exit_code=1,
+                timed_out=isinstance(e, concurrent.futures.TimeoutError),
+                duration_sec=round(time.monotonic() - start, 4))
+        wire = result.model_dump(mode="json", by_alias=True)
+        failed = bool(wire.get("isError"))
+        return ToolResult(tool=public, stdout=self._text(wire), exit_code=1 if failed else 0,
+                          duration_sec=round(time.monotonic() - start, 4))
+
+    def _text(self, wire: dict) -> str:
+        capped = _Capped(self.cap)
+        for i, block in enumerate(wire.get("content") or []):
+            capped.feed(("\n" if i else "").encode() + _summary(block).encode("utf-8", "replace"))
+        return valid_text(capped.text())
+
+    def close(self) -> None:
+        """Close every session (the SDK stops each server's process group); idempotent."""
+        if self._thread is not None and self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=15)
+            except BaseException:  # noqa: BLE001 — closing: the group kill below still runs
+                pass
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        if self._loop is not None and not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+        self._stack.close()
+
+    async def _shutdown(self) -> None:
+        tasks = [s.task for s in self.servers.values() if s.task is not None]
+        for server in self.servers.values():
+            if server.session is None and server.task is not None:
+                server.task.cancel()  # still starting: nothing to say goodbye to
+            elif server.stop is not None:
+                server.stop.set()
+        if tasks:
+            await asyncio.wait(tasks, timeout=12)
+
+
+def _env_timeout() -> float:
+    text = os.environ.get(START_TIMEOUT_ENV, "")
+    if not text:
+        return START_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 1e6:
+        raise McpError(f"${START_TIMEOUT_ENV} must be a number of seconds above 0, "
+                       f"not {text!r}")
+    return seconds
+
+
+async def _list_tools(session) -> list[dict]:
+    listed, cursor = [], None
+    while True:
+        page = await session.list_tools(**({"params": _page(cursor)} if cursor else {}))
+        listed += [t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                   for t in page.tools]
+        cursor = getattr(page, "next_cursor", None) or getattr(page, "nextCursor", None)
+        if not cursor:
+            return listed
+
+
+def _page(cursor):
+    return mcp_types.PaginatedRequestParams(cursor=cursor)
+
+
+def _summary(block: dict) -> str:
+    """A content block as text: text as it is, anything else named with its size."""
+    kind = block.get("type")
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind in ("image", "audio"):
+        return f"[{block.get('mimeType', kind)}, {_decoded_size(block.get('data'))} bytes]"
+    if kind == "resource":
+        res = block.get("resource") or {}
+        if "text" in res:
+            return f"[resource {res.get('uri', '')}]\n{res['text']}"
+        return f"[resource {res.get('uri', '')}, {res.get('mimeType', 'binary')}, " \
+               f"{_decoded_size(res.get('blob'))} bytes]"
+    if kind == "resource_link":
+        return f"[resource link {block.get('uri', '')}]"
+    return f"[{kind} content]"
+
+
+def _decoded_size(data: Any) -> int:
+    try:
+        return len(base64.b64decode(data or "", validate=False))
+    except ValueError:
+        return len(data or "")
+
+
+def _reason(e: BaseException) -> str:
+    """One line for an exception (the SDK's task groups wrap the real one)."""
+    while getattr(e, "exceptions", None):  # an ExceptionGroup
+        e = e.exceptions[0]
+    if isinstance(e, (TimeoutError, concurrent.futures.TimeoutError)):
+        return "timed out"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

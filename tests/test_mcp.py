@@ -1,0 +1,284 @@
+"""Tools from MCP servers: a real server written with the SDK (tests/mcp_server.py), real
+subprocesses, the real bundled model for the end-to-end call."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from mlx_agent.agent import events as ev
+from mlx_agent.tools import run_tool
+from mlx_agent.tools.mcp import McpError, McpServers, ServerSpec, load_config, spec_from_command
+from mlx_agent.tools.sandbox import Sandbox, unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = Path(__file__).resolve().parent / "mcp_server.py"
+CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
+
+
+PIDS: list[Path] = []  # where the current test's servers write their pids
+
+
+def server(mode: str = "ok") -> str:
+    return f"{sys.executable} {SERVER} {mode}" + (f" {PIDS[-1]}" if PIDS else "")
+
+
+def cli(*args, env=None, timeout=120):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:4]
+    except OSError:
+        return True
+
+
+def assert_gone(pidfile: Path, within: float = 5.0) -> None:
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert pids
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)]
+
+
+@pytest.fixture
+def pidfile(tmp_path):
+    PIDS.append(tmp_path / "pids")
+    yield PIDS[-1]
+    PIDS.clear()
+
+
+def by_name(servers):
+    tools, warnings = servers.tools()
+    return {t.name: t for t in tools}, warnings
+
+
+def test_listing_calls_errors_summaries_and_cap(pidfile):
+    with McpServers([spec_from_command(server())], cap=16) as servers:
+        tools, warnings = by_name(servers)
+        assert set(tools) == {"add", "fail", "crash", "slow", "connect", "picture"}
+        assert tools["add"].signature() == "add(a: integer, b: integer)"
+        assert tools["add"].description == "Add two integers."
+        assert servers.origin["add"] == "mcp_server"
+        # the schema that fails our checks is left out, reported with server and tool
+        assert len(warnings) == 1 and "'mcp_server'" in warnings[0] \
+            and "'broken'" in warnings[0] and "parameters.properties.x.type" in warnings[0]
+        ok = run_tool(tools["add"], {"a": 2, "b": 40})
+        assert (ok.stdout, ok.exit_code, ok.tool) == ("42", 0, "add")
+        failed = run_tool(tools["fail"], {})
+        assert failed.exit_code == 1 and "fail" in failed.stdout
+        picture = run_tool(tools["picture"], {})  # "[image/png, 100 bytes]", capped at 16
+        assert picture.exit_code == 0 and picture.stdout.startswith("[image/")
+        assert "…[truncated 6 bytes]" in picture.stdout and picture.stdout.endswith("bytes]")
+    assert_gone(pidfile)
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """tests/mcp_server.py over Streamable HTTP on a free 127.0.0.1 port; yields its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(tmp_path / "pids"),
+                             str(port)], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_streamable_http_server_by_url(http_server):
+    with McpServers([ServerSpec(name="web", url=http_server)]) as servers:
+        tools, _ = by_name(servers)
+        assert servers.origin["add"] == "web"
+        r = run_tool(tools["add"], {"a": 20, "b": 22})
+        assert (r.stdout, r.exit_code) == ("42", 0)
+        assert run_tool(tools["fail"], {}).exit_code == 1
+
+
+def test_an_http_server_that_is_not_there_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}}))
+    r = cli("tools", "ls", "--mcp-config", str(config), env={"MLX_AGENT_MCP_START_TIMEOUT": "5"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "MCP server 'web'" in r.stderr
+
+
+@pytest.mark.skipif(unavailable("bwrap") is not None, reason="needs a working bwrap")
+@pytest.mark.parametrize("network", [False, True])
+def test_a_sandboxed_server_has_the_network_only_when_its_config_says_so(network):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        spec = msgspec.structs.replace(spec_from_command(server()), network=network)
+        with McpServers([spec], sandbox=Sandbox("bwrap")) as servers:
+            tools, _ = by_name(servers)
+            r = run_tool(tools["connect"], {"port": listener.getsockname()[1]})
+    assert r.exit_code == 0
+    assert r.stdout == "connected" if network else r.stdout.startswith("refused")
+
+
+def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):
+    with McpServers([spec_from_command(server())], call_timeout=0.5) as servers:
+        tools, _ = by_name(servers)
+        start = time.monotonic()
+        r = run_tool(tools["slow"], {"seconds": 5})
+        assert r.exit_code == 1 and "'mcp_server'" in r.stderr and "timed out" in r.stderr
+        assert time.monotonic() - start < 4
+        assert run_tool(tools["add"], {"a": 1, "b": 1}).stdout == "2"  # still serving
+    assert_gone(pidfile)
+
+
+def test_a_server_that_crashes_mid_call_gives_tool_errors_not_exceptions(pidfile):
+    with McpServers([spec_from_command(server())]) as servers:
+        tools, _ = by_name(servers)
+        crashed = run_tool(tools["crash"], {})
+        assert crashed.exit_code == 1 and "MCP server 'mcp_server'" in crashed.stderr
+        after = run_tool(tools["add"], {"a": 1, "b": 2})
+        assert after.exit_code != 0 and "'mcp_server'" in after.stderr
+    assert_gone(pidfile)
+
+
+def test_colliding_names_get_their_server_prefix(tmp_path):
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps([{"name": "slow", "_exec": "sleep 0"}]))
+    r = cli("tools", "ls", "--tools", str(tools_file), "--mcp", server(),
+            "--mcp", server("second"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "mcp_server__add(a: integer, b: integer)  Add two integers.  [mcp:mcp_server]" \
+        in lines
+    assert "mcp_server_2__add(a: integer, b: integer)  Add as the second server does.  " \
+           "[mcp:mcp_server_2]" in lines
+    assert f"slow()  [{tools_file}]" in lines  # the file's tool keeps its name
+    assert "mcp_server__slow(seconds: number)  Sleeps.  [mcp:mcp_server]" in lines
+    assert "fail()  Always fails.  [mcp:mcp_server]" in lines  # offered once: unprefixed
+    assert "'broken'" in r.stderr and "'mcp_server'" in r.stderr
+
+
+def test_config_file_names_servers_and_passes_env_and_cwd(tmp_path, pidfile):
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"calc": {
+        "command": sys.executable, "args": [str(SERVER), "second", "pids"],
+        "cwd": str(tmp_path), "env": {"UNUSED": "1"}}}}))
+    specs = load_config(config)
+    assert [(s.name, s.cwd) for s in specs] == [("calc", str(tmp_path))]
+    r = cli("tools", "ls", "--mcp-config", str(config), "--sandbox", "none")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["add(a: integer, b: integer)  Add as the second server "
+                                     "does.  [mcp:calc]"]
+    assert_gone(pidfile)  # a relative path: the server ran in the config's cwd
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{", "not valid JSON"),
+    ('{"servers": {}}', 'expected {"mcpServers"'),
+    ('{"mcpServers": {"x": {"args": []}}}', "server 'x' needs exactly one of"),
+    ('{"mcpServers": {"x": {"command": 3}}}', "server 'x'"),
+])
+def test_bad_config_is_one_line(tmp_path, content, message):
+    config = tmp_path / "mcp.json"
+    config.write_text(content)
+    r = cli("tools", "ls", "--mcp-config", str(config))
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_server_that_exits_at_start_is_one_line_naming_it(pidfile):
+    r = cli("tools", "ls", "--mcp", server("exit"), "--sandbox", "none")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "mlx_agent: error: MCP server 'mcp_server' failed to start (MCPError: Connection "
+        "closed); its stderr: cannot open the database"]
+    assert_gone(pidfile)
+
+
+def test_a_server_that_hangs_at_start_times_out_and_is_killed(pidfile):
+    start = time.monotonic()
+    r = cli("tools", "ls", "--mcp", server(), "--mcp", server("hang"), "--sandbox", "none",
+            env={"MLX_AGENT_MCP_START_TIMEOUT": "4"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "MCP server 'mcp_server_2' did not start within 4 s; its stderr: waiting for " \
+           "something that never comes" in r.stderr
+    assert time.monotonic() - start < 15
+    assert_gone(pidfile)  # the healthy one as well
+
+
+def test_start_failure_in_process_raises_mcp_error(pidfile):
+    with pytest.raises(McpError, match="'mcp_server' did not start within 0.5 s"):
+        McpServers([spec_from_command(server("hang"))], start_timeout=0.5).start()
+    assert_gone(pidfile)
+
+
+def test_ctrl_c_stops_every_server(pidfile):
+    proc = subprocess.Popen([*CLI, "agent", "--sandbox", "none", "--mcp", server(),
+                             "--mcp", server("second")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while (not pidfile.exists() or len(pidfile.read_text().split()) < 2) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # both handshakes done: the agent is loading the model or reading
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and b"Traceback" not in err, err
+    assert_gone(pidfile)
+
+
+@pytest.mark.real_model
+def test_forced_call_end_to_end_through_the_agent():
+    """Under the default sandbox (bwrap here): the server runs confined."""
+    r = cli("agent", "--mcp", server(), "--single", "What is 2 plus 3?", "--json-out",
+            "--tool-choice", "add,none", "--max-tokens", "48", "--max-steps", "2", timeout=300)
+    assert r.returncode in (0, 1), r.stderr
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    calls = [e for e in events if isinstance(e, ev.ToolCall)]
+    assert len(calls) == 1 and calls[0].tool == "add" and calls[0].exit_code == 0
+    args = calls[0].arguments
+    assert calls[0].stdout == str(args["a"] + args["b"])
+    assert isinstance(events[-1], ev.Stats) and events[-1].calls == 1
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (["--mcp", "'unclosed"], {}, "--mcp \"'unclosed\": No closing quotation"),
+    (["--mcp", " "], {}, "--mcp needs a command"),
+    (["--mcp", "/no/such/server"], {}, "MCP server 'server' failed to start (FileNotFoundError"),
+    (["--mcp", "true"], {"MLX_AGENT_MCP_START_TIMEOUT": "soon"},
+     "$MLX_AGENT_MCP_START_TIMEOUT must be a number of seconds above 0, not 'soon'"),
+])
+def test_bad_mcp_options_are_one_line(args, env, message):
+    r = cli("tools", "ls", "--sandbox", "none", *args, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlx_agent: error: ") and message in lines[0]
