@@ -6,12 +6,14 @@ import click
 
 from mlx_agent.synth.config import SynthConfig
 
+from .options import make_sandbox, mcp_options, sandbox_options, start_mcp
+
 DEFAULTS = SynthConfig()
 SHARE = click.FloatRange(0, 1)
 
 
 @click.command()
-@click.option("--tools", "tools_file", type=click.Path(dir_okay=False), required=True,
+@click.option("--tools", "tools_file", type=click.Path(dir_okay=False), default=None,
               help="Tools file (JSON, as for `agent --tools`).")
 @click.option("--out", type=click.Path(file_okay=False), required=True,
               help="Directory for train.jsonl, heldout.jsonl, tools.json and report.json.")
@@ -28,40 +30,57 @@ SHARE = click.FloatRange(0, 1)
               help="Share of tasks whose answer must state the tool's result.")
 @click.option("--no-run-tools", is_flag=True,
               help="Do not run the tools (then no two-call or answer tasks).")
+@mcp_options
+@sandbox_options
 def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, two_call_share,
-          answer_share, no_run_tools):
+          answer_share, no_run_tools, mcp_commands, mcp_config, sandbox, allow_network):
     """Synthesise tasks for the tools in FILE: a training and a held-out set for `eval`.
 
     Arguments come from each tool's schema, values from pools chosen by parameter name and
     description; requests are phrased through many templates. The held-out set uses other
     values and other template families than training; report.json measures the overlap.
     To learn their results, each tool runs a few times, as `eval` would run it, in an empty
-    temporary directory (--no-run-tools skips that).
+    temporary directory, in the sandbox (--no-run-tools skips that).
+
+    The tools of MCP servers (--mcp, --mcp-config) join the file's; the tasks then need the
+    same servers in `eval`, which the tasks file cannot name: pass the same options there.
 
     \b
-    Example:
+    Examples:
       mlx_agent synth --tools tools.json --out tasks/ --n-train 300 --n-heldout 60
       mlx_agent eval --tasks tasks/heldout.jsonl
+      mlx_agent synth --mcp "python server.py" --out tasks/
+      mlx_agent eval --tasks tasks/heldout.jsonl --mcp "python server.py"
     """
     from pathlib import Path
 
     from mlx_agent.synth.synthesis import report_lines, synthesize, write
     from mlx_agent.tools import load_tools
 
-    from .errors import UserError
+    from .errors import UserError, warn
 
     if no_tool_share + two_call_share + answer_share > 1:
         raise click.BadParameter("the shares add up to more than 1", param_hint="--*-share")
-    tools = load_tools(tools_file)  # a bad file is a ToolSchemaError: one line, exit 2
+    if not tools_file and not mcp_commands and not mcp_config:
+        raise click.UsageError("give --tools FILE, or MCP servers with --mcp / --mcp-config")
+    tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
+    box = make_sandbox(sandbox, allow_network, None)
+    servers = start_mcp(mcp_commands, mcp_config, box, 10.0, None)
+    if servers is not None:
+        served, warnings = servers.tools(taken=[t.name for t in tools])
+        for warning in warnings:
+            warn(warning)
+        tools += served
     if not tools:
-        raise UserError(f"{tools_file} has no tools; give a catalogue of at least one")
+        raise UserError("the catalogue has no tools; give at least one")
     config = SynthConfig(n_train=n_train, n_heldout=n_heldout, seed=seed,
                          no_tool_share=no_tool_share, chain_share=two_call_share,
                          answer_share=answer_share, run_tools=not no_run_tools)
     try:  # before the work: a directory that cannot take the files fails at once
         Path(out).mkdir(parents=True, exist_ok=True)
-        result = synthesize(tools, config)
-        written = write(result, Path(tools_file).read_bytes(), out)
+        result = synthesize(tools, config, sandbox=box)
+        # the file's tools only: a server's tools come from the server, in eval as here
+        written = write(result, Path(tools_file).read_bytes() if tools_file else b"[]\n", out)
     except OSError as e:
         raise UserError(f"cannot write to {out}: {e.strerror or e}; "
                         "choose a directory you can write") from None

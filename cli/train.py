@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .errors import UserError
-from .options import load_options, loop_options, make_sandbox, model_argument, sandbox_options
+from .errors import UserError, warn
+from .options import (load_options, loop_options, make_sandbox, mcp_options, model_argument,
+                      sandbox_options, start_mcp)
 
 
 @click.command("traces-to-data")
@@ -95,22 +96,30 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @sandbox_options
+@mcp_options
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, temperature, sandbox, allow_network, adapter, weights,
-             context_length):
+             no_grammar, allow_repeat_calls, temperature, sandbox, allow_network, mcp_commands,
+             mcp_config, adapter, weights, context_length):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
     Example:
       mlx_agent eval --tasks tasks.jsonl --seeds 3 --trajectory-dir runs/
       mlx_agent eval --adapter adapters/specialist --tasks heldout.jsonl
+      mlx_agent eval --tasks heldout.jsonl --mcp "python server.py"   # its tools in every task
     """
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.evaluate import run
+    from mlx_agent.evaluate import run, tool_names
     from mlx_agent.models import load
 
     box = make_sandbox(sandbox, allow_network, None)
+    servers = start_mcp(mcp_commands, mcp_config, box, 30.0, None)
+    served = []
+    if servers is not None:  # a name a tasks file defines too gets its server's prefix
+        served, warnings = servers.tools(taken=sorted(tool_names(tasks_file)))
+        for warning in warnings:
+            warn(warning)
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
 
     def show(r):
@@ -119,7 +128,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
                    f"{r.seconds:.1f} s", err=True)
 
     summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
-                  trajectory_dir=trajectory_dir, on_run=show,
+                  trajectory_dir=trajectory_dir, on_run=show, extra_tools=served,
                   config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
                                     "grammar": not no_grammar, "sandbox": box,
                                     "allow_repeat_calls": allow_repeat_calls,

@@ -282,3 +282,47 @@ def test_bad_mcp_options_are_one_line(args, env, message):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mlx_agent: error: ") and message in lines[0]
+
+
+def test_synth_takes_a_servers_tools_and_runs_them_for_results(tmp_path, pidfile):
+    out = tmp_path / "tasks"
+    r = cli("synth", "--mcp", server("second"), "--out", str(out), "--n-train", "6",
+            "--n-heldout", "3", "--seed", "1", "--sandbox", "none")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads((out / "tools.json").read_text()) == []  # the server's tools stay its
+    tasks = [json.loads(line) for f in ("train.jsonl", "heldout.jsonl")
+             for line in (out / f).read_text().splitlines()]
+    assert len(tasks) == 9 and {t["tools"] for t in tasks} == {"tools.json"}
+    called = [c for t in tasks for c in t["check"].get("tool_calls") or []]
+    assert called and {c["name"] for c in called} == {"add"}
+    # an answer task states the result the server gave (run through tools/call)
+    answers = [t["check"]["answer_pattern"] for t in tasks if "answer_pattern" in t["check"]]
+    assert answers and all(r"second\ " in a for a in answers), answers
+    assert_gone(pidfile)
+
+
+def test_synth_without_any_tool_source_is_a_usage_error(tmp_path):
+    r = cli("synth", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "give --tools FILE, or MCP servers with --mcp / --mcp-config" in r.stderr
+
+
+@pytest.mark.real_model
+def test_eval_adds_a_servers_tools_to_every_task_prefixed_on_a_clash(tmp_path, pidfile):
+    """The tasks' own tools file defines ``add`` too: the server's gets its server's name."""
+    (tmp_path / "tools.json").write_text(json.dumps([{
+        "type": "function", "function": {"name": "add", "description": "Adds locally.",
+                                         "parameters": {"type": "object", "properties": {}}},
+        "_exec": "echo local"}]))
+    task = {"prompt": "What is 2 plus 3?", "tools": "tools.json",
+            "tool_choice": [{"name": "mcp_server__add", "arguments": {"a": 2, "b": 3}}, "none"],
+            "check": {"tool_calls": [{"name": "mcp_server__add", "arguments": {"a": 2, "b": 3}}]}}
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    r = cli("eval", "--tasks", str(tmp_path / "tasks.jsonl"), "--mcp", server("second"),
+            "--max-tokens", "32", "--max-steps", "2", "--trajectory-dir", str(tmp_path / "runs"),
+            "--sandbox", "none", timeout=300)  # unconfined: the server writes its pid file
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.splitlines()[-1].split()[:2] == ["1", "100%"], r.stdout
+    (traj,) = (tmp_path / "runs").glob("*.atraj")
+    assert "second 5" in traj.read_text(errors="replace")  # the server's answer, not "local"
+    assert_gone(pidfile)

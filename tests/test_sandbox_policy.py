@@ -231,3 +231,20 @@ def test_a_python_that_lives_in_tmp_stays_visible_under_bwrap(monkeypatch, tmp_p
     argv = bwrap_argv(policy, ["true"])
     bind = argv.index("/tmp/proj/.venv") - 1
     assert argv[bind] == "--ro-bind" and bind > argv.index("--tmpfs")
+
+
+@needs_bwrap
+@pytest.mark.parametrize("sandbox,escapes", [("bwrap", False), ("none", True)])
+def test_synth_runs_tools_for_their_results_in_the_sandbox(tmp_path, area, sandbox, escapes):
+    """synth runs each tool to learn its result: under the sandbox, as eval would."""
+    outside = area / "outside" / "new"
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{
+        "name": "probe", "description": "Probe the machine.",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                       "required": ["n"]},
+        "_exec": f'echo pwned > {outside} 2>/dev/null; echo "$n"', "_exec_args": ["n"]}]))
+    r = cli("synth", "--tools", str(tools), "--out", str(tmp_path / "tasks"), "--n-train", "2",
+            "--n-heldout", "1", "--sandbox", sandbox)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert outside.exists() == escapes

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..fileio import atomic_path
-from ..tools import Tool
+from ..tools import Sandbox, Tool
 from . import pools as P
 from .config import SynthConfig
 from .tasks import KINDS, Builder, Plan, Results, SynthTask, chain_targets
@@ -54,8 +54,8 @@ class _Catalogue:
     skipped: dict[str, str]
 
 
-def _survey(tools: list[Tool], config: SynthConfig) -> _Catalogue:
-    results = Results(tools, config.run_tools, config.tool_timeout)
+def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None) -> _Catalogue:
+    results = Results(tools, config.run_tools, config.tool_timeout, sandbox)
     probe = Sampler(random.Random(f"{config.seed}:probe"), P.TRAIN, config.optional_share)
     usable, skipped = [], {}
     for tool in tools:
@@ -130,9 +130,11 @@ def _draw(make, ok) -> SynthTask | None:
     return None
 
 
-def synthesize(tools: list[Tool], config: SynthConfig = SynthConfig()) -> Synthesis:
-    """Training and held-out tasks for ``tools``, and the report of what was made."""
-    cat = _survey(tools, config)
+def synthesize(tools: list[Tool], config: SynthConfig = SynthConfig(),
+               sandbox: Sandbox | None = None) -> Synthesis:
+    """Training and held-out tasks for ``tools``, and the report of what was made; ``_exec``
+    tools run under ``sandbox`` (as ``eval`` runs them) to learn their results."""
+    cat = _survey(tools, config, sandbox)
     train = _side(P.TRAIN, config.n_train, cat, config, [])
     heldout = _side(P.HELDOUT, config.n_heldout, cat, config, train)
     return Synthesis(train, heldout, _report(train, heldout, cat, config))

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tools import Tool, run_tool
+from ..tools import Sandbox, Tool, run_tool
 from .phrasing import Phrase, Phraser
 from .values import (Sampler, Unsatisfiable, as_schema, canonical, free_leaves, kind_of,
                      singular, words)
@@ -53,8 +53,9 @@ class SynthTask:
 class Results:
     """Runs tools to learn their results; caches by call, so each call runs at most twice."""
 
-    def __init__(self, tools: list[Tool], run: bool = True, timeout: float = 10.0):
-        self.enabled, self.timeout = run, timeout
+    def __init__(self, tools: list[Tool], run: bool = True, timeout: float = 10.0,
+                 sandbox: Sandbox | None = None):
+        self.enabled, self.timeout, self.sandbox = run, timeout, sandbox
         self._cache: dict[str, str | None] = {}
         self._varies: dict[str, bool] = {}
         self.tools = {t.name: t for t in tools}
@@ -64,7 +65,7 @@ class Results:
 
     def _run(self, tool: Tool, arguments: dict) -> str | None:
         with tempfile.TemporaryDirectory(prefix="mlx-agent-synth-") as cwd:
-            r = run_tool(tool, arguments, timeout=self.timeout, cwd=cwd)
+            r = run_tool(tool, arguments, timeout=self.timeout, cwd=cwd, sandbox=self.sandbox)
         out = r.stdout.strip()
         if r.exit_code != 0 or r.timed_out or not out or "\n" in out or len(out) > MAX_RESULT:
             return None
