@@ -98,17 +98,20 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Write each run's .atraj here, with its reward.")
 @loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs at a time, decoded together in one batch.")
 @sandbox_options
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, temperature, sandbox, allow_network, adapter, weights,
-             context_length):
+             no_grammar, allow_repeat_calls, temperature, batch, sandbox, allow_network, adapter,
+             weights, context_length):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
     Example:
       mlx_agent eval --tasks tasks.jsonl --seeds 3 --trajectory-dir runs/
       mlx_agent eval --adapter adapters/specialist --tasks heldout.jsonl
+      mlx_agent eval --tasks tasks.jsonl --batch 8
     """
     from mlx_agent.engine import SamplingParams
     from mlx_agent.evaluate import load_tasks, run
@@ -127,7 +130,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
 
     with bar:
         summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
-                      trajectory_dir=trajectory_dir, on_run=show,
+                      trajectory_dir=trajectory_dir, on_run=show, batch=batch,
                       config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
                                         "grammar": not no_grammar, "sandbox": box,
                                         "allow_repeat_calls": allow_repeat_calls,
