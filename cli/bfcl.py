@@ -69,10 +69,10 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
         return ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
                            engine=engine)
 
-    workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
-    main = workers[0] if workers else service()
     rows = []
     try:
+        workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
+        main = workers[0] if workers else service()
         for name in names:
             with Progress(len(questions_for(name, limit)), name, unit="q") as bar:
                 score = run_category(main, name, limit=limit, max_tokens=max_tokens,
