@@ -227,7 +227,7 @@ class BatchRunner:
             with self._cv:
                 self._cv.wait_for(self._ready)
                 if self._stop:
-                    mx.synchronize()  # no queued work may outlive the thread that queued it
+                    mx.synchronize()  # close() returns with no work still queued
                     return
                 calls, self._calls = self._calls, []
             for fn, box in calls:
