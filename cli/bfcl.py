@@ -29,11 +29,13 @@ def print_table(rows: list[dict]) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Questions per category (default: all).")
 @max_tokens_option()
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Questions answered at a time, decoded together in one batch.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="JSONL file: one row per category (rewritten after each).")
 @load_options
-def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, out, adapter,
-              weights, context_length):
+def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, batch, out,
+              adapter, weights, context_length):
     """Score the model on BFCL's AST categories, grammar on.
 
     \b
@@ -41,12 +43,15 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     live_multiple, live_parallel, live_parallel_multiple, live_irrelevance.
     Example:
       mlx_agent eval-bfcl --categories simple,parallel --limit 20 --out bfcl.jsonl
+      mlx_agent eval-bfcl --batch 8 --limit 50 --out bfcl.jsonl
     """
-    from mlx_agent.bfcl import CATEGORIES, BFCLMissing, as_row, bfcl, run_category
-    from mlx_agent.models import load
-    from mlx_agent.serve import ChatService
+    from mlx_agent.batch_runner import BatchRunner
+    from mlx_agent.bfcl import (CATEGORIES, BFCLMissing, as_row, bfcl, questions_for,
+                                run_category)
     from mlx_agent.fileio import write_jsonl
-
+    from mlx_agent.models import load
+    from mlx_agent.progress import Progress
+    from mlx_agent.serve import ChatService
 
     names = [c.strip() for c in categories.split(",") if c.strip()]
     unknown = [c for c in names if c not in CATEGORIES]
@@ -58,11 +63,26 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     except BFCLMissing as e:
         raise UserError(str(e)) from None
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    service = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0)
+    runner = BatchRunner(lm.model, max_batch=batch) if batch > 1 else None
+
+    def service(engine=None):
+        return ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
+                           engine=engine)
+
     rows = []
-    for name in names:
-        score = run_category(service, name, limit=limit, max_tokens=max_tokens)
-        rows.append(as_row(score))
-        write_jsonl(out, rows)
-        click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)", err=True)
+    try:
+        workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
+        main = workers[0] if workers else service()
+        for name in names:
+            with Progress(len(questions_for(name, limit)), name, unit="q") as bar:
+                score = run_category(main, name, limit=limit, max_tokens=max_tokens,
+                                     workers=workers, on_item=lambda r: bar.advance(
+                                         f"{'✓' if r['ok'] else '✗'} {r['id']}"))
+            rows.append(as_row(score))
+            write_jsonl(out, rows)
+            click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)",
+                       err=True)
+    finally:
+        if runner:
+            runner.close()
     print_table(rows)

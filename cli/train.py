@@ -25,13 +25,17 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
       mlx_agent traces-to-data runs/ --out sft.jsonl --min-reward 1
       mlx_agent traces-to-data runs/ --mode dpo --out dpo.jsonl
     """
-    from mlx_agent.training_data import convert
+    from pathlib import Path
 
+    from mlx_agent.progress import Progress
+    from mlx_agent.training_data import convert
 
     if not out and not dry_run:
         raise click.UsageError("give --out FILE, or --dry-run")
     try:
-        counts = convert(directory, out, mode=mode, min_reward=min_reward, dry_run=dry_run)
+        with Progress(len(list(Path(directory).glob("*.atraj"))), "read", unit="file") as bar:
+            counts = convert(directory, out, mode=mode, min_reward=min_reward, dry_run=dry_run,
+                             on_file=lambda path: bar.advance(path.name))
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
     for line in counts.lines():
@@ -95,12 +99,14 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Write each run's .atraj here, with its reward.")
 @loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs at a time, decoded together in one batch.")
 @sandbox_options
 @mcp_options
 @load_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, temperature, sandbox, allow_network, mcp_commands,
-             mcp_config, adapter, weights, context_length):
+             no_grammar, allow_repeat_calls, temperature, batch, sandbox, allow_network,
+             mcp_commands, mcp_config, adapter, weights, context_length):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
@@ -108,12 +114,15 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
       mlx_agent eval --tasks tasks.jsonl --seeds 3 --trajectory-dir runs/
       mlx_agent eval --adapter adapters/specialist --tasks heldout.jsonl
       mlx_agent eval --tasks heldout.jsonl --mcp "python server.py"   # its tools in every task
+      mlx_agent eval --tasks tasks.jsonl --batch 8
     """
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.evaluate import run, tool_names
+    from mlx_agent.evaluate import load_tasks, run, tool_names
     from mlx_agent.models import load
+    from mlx_agent.progress import Progress
 
     box = make_sandbox(sandbox, allow_network, None)
+    total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
     servers = start_mcp(mcp_commands, mcp_config, box, 30.0, None)
     served = []
     if servers is not None:  # a name a tasks file defines too gets its server's prefix
@@ -121,18 +130,20 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
         for warning in warnings:
             warn(warning)
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+    bar = Progress(total, "eval", unit="run")
 
     def show(r):
         mark = "✓" if r.reward else "✗"
-        click.echo(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
-                   f"{r.seconds:.1f} s", err=True)
+        bar.advance(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
+                    f"{r.seconds:.1f} s")
 
-    summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
-                  trajectory_dir=trajectory_dir, on_run=show, extra_tools=served,
-                  config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
-                                    "grammar": not no_grammar, "sandbox": box,
-                                    "allow_repeat_calls": allow_repeat_calls,
-                                    "sampling": SamplingParams(temperature=temperature)})
+    with bar:
+        summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
+                      trajectory_dir=trajectory_dir, on_run=show, batch=batch, extra_tools=served,
+                      config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
+                                        "grammar": not no_grammar, "sandbox": box,
+                                        "allow_repeat_calls": allow_repeat_calls,
+                                        "sampling": SamplingParams(temperature=temperature)})
     row = summary.row()
     click.echo(f"{'runs':>5} {'success':>8} {'valid calls':>12} {'calls/run':>10} "
                f"{'turns/run':>10} {'from cache':>11} {'seconds':>8}")

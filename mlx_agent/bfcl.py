@@ -17,8 +17,9 @@ import sys
 import time
 import types
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from .batch_runner import run_pool
 from .engine import SamplingParams
 from .errors import UserFacingError
 from .serve.service import ChatCall
@@ -108,51 +109,72 @@ class CategoryScore:
     seconds: float
 
 
-def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
-                 on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
-    """Score ``service`` on one category (its first ``limit`` questions)."""
+def questions_for(category: str, limit: int | None = None) -> list[dict]:
+    """The category's questions (its first ``limit``)."""
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL category {category!r}; choose from "
                          + ", ".join(CATEGORIES))
+    questions = bfcl().questions(CATEGORIES[category], include_prereq=False)
+    return questions[:limit] if limit else questions
+
+
+def _ask(service, q: dict, mapping: dict, max_tokens: int) -> tuple[list, int, str | None]:
+    """The model's calls for one question, its hops, and the error that stopped it."""
+    tools = openai_tools(q["function"], mapping)
+    try:
+        result = service.chat(service.prepare(ChatCall(
+            messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
+            tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams())))
+    except UserFacingError as e:
+        return [], 0, str(e)
+    return [{c.name: c.arguments} for c in result.tool_calls], result.hops, None
+
+
+def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
+                 on_item: Callable[[dict], None] = lambda r: None,
+                 workers: Sequence = ()) -> CategoryScore:
+    """Score ``service`` on one category (its first ``limit`` questions); with ``workers``
+    (services over a :class:`~mlx_agent.batch_runner.BatchRunner`'s engines), the questions
+    go to them in parallel and decode in one batch. ``on_item`` gets each question's row
+    as it is scored."""
+    questions = questions_for(category, limit)
     b = bfcl()
     test_category = CATEGORIES[category]
-    questions = b.questions(test_category, include_prereq=False)
     irrelevance = "irrelevance" in test_category
     answers = {} if irrelevance else {a["id"]: a["ground_truth"]
                                       for a in b.answers(test_category)}
-    questions = questions[:limit] if limit else questions
-    correct = parse_errors = hops = 0
     start = time.perf_counter()
-    for q in questions:
-        tools = openai_tools(q["function"], b.types)
-        calls, hop, error = [], 0, None
-        try:
-            result = service.chat(service.prepare(ChatCall(
-                messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
-                tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams())))
-            calls = [{c.name: c.arguments} for c in result.tool_calls]
-            hop = result.hops
-        except UserFacingError as e:
-            error = str(e)
-        hops += hop
-        if error is not None:  # the question could not be put to the model at all
-            parse_errors += 1
-            ok = False
+
+    def score(q: dict, asked: tuple[list, int, str | None]) -> dict:
+        calls, hop, error = asked
+        if error is not None or (not irrelevance and not calls):
+            ok = False  # could not be put to the model, or no call to check
         elif irrelevance:
             ok = not calls
-        elif not calls:
-            parse_errors += 1
-            ok = False
         else:
             check = b.ast_checker(q["function"], calls, answers[q["id"]], b.Language.PYTHON,
                                   test_category, "mlx_agent")
             ok = bool(check["valid"])
-        correct += ok
-        on_item({"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error})
+        return {"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error,
+                "parse_error": error is not None or (not irrelevance and not calls)}
+
+    rows = []
+    if workers:
+        def done(i, asked):
+            rows.append(score(questions[i], asked))
+            on_item(rows[-1])
+
+        run_pool(list(workers), questions, lambda svc, q: _ask(svc, q, b.types, max_tokens),
+                 on_done=done)
+    else:
+        for q in questions:
+            rows.append(score(q, _ask(service, q, b.types, max_tokens)))
+            on_item(rows[-1])
     n = len(questions)
     return CategoryScore(category=category, tool_mode=service.tool_mode,
-                         accuracy=correct / n if n else 0.0, n=n, parse_errors=parse_errors,
-                         mean_hops=hops / n if n else 0.0,
+                         accuracy=sum(r["ok"] for r in rows) / n if n else 0.0, n=n,
+                         parse_errors=sum(r["parse_error"] for r in rows),
+                         mean_hops=sum(r["hops"] for r in rows) / n if n else 0.0,
                          seconds=round(time.perf_counter() - start, 2))
 
 

@@ -208,8 +208,10 @@ class Engine:
             kvs.append((c.keys[..., :n, :], c.values[..., :n, :]))
         return list(self.tokens), kvs
 
-    def restore(self, tokens: Sequence[int], kvs: Sequence[tuple[mx.array, mx.array]]) -> None:
-        """Replace the cache with a snapshot: ``tokens`` and their keys and values."""
+    def restore(self, tokens: Sequence[int], kvs: Sequence[tuple[mx.array, mx.array]],
+                logits: mx.array | None = None) -> None:
+        """Replace the cache with a snapshot: ``tokens`` and their keys and values (and the
+        ``logits`` after the last token, when known)."""
         if len(kvs) != len(self.model.layers):
             raise ValueError(f"snapshot has {len(kvs)} layers, the model {len(self.model.layers)}")
         if self.room is not None and len(tokens) > self.context_length:
@@ -220,7 +222,7 @@ class Engine:
             c.update_and_fetch(k, v)
         mx.eval([c.state for c in self.cache])
         self.tokens = list(tokens)
-        self._logits = None
+        self._logits = logits
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -370,7 +372,8 @@ class Engine:
             if constraint is not None:
                 constraint.consume(token)
             yield token
-            if token in stop_ids or (constraint is not None and constraint.done):
+            if token in stop_ids or (constraint is not None and constraint.done) \
+                    or n + 1 == max_tokens:  # no draw for a token that will not be asked for
                 return
             if n % 256 == 255:
                 mx.clear_cache()

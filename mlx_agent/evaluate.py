@@ -36,6 +36,7 @@ import msgspec
 
 from .agent import Agent, AgentConfig, agent_format
 from .agent import events as ev
+from .batch_runner import BatchRunner, run_pool
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
 from .tools import Tool, builtin_tools, load_tools
@@ -171,22 +172,35 @@ def tool_names(tasks_file: str | Path) -> set[str]:
 def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
         config_overrides: dict | None = None, trajectory_dir: str | Path | None = None,
         sampler_for: Callable[[int], Any] | None = None,
-        on_run: Callable[[RunResult], None] = lambda r: None,
+        on_run: Callable[[RunResult], None] = lambda r: None, batch: int = 1,
         extra_tools: Sequence[Tool] = ()) -> Summary:
     """Run every task ``seeds`` times; ``extra_tools`` (an MCP server's) join every task's
-    own; ``sampler_for(seed)`` overrides sampling (tests)."""
+    own; ``sampler_for(seed)`` overrides sampling (tests).
+
+    With ``batch`` > 1, that many runs go at a time, each in a thread with an engine of its
+    own, decoding together on a :class:`~mlx_agent.batch_runner.BatchRunner` (a run's tools
+    execute while the others decode); ``on_run`` gets results as runs finish, the summary
+    lists them in task order."""
     tasks_file = Path(tasks_file)
     tasks = load_tasks(tasks_file)
-    engine = lm.engine()
-    summary = Summary()
-    for task in tasks:
-        for seed in range(seeds):
-            result = _run_one(lm, engine, task, seed, tasks_file.parent, protocol,
-                              dict(config_overrides or {}), trajectory_dir,
-                              sampler_for(seed) if sampler_for else None, extra_tools)
-            summary.runs.append(result)
-            on_run(result)
-    return summary
+    runs = [(task, seed) for task in tasks for seed in range(seeds)]
+
+    def one(engine: Engine, item: tuple[Task, int]) -> RunResult:
+        task, seed = item
+        return _run_one(lm, engine, task, seed, tasks_file.parent, protocol,
+                        dict(config_overrides or {}), trajectory_dir,
+                        sampler_for(seed) if sampler_for else None, extra_tools)
+
+    if batch <= 1:
+        engine = lm.engine()
+        summary = Summary()
+        for item in runs:
+            summary.runs.append(one(engine, item))
+            on_run(summary.runs[-1])
+        return summary
+    with BatchRunner(lm.model, max_batch=batch) as runner:
+        engines = [runner.engine(lm) for _ in range(min(batch, len(runs)))]
+        return Summary(run_pool(engines, runs, one, on_done=lambda i, r: on_run(r)))
 
 
 def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,

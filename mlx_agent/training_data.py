@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .fileio import write_jsonl
 from .trajectory import Trajectory, TrajectoryError, read
@@ -78,23 +78,30 @@ def _shingles(text: str) -> set[bytes]:
     return {" ".join(words[i : i + 3]).encode() for i in range(len(words) - 2)}
 
 
-def load(directory: str | os.PathLike, counts: Counts,
-         min_reward: float | None) -> list[tuple[Path, Trajectory]]:
-    """Readable trajectories that pass the reward filter."""
+def load(directory: str | os.PathLike, counts: Counts, min_reward: float | None,
+         on_file: Callable[[Path], None] = lambda p: None) -> list[tuple[Path, Trajectory]]:
+    """Readable trajectories that pass the reward filter; ``on_file`` after each file."""
     out = []
     for path in sorted(Path(directory).glob("*.atraj")):
-        counts.read += 1
-        try:
-            traj = read(path)
-        except TrajectoryError:
-            counts.unreadable += 1
-            continue
-        r = reward_of(traj)
-        if min_reward is not None and (r is None or r < min_reward):
-            counts.low_reward += 1
-            continue
-        out.append((path, traj))
+        traj = _kept(path, counts, min_reward)
+        if traj is not None:
+            out.append((path, traj))
+        on_file(path)
     return out
+
+
+def _kept(path: Path, counts: Counts, min_reward: float | None) -> Trajectory | None:
+    counts.read += 1
+    try:
+        traj = read(path)
+    except TrajectoryError:
+        counts.unreadable += 1
+        return None
+    r = reward_of(traj)
+    if min_reward is not None and (r is None or r < min_reward):
+        counts.low_reward += 1
+        return None
+    return traj
 
 
 def dedupe(items: list[tuple[Path, Trajectory]], counts: Counts,
@@ -160,14 +167,15 @@ def dpo_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
 
 
 def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
-            min_reward: float | None = None, dry_run: bool = False) -> Counts:
+            min_reward: float | None = None, dry_run: bool = False,
+            on_file: Callable[[Path], None] = lambda p: None) -> Counts:
     if mode not in ("sft", "dpo"):
         raise ValueError(f"unknown mode {mode!r}; choose sft or dpo")
     if not Path(directory).is_dir():
         raise ValueError(f"{directory} is not a directory of .atraj files")
     counts = Counts()
     # DPO pairs rollouts of one prompt, so only SFT drops near-duplicate prompts
-    items = dedupe(load(directory, counts, min_reward), counts, near=mode == "sft")
+    items = dedupe(load(directory, counts, min_reward, on_file), counts, near=mode == "sft")
     rows = sft_rows(items) if mode == "sft" else dpo_rows(items)
     counts.rows = len(rows)
     if not dry_run and out is not None:

@@ -114,6 +114,7 @@ def test_cli_traces_to_data_and_usage_errors(tmp_path):
     ok = subprocess.run([*cli, "traces-to-data", str(d), "--out", str(tmp_path / "o.jsonl")],
                         capture_output=True, text=True, env=env)
     assert ok.returncode == 0 and "wrote 1 sft rows" in ok.stdout and "kept: 1" in ok.stdout
+    assert ok.stderr.startswith("read 1/1 100% ") and ok.stderr.rstrip().endswith(".atraj")
     missing = subprocess.run([*cli, "traces-to-data", str(d)], capture_output=True, text=True,
                              env=env)
     assert missing.returncode == 2 and "--out FILE, or --dry-run" in missing.stderr

@@ -53,8 +53,9 @@ class TrajectoryLog:
             if loaded or prompt[: len(system)] == system:
                 steps.append(Step(role="system", content=self.system_text, input_ids=system,
                                   prefix_len=0))
-                if not loaded:
-                    fed, at = prompt[len(system):], len(system)
+                # the whole rest of the prompt, cached or not: the engine may hold more than
+                # the system prompt (the same task's previous run), the trajectory does not
+                fed, at = prompt[len(system):], len(system)
         if user_text is not None:
             return [*steps, Step(role="user", content=user_text, input_ids=fed, prefix_len=at)]
         pending, self._pending = self._pending, []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -53,6 +54,11 @@ NAMED_MODELS = {
 }
 
 
+# transformers passes split_special_tokens by setting a flag on the shared Rust tokenizer for
+# the call: encodes in two threads at once (eval --batch) must not interleave.
+_ENCODING = threading.Lock()
+
+
 class _Parts(NamedTuple):
     """What each format's loader hands to :func:`load`."""
 
@@ -82,11 +88,14 @@ class LoadedModel:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are matched."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        with _ENCODING:
+            return self.tokenizer.encode(text, add_special_tokens=False)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of message text: special tokens written in it are plain text."""
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        with _ENCODING:
+            return self.tokenizer.encode(text, add_special_tokens=False,
+                                         split_special_tokens=True)
 
     def prompt_ids(self, text: str) -> list[int]:
         """Ids to feed for a prompt: ``encode(text)`` with the BOS token in front when the

@@ -117,7 +117,9 @@ class TinyGPT(nn.Module):
     def __call__(self, inputs: mx.array, cache=None) -> mx.array:
         L = inputs.shape[1]
         offset = cache[0].offset if cache is not None else 0
-        positions = mx.minimum(mx.arange(offset, offset + L), self.args.ctx - 1)
+        if isinstance(offset, mx.array):  # a batched cache: one offset per row
+            offset = offset[:, None]
+        positions = mx.minimum(offset + mx.arange(L), self.args.ctx - 1)
         h = self.token_embedding(inputs) + self.position_embedding(positions)
         if self.args.embed_norm:
             h = self.embed_norm(h)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..engine import Constraint, SamplingParams
+from ..engine import Constraint, Engine, SamplingParams
 from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMemo,
                        StreamFilter, arguments_of, choose, get_tool_info_tool, make_format,
                        text_of, tool_info)
@@ -130,7 +130,8 @@ class ChatService:
                  protocol: str = "auto", kv_slots: int = 4, default_max_tokens: int = 512,
                  metrics_out: str | Path | None = None, model_name: str | None = None,
                  sampler_for: Callable[[SamplingParams], Callable] | None = None,
-                 context_length: int | None = None, allow_repeat_calls: bool = False):
+                 context_length: int | None = None, allow_repeat_calls: bool = False,
+                 engine: Engine | None = None):
         if tool_mode not in ("full", "deferred"):
             raise ValueError(f"unknown tool mode {tool_mode!r}; use full or deferred")
         self.lm = lm
@@ -138,7 +139,8 @@ class ChatService:
         self.tool_mode = tool_mode
         self.allow_repeat_calls = allow_repeat_calls
         self.protocol = choose(protocol, lm.chat)
-        self.engine = lm.engine(context_length=context_length) if context_length else lm.engine()
+        self.engine = engine or (lm.engine(context_length=context_length) if context_length
+                                 else lm.engine())
         self.slots = KVSlots(self.engine, kv_slots)
         memo = ReplyMemo()  # one memo: a reply sent back in any format renders as sampled
         self.formats = {name: make_format(name, lm, memo) for name in (self.protocol, "plain")}

@@ -1,0 +1,161 @@
+"""Batched decoding gives each sequence exactly what the engine alone gives it (tiny random
+models: exact ids), with its own sampler, seed, grammar and stop rule; rows join and leave
+without disturbing the others; engine calls from worker threads run on the model thread."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mlx_agent.batch import BatchDecoder, Row
+from mlx_agent.batch_runner import BatchedEngine, BatchRunner, run_pool
+from mlx_agent.engine import Engine, SamplingParams
+
+CTX = 64
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 90) for _ in range(rng.randrange(2, 24))] for _ in range(n)]
+
+
+def _params(i: int) -> SamplingParams:
+    return SamplingParams() if i % 2 == 0 else SamplingParams(temperature=0.9, top_k=20, seed=i)
+
+
+def test_batch_rows_equal_the_engine_alone_and_join_late(tiny_model):
+    prompts = _prompts(6)
+    alone = []
+    for i, p in enumerate(prompts):
+        e = Engine(tiny_model, context_length=CTX)
+        e.sync(p)
+        alone.append(list(e.generate(_params(i).sampler(), max_tokens=12 + i, stop_ids={5})))
+    engines = [Engine(tiny_model, context_length=CTX) for _ in prompts]
+    for e, p in zip(engines, prompts):
+        e.sync(p)
+    rows = [Row(e, _params(i).sampler(), 12 + i, {5}) for i, e in enumerate(engines)]
+    dec = BatchDecoder(tiny_model)
+    dec.join(rows[:3])
+    steps = 0
+    while len(dec):
+        dec.step()
+        steps += 1
+        if steps == 4:  # three more join a running batch
+            dec.join(rows[3:])
+    assert [r.generated for r in rows] == alone
+    for e, p, r in zip(engines, prompts, rows):
+        assert e.tokens == p + r.generated  # every token handed out is in the engine's cache
+    # each engine goes on alone from what the batch handed back, as if it had never left
+    ref = Engine(tiny_model, context_length=CTX)
+    ref.sync(engines[0].tokens)
+    assert list(engines[0].generate(max_tokens=5)) == list(ref.generate(max_tokens=5))
+
+
+def test_a_full_context_caps_a_row_and_a_bad_row_is_refused(tiny_model):
+    e = Engine(tiny_model, context_length=CTX)
+    e.sync(list(range(1, CTX - 2)))
+    dec = BatchDecoder(tiny_model)
+    row = Row(e, max_tokens=50)
+    dec.join([row])
+    while len(dec):
+        dec.step()
+    assert len(row.generated) == 3 and len(e.tokens) == CTX
+    with pytest.raises(RuntimeError, match="nothing to continue from"):
+        dec.join([Row(Engine(tiny_model, context_length=CTX))])
+    fresh = Engine(tiny_model, context_length=CTX)
+    fresh.sync([1, 2])
+    with pytest.raises(ValueError, match="at least one token"):
+        dec.join([Row(fresh, max_tokens=0)])
+
+
+def test_grammar_masks_apply_per_row_in_one_batch(tiny_lm):
+    from mlx_agent.grammar import schema_constraint
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    prompts = [tiny_lm.prompt_ids(t) for t in ("Give a number:", "Write JSON", "Hi")]
+    alone = []
+    for i, p in enumerate(prompts):
+        e = tiny_lm.engine()
+        e.sync(p)
+        c = schema_constraint(tiny_lm, schema) if i != 1 else None
+        alone.append(list(e.generate(max_tokens=16, constraint=c)))
+    rows = []
+    for i, p in enumerate(prompts):
+        e = tiny_lm.engine()
+        e.sync(p)
+        rows.append(Row(e, max_tokens=16,
+                        constraint=schema_constraint(tiny_lm, schema) if i != 1 else None))
+    dec = BatchDecoder(tiny_lm.model)
+    dec.join(rows)
+    while len(dec):
+        dec.step()
+    assert [r.generated for r in rows] == alone
+    assert tiny_lm.tokenizer.decode(rows[0].generated).startswith('{')
+
+
+def _conversation(engine, prompt, params):
+    """Two generations with a turn between, the second stopped early by its reader."""
+    sampler = params.sampler()
+    engine.sync(prompt)
+    first = list(engine.generate(sampler, max_tokens=10, stop_ids={5}))
+    engine.sync(engine.tokens + [7, 8, 9])
+    second = []
+    for token in engine.generate(sampler, max_tokens=20):
+        second.append(token)
+        if len(second) == 3:
+            break
+    return first, second, list(engine.tokens)
+
+
+def test_worker_threads_over_one_runner_equal_the_engine_alone(tiny_model):
+    prompts = _prompts(10, seed=1)
+    alone = [_conversation(Engine(tiny_model, context_length=CTX), p, _params(i))
+             for i, p in enumerate(prompts)]
+    with BatchRunner(tiny_model, max_batch=4) as runner:
+        engines = [runner.call(lambda: BatchedEngine(runner, tiny_model, context_length=CTX))
+                   for _ in range(4)]
+        done = []
+        got = run_pool(engines, list(enumerate(prompts)),
+                       lambda e, item: _conversation(e, item[1], _params(item[0])),
+                       on_done=lambda i, r: done.append(i))
+        assert runner.rows_stepped > runner.steps  # steps carried several rows at once
+    assert got == alone and sorted(done) == list(range(10))
+
+
+def test_a_shared_prefix_is_prefilled_once(tiny_model):
+    system = list(range(10, 40))
+    with BatchRunner(tiny_model, max_batch=2) as runner:
+        a, b = (runner.call(lambda: BatchedEngine(runner, tiny_model, context_length=CTX))
+                for _ in range(2))
+        assert a.sync(system + [1, 2]).prefilled == 32
+        stats = b.sync(system + [3])
+        assert (stats.reused, stats.prefilled) == (30, 1)
+        ref = Engine(tiny_model, context_length=CTX)
+        ref.sync(system + [3])
+        assert list(b.generate(max_tokens=6)) == list(ref.generate(max_tokens=6))
+
+
+def test_errors_reach_the_calling_thread(tiny_model):
+    with BatchRunner(tiny_model) as runner:
+        e = runner.call(lambda: BatchedEngine(runner, tiny_model, context_length=8))
+        with pytest.raises(Exception, match="exceed the 8-token context"):
+            e.sync(list(range(1, 20)))
+        with pytest.raises(RuntimeError, match="nothing to continue from"):
+            next(e.generate())
+        with pytest.raises(ZeroDivisionError):
+            run_pool([e], [1, 2], lambda ctx, x: 1 / 0)
+
+
+def test_the_engine_draws_once_per_token_it_hands_out(tiny_model):
+    """A generation that ends at its token limit drew one token too many (a seeded
+    sampler's next generation then differed from the batch's, which draws none)."""
+    calls = []
+
+    def sampler(logprobs):
+        calls.append(1)
+        return logprobs.argmax(axis=-1)
+
+    e = Engine(tiny_model, context_length=CTX)
+    e.sync([1, 2, 3])
+    assert len(list(e.generate(sampler, max_tokens=5))) == 5 and len(calls) == 5
