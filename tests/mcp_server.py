@@ -12,12 +12,12 @@ import socket
 import sys
 import time
 
-from mcp.server.mcpserver import Image, MCPServer
-
 mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
-if len(sys.argv) > 2:
+if len(sys.argv) > 2:  # first: a test's short start-up timeout may end us during the import
     with open(sys.argv[2], "a") as f:
         f.write(f"{os.getpid()}\n")
+
+from mcp.server.mcpserver import Image, MCPServer  # noqa: E402
 if mode == "exit":
     print("cannot open the database", file=sys.stderr, flush=True)
     sys.exit(3)
