@@ -230,7 +230,7 @@ def test_a_server_that_hangs_at_start_times_out_and_is_killed(pidfile):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "MCP server 'mcp_server_2' did not start within 4 s; its stderr: waiting for " \
            "something that never comes" in r.stderr
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < 60  # the server would sleep 600 s (slack for a loaded machine)
     assert_gone(pidfile)  # the healthy one as well
 
 
