@@ -53,8 +53,9 @@ class TrajectoryLog:
             if loaded or prompt[: len(system)] == system:
                 steps.append(Step(role="system", content=self.system_text, input_ids=system,
                                   prefix_len=0))
-                if not loaded:
-                    fed, at = prompt[len(system):], len(system)
+                # everything after the system prompt goes in this rollout's record, also
+                # what the cache held from an earlier one (an eval's previous task)
+                fed, at = prompt[len(system):], len(system)
         if user_text is not None:
             return [*steps, Step(role="user", content=user_text, input_ids=fed, prefix_len=at)]
         pending, self._pending = self._pending, []
