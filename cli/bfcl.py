@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import click
 
 from .errors import UserError
+from .fanout import Progress, check_ray_options, ray_options, runs_file
 from .options import load_options, max_tokens_option, model_argument, protocol_option
 
 
@@ -31,9 +34,13 @@ def print_table(rows: list[dict]) -> None:
 @max_tokens_option()
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="JSONL file: one row per category (rewritten after each).")
+@click.option("--runs", type=click.Path(dir_okay=False), default=None,
+              help="JSONL file: one row per question (task, seed, reward, calls, turns, "
+                   "seconds).")
 @load_options
-def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, out, adapter,
-              weights, context_length):
+@ray_options
+def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, out, runs, adapter,
+              weights, context_length, ray_address, ray_workers):
     """Score the model on BFCL's AST categories, grammar on.
 
     \b
@@ -41,8 +48,9 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     live_multiple, live_parallel, live_parallel_multiple, live_irrelevance.
     Example:
       mlx_agent eval-bfcl --categories simple,parallel --limit 20 --out bfcl.jsonl
+      mlx_agent eval-bfcl --limit 100 --out bfcl.jsonl --runs runs.jsonl --ray auto
     """
-    from mlx_agent.bfcl import CATEGORIES, BFCLMissing, as_row, bfcl, run_category
+    from mlx_agent.bfcl import CATEGORIES, BFCLMissing, as_row, bfcl, question_row, run_category
     from mlx_agent.models import load
     from mlx_agent.serve import ChatService
     from mlx_agent.fileio import write_jsonl
@@ -53,16 +61,34 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ou
     if unknown:
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
+    check_ray_options(ray_address, ray_workers)
     try:
         bfcl()  # before the model loads
     except BFCLMissing as e:
         raise UserError(str(e)) from None
-    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    service = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0)
+    if ray_address:
+        from mlx_agent.cluster_eval import BfclWorker, ModelSpec, bfcl_category
+        from mlx_agent.fanout import Pool
+
+        worker = BfclWorker(ModelSpec(model_spec, adapter, weights, context_length), tool_mode,
+                            protocol, max_tokens)
+        pool = click.get_current_context().with_resource(
+            Pool(worker, address=ray_address, workers=ray_workers))  # one for all categories
+        progress = Progress()
+        score_category = partial(bfcl_category, pool, tool_mode,
+                                 on_answer=lambda qid, w: progress(f"{qid} answered", w))
+    else:
+        service = ChatService(load(model_spec, adapter=adapter, weights=weights,
+                                   context_length=context_length),
+                              tool_mode=tool_mode, protocol=protocol, kv_slots=0)
+        score_category = partial(run_category, service, max_tokens=max_tokens)
     rows = []
-    for name in names:
-        score = run_category(service, name, limit=limit, max_tokens=max_tokens)
-        rows.append(as_row(score))
-        write_jsonl(out, rows)
-        click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)", err=True)
+    with runs_file(runs) as run_rows:
+        for name in names:
+            score = score_category(name, limit=limit,
+                                   on_item=lambda item: run_rows.append(question_row(item)))
+            rows.append(as_row(score))
+            write_jsonl(out, rows)
+            click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)",
+                       err=True)
     print_table(rows)

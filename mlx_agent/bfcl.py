@@ -17,7 +17,7 @@ import sys
 import time
 import types
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .engine import SamplingParams
 from .errors import UserFacingError
@@ -111,29 +111,49 @@ class CategoryScore:
 def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
                  on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
     """Score ``service`` on one category (its first ``limit`` questions)."""
+    questions = category_questions(category, limit)
+    start = time.perf_counter()
+    types = bfcl().types
+    answers = (answer_question(service, q, types, max_tokens) for q in questions)
+    return score(category, service.tool_mode, questions, answers, start, on_item)
+
+
+def category_questions(category: str, limit: int | None = None) -> list[dict]:
+    """The first ``limit`` questions of a category (all without it)."""
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL category {category!r}; choose from "
                          + ", ".join(CATEGORIES))
+    questions = bfcl().questions(CATEGORIES[category], include_prereq=False)
+    return questions[:limit] if limit else questions
+
+
+def answer_question(service, q: dict, types: dict, max_tokens: int) -> tuple:
+    """Put one question to ``service``: its calls, hops, the error that kept it from the
+    model (None if it was put) and its seconds."""
+    start = time.perf_counter()
+    calls, hop, error = [], 0, None
+    try:
+        result = service.chat(service.prepare(ChatCall(
+            messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
+            tools=declared_tools(openai_tools(q["function"], types)), max_tokens=max_tokens,
+            sampling=SamplingParams())))
+        calls = [{c.name: c.arguments} for c in result.tool_calls]
+        hop = result.hops
+    except UserFacingError as e:
+        error = str(e)
+    return calls, hop, error, time.perf_counter() - start
+
+
+def score(category: str, tool_mode: str, questions: list[dict], answers: Iterable[tuple],
+          start: float, on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
+    """BFCL's checker on each question's answer (from :func:`answer_question`, in order)."""
     b = bfcl()
     test_category = CATEGORIES[category]
-    questions = b.questions(test_category, include_prereq=False)
     irrelevance = "irrelevance" in test_category
-    answers = {} if irrelevance else {a["id"]: a["ground_truth"]
-                                      for a in b.answers(test_category)}
-    questions = questions[:limit] if limit else questions
+    truth = {} if irrelevance else {a["id"]: a["ground_truth"]
+                                    for a in b.answers(test_category)}
     correct = parse_errors = hops = 0
-    start = time.perf_counter()
-    for q in questions:
-        tools = openai_tools(q["function"], b.types)
-        calls, hop, error = [], 0, None
-        try:
-            result = service.chat(service.prepare(ChatCall(
-                messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
-                tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams())))
-            calls = [{c.name: c.arguments} for c in result.tool_calls]
-            hop = result.hops
-        except UserFacingError as e:
-            error = str(e)
+    for q, (calls, hop, error, seconds) in zip(questions, answers):
         hops += hop
         if error is not None:  # the question could not be put to the model at all
             parse_errors += 1
@@ -144,16 +164,26 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
             parse_errors += 1
             ok = False
         else:
-            check = b.ast_checker(q["function"], calls, answers[q["id"]], b.Language.PYTHON,
+            check = b.ast_checker(q["function"], calls, truth[q["id"]], b.Language.PYTHON,
                                   test_category, "mlx_agent")
             ok = bool(check["valid"])
         correct += ok
-        on_item({"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error})
+        on_item({"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error,
+                 "seconds": seconds})
     n = len(questions)
-    return CategoryScore(category=category, tool_mode=service.tool_mode,
+    return CategoryScore(category=category, tool_mode=tool_mode,
                          accuracy=correct / n if n else 0.0, n=n, parse_errors=parse_errors,
                          mean_hops=hops / n if n else 0.0,
                          seconds=round(time.perf_counter() - start, 2))
+
+
+def question_row(item: dict) -> dict:
+    """A question's row in ``eval-bfcl --runs``, as ``eval --out`` writes a run's: the same
+    however the questions were distributed, apart from ``seconds``."""
+    row = {"task": item["id"], "seed": 0, "reward": float(item["ok"]),
+           "calls": len(item["calls"]), "turns": item["hops"],
+           "seconds": round(item["seconds"], 3)}
+    return row | ({"error": item["error"]} if item["error"] else {})
 
 
 def as_row(score: CategoryScore) -> dict:
