@@ -8,10 +8,9 @@ all; a pool serves many runs. :func:`run_tasks` is one run on a pool of its own.
 
 Faults: a worker that dies (its process killed, its node lost) has its task re-run on another
 worker, at most ``retries`` times; then the task's result is :class:`Failed`, with the
-reason. A worker that dies is replaced by a new one (a worker that dies while starting, at
-most as many times as there are workers).
-An exception raised by ``make_runner`` or the runner is not retried: it stops the run and is
-raised in the driver, as in a run without Ray. Ctrl-C (or any exception) in the driver kills
+reason. A worker that dies is replaced by a new one (workers that die while starting, as
+many times as there are workers). An exception raised by ``make_runner`` or the runner is
+not retried: it stops the run and is raised in the driver, as in a run without Ray. Ctrl-C (or any exception) in the driver kills
 the actors; the results already in are handed to ``on_result`` first (in task order, with
 gaps where tasks were unfinished), so whatever the caller writes from them is complete.
 
@@ -65,8 +64,13 @@ def connect(address: str = "auto") -> None:
         ray.init(address=None if address == "auto" else address, log_to_driver=False,
                  logging_level=logging.WARNING, include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise FanoutError(f"cannot join the Ray cluster at {target or address}: "
-                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        # Ray sends its token to an address given explicitly only when told to
+        auth = "" if os.environ.get("RAY_AUTH_MODE") else (
+            "; if the cluster uses token authentication, set RAY_AUTH_MODE=token "
+            "(the token in ~/.ray/auth_token or $RAY_AUTH_TOKEN)")
+        raise FanoutError(f"cannot join the Ray cluster at {target or address}: {why}{auth}") \
+            from None
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
