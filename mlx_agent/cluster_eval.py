@@ -27,6 +27,7 @@ from .evaluate import RunResult, Summary, Task, _run_one, load_tasks
 from .fanout import Failed, FanoutError, Pool, run_tasks
 from .fileio import write_bytes
 from .models import load
+from .serve import ChatService
 from .tools import SandboxUnavailable, resolve_sandbox
 
 
@@ -122,8 +123,6 @@ class BfclWorker:
     max_tokens: int
 
     def __call__(self) -> Callable[[dict], tuple]:
-        from .serve import ChatService  # the server's module tree: only where it runs
-
         service = ChatService(self.model.load(), tool_mode=self.tool_mode,
                               protocol=self.protocol, kv_slots=0)
         types = bfcl().types
