@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from .errors import UserError
+from .fanout import WorkerTally, check_combination, check_ray_options, ray_options, runs_file
 from .options import load_options, max_tokens_option, model_argument, protocol_option
 
 
@@ -33,9 +36,13 @@ def print_table(rows: list[dict]) -> None:
               help="Questions answered at a time, decoded together in one batch.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="JSONL file: one row per category (rewritten after each).")
+@click.option("--runs", type=click.Path(dir_okay=False), default=None,
+              help="JSONL file: one row per question (task, seed, reward, calls, turns, "
+                   "seconds).")
 @load_options
-def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, batch, out,
-              adapter, weights, context_length):
+@ray_options
+def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, batch, out, runs,
+              adapter, weights, context_length, ray_address, ray_workers):
     """Score the model on BFCL's AST categories, grammar on.
 
     \b
@@ -44,45 +51,87 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
     Example:
       mlx_agent eval-bfcl --categories simple,parallel --limit 20 --out bfcl.jsonl
       mlx_agent eval-bfcl --batch 8 --limit 50 --out bfcl.jsonl
+      mlx_agent eval-bfcl --limit 100 --out bfcl.jsonl --runs runs.jsonl --ray auto
     """
-    from mlx_agent.batch_runner import BatchRunner
-    from mlx_agent.bfcl import (CATEGORIES, BFCLMissing, as_row, bfcl, questions_for,
-                                run_category)
+    from mlx_agent.bfcl import (CATEGORIES, BFCLMissing, as_row, bfcl, category_questions,
+                                question_row)
     from mlx_agent.fileio import write_jsonl
-    from mlx_agent.models import load
     from mlx_agent.progress import Progress
-    from mlx_agent.serve import ChatService
 
     names = [c.strip() for c in categories.split(",") if c.strip()]
     unknown = [c for c in names if c not in CATEGORIES]
     if unknown:
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
+    check_ray_options(ray_address, ray_workers)
+    check_combination(ray_address, batch=batch > 1)
     try:
         bfcl()  # before the model loads
     except BFCLMissing as e:
         raise UserError(str(e)) from None
+    with contextlib.ExitStack() as stack:
+        if ray_address:
+            score_category = _on_ray(stack, model_spec, adapter, weights, context_length,
+                                     tool_mode, protocol, max_tokens, ray_address, ray_workers)
+        else:
+            score_category = _local(stack, model_spec, adapter, weights, context_length,
+                                    tool_mode, protocol, max_tokens, batch)
+        rows = []
+        run_rows = stack.enter_context(runs_file(runs))
+        for name in names:
+            with Progress(len(category_questions(name, limit)), name, unit="q") as bar:
+                score = score_category(name, limit, bar,
+                                       lambda item: run_rows.append(question_row(item)))
+            rows.append(as_row(score))
+            write_jsonl(out, rows)
+            click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)",
+                       err=True)
+    print_table(rows)
+
+
+def _local(stack, model_spec, adapter, weights, context_length, tool_mode, protocol,
+           max_tokens, batch):
+    """``score(category, limit, bar, record)`` in this process (``batch`` > 1: questions
+    decoded together)."""
+    from mlx_agent.batch_runner import BatchRunner
+    from mlx_agent.bfcl import run_category
+    from mlx_agent.models import load
+    from mlx_agent.serve import ChatService
+
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    runner = BatchRunner(lm.model, max_batch=batch) if batch > 1 else None
+    runner = stack.enter_context(BatchRunner(lm.model, max_batch=batch)) if batch > 1 else None
 
     def service(engine=None):
         return ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
                            engine=engine)
 
-    rows = []
-    try:
-        workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
-        main = workers[0] if workers else service()
-        for name in names:
-            with Progress(len(questions_for(name, limit)), name, unit="q") as bar:
-                score = run_category(main, name, limit=limit, max_tokens=max_tokens,
-                                     workers=workers, on_item=lambda r: bar.advance(
-                                         f"{'✓' if r['ok'] else '✗'} {r['id']}"))
-            rows.append(as_row(score))
-            write_jsonl(out, rows)
-            click.echo(f"{name}: {score.accuracy:.1%} of {score.n} ({score.seconds:.0f} s)",
-                       err=True)
-    finally:
-        if runner:
-            runner.close()
-    print_table(rows)
+    workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
+    main = workers[0] if workers else service()
+
+    def score(name, limit, bar, record):
+        def scored(item):
+            record(item)
+            bar.advance(f"{'✓' if item['ok'] else '✗'} {item['id']}")
+
+        return run_category(main, name, limit=limit, max_tokens=max_tokens, workers=workers,
+                            on_item=scored)
+
+    return score
+
+
+def _on_ray(stack, model_spec, adapter, weights, context_length, tool_mode, protocol,
+            max_tokens, address, workers):
+    """``score(category, limit, bar, record)`` on a Ray pool, one for all categories."""
+    from mlx_agent.cluster_eval import BfclWorker, ModelSpec, bfcl_category
+    from mlx_agent.fanout import Pool
+
+    worker = BfclWorker(ModelSpec(model_spec, adapter, weights, context_length), tool_mode,
+                        protocol, max_tokens)
+    pool = stack.enter_context(Pool(worker, address=address, workers=workers))
+    tally = WorkerTally()
+
+    def score(name, limit, bar, record):
+        return bfcl_category(pool, tool_mode, name, limit=limit, on_item=record,
+                             on_answer=lambda qid, w: bar.advance(tally(f"{qid} answered", w)))
+
+    return score

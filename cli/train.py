@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .errors import UserError, warn
+from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
+                     runs_file)
 from .options import (load_options, loop_options, make_sandbox, mcp_options, model_argument,
                       sandbox_options, start_mcp)
 
@@ -97,6 +101,8 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Runs per task, with seeds 0..N-1.")
 @click.option("--trajectory-dir", type=click.Path(file_okay=False), default=None,
               help="Write each run's .atraj here, with its reward.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="JSONL file: one row per run (task, seed, reward, calls, turns, seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
@@ -104,24 +110,29 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @sandbox_options
 @mcp_options
 @load_options
-def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps, max_tokens,
+@ray_options
+def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
              no_grammar, allow_repeat_calls, temperature, batch, sandbox, allow_network,
-             mcp_commands, mcp_config, adapter, weights, context_length):
+             mcp_commands, mcp_config, adapter, weights, context_length, ray_address,
+             ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
     Example:
-      mlx_agent eval --tasks tasks.jsonl --seeds 3 --trajectory-dir runs/
+      mlx_agent eval --tasks tasks.jsonl --seeds 3 --trajectory-dir runs/ --out runs.jsonl
       mlx_agent eval --adapter adapters/specialist --tasks heldout.jsonl
       mlx_agent eval --tasks heldout.jsonl --mcp "python server.py"   # its tools in every task
       mlx_agent eval --tasks tasks.jsonl --batch 8
+      mlx_agent eval --tasks tasks.jsonl --ray auto      # over a Ray cluster
     """
     from mlx_agent.engine import SamplingParams
     from mlx_agent.evaluate import load_tasks, run, tool_names
     from mlx_agent.models import load
     from mlx_agent.progress import Progress
 
+    check_ray_options(ray_address, ray_workers)
     box = make_sandbox(sandbox, allow_network, None)
+    check_combination(ray_address, batch=batch > 1, mcp=mcp_commands or mcp_config)
     total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
     servers = start_mcp(mcp_commands, mcp_config, box, 30.0, None)
     served = []
@@ -129,21 +140,29 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, protocol, max_steps,
         served, warnings = servers.tools(taken=sorted(tool_names(tasks_file)))
         for warning in warnings:
             warn(warning)
-    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    bar = Progress(total, "eval", unit="run")
+    overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
+                 "allow_repeat_calls": allow_repeat_calls,
+                 "sampling": SamplingParams(temperature=temperature)}
+    tally = WorkerTally()
+    with runs_file(out) as rows, Progress(total, "eval", unit="run") as bar:
+        def show(r, worker=None):
+            rows.append(r.row())
+            bar.advance(tally(run_line(r), worker))
 
-    def show(r):
-        mark = "✓" if r.reward else "✗"
-        bar.advance(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
-                    f"{r.seconds:.1f} s")
+        if ray_address:
+            from mlx_agent.cluster_eval import EvalWorker, ModelSpec, run_eval
 
-    with bar:
-        summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
-                      trajectory_dir=trajectory_dir, on_run=show, batch=batch, extra_tools=served,
-                      config_overrides={"max_steps": max_steps, "max_tokens": max_tokens,
-                                        "grammar": not no_grammar, "sandbox": box,
-                                        "allow_repeat_calls": allow_repeat_calls,
-                                        "sampling": SamplingParams(temperature=temperature)})
+            worker = EvalWorker(ModelSpec(model_spec, adapter, weights, context_length),
+                                str(Path(tasks_file).resolve().parent), protocol, overrides,
+                                sandbox, allow_network, trajectories=bool(trajectory_dir))
+            summary = run_eval(worker, tasks_file, seeds=seeds, trajectory_dir=trajectory_dir,
+                               address=ray_address, workers=ray_workers, on_run=show)
+        else:
+            lm = load(model_spec, adapter=adapter, weights=weights,
+                      context_length=context_length)
+            summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
+                          trajectory_dir=trajectory_dir, on_run=show, batch=batch,
+                          extra_tools=served, config_overrides={**overrides, "sandbox": box})
     row = summary.row()
     click.echo(f"{'runs':>5} {'success':>8} {'valid calls':>12} {'calls/run':>10} "
                f"{'turns/run':>10} {'from cache':>11} {'seconds':>8}")

@@ -17,7 +17,7 @@ import sys
 import time
 import types
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .batch_runner import run_pool
 from .engine import SamplingParams
@@ -109,27 +109,6 @@ class CategoryScore:
     seconds: float
 
 
-def questions_for(category: str, limit: int | None = None) -> list[dict]:
-    """The category's questions (its first ``limit``)."""
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown BFCL category {category!r}; choose from "
-                         + ", ".join(CATEGORIES))
-    questions = bfcl().questions(CATEGORIES[category], include_prereq=False)
-    return questions[:limit] if limit else questions
-
-
-def _ask(service, q: dict, mapping: dict, max_tokens: int) -> tuple[list, int, str | None]:
-    """The model's calls for one question, its hops, and the error that stopped it."""
-    tools = openai_tools(q["function"], mapping)
-    try:
-        result = service.chat(service.prepare(ChatCall(
-            messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
-            tools=declared_tools(tools), max_tokens=max_tokens, sampling=SamplingParams())))
-    except UserFacingError as e:
-        return [], 0, str(e)
-    return [{c.name: c.arguments} for c in result.tool_calls], result.hops, None
-
-
 def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
                  on_item: Callable[[dict], None] = lambda r: None,
                  workers: Sequence = ()) -> CategoryScore:
@@ -137,45 +116,101 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
     (services over a :class:`~mlx_agent.batch_runner.BatchRunner`'s engines), the questions
     go to them in parallel and decode in one batch. ``on_item`` gets each question's row
     as it is scored."""
-    questions = questions_for(category, limit)
-    b = bfcl()
-    test_category = CATEGORIES[category]
-    irrelevance = "irrelevance" in test_category
-    answers = {} if irrelevance else {a["id"]: a["ground_truth"]
-                                      for a in b.answers(test_category)}
+    questions = category_questions(category, limit)
     start = time.perf_counter()
+    types, judge = bfcl().types, Judge(category)
+    if not workers:
+        rows = [judge(q, answer_question(service, q, types, max_tokens), on_item)
+                for q in questions]
+        return judge.summary(service.tool_mode, rows, start)
+    rows: list = [None] * len(questions)
 
-    def score(q: dict, asked: tuple[list, int, str | None]) -> dict:
-        calls, hop, error = asked
-        if error is not None or (not irrelevance and not calls):
-            ok = False  # could not be put to the model, or no call to check
-        elif irrelevance:
+    def done(i: int, answer: tuple) -> None:
+        rows[i] = judge(questions[i], answer, on_item)
+
+    run_pool(list(workers), questions,
+             lambda svc, q: answer_question(svc, q, types, max_tokens), on_done=done)
+    return judge.summary(service.tool_mode, rows, start)
+
+
+def category_questions(category: str, limit: int | None = None) -> list[dict]:
+    """The first ``limit`` questions of a category (all without it)."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown BFCL category {category!r}; choose from "
+                         + ", ".join(CATEGORIES))
+    questions = bfcl().questions(CATEGORIES[category], include_prereq=False)
+    return questions[:limit] if limit else questions
+
+
+def answer_question(service, q: dict, types: dict, max_tokens: int) -> tuple:
+    """Put one question to ``service``: its calls, hops, the error that kept it from the
+    model (None if it was put) and its seconds."""
+    start = time.perf_counter()
+    calls, hop, error = [], 0, None
+    try:
+        result = service.chat(service.prepare(ChatCall(
+            messages=[{"role": m["role"], "content": m["content"]} for m in q["question"][0]],
+            tools=declared_tools(openai_tools(q["function"], types)), max_tokens=max_tokens,
+            sampling=SamplingParams())))
+        calls = [{c.name: c.arguments} for c in result.tool_calls]
+        hop = result.hops
+    except UserFacingError as e:
+        error = str(e)
+    return calls, hop, error, time.perf_counter() - start
+
+
+class Judge:
+    """BFCL's checker for one category: a question's answer (from :func:`answer_question`)
+    becomes its row; the rows become the :class:`CategoryScore`."""
+
+    def __init__(self, category: str):
+        self.b, self.category = bfcl(), category
+        self.test_category = CATEGORIES[category]
+        self.irrelevance = "irrelevance" in self.test_category
+        self.truth = {} if self.irrelevance else {
+            a["id"]: a["ground_truth"] for a in self.b.answers(self.test_category)}
+
+    def __call__(self, q: dict, answer: tuple, on_item: Callable[[dict], None]) -> dict:
+        calls, hop, error, seconds = answer
+        # no answer to check: the question could not be put to the model, or no call came
+        parse_error = error is not None or (not self.irrelevance and not calls)
+        if parse_error:
+            ok = False
+        elif self.irrelevance:
             ok = not calls
         else:
-            check = b.ast_checker(q["function"], calls, answers[q["id"]], b.Language.PYTHON,
-                                  test_category, "mlx_agent")
+            check = self.b.ast_checker(q["function"], calls, self.truth[q["id"]],
+                                       self.b.Language.PYTHON, self.test_category, "mlx_agent")
             ok = bool(check["valid"])
-        return {"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error,
-                "parse_error": error is not None or (not irrelevance and not calls)}
+        row = {"id": q["id"], "ok": ok, "calls": calls, "hops": hop, "error": error,
+               "seconds": seconds, "parse_error": parse_error}
+        on_item(row)
+        return row
 
-    rows = []
-    if workers:
-        def done(i, asked):
-            rows.append(score(questions[i], asked))
-            on_item(rows[-1])
+    def summary(self, tool_mode: str, rows: list[dict], start: float) -> CategoryScore:
+        n = len(rows)
+        return CategoryScore(category=self.category, tool_mode=tool_mode,
+                             accuracy=sum(r["ok"] for r in rows) / n if n else 0.0, n=n,
+                             parse_errors=sum(r["parse_error"] for r in rows),
+                             mean_hops=sum(r["hops"] for r in rows) / n if n else 0.0,
+                             seconds=round(time.perf_counter() - start, 2))
 
-        run_pool(list(workers), questions, lambda svc, q: _ask(svc, q, b.types, max_tokens),
-                 on_done=done)
-    else:
-        for q in questions:
-            rows.append(score(q, _ask(service, q, b.types, max_tokens)))
-            on_item(rows[-1])
-    n = len(questions)
-    return CategoryScore(category=category, tool_mode=service.tool_mode,
-                         accuracy=sum(r["ok"] for r in rows) / n if n else 0.0, n=n,
-                         parse_errors=sum(r["parse_error"] for r in rows),
-                         mean_hops=sum(r["hops"] for r in rows) / n if n else 0.0,
-                         seconds=round(time.perf_counter() - start, 2))
+
+def score(category: str, tool_mode: str, questions: list[dict], answers: Iterable[tuple],
+          start: float, on_item: Callable[[dict], None] = lambda r: None) -> CategoryScore:
+    """BFCL's checker on each question's answer (from :func:`answer_question`, in order)."""
+    judge = Judge(category)
+    rows = [judge(q, answer, on_item) for q, answer in zip(questions, answers)]
+    return judge.summary(tool_mode, rows, start)
+
+
+def question_row(item: dict) -> dict:
+    """A question's row in ``eval-bfcl --runs``, as ``eval --out`` writes a run's: the same
+    however the questions were distributed, apart from ``seconds``."""
+    row = {"task": item["id"], "seed": 0, "reward": float(item["ok"]),
+           "calls": len(item["calls"]), "turns": item["hops"],
+           "seconds": round(item["seconds"], 3)}
+    return row | ({"error": item["error"]} if item["error"] else {})
 
 
 def as_row(score: CategoryScore) -> dict:

@@ -78,6 +78,14 @@ class RunResult:
     seconds: float
     answer: str | None
     trajectory: str | None = None
+    error: str | None = None  # why the run could not be finished (its reward is 0)
+
+    def row(self) -> dict:
+        """The run's row in ``eval --out``: the same however the runs were distributed,
+        apart from ``seconds``."""
+        row = {"task": self.task, "seed": self.seed, "reward": self.reward,
+               "calls": self.calls, "turns": self.turns, "seconds": round(self.seconds, 3)}
+        return row | ({"error": self.error} if self.error else {})
 
 
 @dataclass

@@ -15,7 +15,7 @@ import time
 
 import mlx_agent  # noqa: F401  (the fast BLAS before mlx)
 from mlx_agent.batch_runner import BatchRunner
-from mlx_agent.bfcl import questions_for, run_category
+from mlx_agent.bfcl import category_questions, run_category
 from mlx_agent.models import load
 from mlx_agent.progress import Progress
 from mlx_agent.serve import ChatService
@@ -30,7 +30,7 @@ def _score(lm, category, limit, max_tokens, batch):
 
         workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
         main = workers[0] if workers else service()
-        with Progress(len(questions_for(category, limit)), f"batch {batch}", unit="q") as bar:
+        with Progress(len(category_questions(category, limit)), f"batch {batch}", unit="q") as bar:
             def item(r):
                 rows[r["id"]] = r
                 bar.advance()

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from mlx_agent.bfcl import CATEGORIES, _schema, bfcl, openai_tools, run_category  # noqa: E402
+from mlx_agent.bfcl import (CATEGORIES, _schema, bfcl, openai_tools,  # noqa: E402
+                             question_row, run_category)
 from mlx_agent.serve.service import ChatResult, ToolCallOut, Usage  # noqa: E402
 from mlx_agent.tools import declared_tools  # noqa: E402
 
@@ -63,6 +64,17 @@ class Oracle:
 def test_checker_scores_our_calls_inbfcl_format(category, expected):
     score = run_category(Oracle(category), category, limit=6)
     assert (score.n, score.accuracy, score.parse_errors) == (6, expected, 0)
+
+
+def test_question_rows_are_eval_rows():
+    """eval-bfcl --runs: one row per question, shaped as eval --out's rows."""
+    items = []
+    run_category(Oracle("simple"), "simple", limit=3, on_item=items.append)
+    rows = [question_row(item) for item in items]
+    assert [r["task"] for r in rows] == ["simple_python_0", "simple_python_1", "simple_python_2"]
+    assert all(r["seed"] == 0 and r["reward"] == 1.0 and r["calls"] == 1 and r["seconds"] >= 0
+               and "error" not in r for r in rows)
+    assert set(rows[0]) == {"task", "seed", "reward", "calls", "turns", "seconds"}
 
 
 @pytest.mark.real_model

@@ -59,3 +59,19 @@ def test_task_file_errors(tmp_path):
     bad.write_text(json.dumps({"prompt": "x", "check": {"shell": "true"}}))
     with pytest.raises(ValueError, match="needs tools or builtin_tools"):
         load_tasks(bad)
+
+
+def test_a_rerun_of_the_same_prompt_records_its_whole_prompt(tiny_lm, tmp_path):
+    """Seed 1 finds seed 0's prompt in the engine's cache; its trajectory still replays to
+    the whole conversation (it lacked the user message: the cached part was left out)."""
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "echo hi", "tools": "tools.json",
+                                "check": {"answer_pattern": "."}}))
+    summary = run(tiny_lm, path, seeds=2, trajectory_dir=tmp_path / "runs",
+                  config_overrides={"max_tokens": 8, "max_steps": 1})
+    (_, first), (_, second) = sorted(tj.iter_dir(tmp_path / "runs"),
+                                     key=lambda p: p[1].sampling["seed"])
+    assert summary.runs[1].reused > len(second.steps[0].input_ids)  # the cache held more
+    assert second.replay() == first.replay()  # greedy: the same tokens, the same mask
+    assert tiny_lm.decode(second.token_sequence()).count("echo hi") == 1

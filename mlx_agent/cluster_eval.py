@@ -1,0 +1,143 @@
+"""``eval`` and ``eval-bfcl`` over a Ray cluster (``--ray``), through :mod:`mlx_agent.fanout`.
+
+Each worker loads the model once, with one engine (so the shared system prompt is prefilled
+once per worker) and takes runs: an ``eval`` run is one (task, seed), an ``eval-bfcl`` run is
+one question. A worker records a run's trajectory in a directory of its own and sends the
+file's bytes back; the driver writes it, atomically, into ``--trajectory-dir`` under the same
+name, so the directory looks as a local run leaves it. Results come back in task order, and
+the checks are the local ones, so greedy runs give the same rewards, calls and trajectories
+as a local run (timings and trajectory ids apart).
+
+Not promised: shipping files. Every node needs the model (a name installed, or a path) and
+the tasks file with its tools and fixtures at the same paths as the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .bfcl import CategoryScore, answer_question, bfcl, category_questions, score
+from .evaluate import RunResult, Summary, Task, _run_one, load_tasks
+from .fanout import Failed, FanoutError, Pool, run_tasks
+from .fileio import write_bytes
+from .models import load
+from .serve import ChatService
+from .tools import SandboxUnavailable, resolve_sandbox
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a worker loads: ``load``'s arguments."""
+
+    spec: str | None = None
+    adapter: str | None = None
+    weights: str | None = None
+    context_length: int | None = None
+
+    def load(self):
+        return load(self.spec, adapter=self.adapter, weights=self.weights,
+                    context_length=self.context_length)
+
+
+@dataclass(frozen=True)
+class EvalWorker:
+    """The runner factory for ``eval`` runs (pickled to every worker)."""
+
+    model: ModelSpec
+    base: str  # the tasks file's directory: tools and fixtures are relative to it
+    protocol: str
+    overrides: dict  # AgentConfig fields, without the sandbox
+    sandbox: str = "auto"
+    allow_network: bool = False
+    trajectories: bool = False
+
+    def __call__(self) -> Callable[[tuple[Task, int]], tuple]:
+        try:
+            box = resolve_sandbox(self.sandbox, network=self.allow_network)
+        except SandboxUnavailable as e:
+            raise FanoutError(f"on {socket.gethostname()}: {e}") from None
+        lm = self.model.load()
+        return _EvalRunner(self, lm, lm.engine(), {**self.overrides, "sandbox": box})
+
+
+class _EvalRunner:
+    def __init__(self, spec: EvalWorker, lm, engine, overrides: dict):
+        self.spec, self.lm, self.engine, self.overrides = spec, lm, engine, overrides
+
+    def __call__(self, job: tuple[Task, int]) -> tuple[RunResult, str | None, bytes | None]:
+        """One run; its result, and its trajectory's file name and bytes."""
+        task, seed = job
+        with tempfile.TemporaryDirectory(prefix="mlx-agent-ray-") as tmp:
+            result = _run_one(self.lm, self.engine, task, seed, Path(self.spec.base),
+                              self.spec.protocol, dict(self.overrides),
+                              tmp if self.spec.trajectories else None, None)
+            if result.trajectory is None:
+                return result, None, None
+            path = Path(result.trajectory)
+            return dataclasses.replace(result, trajectory=None), path.name, path.read_bytes()
+
+
+def run_eval(worker: EvalWorker, tasks_file: str | Path, *, seeds: int = 1,
+             trajectory_dir: str | Path | None = None, address: str = "auto",
+             workers: int | None = None,
+             on_run: Callable[[RunResult, str], None] = lambda r, w: None) -> Summary:
+    """``evaluate.run`` over the cluster: every task ``seeds`` times, in the same order.
+    ``on_run(result, worker)`` sees each result in order, once its trajectory is written."""
+    jobs = [(task, seed) for task in load_tasks(tasks_file) for seed in range(seeds)]
+    if trajectory_dir is not None:
+        Path(trajectory_dir).mkdir(parents=True, exist_ok=True)
+    summary = Summary()
+
+    def take(i: int, value, where: str) -> None:
+        if isinstance(value, Failed):
+            task, seed = jobs[i]
+            result = RunResult(task=task.id, seed=seed, reward=0.0, calls=0, valid_calls=0,
+                               turns=0, rendered=0, reused=0, seconds=0.0, answer=None,
+                               error=value.reason)
+        else:
+            result, name, data = value
+            if data is not None and trajectory_dir is not None:
+                path = Path(trajectory_dir) / name
+                write_bytes(path, data)
+                result = dataclasses.replace(result, trajectory=str(path))
+        summary.runs.append(result)
+        on_run(result, where)
+
+    run_tasks(worker, jobs, address=address, workers=workers, on_result=take)
+    return summary
+
+
+@dataclass(frozen=True)
+class BfclWorker:
+    """The runner factory for ``eval-bfcl`` questions (pickled to every worker)."""
+
+    model: ModelSpec
+    tool_mode: str
+    protocol: str
+    max_tokens: int
+
+    def __call__(self) -> Callable[[dict], tuple]:
+        service = ChatService(self.model.load(), tool_mode=self.tool_mode,
+                              protocol=self.protocol, kv_slots=0)
+        types = bfcl().types
+        return lambda q: answer_question(service, q, types, self.max_tokens)
+
+
+def bfcl_category(pool: Pool, tool_mode: str, category: str, *, limit: int | None = None,
+                  on_item: Callable[[dict], None] = lambda item: None,
+                  on_answer: Callable[[str, str], None] = lambda qid, w: None) -> CategoryScore:
+    """:func:`mlx_agent.bfcl.run_category` on a pool of :class:`BfclWorker`: each question
+    is put by a worker (``on_answer(question id, worker)`` as they come back), then all
+    are scored here, in order. A question whose workers all died counts as one that could
+    not be put to the model."""
+    questions = category_questions(category, limit)
+    start = time.perf_counter()
+    answers = pool.run(questions, on_result=lambda i, a, w: on_answer(questions[i]["id"], w))
+    answers = [([], 0, a.reason, 0.0) if isinstance(a, Failed) else a for a in answers]
+    return score(category, tool_mode, questions, answers, start, on_item)
