@@ -174,6 +174,20 @@ def test_unreachable_address_is_a_one_line_error(task_set, tmp_path):
         connect("nowhere")
 
 
+@pytest.mark.parametrize("command,extra,option", [
+    ("eval", ["--batch", "4"], "--batch"), ("eval", ["--mcp", "true"], "--mcp"),
+    ("eval-bfcl", ["--batch", "4"], "--batch")])
+def test_options_ray_does_not_take_yet_are_usage_errors(task_set, tmp_path, command, extra,
+                                                          option):
+    tasks = _write_tasks(task_set, [{"id": "a", "prompt": "x", "tools": "tools.json",
+                                     "check": {"answer_pattern": "."}}])
+    args = ["--tasks", str(tasks)] if command == "eval" else ["--out", str(tmp_path / "o")]
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", command, *args,
+                        "--ray", "auto", *extra], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"Error: {option} does not work with --ray yet; drop one of them" in r.stderr
+
+
 def test_ctrl_c_stops_the_run_and_leaves_complete_files(cluster, task_set, tmp_path):
     tasks = _write_tasks(task_set, [{"id": f"slow-{i}", "prompt": f"echo {i}",
                                      "tools": "tools.json", "check": {"shell": "sleep 1"}}
