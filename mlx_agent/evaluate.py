@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import msgspec
 
@@ -38,7 +38,7 @@ from .agent import Agent, AgentConfig, agent_format
 from .agent import events as ev
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
-from .tools import builtin_tools, load_tools
+from .tools import Tool, builtin_tools, load_tools
 from .tools.executor import run_process
 from .tools.sandbox import Sandbox
 from .trajectory import Recorder, set_reward
@@ -164,8 +164,10 @@ def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str 
 def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
         config_overrides: dict | None = None, trajectory_dir: str | Path | None = None,
         sampler_for: Callable[[int], Any] | None = None,
-        on_run: Callable[[RunResult], None] = lambda r: None) -> Summary:
-    """Run every task ``seeds`` times; ``sampler_for(seed)`` overrides sampling (tests)."""
+        on_run: Callable[[RunResult], None] = lambda r: None,
+        extra_tools: Sequence[Tool] = ()) -> Summary:
+    """Run every task ``seeds`` times; ``sampler_for(seed)`` overrides sampling (tests);
+    ``extra_tools`` join every task's (tools no file holds: an MCP server's)."""
     tasks_file = Path(tasks_file)
     tasks = load_tasks(tasks_file)
     engine = lm.engine()
@@ -174,14 +176,15 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
         for seed in range(seeds):
             result = _run_one(lm, engine, task, seed, tasks_file.parent, protocol,
                               dict(config_overrides or {}), trajectory_dir,
-                              sampler_for(seed) if sampler_for else None)
+                              sampler_for(seed) if sampler_for else None, extra_tools)
             summary.runs.append(result)
             on_run(result)
     return summary
 
 
 def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,
-             overrides: dict, trajectory_dir: str | Path | None, sampler) -> RunResult:
+             overrides: dict, trajectory_dir: str | Path | None, sampler,
+             extra_tools: Sequence[Tool] = ()) -> RunResult:
     """One run of one task in a fresh working directory; its trajectory gets its reward."""
     with tempfile.TemporaryDirectory(prefix="mlx-agent-eval-") as tmp:
         workdir = Path(tmp) / "work"
@@ -189,7 +192,7 @@ def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: st
             shutil.copytree(base / task.fixture, workdir, symlinks=True)
         else:
             workdir.mkdir()
-        tools = load_tools(base / task.tools) if task.tools else []
+        tools = (load_tools(base / task.tools) if task.tools else []) + list(extra_tools)
         if task.builtin_tools:
             tools += builtin_tools(workdir, sandbox=overrides.get("sandbox"))
         sampling = dataclasses.replace(overrides.get("sampling", SamplingParams()), seed=seed)
