@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +16,7 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.tuner.utils import load_adapters
 
-from mlx_agent.models import load
-from mlx_agent.sft import SFTConfig
+from mlx_agent.sft import SFTConfig, train
 from mlx_agent.specialize import Models, SpecializeConfig, SpecializeError, specialize, table
 from mlx_agent.synth.config import SynthConfig
 from mlx_agent.tools import load_tools
@@ -119,6 +119,19 @@ def test_a_previous_result_is_replaced_and_other_directories_are_refused(tiny_mo
     with pytest.raises(SpecializeError, match="other files"):
         specialize(models, load_tools(CATALOGUE), CATALOGUE.read_bytes(), mine, FAST)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_minutes_budget_ends_training_early_and_still_writes_the_adapter(tiny_models,
+                                                                          tmp_path):
+    models, _ = tiny_models
+    lm = models.load()
+    ids = lm.encode('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"answer":"hello"}')
+    rows = [{"input_ids": ids, "loss_mask": [0] * 8 + [1] * (len(ids) - 8)}] * 4
+    start = time.monotonic()
+    stats = train(lm, rows, tmp_path / "a", SFTConfig(iters=100_000, batch_size=2,
+                                                       minutes=0.03))
+    assert 0 < stats["iters"] < 100_000 and time.monotonic() - start < 30
+    assert models.load(adapter=tmp_path / "a")  # written, and it loads
 
 
 def cli(*args, cwd=ROOT):
