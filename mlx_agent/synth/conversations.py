@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -152,9 +153,8 @@ def _call_message(tool: Tool, arguments: dict, n: int) -> dict:
 def no_tool_answer(task: SynthTask) -> str:
     """A direct answer to a request no tool serves, on the request's own topic."""
     prompt = task.task["prompt"]
-    topic = next((t for t in sorted(P.TOPICS, key=len, reverse=True) if t in prompt), "that")
-    adjective = next((a for a in P.ADJECTIVES if a in prompt.split(" ")
-                      or f"{a}?" in prompt or f"{a}." in prompt), "kind")
+    topic = next((t for t in P.TOPICS if re.search(rf"\b{t}\b", prompt)), "that")
+    adjective = next((a for a in P.ADJECTIVES if re.search(rf"\b{a}\b", prompt)), "kind")
     compliment = (f"Yes, calling someone {adjective} is usually a compliment."
                   if adjective in COMPLIMENTS else
                   f"Not usually: \"{adjective}\" is rarely meant as praise.")
