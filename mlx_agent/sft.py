@@ -19,6 +19,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 
+from .models.cpu_layers import use_reference_layers
+
 
 @dataclass(frozen=True)
 class SFTConfig:
@@ -94,6 +96,18 @@ def _until(batches_, deadline: float, done: list[int]):
         yield batch
 
 
+def _differentiable(model) -> None:
+    """The model as training needs it: float32 weights (a quantized model dequantized,
+    exactly) and MLX's own layers, since the CPU kernels have no gradients."""
+    from mlx_lm.utils import dequantize_model
+
+    use_reference_layers(model)
+    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+           for _, m in model.named_modules()):
+        model.set_dtype(mx.float32)  # first: float32 scales dequantize exactly
+        dequantize_model(model)
+
+
 def _lora(model, config: SFTConfig) -> tuple[int, dict]:
     """LoRA layers on the frozen ``model``: new ones, or ``config.init_adapter``'s with its
     weights; returns their number of layers and parameters."""
@@ -124,6 +138,7 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     n_val = max(1, int(len(rows) * config.val_fraction)) if len(rows) > 1 else 0
     val, train_rows = rows[:n_val], rows[n_val:] or rows
     model = lm.model
+    _differentiable(model)
     model.freeze()
     num_layers, params = _lora(model, config)
     (out / "adapter_config.json").write_text(json.dumps({

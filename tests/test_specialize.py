@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm.models import llama
 from mlx_lm.tuner.utils import load_adapters
@@ -132,6 +133,26 @@ def test_a_minutes_budget_ends_training_early_and_still_writes_the_adapter(tiny_
                                                        minutes=0.03))
     assert 0 < stats["iters"] < 100_000 and time.monotonic() - start < 30
     assert models.load(adapter=tmp_path / "a")  # written, and it loads
+
+
+def test_sft_trains_a_quantized_model_on_the_cpu_kernels(tiny_models, tmp_path):
+    """A model as loaded on a CPU (quantized, its layers on the kernels, which have no
+    gradients) trains: sft dequantizes it and puts MLX's own layers back."""
+    from mlx_agent.kernels import kernel_status
+    from mlx_agent.models.cpu_layers import use_cpu_kernels
+
+    if not kernel_status().available:
+        pytest.skip(f"no CPU kernels here: {kernel_status().reason}")
+    models, _ = tiny_models
+    lm = models.load()
+    nn.quantize(lm.model, group_size=32, bits=4)
+    assert use_cpu_kernels(lm.model) > 0
+    ids = lm.encode('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"answer":"hello"}')
+    rows = [{"input_ids": ids, "loss_mask": [0] * 8 + [1] * (len(ids) - 8)}] * 4
+    stats = train(lm, rows, tmp_path / "a", SFTConfig(iters=2, batch_size=2))
+    assert stats["iters"] == 2
+    assert not any("Kernel" in type(m).__name__ or "Quantized" in type(m).__name__
+                   for _, m in lm.model.named_modules())
 
 
 def cli(*args, cwd=ROOT):
