@@ -157,6 +157,8 @@ def main():
     ap.add_argument("--committed", default="models/smollm2-135m-tools")
     ap.add_argument("--minutes", type=float, default=15.0)
     ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--n-heldout", type=int, default=20,
+                    help="specialize's own synthesised held-out tasks")
     args = ap.parse_args()
     work = Path(args.work)
     start = time.perf_counter()
@@ -188,13 +190,14 @@ def main():
     # (bound here to a scratch copy of the fixture: synthesis may call write_file).
     scratch = work / "scratch"
     shutil.copytree(work / "fixture", scratch)
-    config = SpecializeConfig(synth=SynthConfig(), sft=dataclasses.replace(
-        RECIPE, iters=args.iters, minutes=args.minutes), max_steps=common["max_steps"],
-        max_tokens=common["max_tokens"], fixture=str(work / "fixture"),
-        extra_tools=tuple(builtin_tools(scratch)))
+    config = SpecializeConfig(
+        synth=SynthConfig(n_heldout=args.n_heldout),
+        sft=dataclasses.replace(RECIPE, iters=args.iters, minutes=args.minutes),
+        max_steps=common["max_steps"], max_tokens=common["max_tokens"],
+        fixture=str(work / "fixture"), extra_tools=tuple(builtin_tools(scratch)))
     tools_file = work / "tools.json"
     special = specialize(Models(load), load_tools(tools_file), tools_file.read_bytes(),
-                         work / "specialist", config, log=log)
+                         work / "specialist", config, log=lambda m: print(m, flush=True))
     for line in table(special):
         log(line)
     rows = {}
