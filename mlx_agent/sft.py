@@ -135,7 +135,8 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     rng = random.Random(config.seed)
     rows = rows[:]
     rng.shuffle(rows)
-    n_val = max(1, int(len(rows) * config.val_fraction)) if len(rows) > 1 else 0
+    n_val = (max(1, int(len(rows) * config.val_fraction))
+             if len(rows) > 1 and config.val_fraction > 0 else 0)
     val, train_rows = rows[:n_val], rows[n_val:] or rows
     model = lm.model
     _differentiable(model)

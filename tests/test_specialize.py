@@ -130,8 +130,9 @@ def test_a_minutes_budget_ends_training_early_and_still_writes_the_adapter(tiny_
     rows = [{"input_ids": ids, "loss_mask": [0] * 8 + [1] * (len(ids) - 8)}] * 4
     start = time.monotonic()
     stats = train(lm, rows, tmp_path / "a", SFTConfig(iters=100_000, batch_size=2,
-                                                       minutes=0.03))
+                                                       minutes=0.03, val_fraction=0.0))
     assert 0 < stats["iters"] < 100_000 and time.monotonic() - start < 30
+    assert (stats["train_rows"], stats["val_rows"]) == (4, 0)  # no validation pass asked
     assert models.load(adapter=tmp_path / "a")  # written, and it loads
 
 
