@@ -40,6 +40,6 @@ clean:
 # held-out eval, base vs specialist; about 30-40 minutes on 2 cores for 10 tools.
 TOOLS ?= examples/everyday.json
 OUT ?= build/specialist
-SPECIALIZE_ARGS ?= --minutes 25 --iters 300
+SPECIALIZE_ARGS ?= --minutes 20 --iters 300
 specialist: $(STAMP)
 	$(VENV)/bin/mlx_agent specialize --tools $(TOOLS) --out $(OUT) $(SPECIALIZE_ARGS)
