@@ -18,6 +18,7 @@ from .cache import cache
 from .errors import Group, UserError
 from .options import cache_mode, cache_options, max_tokens_option, model_options, sampling_options
 from .serve import serve
+from .specialize import specialize
 from .synth import synth
 from .tools import tools
 from .train import eval_cmd, sft, traces_to_data
@@ -151,6 +152,7 @@ main.add_command(sft)
 main.add_command(eval_cmd)
 main.add_command(eval_bfcl)
 main.add_command(synth)
+main.add_command(specialize)
 main.add_command(tools)
 
 if __name__ == "__main__":

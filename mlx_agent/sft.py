@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+
+from .models.cpu_layers import use_reference_layers
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class SFTConfig:
     val_fraction: float = 0.1
     seed: int = 0
     steps_per_report: int = 10
+    minutes: float | None = None  # stop early after this long (the adapter is still written)
+    init_adapter: str | None = None  # go on training this adapter instead of a new one
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -81,25 +86,62 @@ def batches(rows: list[dict], batch_size: int, max_len: int, seed: int | None = 
             return
 
 
+def _until(batches_, deadline: float, done: list[int]):
+    """``batches_`` until ``deadline`` (``time.monotonic``), counting what it gave in
+    ``done``; ending the iterator ends mlx-lm's loop, which then writes the adapter."""
+    for batch in batches_:
+        if time.monotonic() >= deadline:
+            return
+        done[0] += 1
+        yield batch
+
+
+def _differentiable(model) -> None:
+    """The model as training needs it: float32 weights (a quantized model dequantized,
+    exactly) and MLX's own layers, since the CPU kernels have no gradients."""
+    from mlx_lm.utils import dequantize_model
+
+    use_reference_layers(model)
+    if any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+           for _, m in model.named_modules()):
+        model.set_dtype(mx.float32)  # first: float32 scales dequantize exactly
+        dequantize_model(model)
+
+
+def _lora(model, config: SFTConfig) -> tuple[int, dict]:
+    """LoRA layers on the frozen ``model``: new ones, or ``config.init_adapter``'s with its
+    weights; returns their number of layers and parameters."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
+
+    if config.init_adapter:
+        saved = json.loads((Path(config.init_adapter) / "adapter_config.json").read_text())
+        load_adapters(model, str(config.init_adapter))
+        return saved["num_layers"], saved["lora_parameters"]
+    params = {"rank": config.rank, "scale": config.scale, "dropout": 0.0,
+              "keys": list(config.keys)}
+    num_layers = min(config.num_layers, len(model.layers))
+    linear_to_lora_layers(model, num_layers, params)
+    return num_layers, params
+
+
 def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConfig()) -> dict:
-    """Train a LoRA adapter on ``rows``; returns the first and last training losses."""
+    """Train a LoRA adapter on ``rows``; returns the first and last training losses and
+    the iterations run (fewer than ``config.iters`` when ``config.minutes`` ran out)."""
     from mlx_lm.tuner.trainer import TrainingArgs, TrainingCallback
     from mlx_lm.tuner.trainer import train as mlx_lm_train
-    from mlx_lm.tuner.utils import linear_to_lora_layers
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
     rows = rows[:]
     rng.shuffle(rows)
-    n_val = max(1, int(len(rows) * config.val_fraction)) if len(rows) > 1 else 0
+    n_val = (max(1, int(len(rows) * config.val_fraction))
+             if len(rows) > 1 and config.val_fraction > 0 else 0)
     val, train_rows = rows[:n_val], rows[n_val:] or rows
     model = lm.model
+    _differentiable(model)
     model.freeze()
-    params = {"rank": config.rank, "scale": config.scale, "dropout": 0.0,
-              "keys": list(config.keys)}
-    num_layers = min(config.num_layers, len(model.layers))
-    linear_to_lora_layers(model, num_layers, params)
+    num_layers, params = _lora(model, config)
     (out / "adapter_config.json").write_text(json.dumps({
         "fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": params,
         "base_model": lm.identity.name, "base_fingerprint": lm.identity.fingerprint}, indent=2))
@@ -116,8 +158,12 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
                         max_seq_length=config.max_seq_length,
                         adapter_file=str(out / "adapters.safetensors"))
 
+    deadline = time.monotonic() + config.minutes * 60 if config.minutes else float("inf")
+    done = [0]
+
     def iterate(dataset, batch_size, max_seq_length, loop=False, seed=None, **_):
-        return batches(dataset, min(batch_size, len(dataset)), max_seq_length, seed, loop)
+        it = batches(dataset, min(batch_size, len(dataset)), max_seq_length, seed, loop)
+        return _until(it, deadline, done) if loop else it  # loop: the training batches
 
     mlx_lm_train(model, optim.Adam(learning_rate=config.learning_rate), train_rows,
                  val or None, args=args, loss=masked_loss, iterate_batches=iterate,
@@ -125,4 +171,4 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     model.eval()
     return {"first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
-            "train_rows": len(train_rows), "val_rows": len(val)}
+            "train_rows": len(train_rows), "val_rows": len(val), "iters": done[0]}

@@ -1,28 +1,26 @@
-"""The specialist trial: roll out, keep what worked, fine-tune, and measure on held-out tasks.
+"""The specialist trial: ``mlx_agent specialize`` on the trial's 7 tools, measured on the
+trial's own held-out tasks against the committed adapter.
 
-    .venv/bin/python scripts/specialist_trial.py [--work build/trial] [--out models/smollm2-135m-tools]
+    .venv/bin/python scripts/specialist_trial.py [--work build/trial] [--minutes 15]
 
-1. Writes a synthetic task set with checks (arithmetic with a calculator tool, lookups in a
-   small JSON database, file reads over a fixture tree): training tasks, and held-out tasks
-   with other numbers, users and files than any training task, half of them phrased in ways
-   training never saw.
-2. Evaluates the bundled model on the test set (greedy, grammar on).
-3. Rolls it out on the train tasks, guided: each task's ``tool_choice`` is (its expected
-   call, "none"), so the grammar leaves open only that call first and only an answer after
-   the result. The model still samples every token; the answer is its own. Keeps the
-   rollouts whose answer states the tool's result; a task with none keeps one rollout cut
-   after its call. (Unguided, the 135M model succeeded in 2% of rollouts and then called
-   tool after tool; guided to the tool alone, 12% made the right call and 4% also
-   answered with the result.)
-4. ``traces-to-data`` -> ``sft`` (LoRA) -> evaluates the specialist on the test set,
-   unguided (tool_choice auto), like the base model.
-Prints the table (success = the expected call was made; answered = the answer also states
-the tool's result) and writes ``results.json`` in the work directory.
+1. Writes the trial's task set (arithmetic with a calculator tool, lookups in a small JSON
+   database, file reads over a fixture tree): held-out tasks with other numbers, users and
+   files than its training tasks, half of them phrased in ways training never saw. Only the
+   held-out tasks are used here.
+2. Runs :func:`mlx_agent.specialize.specialize` on the same 7 tools (``tools.json`` and the
+   built-in tools, in the order ``eval`` lists them) with the fixture as the tools' directory:
+   synthesised tasks, written conversations, LoRA, its own held-out eval.
+3. Evaluates the base model, ``models/smollm2-135m-tools`` (trained by an earlier version of
+   this trial from guided rollouts) and the new specialist on the trial's held-out tasks,
+   greedy, grammar on; prints the table (success = the expected call was made; answered = the
+   answer also states the tool's result) and writes ``results.json`` in the work directory.
 """
+
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import re
@@ -148,22 +146,23 @@ def write_task_set(work: Path, rng: random.Random) -> tuple[Path, Path, dict[str
 
 
 def main():
-    from mlx_agent.engine import SamplingParams
     from mlx_agent.evaluate import run
     from mlx_agent.models import load
-    from mlx_agent.sft import SFTConfig, read_rows, train
-    from mlx_agent.trajectory import read, set_reward, write
-    from mlx_agent.training_data import convert
+    from mlx_agent.specialize import RECIPE, Models, SpecializeConfig, specialize, table
+    from mlx_agent.synth.config import SynthConfig
+    from mlx_agent.tools import builtin_tools, load_tools
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="build/trial")
-    ap.add_argument("--out", default="models/smollm2-135m-tools")
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=150)
+    ap.add_argument("--committed", default="models/smollm2-135m-tools")
+    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--n-heldout", type=int, default=20,
+                    help="specialize's own synthesised held-out tasks")
     args = ap.parse_args()
-    work, out = Path(args.work), Path(args.out)
+    work = Path(args.work)
     start = time.perf_counter()
-    train_tasks, test_tasks, info = write_task_set(work, random.Random(0))
+    _, test_tasks, info = write_task_set(work, random.Random(0))
     common = {"max_steps": 3, "max_tokens": 96, "grammar": True}
 
     def log(msg):
@@ -175,94 +174,47 @@ def main():
             return False
         return re.search(rf"(?<![\w.-]){re.escape(result)}(?![\w.])", answer) is not None
 
-    def good(r) -> bool:
-        return r.reward == 1.0 and good_answer(r.answer, info[r.task]["result"])
-
-    def answered(summary) -> float:
-        """The share of runs that made the expected call and whose answer states the result."""
-        return sum(map(good, summary.runs)) / max(len(summary.runs), 1)
-
-    def breakdown(summary) -> dict:
-        """Right calls per task family and per phrasing (seen in training, or held out)."""
-        out = {}
+    def measure(lm) -> dict:
+        summary = run(lm, test_tasks, config_overrides=common)
+        runs = summary.runs
+        by_kind = {}
         for key in ("family", "phrasing"):
             for value in sorted({i[key] for i in info.values()}):
-                runs = [r for r in summary.runs if info[r.task][key] == value]
-                if runs:
-                    out[value] = f"{sum(r.reward for r in runs):.0f}/{len(runs)}"
-        return out
+                hits = [r.reward for r in runs if info[r.task][key] == value]
+                by_kind[value] = f"{sum(hits):.0f}/{len(hits)}"
+        answered = sum(r.reward == 1.0 and good_answer(r.answer, info[r.task]["result"])
+                       for r in runs) / max(len(runs), 1)
+        return {**summary.row(), "answered": answered, "by_kind": by_kind}
 
-    base = load()
-    log("evaluating the base model on the held-out tasks")
-    base_run = run(base, test_tasks, config_overrides=common)
-    base_eval = {**base_run.row(), "answered": answered(base_run),
-                 "by_kind": breakdown(base_run)}
-    log(f"base: {base_eval}")
-
-    log(f"guided rollouts on the train tasks, {args.seeds} seeds at temperature 0.5")
-    runs_dir = work / "runs"
-    rollouts = run(base, train_tasks, seeds=args.seeds, trajectory_dir=runs_dir,
-                   config_overrides={**common, "sampling": SamplingParams(temperature=0.5)})
-    # Per task: keep the rollouts whose answer states the tool's result, briefly. A task
-    # with none keeps one rollout cut after its (forced, right) call: the adapter learns
-    # that call, and learns answering from the other tasks.
-    by_task: dict[str, list] = {}
-    for r in rollouts.runs:
-        by_task.setdefault(r.task, []).append(r)
-    full = cut = 0
-    for task, runs in by_task.items():
-        kept = [r for r in runs if good(r)]
-        for r in runs:
-            if r not in kept:
-                set_reward(r.trajectory, 0.0)
-        if kept:
-            full += 1
-            continue
-        right = next((r for r in runs if r.reward == 1.0), None)
-        traj = read(right.trajectory) if right else None
-        call_at = next((i for i, st in enumerate(traj.steps) if st.tool_call is not None),
-                       None) if traj else None
-        if call_at is None:
-            continue
-        traj.steps = traj.steps[: call_at + 1]
-        write(right.trajectory, traj)
-        set_reward(right.trajectory, 1.0)
-        cut += 1
-    log(f"tasks with a good answer: {full}; kept only up to the call: {cut}")
-    data = work / "sft.jsonl"
-    counts = convert(runs_dir, data, min_reward=1.0)
-    log(f"rollouts: {rollouts.row()}; answered {answered(rollouts):.0%}; "
-        f"training rows: {counts.rows}")
-    if counts.rows == 0:
-        raise SystemExit("no successful rollouts to train on")
-
-    trainee = load()
-    stats = train(trainee, read_rows(data), out,
-                  SFTConfig(iters=args.iters, batch_size=4, learning_rate=2e-4, rank=8,
-                            num_layers=16))
-    log(f"sft: {stats}")
-
-    special = load(adapter=out)
-    log("evaluating the specialist on the held-out tasks")
-    special_run = run(special, test_tasks, config_overrides=common)
-    special_eval = {**special_run.row(), "answered": answered(special_run),
-                    "by_kind": breakdown(special_run)}
-    log(f"specialist: {special_eval}")
-
-    results = {"base": base_eval, "specialist": special_eval, "rollouts": rollouts.row(),
-               "train_rows": counts.rows, "sft": stats,
+    # The tools as eval lists them for the trial's tasks: the file's, then the built-ins
+    # (bound here to a scratch copy of the fixture: synthesis may call write_file).
+    scratch = work / "scratch"
+    shutil.copytree(work / "fixture", scratch)
+    config = SpecializeConfig(
+        synth=SynthConfig(n_heldout=args.n_heldout),
+        sft=dataclasses.replace(RECIPE, iters=args.iters, minutes=args.minutes),
+        max_steps=common["max_steps"], max_tokens=common["max_tokens"],
+        fixture=str(work / "fixture"), extra_tools=tuple(builtin_tools(scratch)))
+    tools_file = work / "tools.json"
+    special = specialize(Models(load), load_tools(tools_file), tools_file.read_bytes(),
+                         work / "specialist", config, log=lambda m: print(m, flush=True))
+    for line in table(special):
+        log(line)
+    rows = {}
+    for name, adapter in (("base", None), ("committed", args.committed),
+                          ("specialize", str(work / "specialist"))):
+        log(f"evaluating {name} on the trial's held-out tasks")
+        rows[name] = measure(load(adapter=adapter))
+        log(f"{name}: {rows[name]}")
+    results = {"trial": rows, "specialize": special,
                "minutes": (time.perf_counter() - start) / 60}
     (work / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"\n{'':<12} {'success':>8} {'answered':>9} {'valid calls':>12} {'calls/run':>10} "
-          f"{'turns/run':>10}")
-    for name, row in (("base", base_eval), ("specialist", special_eval)):
+    print(f"\n{'':<12} {'success':>8} {'answered':>9} {'valid calls':>12} {'calls/run':>10}")
+    for name, row in rows.items():
         print(f"{name:<12} {row['success']:>8.0%} {row['answered']:>9.0%} "
-              f"{row['valid_calls']:>12.0%} {row['mean_calls']:>10.2f} {row['mean_turns']:>10.2f}")
-    for name, row in (("base", base_eval), ("specialist", special_eval)):
-        print(f"{name:<12} right calls by kind: " +
-              ", ".join(f"{k} {v}" for k, v in row["by_kind"].items()))
-    print(f"held-out tasks: {base_eval['runs']}; training rows: {counts.rows}; "
-          f"{results['minutes']:.1f} minutes")
+              f"{row['valid_calls']:>12.0%} {row['mean_calls']:>10.2f}  "
+              + ", ".join(f"{k} {v}" for k, v in row["by_kind"].items()))
+    print(f"held-out tasks: {rows['base']['runs']}; {results['minutes']:.1f} minutes")
 
 
 if __name__ == "__main__":

@@ -285,3 +285,16 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
     assert not any("ping" in t.tools for t in s.heldout)
     assert s.report["heldout"]["tasks"] == len(s.heldout)
     assert {t.kind for t in s.train} == {"call", "none"}
+
+
+def test_a_catalogue_of_unusable_tools_gets_only_no_tool_tasks_and_ends(tmp_path):
+    """With no tool that can be given arguments, the call slots are skipped (they looped
+    forever over an empty list of tools)."""
+    never = tmp_path / "never.json"
+    never.write_text(json.dumps([fn("never", "Cannot be called.", {"z": {"enum": []}}, ["z"])]))
+    r = cli("--tools", str(never), "--out", str(tmp_path / "out"), "--n-train", "20",
+            "--n-heldout", "5")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert list(report["skipped"]) == ["never"]
+    assert report["train"]["kinds"]["call"] == 0 and report["train"]["kinds"]["none"] > 0

@@ -124,3 +124,20 @@ def use_cpu_kernels(model: nn.Module) -> int:
             model.update_modules(tree_unflatten(replaced))
         count += len(replaced)
     return count
+
+
+def use_reference_layers(model: nn.Module) -> int:
+    """Undo :func:`use_cpu_kernels`: each kernel layer back to MLX's own class, which has
+    gradients (the kernels have none), e.g. to train; returns how many."""
+    from mlx.utils import tree_unflatten
+
+    back = {kernel: base for swaps in _SWAPS for base, kernel in swaps.items()}
+    count = 0
+    for swaps in reversed(_SWAPS):  # the attention modules first, then their leaves
+        replaced = [(path, _retyped(module, back[type(module)]))
+                    for path, module in model.named_modules()
+                    if type(module) in back and type(module) in swaps.values()]
+        if replaced:
+            model.update_modules(tree_unflatten(replaced))
+        count += len(replaced)
+    return count

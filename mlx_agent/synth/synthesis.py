@@ -102,7 +102,7 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
     out: list[SynthTask] = []
     misses = 0
     for kind in Plan.of(n, config.shares(), available).slots(rng):
-        for k in (kind, "call") if "call" in available else (kind,):
+        for k in [k for k in (kind, "call") if k in available]:  # none usable: skipped
             task = _draw(makers[k], lambda t: not (t.values & seen_values
                                                    or t.task["prompt"] in seen_prompts
                                                    or set(t.calls) & seen_calls))

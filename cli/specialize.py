@@ -1,0 +1,96 @@
+"""``mlx_agent specialize``: synth -> written rows -> LoRA -> held-out eval, for a catalogue."""
+
+from __future__ import annotations
+
+import click
+
+from mlx_agent.synth.config import SynthConfig
+
+from .errors import UserError, warn
+from .options import (load_options, make_sandbox, mcp_options, model_argument,
+                      protocol_option, sandbox_options, start_mcp)
+
+SYNTH = SynthConfig()
+NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is an MCP server's
+
+
+@click.command()
+@model_argument()
+@click.option("--tools", "tools_file", type=click.Path(dir_okay=False), default=None,
+              help="Tools file (JSON, as for `agent --tools`).")
+@click.option("--out", type=click.Path(), required=True,
+              help="Directory for the adapter, tasks/, rows.jsonl and results.json "
+                   "(written whole at the end; a previous result there is replaced).")
+@click.option("--fixture", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Directory the tools run in (a fresh copy for every call and task).")
+@click.option("--n-train", type=click.IntRange(min=1), default=SYNTH.n_train,
+              show_default=True, help="Training tasks (one written conversation each).")
+@click.option("--n-heldout", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Held-out tasks, evaluated before and after.")
+@click.option("--seed", type=int, default=SYNTH.seed, show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=150, show_default=True,
+              help="Training iterations (batches of 4).")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop training after this many minutes, whatever --iters says.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Assistant steps per held-out task.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens per assistant step.")
+@protocol_option
+@sandbox_options
+@mcp_options
+@load_options
+def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, iters, minutes,
+               max_steps, max_tokens, protocol, sandbox, allow_network, mcp_commands,
+               mcp_config, adapter, weights, context_length):
+    """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
+
+    Synthesises tasks from the catalogue (as `synth`), writes a conversation for each
+    training task with the tool's real result where it runs (else one made up from its
+    schema), trains a LoRA adapter on them (from --adapter when given: a general one),
+    and prints the starting model against the specialist on the held-out tasks.
+
+    \b
+    Example:
+      mlx_agent specialize --tools examples/everyday.json --out build/everyday --minutes 20
+      mlx_agent agent --adapter build/everyday --tools examples/everyday.json
+    """
+    import dataclasses
+    from pathlib import Path
+
+    from mlx_agent.models import load
+    from mlx_agent.specialize import RECIPE, Models, SpecializeConfig, prepare_out, table
+    from mlx_agent.specialize import specialize as run_specialize
+    from mlx_agent.tools import load_tools
+
+    if not tools_file and not (mcp_commands or mcp_config):
+        raise click.UsageError("give --tools FILE, or --mcp / --mcp-config")
+    tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
+    for warning in (w for t in tools for w in t.warnings):
+        warn(warning)
+    prepare_out(out).rmdir()  # before any work: an --out that cannot be written fails now
+    box = make_sandbox(sandbox, allow_network, None)
+    servers = start_mcp(mcp_commands, mcp_config, box, 30.0, fixture)
+    served = []
+    if servers is not None:
+        served, warnings = servers.tools(taken=[t.name for t in tools])
+        for warning in warnings:
+            warn(warning)
+    if not tools and not served:
+        raise UserError("the catalogue has no tools; give at least one")
+    config = SpecializeConfig(
+        synth=dataclasses.replace(SYNTH, n_train=n_train, n_heldout=n_heldout, seed=seed),
+        sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed),
+        protocol=protocol, max_steps=max_steps, max_tokens=max_tokens, sandbox=box,
+        fixture=fixture, extra_tools=tuple(served))
+
+    def loader(adapter=None):
+        return load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+
+    data = Path(tools_file).read_bytes() if tools_file else NO_TOOLS_FILE
+    results = run_specialize(Models(loader, adapter), tools, data, out, config,
+                             log=lambda m: click.echo(m, err=True))
+    for line in table(results):
+        click.echo(line)
+    click.echo(f"{results['rows']} training rows, {results['sft']['iters']} iterations, "
+               f"{results['minutes']} minutes; adapter and results in {out}")

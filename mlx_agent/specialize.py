@@ -1,0 +1,195 @@
+"""``mlx_agent specialize``: a specialist LoRA adapter for a tool catalogue, end to end.
+
+:func:`specialize` runs the steps in order, each with one line to ``log``:
+
+1. synthesise training and held-out tasks from the catalogue (:mod:`mlx_agent.synth`);
+2. write a conversation for every training task and render it as a training row, token-exact
+   with the agent's view (:mod:`mlx_agent.synth.conversations`): no rollouts;
+3. evaluate the starting model (the base model, or base + ``adapter``) on the held-out tasks;
+4. LoRA fine-tune (the recipe of ``models/smollm2-135m-tools``, or more training of
+   ``adapter`` when one is given) within an iteration and a time budget;
+5. evaluate the specialist on the same held-out tasks, the same way.
+
+Everything is written into a temporary directory beside ``out`` and renamed to ``out`` at
+the end, so ``out`` holds a whole result or nothing: the adapter (``--adapter OUT`` loads
+it), ``tasks/`` (synth's files), ``rows.jsonl`` and ``results.json``. An existing ``out`` is
+replaced only when it is itself a specialize result. Not promised: that the specialist
+beats its start (``results.json`` says whether it did); anything of the held-out figures
+beyond these tasks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .agent import agent_format
+from .engine import SamplingParams
+from .errors import UserFacingError
+from .evaluate import Summary, run
+from .fileio import write_jsonl, write_text
+from .sft import SFTConfig, train
+from .synth.config import SynthConfig
+from .synth.conversations import Outcomes, rows
+from .synth.synthesis import report_lines, synthesize, write
+from .tools import Tool
+from .tools.sandbox import Sandbox
+
+RESULTS = "results.json"
+# The recipe of models/smollm2-135m-tools (scripts/specialist_trial.py), with no validation
+# split: the held-out tasks measure the result (a validation pass of 20 rows took 7 minutes)
+RECIPE = SFTConfig(iters=150, batch_size=4, learning_rate=2e-4, rank=8, num_layers=16,
+                   val_fraction=0.0)
+
+
+class SpecializeError(UserFacingError, ValueError):
+    """Input specialize cannot use (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class SpecializeConfig:
+    synth: SynthConfig = SynthConfig()
+    sft: SFTConfig = RECIPE
+    protocol: str = "auto"
+    max_steps: int = 4  # a two-call task needs three steps
+    max_tokens: int = 128
+    sandbox: Sandbox | None = None
+    fixture: str | None = None  # the tools' working directory, copied fresh for every run
+    extra_tools: Sequence[Tool] = field(default=())  # tools no file holds (MCP servers')
+
+
+@dataclass
+class Models:
+    """How to load the model: ``load(adapter=None)`` gives the base model, or the base
+    with an adapter directory; ``start`` is the adapter training starts from, if any."""
+
+    load: Callable[..., object]
+    start: str | None = None
+
+
+def prepare_out(out: str | Path) -> Path:
+    """A fresh temporary directory beside ``out`` (the result is renamed to ``out``);
+    an ``out`` that is a file, or a directory with other things in it, is refused."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise SpecializeError(f"{out} is a file; give a directory for --out")
+    if out.is_dir() and any(out.iterdir()) and not (out / RESULTS).is_file():
+        raise SpecializeError(f"{out} is a directory with other files in it; give a new "
+                              "or empty directory (a previous specialize result is replaced)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as e:
+        raise SpecializeError(f"cannot write to {out.parent}: {e.strerror or e}; "
+                              "choose a directory you can write") from None
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """``tmp`` becomes ``out``; a previous result there is removed after the swap."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _evaluate(lm, tasks_file: Path, config: SpecializeConfig) -> Summary:
+    return run(lm, tasks_file, protocol=config.protocol, extra_tools=config.extra_tools,
+               config_overrides={"max_steps": config.max_steps,
+                                 "max_tokens": config.max_tokens, "grammar": True,
+                                 "sandbox": config.sandbox,
+                                 "sampling": SamplingParams(temperature=0.0)})
+
+
+def _row(summary: Summary, kinds: dict[str, str]) -> dict:
+    """Eval's row, plus success per task kind."""
+    by_kind: dict[str, list[float]] = {}
+    for r in summary.runs:
+        by_kind.setdefault(kinds[r.task], []).append(r.reward)
+    return {**summary.row(), "answered": sum(r.answer is not None for r in summary.runs)
+            / max(len(summary.runs), 1),
+            "by_kind": {k: f"{sum(v):.0f}/{len(v)}" for k, v in sorted(by_kind.items())}}
+
+
+def specialize(models: Models, tools: Sequence[Tool], tools_data: bytes, out: str | Path,
+               config: SpecializeConfig = SpecializeConfig(),
+               log: Callable[[str], None] = print) -> dict:
+    """Runs the five steps (module docstring) and returns what ``results.json`` holds."""
+    out, start = Path(out), time.perf_counter()
+    tmp = prepare_out(out)
+    try:
+        results = _steps(models, list(tools) + list(config.extra_tools), tools_data, tmp,
+                         config, lambda msg: log(f"[{time.perf_counter() - start:6.0f} s] {msg}"))
+        results["minutes"] = round((time.perf_counter() - start) / 60, 1)
+        write_text(tmp / RESULTS, json.dumps(results, indent=1) + "\n")
+        _publish(tmp, out)
+        return results
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _steps(models: Models, tools: list[Tool], tools_data: bytes, tmp: Path,
+           config: SpecializeConfig, log: Callable[[str], None]) -> dict:
+    synthesis = synthesize(tools, config.synth, sandbox=config.sandbox)
+    for side, tasks in (("training", synthesis.train), ("held-out", synthesis.heldout)):
+        if not any(t.calls for t in tasks):
+            skipped = "; ".join(f"{k}: {v}" for k, v in synthesis.report["skipped"].items())
+            raise SpecializeError(
+                f"synthesis made no {side} task that calls a tool"
+                + (f" (skipped {skipped})" if skipped else "")
+                + "; give tools whose parameters can be sampled, with distinct calls")
+    if config.fixture:  # the tasks run in fresh copies of it, as the rows' tools did
+        shutil.copytree(config.fixture, tmp / "tasks" / "fixture", symlinks=True)
+        synthesis = dataclasses.replace(synthesis, heldout=[
+            dataclasses.replace(t, task={**t.task, "fixture": "fixture"})
+            for t in synthesis.heldout])
+    write(synthesis, tools_data, tmp / "tasks")
+    for line in report_lines(synthesis.report):
+        log(f"synth: {line}")
+    heldout = tmp / "tasks" / "heldout.jsonl"
+    kinds = {t.task["id"]: t.kind for t in synthesis.heldout}
+
+    base = models.load()
+    outcomes = Outcomes(run=config.synth.run_tools, sandbox=config.sandbox,
+                        fixture=config.fixture, seed=config.synth.seed)
+    written = rows(base, agent_format(config.protocol, base), tools, synthesis.train, outcomes,
+                   seed=config.synth.seed)
+    write_jsonl(tmp / "rows.jsonl", written)
+    log(f"rows: {len(written)} written conversations; tool results "
+        f"{outcomes.counts['real']} real, {outcomes.counts['synthesised']} synthesised")
+
+    starting = models.load(adapter=models.start) if models.start else base
+    name = "base + adapter" if models.start else "base"
+    log(f"evaluating the {name} model on {len(synthesis.heldout)} held-out tasks")
+    before = _row(_evaluate(starting, heldout, config), kinds)
+    log(f"{name}: {before['success']:.0%} right")
+
+    sft = dataclasses.replace(config.sft, init_adapter=models.start)
+    stats = train(models.load(), written, tmp, sft)
+    log(f"trained {stats['iters']} iterations; loss {stats['first_loss']} -> "
+        f"{stats['last_loss']}")
+    after = _row(_evaluate(models.load(adapter=str(tmp)), heldout, config), kinds)
+    log(f"specialist: {after['success']:.0%} right")
+    return {"start": name, "before": before, "after": after, "sft": stats,
+            "rows": len(written), "tool_results": dict(outcomes.counts),
+            "synth": synthesis.report}
+
+
+def table(results: dict) -> list[str]:
+    """The before/after table for a terminal."""
+    lines = [f"{'held-out':<16} {'success':>8} {'answered':>9} {'valid calls':>12} "
+             f"{'calls/run':>10}  by kind"]
+    for label, row in ((results["start"], results["before"]), ("specialist", results["after"])):
+        kinds = ", ".join(f"{k} {v}" for k, v in row["by_kind"].items())
+        lines.append(f"{label:<16} {row['success']:>8.0%} {row['answered']:>9.0%} "
+                     f"{row['valid_calls']:>12.0%} {row['mean_calls']:>10.2f}  {kinds}")
+    return lines

@@ -1,0 +1,194 @@
+"""Conversations written from synthesised tasks, and their training rows: no rollout needed.
+
+For each task of :mod:`.tasks`, :func:`write_conversation` writes the request, then each
+call the task involves with its arguments, the tool's result as the agent would show it
+(``ToolResult.for_model``), and a short answer that states the last result; a task that
+needs no tool gets a direct answer and no call; a two-call task's second call already
+carries the first result (synthesis built it from the tool's real result). :func:`rows`
+renders them with :func:`mlx_agent.written_rows.conversation_row`: the agent's own wire
+format, token-exact, the loss only on assistant tokens.
+
+A result (:class:`Outcomes`) is the tool's own when the tool runs and succeeds (exit 0,
+some output): ``_exec`` tools in the given sandbox, in a fresh copy of the fixture or an
+empty directory; ``_handler``, built-in and MCP tools as the agent runs them. Otherwise (the
+tool cannot run, running is off, or it failed here) the result is synthesised from the
+schema (:mod:`.results`) and counted as such. Deterministic under a seed, given tools that
+are.
+
+Not promised: that a synthesised result is what the tool would return; answers to no-tool
+requests that say more than a polite, on-topic line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..tools import Tool, ToolResult, run_tool
+from ..tools.sandbox import Sandbox
+from ..written_rows import conversation_row
+from . import pools as P
+from .results import synthesised_result
+from .tasks import SynthTask
+from .values import as_schema, canonical
+
+MAX_SAID = 80  # characters of a result an answer states
+ANSWERS = ("The result is {r}.", "{tool} returned {r}.", "It returned {r}.",
+           "Here is what I got: {r}.", "Done. The result: {r}.", "{r}")
+COMPLIMENTS = frozenset({"brave", "generous", "gentle", "bright", "humble", "eager", "vivid",
+                         "calm", "witty", "tidy", "curious", "loyal"})
+SYNONYMS = {"brave": "courageous", "quiet": "silent", "ancient": "very old",
+            "generous": "giving", "fragile": "delicate", "clumsy": "awkward", "gentle": "mild",
+            "bright": "shining", "stubborn": "obstinate", "humble": "modest", "eager": "keen",
+            "vivid": "intense", "calm": "peaceful", "witty": "clever", "fierce": "ferocious",
+            "tidy": "neat", "curious": "inquisitive", "loyal": "faithful"}
+# Direct answers to synthesis's no-tool requests, by template (phrasing.NO_TOOL, train side)
+NO_TOOL_ANSWERS = {
+    "none-a/0": "Here is one: {topic} have surprised people for a very long time, and there "
+                "is always more to learn about them.",
+    "none-a/1": "{Topic} here and {topic} there,\n{Topic} wonders everywhere.",
+    "none-a/2": "A word that means {adjective} is \"{synonym}\".",
+    "none-a/3": "People like {topic} because they are interesting, a little surprising, and "
+                "fun to learn about.",
+    "none-a/4": "Curious, lovely, memorable.",
+    "none-a/5": "{Topic} are part of our big, wonderful world, and learning about them is "
+                "like going on a small adventure.",
+    "none-a/6": "{compliment}",
+    "none-a/7": "Good morning! My day is going well, thank you. How can I help you?",
+    "none-a/8": "You're welcome! Glad I could help.",
+}
+NO_TOOL_FALLBACK = "Happy to help with that directly: it does not need any of my tools."
+
+
+@dataclass(frozen=True)
+class Outcome:
+    content: str  # the tool message, as the agent shows a result to the model
+    said: str  # what an answer states
+    source: str  # "real" or "synthesised"
+
+
+class Outcomes:
+    """Each call's result, real where the tool runs and succeeds, else synthesised; cached
+    by call, with a count of each source in :attr:`counts`."""
+
+    def __init__(self, *, run: bool = True, sandbox: Sandbox | None = None,
+                 fixture: str | Path | None = None, timeout: float = 10.0, seed: int = 0):
+        self.run, self.sandbox, self.timeout, self.seed = run, sandbox, timeout, seed
+        self.fixture = Path(fixture) if fixture else None
+        self.counts: Counter = Counter()
+        self._cache: dict[str, Outcome] = {}
+
+    def __call__(self, tool: Tool, arguments: dict) -> Outcome:
+        key = canonical([tool.name, arguments])
+        if key not in self._cache:
+            self._cache[key] = self._real(tool, arguments) or self._made_up(tool, arguments, key)
+        outcome = self._cache[key]
+        self.counts[outcome.source] += 1
+        return outcome
+
+    def _real(self, tool: Tool, arguments: dict) -> Outcome | None:
+        if not (self.run and (tool.exec_template or tool.handler or tool.builtin)):
+            return None
+        with tempfile.TemporaryDirectory(prefix="mlx-agent-written-") as tmp:
+            cwd = Path(tmp) / "work"
+            if self.fixture:
+                shutil.copytree(self.fixture, cwd, symlinks=True)
+            else:
+                cwd.mkdir()
+            result = run_tool(tool, arguments, timeout=self.timeout, cwd=cwd,
+                              sandbox=self.sandbox)
+        said = result.stdout.strip().split("\n")[0].strip()
+        if result.exit_code != 0 or result.timed_out or not said:
+            return None
+        return Outcome(result.for_model(), _cut(said), "real")
+
+    def _made_up(self, tool: Tool, arguments: dict, key: str) -> Outcome:
+        said = synthesised_result(tool, arguments, random.Random(f"{self.seed}:{key}"))
+        return Outcome(ToolResult(tool=tool.name, stdout=said + "\n").for_model(), said,
+                       "synthesised")
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_SAID:
+        return text
+    return text[:MAX_SAID].rsplit(" ", 1)[0] or text[:MAX_SAID]
+
+
+def _ordered(schema: dict, value):
+    """``value`` with object keys in the schema's property order (canonical JSON sorts
+    them; the model writes them as the schema lists them)."""
+    schema = as_schema(schema)
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        keys = [k for k in props if k in value] + [k for k in value if k not in props]
+        return {k: _ordered(props.get(k, {}), value[k]) for k in keys}
+    if isinstance(value, list):
+        return [_ordered(schema.get("items", {}), v) for v in value]
+    return value
+
+
+def task_calls(task: SynthTask, tools: dict[str, Tool]) -> list[tuple[Tool, dict]]:
+    """The calls a task involves, in order, with arguments in schema order."""
+    out = []
+    for text in task.calls:
+        call = json.loads(text)
+        tool = tools[call["name"]]
+        out.append((tool, _ordered(tool.parameters, call["arguments"])))
+    return out
+
+
+def _call_message(tool: Tool, arguments: dict, n: int) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": f"call_{n}", "type": "function",
+        "function": {"name": tool.name, "arguments": json.dumps(arguments, ensure_ascii=False)}}]}
+
+
+def no_tool_answer(task: SynthTask) -> str:
+    """A direct answer to a request no tool serves, on the request's own topic."""
+    prompt = task.task["prompt"]
+    topic = next((t for t in P.TOPICS if re.search(rf"\b{t}\b", prompt)), "that")
+    adjective = next((a for a in P.ADJECTIVES if re.search(rf"\b{a}\b", prompt)), "kind")
+    compliment = (f"Yes, calling someone {adjective} is usually a compliment."
+                  if adjective in COMPLIMENTS else
+                  f"Not usually: \"{adjective}\" is rarely meant as praise.")
+    template = next((NO_TOOL_ANSWERS[t] for t in task.templates if t in NO_TOOL_ANSWERS),
+                    NO_TOOL_FALLBACK)
+    return template.format(topic=topic, Topic=topic[:1].upper() + topic[1:],
+                           adjective=adjective, synonym=SYNONYMS.get(adjective, "gentle"),
+                           compliment=compliment)
+
+
+def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcomes,
+                       rng: random.Random) -> list[dict]:
+    """The task's conversation: request, calls with their results, and the answer."""
+    messages = [{"role": "user", "content": task.task["prompt"]}]
+    calls = task_calls(task, tools)
+    if not calls:
+        return messages + [{"role": "assistant", "content": no_tool_answer(task)}]
+    outcome = None
+    for n, (tool, arguments) in enumerate(calls):
+        outcome = outcomes(tool, arguments)
+        messages += [_call_message(tool, arguments, n),
+                     {"role": "tool", "name": tool.name, "content": outcome.content}]
+    answer = rng.choice(ANSWERS).format(r=outcome.said, tool=calls[-1][0].name)
+    return messages + [{"role": "assistant", "content": answer}]
+
+
+def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
+         seed: int = 0) -> list[dict]:
+    """One training row per task (``conversation_row``'s, plus ``task`` and ``kind``)."""
+    rng = random.Random(f"{seed}:answers")
+    by_name = {t.name: t for t in tools}
+    out = []
+    for task in tasks:
+        messages = write_conversation(task, by_name, outcomes, rng)
+        out.append({**conversation_row(lm, fmt, tools, messages), "task": task.task["id"],
+                    "kind": task.kind})
+    return out

@@ -1,0 +1,139 @@
+"""Conversations written from synthesised tasks: real results, no-tool answers, chains, and
+rows token-exact with the agent's own rollout of the same conversation."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.agent import agent_format
+from mlx_agent.evaluate import run
+from mlx_agent.synth.config import SynthConfig
+from mlx_agent.synth.conversations import Outcomes, rows, write_conversation
+from mlx_agent.synth.synthesis import synthesize
+from mlx_agent.tools import load_tools, parse_tools
+
+from .test_agent_loop import Script
+
+CATALOGUE = Path(__file__).resolve().parent / "data" / "catalogue.json"
+
+
+@pytest.fixture(scope="module")
+def made():
+    tools = load_tools(CATALOGUE)
+    return tools, synthesize(tools, SynthConfig(n_train=60, n_heldout=10))
+
+
+def conversations(tools, tasks, outcomes=None, seed=0):
+    outcomes = outcomes or Outcomes(seed=seed)
+    by_name, rng = {t.name: t for t in tools}, random.Random(seed)
+    return [write_conversation(t, by_name, outcomes, rng) for t in tasks]
+
+
+def tool_stdout(message: dict) -> str:
+    return json.loads(message["content"])["stdout"]
+
+
+def test_real_results_are_used_and_the_answer_states_them(made):
+    tools, s = made
+    adds = [t for t in s.train if t.tools == ("add_numbers",)]
+    outcomes = Outcomes()
+    for task, conv in zip(adds, conversations(tools, adds, outcomes)):
+        call = json.loads(conv[1]["tool_calls"][0]["function"]["arguments"])
+        assert [m["role"] for m in conv] == ["user", "assistant", "tool", "assistant"]
+        assert tool_stdout(conv[2]) == f"{call['a'] + call['b']}\n"  # the tool really ran
+        assert str(call["a"] + call["b"]) in conv[3]["content"]
+        if task.kind == "answer":  # the task's own check passes on the written answer
+            assert re.search(task.task["check"]["answer_pattern"], conv[3]["content"])
+    assert outcomes.counts == {"real": len(adds)}
+
+
+def test_a_tool_that_fails_or_cannot_run_gets_a_synthesised_result(made):
+    tools, s = made
+    reads = [t for t in s.train if t.tools == ("read_file",)][:3]  # cat of a missing file
+    outcomes = Outcomes()
+    convs = conversations(tools, reads, outcomes)
+    assert outcomes.counts == {"synthesised": 3}
+    for conv in convs:
+        said = tool_stdout(conv[2]).strip()
+        assert said and said in conv[3]["content"]
+    # not run at all: the same calls get the same made-up results, seed by seed
+    again = conversations(tools, reads, Outcomes(run=False))
+    assert [c[2] for c in again] == [c[2] for c in convs]
+    other = conversations(tools, reads, Outcomes(run=False, seed=1), seed=1)
+    assert [c[2] for c in other] != [c[2] for c in convs]
+
+
+def test_no_tool_tasks_get_a_direct_answer_and_no_call(made):
+    tools, s = made
+    nones = [t for t in s.train if t.kind == "none"]
+    assert nones
+    for task, conv in zip(nones, conversations(tools, nones)):
+        assert [m["role"] for m in conv] == ["user", "assistant"]
+        assert "tool_calls" not in conv[1] and conv[1]["content"].strip()
+
+
+def test_two_call_tasks_pass_the_first_result_to_the_second_call(made):
+    tools, s = made
+    chains = [t for t in s.train if t.kind == "chain"]
+    assert chains
+    for conv in conversations(tools, chains):
+        assert [m["role"] for m in conv] == ["user", "assistant", "tool", "assistant", "tool",
+                                             "assistant"]
+        first = tool_stdout(conv[2]).strip()
+        second = json.loads(conv[3]["tool_calls"][0]["function"]["arguments"])
+        assert first in map(str, second.values())
+        assert tool_stdout(conv[4]).strip() in conv[5]["content"]
+
+
+def test_rows_are_token_exact_with_the_agents_rollout(tiny_lm, made, tmp_path):
+    """The agent replays each written conversation (a scripted model writing its replies,
+    the tools running for real); its trajectory's ids and mask equal the written row's."""
+    tools, s = made
+    tasks = [next(t for t in s.train if t.kind == k and "read_file" not in t.tools)
+             for k in ("call", "chain", "none")]  # read_file fails here: a made-up result
+    fmt = agent_format("json", tiny_lm)
+    written = rows(tiny_lm, fmt, tools, tasks, Outcomes())
+    (tmp_path / "tools.json").write_bytes(CATALOGUE.read_bytes())
+    for task, row in zip(tasks, written):
+        path = tmp_path / f"{task.kind}.jsonl"
+        path.write_text(json.dumps({**task.task, "check": {"answer_pattern": ""}}) + "\n")
+        replies = [fmt.reply_text(m) for m in row["messages"] if m["role"] == "assistant"]
+        traj_dir = tmp_path / task.kind
+        script = Script(tiny_lm, *replies)
+        run(tiny_lm, path, protocol="json", trajectory_dir=traj_dir,
+            config_overrides={"grammar": False, "max_steps": 3},
+            sampler_for=lambda seed: script)
+        ids, mask = tj.read(next(traj_dir.glob("*.atraj"))).replay()
+        assert (row["input_ids"], row["loss_mask"]) == (ids, mask), task.kind
+        learned = tiny_lm.decode([t for t, m in zip(ids, mask) if m])
+        assert "stdout" not in learned and task.task["prompt"] not in learned  # replies only
+
+
+def test_rows_are_deterministic_under_a_seed(tiny_lm, made):
+    tools, s = made
+    fmt = agent_format("json", tiny_lm)
+    a, b = (rows(tiny_lm, fmt, tools, s.train[:12], Outcomes(), seed=3) for _ in range(2))
+    c = rows(tiny_lm, fmt, tools, s.train[:12], Outcomes(), seed=4)
+    assert a == b and a != c
+
+
+def test_arguments_keep_the_schema_order_in_nested_objects():
+    tools = parse_tools(json.dumps([{
+        "name": "book", "description": "Book a room.", "_exec": "echo booked",
+        "parameters": {"type": "object", "required": ["who", "room"], "properties": {
+            "who": {"type": "object", "required": ["name", "age"],
+                    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
+            "room": {"type": "string"}}}}]))
+    s = synthesize(tools, SynthConfig(n_train=6, n_heldout=2, run_tools=False))
+    call = next(t for t in s.train if t.calls)
+    conv = conversations(tools, [call])[0]
+    text = conv[1]["tool_calls"][0]["function"]["arguments"]
+    assert text.index('"who"') < text.index('"name"') < text.index('"age"') < text.index('"room"')
+    assert json.loads(text) == json.loads(call.calls[0])["arguments"]
+    assert "booked" in conv[3]["content"]  # run=True by default: the real result
