@@ -10,6 +10,9 @@
   model can otherwise repeat inside a string until the token limit), and one without a
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
   objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode.
+  Calls are written with no free white space and the separators of :data:`SEPARATORS`
+  (the json prompt's examples use the same), the json protocol's arguments in the order its
+  prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
 - ``choice`` narrows either grammar the way OpenAI's ``tool_choice`` does: ``"auto"`` (calls
   or an answer), ``"required"`` (calls only), ``"none"`` (an answer only) or a tool's name
   (a call of that tool only). :func:`tool_constraint` builds the constraint for a protocol.
@@ -299,7 +302,8 @@ def json_protocol_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAU
     """The json protocol's grammar for ``tools`` (compiled once per tool set and choice);
     ``parallel`` allows several calls in one reply, a line each; ``bound_answer=False``
     leaves the answer's length to the token limit (the server reports that as "length")."""
-    return _json_grammar(_signature(tools, "json"), tokenizer, max_len, choice, parallel, bound_answer)
+    return _json_grammar(_signature(tools, "json"), tokenizer, max_len, choice, parallel,
+                         bound_answer)
 
 
 def _tag(text: str, special_ids: dict[str, int]) -> str:
@@ -317,7 +321,8 @@ def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_
     Qwen's vocabulary, say) to their ids, so the grammar matches the token, not the text.
     """
     key = json.dumps(sorted((special_ids or {}).items()))
-    return _hermes_grammar(_signature(tools, "hermes"), tokenizer, max_len, key, choice, parallel)
+    return _hermes_grammar(_signature(tools, "hermes"), tokenizer, max_len, key, choice,
+                           parallel)
 
 
 @functools.lru_cache(maxsize=32)

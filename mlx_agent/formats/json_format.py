@@ -14,7 +14,6 @@ import json
 from typing import Any, Sequence
 
 from ..grammar import SEPARATORS
-
 from ..tools import Tool
 from .deferred import INDEX_HEADER, get_tool_info_tool, tool_index
 from .messages import Call, Reply, ReplyMemo, arguments_of, compact, text_of, valid_json_text

@@ -29,7 +29,8 @@ DOMAINS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], dict
         "location": "str:city", "units": "enum:metric|imperial|standard",
         "days": "int:1:14:days", "include_hourly": "bool", "language": LANGS,
         "date": "date"}),
-    "calendar": (("calendar_entry", "meeting", "reminder", "room_booking"), ("free_slot", "public_holiday"),
+    "calendar": (("calendar_entry", "meeting", "reminder", "room_booking"),
+                 ("free_slot", "public_holiday"),
                  ("calendar_owner",), {
         "calendar_owner": "email", "title": "str:title", "start": "datetime",
         "duration_minutes": "int:5:480:minutes", "attendees": "list:email",
@@ -86,7 +87,8 @@ DOMAINS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], dict
               ("artist",), {
         "artist": "str:person", "song_title": "str:title",
         "genre": "enum:rock|jazz|classical|hiphop|electronic|folk|reggae",
-        "shuffle": "bool", "moods": "list:enum:calm|upbeat|dark|romantic|epic", "volume_percent": "int:0:100:percent", "release_year":
+        "shuffle": "bool", "moods": "list:enum:calm|upbeat|dark|romantic|epic",
+        "volume_percent": "int:0:100:percent", "release_year":
         "int:1950:2026"}),
     "cinema": (("movie_ticket", "watchlist_item", "screening_request"), ("showtimes",
                                                                         "film_synopsis",
@@ -112,7 +114,8 @@ DOMAINS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], dict
              ("room_temperature", "energy_usage", "camera_snapshot"), ("room",), {
         "room": "enum:living_room|kitchen|bedroom|garage|office|hallway",
         "target_celsius": "num:5:35:celsius", "brightness_percent": "int:0:100:percent",
-        "switch_on_at": "time", "weekdays": "list:enum:mon|tue|wed|thu|fri|sat|sun", "device_serial": "str:id", "away_mode": "bool"}),
+        "switch_on_at": "time", "weekdays": "list:enum:mon|tue|wed|thu|fri|sat|sun",
+        "device_serial": "str:id", "away_mode": "bool"}),
     "devops": (("deployment", "incident", "dns_record", "alert_rule"), ("service_health",
                                                                        "error_rate",
                                                                        "build_log"),
