@@ -10,6 +10,9 @@
   model can otherwise repeat inside a string until the token limit), and one without a
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
   objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode.
+  Calls are written with no free white space and the separators of :data:`SEPARATORS`
+  (the json prompt's examples use the same), the json protocol's arguments in the order its
+  prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
 - ``choice`` narrows either grammar the way OpenAI's ``tool_choice`` does: ``"auto"`` (calls
   or an answer), ``"required"`` (calls only), ``"none"`` (an answer only) or a tool's name
   (a call of that tool only). :func:`tool_constraint` builds the constraint for a protocol.
@@ -41,19 +44,41 @@ DEFAULT_MAX_STRING = 128  # characters per string value: fits a 256-token step e
 # token per character (digits are split one by one), with room for the JSON around it
 
 
-_COMPACT = {"x-guidance": {"whitespace_flexible": False}}  # JSON as call_text writes it
+SEPARATORS = {"json": (",", ":"), "hermes": (",", ":")}  # (item, key) each grammar forces,
+# compact; the json prompt's examples are written with them (scripts/prompt_variants.py)
+
+
+def _guidance(protocol: str) -> dict:
+    """llguidance's options for the JSON inside ``protocol``'s replies: no free white
+    space, the separators of :data:`SEPARATORS`."""
+    item, key = SEPARATORS[protocol]
+    return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
+
+
+def _written_order(tool: Tool, protocol: str) -> list[str]:
+    """The order a call of ``tool`` writes its arguments in: the json protocol's prompt
+    lists them in :meth:`Tool.argument_order`, hermes' chat template shows the schema."""
+    return tool.argument_order() if protocol == "json" else list(tool.properties)
+
+
+def _ordered(tool: Tool, protocol: str) -> dict:
+    """``tool``'s parameters with the properties in :func:`_written_order`; llguidance
+    writes an object's properties in the schema's order."""
+    props = tool.properties
+    order = _written_order(tool, protocol)
+    return {**tool.parameters, "properties": {k: props[k] for k in order}}
 
 
 def call_text(protocol: str, tool: Tool, arguments: Any) -> str:
-    """A call exactly as the grammar makes the model write it: compact JSON, the name first,
-    the arguments in the order of the tool's properties (hermes: in its tags)."""
+    """A call exactly as the grammar makes the model write it: the name first, the
+    arguments in :func:`_written_order`, the protocol's separators (hermes: in its tags)."""
     if isinstance(arguments, dict):
-        order = list(tool.properties)
+        order = _written_order(tool, protocol)
         arguments = dict(sorted(arguments.items(), key=lambda kv: order.index(kv[0])
                                 if kv[0] in order else len(order)))
     key = "tool" if protocol == "json" else "name"
     text = json.dumps({key: tool.name, "arguments": arguments}, ensure_ascii=False,
-                      separators=(",", ":"))
+                      separators=SEPARATORS[protocol])
     return text if protocol == "json" else f"<tool_call>\n{text}\n</tool_call>"
 
 
@@ -170,9 +195,9 @@ def check_compiles(grammar: str, tokenizer, what: str) -> None:
         raise GrammarError(f"{what} cannot be compiled by llguidance: {detail[:240]}")
 
 
-def _signature(tools: Sequence[Tool]) -> str:
+def _signature(tools: Sequence[Tool], protocol: str) -> str:
     """What a grammar depends on (names and parameter schemas), as a hashable cache key."""
-    return json.dumps([[t.name, t.parameters] for t in tools])  # key order shapes the grammar
+    return json.dumps([[t.name, _ordered(t, protocol)] for t in tools])  # key order matters
 
 
 @functools.lru_cache(maxsize=32)
@@ -258,15 +283,15 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
     if parallel and choice != "none" and not is_forced(choice):  # calls, one object per line
         calls = {"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]}
         answer = [s for s in schema["anyOf"] if "answer" in s["properties"]]
+        guidance = {"x-guidance": _guidance("json")}
         lark = 'start: calls\ncalls: call ("\\n" call)*\n' + \
-            f"call: %json {json.dumps({**calls, **_COMPACT})}\n"
+            f"call: %json {json.dumps({**calls, **guidance})}\n"
         if answer:
             lark = lark.replace("start: calls", "start: calls | answer") + \
-                f"answer: %json {json.dumps({**answer[0], **_COMPACT})}\n"
+                f"answer: %json {json.dumps({**answer[0], **guidance})}\n"
         grammar = LLMatcher.grammar_from_lark(lark)
     else:
-        grammar = LLMatcher.grammar_from_json_schema(schema,
-                                                     defaults={"whitespace_flexible": False})
+        grammar = LLMatcher.grammar_from_json_schema(schema, defaults=_guidance("json"))
     check_compiles(grammar, tokenizer, "the tool-call grammar")
     return grammar
 
@@ -277,7 +302,8 @@ def json_protocol_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAU
     """The json protocol's grammar for ``tools`` (compiled once per tool set and choice);
     ``parallel`` allows several calls in one reply, a line each; ``bound_answer=False``
     leaves the answer's length to the token limit (the server reports that as "length")."""
-    return _json_grammar(_signature(tools), tokenizer, max_len, choice, parallel, bound_answer)
+    return _json_grammar(_signature(tools, "json"), tokenizer, max_len, choice, parallel,
+                         bound_answer)
 
 
 def _tag(text: str, special_ids: dict[str, int]) -> str:
@@ -295,7 +321,8 @@ def hermes_grammar(tools: Sequence[Tool], tokenizer, max_len: int = DEFAULT_MAX_
     Qwen's vocabulary, say) to their ids, so the grammar matches the token, not the text.
     """
     key = json.dumps(sorted((special_ids or {}).items()))
-    return _hermes_grammar(_signature(tools), tokenizer, max_len, key, choice, parallel)
+    return _hermes_grammar(_signature(tools, "hermes"), tokenizer, max_len, key, choice,
+                           parallel)
 
 
 @functools.lru_cache(maxsize=32)
@@ -317,7 +344,7 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
         lark += (
             ('calls: (call "\\n"?)+\n' if several else "calls: call\n")
             + f'call: {open_tag} "\\n" json_call "\\n" {close_tag}\n'
-            + f"json_call: %json {json.dumps({**calls, **_COMPACT})}\n"
+            + f"json_call: %json {json.dumps({**calls, 'x-guidance': _guidance('hermes')})}\n"
         )
     grammar = LLMatcher.grammar_from_lark(lark)
     check_compiles(grammar, tokenizer, "the hermes tool-call grammar")

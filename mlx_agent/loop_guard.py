@@ -1,7 +1,7 @@
 """The loop guard: a constraint that keeps a model from repeating a tool call it already made.
 
 Within one user turn, every call that ran is written the way the grammar writes it
-(:func:`mlx_agent.grammar.call_text`: compact JSON, the grammar's key order, hermes tags),
+(:func:`mlx_agent.grammar.call_text`: the grammar's separators and key order, hermes tags),
 as the bytes of the tokens the model would sample for it (:func:`call_bytes`). A
 :class:`LoopGuard` wraps the reply's grammar constraint and, before each token, masks every
 token that would complete one of those texts, or after which the grammar leaves no way but

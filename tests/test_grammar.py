@@ -259,3 +259,39 @@ def test_arguments_cannot_hold_a_nul_character(smol):
     call = '{"tool":"send_email","arguments":{"to":"a@b.c","subject":"Hi","body":"%s"}}'
     assert not accepts(*smol, call % "x\\u0000y")
     assert accepts(*smol, call % "x\\u0001\\ty\\n")
+
+
+def test_the_prompt_shows_the_spacing_the_grammar_forces(smol):
+    from mlx_agent.formats import system_prompt
+    from mlx_agent.grammar import SEPARATORS, call_text
+
+    item, key = SEPARATORS["json"]
+    shown = [line for line in system_prompt(TOOLS).splitlines() if '"tool"' in line]
+    assert shown and all(f'"tool"{key}"<name>"{item}"arguments"' in line for line in shown)
+    written = call_text("json", BY_NAME["get_weather"], {"unit": "celsius", "city": "Oslo"})
+    assert written == f'{{"tool"{key}"get_weather"{item}"arguments"{key}{{"city"{key}"Oslo"' \
+                      f'{item}"unit"{key}"celsius"}}}}'
+    assert accepts(*smol, written)
+    other = written.replace(key, key.strip() if key.endswith(" ") else key + " ")
+    assert not accepts(*smol, other)  # one spacing only: the one the prompt shows
+
+
+def test_the_grammar_writes_arguments_in_the_order_the_prompt_lists_them(smol):
+    from mlx_agent.grammar import SEPARATORS, call_text
+
+    lm, tok, _ = smol
+    book = parse_tools(json.dumps([{"name": "book_room", "description": "Book a room.",
+                                    "_exec": "true", "parameters": {"type": "object",
+        "properties": {"notes": {"type": "string"}, "when": {"type": "string"},
+                       "attendees": {"type": "integer"}, "room": {"type": "string"}},
+        "required": ["room", "when"]}}]))
+    assert book[0].signature() == \
+        "book_room(room: string, when: string, attendees?: integer, notes?: string)"
+    grammar = json_protocol_grammar(book, tok)
+    args = {"notes": "n", "when": "9am", "attendees": 3, "room": "A"}
+    written = call_text("json", book[0], args)
+    assert list(json.loads(written)["arguments"]) == ["room", "when", "attendees", "notes"]
+    assert accepts(lm, tok, grammar, written)
+    declared = json.dumps({"tool": "book_room", "arguments": args},
+                          separators=SEPARATORS["json"])  # the schema's own order
+    assert declared != written and not accepts(lm, tok, grammar, declared)

@@ -5,14 +5,15 @@ persona line, then says how to reply; the conversation's own system messages fol
 block, so every conversation over the same tools shares its KV state. The model replies with
 ``{"tool": ..., "arguments": {...}}`` (with parallel calls: one object a line) or
 ``{"answer": ...}``; tool results come back in ``tool`` turns. An assistant turn renders as the
-exact ids sampled for it when the memo has them, else as compact JSON.
+exact ids sampled for it when the memo has them, else as the grammar would write it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Any, Sequence
 
+from ..grammar import SEPARATORS
 from ..tools import Tool
 from .deferred import INDEX_HEADER, get_tool_info_tool, tool_index
 from .messages import Call, Reply, ReplyMemo, arguments_of, compact, text_of, valid_json_text
@@ -21,21 +22,32 @@ from .streams import JsonAnswerStream
 
 DEFAULT_PERSONA = "You are a specialized on-device agent."
 TOOLS_HEADER = "You have access to these tools:"
-INSTRUCTIONS = (
-    "When you need a tool, reply with a single JSON object and nothing else:",
-    '{"tool": "<name>", "arguments": {...}}',
-    "The tool's result then comes back to you in a tool message.",
-    "When you have the final answer, reply with:",
-    '{"answer": "<your answer>"}',
+INSTRUCTIONS = (  # {call} and {answer}: the reply's shapes, spaced as the grammar writes them;
+    # chosen by scripts/prompt_variants.py (README: "The json protocol's prompt")
+    "To call a tool, reply with a single JSON object: {call}",
+    "For a final answer, reply with: {answer}",
+    "Reply with JSON only.",
 )
 _ROLES = ("user", "tool", "assistant", "system")
+
+
+def as_written(obj: Any) -> str:
+    """JSON as the json protocol's grammar makes the model write it (its separators)."""
+    return json.dumps(obj, ensure_ascii=False, separators=SEPARATORS["json"])
+
+
+def instructions() -> list[str]:
+    """The lines after the tool list, their examples in the grammar's spacing."""
+    call = as_written({"tool": "<name>", "arguments": "{...}"}).replace('"{...}"', "{...}")
+    answer = as_written({"answer": "<your answer>"})
+    return [line.format(call=call, answer=answer) for line in INSTRUCTIONS]
 
 
 def system_prompt(tools: Sequence[Tool], persona: str | None = None,
                   header: str = TOOLS_HEADER) -> str:
     lines = [persona or DEFAULT_PERSONA, header]
     lines += [f"- {t.signature()}  {t.description}".rstrip() for t in tools]
-    return "\n".join([*lines, *INSTRUCTIONS])
+    return "\n".join([*lines, *instructions()])
 
 
 class JsonFormat:
@@ -91,12 +103,12 @@ class JsonFormat:
 
     @staticmethod
     def reply_text(message: dict) -> str:
-        """An assistant message as the model writes it: compact JSON, a call a line."""
+        """An assistant message as the model writes it (:func:`as_written`), a call a line."""
         calls = message.get("tool_calls") or []
         if calls:
-            return "\n".join(compact({"tool": c["function"]["name"], "arguments": arguments_of(c)})
-                             for c in calls)
-        return compact({"answer": text_of(message.get("content"))})
+            return "\n".join(as_written({"tool": c["function"]["name"],
+                                         "arguments": arguments_of(c)}) for c in calls)
+        return as_written({"answer": text_of(message.get("content"))})
 
     def reply_message(self, reply: Reply, text: str, ids: list[int]) -> dict:
         """The assistant message that keeps ``reply`` in a conversation. The ids it was

@@ -74,7 +74,7 @@ class StreamFilter(Protocol):
 
 
 def compact(obj: Any) -> str:
-    """JSON the way the grammar writes it: no spaces, non-ASCII kept."""
+    """Compact JSON, non-ASCII kept (hermes calls as its grammar writes them; keys)."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 

@@ -73,19 +73,25 @@ class Tool(msgspec.Struct, frozen=True):
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
 
+    def argument_order(self) -> list[str]:
+        """Required arguments in ``required`` order, then optional ones alphabetically: the
+        order the json protocol's prompt lists them in and its grammar writes them in."""
+        props = self.properties
+        required = [r for r in self.required if r in props]
+        return required + sorted(p for p in props if p not in required)
+
     def signature(self) -> str:
-        """``name(req: type, opt?: type)``: required in ``required`` order, then optional
-        alphabetically with ``?``; a missing type shows as ``string``."""
+        """``name(req: type, opt?: type)`` in :meth:`argument_order`, optional ones marked
+        ``?``; a missing type shows as ``string``; a required name with no property last."""
         props = self.properties
 
         def typ(name):
             t = props.get(name, {}).get("type", "string")
             return "|".join(t) if isinstance(t, list) else str(t)
 
-        required = [r for r in self.required if r in props] + [
-            r for r in self.required if r not in props]
-        optional = sorted(p for p in props if p not in required)
-        args = [f"{r}: {typ(r)}" for r in required] + [f"{o}?: {typ(o)}" for o in optional]
+        required = set(self.required)
+        args = [f"{a}{'' if a in required else '?'}: {typ(a)}" for a in self.argument_order()]
+        args += [f"{r}: string" for r in self.required if r not in props]
         return f"{self.name}({', '.join(args)})"
 
     def validate(self, arguments: Any) -> list[str]:

@@ -1,0 +1,110 @@
+"""The general tool-calling adapter's corpus: generated catalogues -> synthetic tasks.
+
+    .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
+        [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
+
+1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
+   domains) and writes each as ``catalogues/NAME/tools.json``. The catalogues of the
+   ``--heldout-domains`` are kept apart, and their tools are removed from every other
+   catalogue, so the adapter is measured on tools and domains it never saw.
+2. Runs task synthesis (``mlx_agent synth``'s :func:`synthesize`) on each: ``tasks/NAME/``
+   gets ``train.jsonl`` and ``heldout.jsonl`` for a training catalogue, ``heldout.jsonl``
+   only for a held-out one.
+3. Prints the corpus's size: tasks by kind, and the tokens a written row of each would have
+   (the catalogue's system prompt as the json format renders it, the request, the calls as
+   the grammar writes them, a short result and answer: an estimate until the rows are
+   written), and the training budget that implies at ``--seconds-per-iteration`` and
+   ``--batch``: iterations for one epoch and the rows that fit in ``--minutes``.
+
+Turning tasks into rows (request -> call -> result -> answer) is the conversation writer's
+job (``mlx_agent specialize``'s pipeline); this script stops at the tasks and says what the
+rows will cost. Deterministic under ``--seed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import mlx_agent  # noqa: F401  (fast BLAS before mlx)
+from mlx_agent.formats import make_format
+from mlx_agent.grammar import call_text
+from mlx_agent.models import load
+from mlx_agent.synth.catalogues import Catalogue, catalogues, write
+from mlx_agent.synth.synthesis import SynthConfig, synthesize
+from mlx_agent.synth.synthesis import write as write_tasks
+from mlx_agent.tools import load_tools
+
+REPLY_OVERHEAD = 12  # tokens of a result turn and a one-sentence answer around the result
+
+
+def split(cats: list[Catalogue], heldout: set[str]) -> tuple[list[Catalogue], list[Catalogue]]:
+    """(training, held-out) catalogues; no training catalogue keeps a held-out domain's tool."""
+    held = [c for c in cats if c.name.split("-")[0] in heldout]
+    banned = {t["function"]["name"] for c in held for t in c.tools
+              if c.name.split("-")[0] in heldout}
+    train = []
+    for c in cats:
+        if c in held:
+            continue
+        tools = tuple(t for t in c.tools if t["function"]["name"] not in banned)
+        train.append(Catalogue(c.name, c.domains, tools))
+    return train, held
+
+
+def row_tokens(lm, fmt, tools, task: dict) -> int:
+    """An estimate of the tokens of the row a task becomes (see the module's docstring)."""
+    by_name = {t.name: t for t in tools}
+    n = len(fmt.prompt_ids([{"role": "user", "content": task["prompt"]}], tools))
+    for call in task["check"].get("tool_calls") or []:
+        n += len(lm.encode(call_text("json", by_name[call["name"]], call["arguments"])))
+        n += REPLY_OVERHEAD
+    return n + REPLY_OVERHEAD
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-catalogue", type=int, default=16, help="training tasks each")
+    ap.add_argument("--heldout-per-catalogue", type=int, default=10)
+    ap.add_argument("--heldout-domains", default="pets,vehicles")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--seconds-per-iteration", type=float, default=9.0)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--minutes", type=float, default=60.0)
+    args = ap.parse_args()
+    out = Path(args.out)
+    train, held = split(catalogues(args.seed), set(args.heldout_domains.split(",")))
+    lm = load(args.model)
+    fmt = make_format("json", lm)
+    kinds, tokens, rows = Counter(), 0, 0
+    for cat, is_held in [(c, False) for c in train] + [(c, True) for c in held]:
+        path = write([cat], out / "catalogues")[0]
+        tools = load_tools(path)
+        config = SynthConfig(n_train=0 if is_held else args.per_catalogue,
+                             n_heldout=args.heldout_per_catalogue, seed=args.seed)
+        result = synthesize(tools, config)
+        write_tasks(result, path.read_bytes(), out / "tasks" / cat.name)
+        for t in result.train:
+            kinds[t.kind] += 1
+            tokens += row_tokens(lm, fmt, tools, t.task)
+            rows += 1
+    iterations = -(-rows // args.batch)
+    fits = int(args.minutes * 60 / args.seconds_per_iteration) * args.batch
+    summary = {
+        "training_catalogues": len(train), "heldout_catalogues": len(held),
+        "heldout_domains": args.heldout_domains, "rows": rows, "by_kind": dict(kinds),
+        "tokens": tokens, "mean_tokens_per_row": round(tokens / max(rows, 1)),
+        "iterations_per_epoch": iterations,
+        "minutes_per_epoch": round(iterations * args.seconds_per_iteration / 60, 1),
+        f"rows_in_{args.minutes:g}_minutes": fits,
+    }
+    (out / "corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
