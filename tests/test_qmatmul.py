@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
                                quantized_matmul, quantized_matmul_ops, rms_norm, rope)
+from mlx_agent.kernels.ext import extension
 from mlx_agent.models import load
 from mlx_agent.models.cpu_layers import (KernelLlamaAttention, KernelQuantizedEmbedding,
                                          KernelQuantizedLinear, KernelRMSNorm, KernelRoPE)
@@ -111,14 +112,28 @@ def test_norm_and_rope_kernels_match_mx_fast(traditional, dims):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 @pytest.mark.parametrize("keys", [1, 7, 640, 3000])
-def test_decode_attention_kernel_matches_mx_fast(keys):
+def test_decode_attention_kernel_matches_mx_fast(keys, dtype):
     q = mx.random.normal((1, 9, 1, 64))
-    cache_k, cache_v = mx.random.normal((2, 1, 3, 4096, 64))  # read through a slice, in place
+    # keys and values read through a slice of a cache buffer, in place; scores spread wide
+    cache_k, cache_v = (3 * mx.random.normal((2, 1, 3, 4096, 64))).astype(dtype)
     k, v = cache_k[..., :keys, :], cache_v[..., :keys, :]
-    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+    ref = mx.fast.scaled_dot_product_attention(q, k.astype(mx.float32), v.astype(mx.float32),
+                                               scale=0.125)
+    assert rel_err(extension().decode_attention(q, k, v, 0.125), ref) < 1e-5  # the kernel
     assert rel_err(attention(q, k, v, 0.125), ref) < 1e-5
-    assert rel_err(attention(q, k, v, 0.125, use_kernel=False), ref) == 0
+    if dtype == mx.float32:
+        assert rel_err(attention(q, k, v, 0.125, use_kernel=False), ref) == 0
+
+
+@needs_kernel
+def test_decode_attention_kernel_reads_batches_and_head_groups_apart():
+    """Two sequences, four query heads per key/value head: each output row from its own."""
+    q = mx.random.normal((2, 8, 1, 32))
+    k, v = mx.random.normal((2, 2, 2, 300, 32))
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2)
+    assert rel_err(extension().decode_attention(q, k, v, 0.2), ref) < 1e-5
 
 
 @needs_kernel

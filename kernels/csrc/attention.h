@@ -10,9 +10,10 @@ namespace mlx_agent {
 
 namespace mx = mlx::core;
 
-// softmax(scale * q k^T) v for float32 q [B, Hq, 1, D], k [B, Hkv, T, D], v [B, Hkv, T, Dv],
-// Hq a multiple of Hkv (grouped-query attention), no mask. k and v may be views with strided
-// rows (a slice of a preallocated cache).
+// softmax(scale * q k^T) v for float32 q [B, Hq, 1, D], k [B, Hkv, T, D], v [B, Hkv, T, Dv]
+// (both float32 or both float16), Hq a multiple of Hkv (grouped-query attention), D and Dv
+// multiples of 16, no mask. k and v may be views with strided rows (a preallocated cache's
+// slice). Output float32.
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, mx::StreamOrDevice s = {});
 

@@ -26,7 +26,8 @@ NB_MODULE(_ext, m) {
         "mx.fast.rope as one CPU primitive (float32, integer offset).");
   m.def("decode_attention", &mlx_agent::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         nb::kw_only(), "stream"_a = nb::none(),
-        "softmax(scale q k^T) v for one query position (float32, grouped heads, no mask).");
+        "softmax(scale q k^T) v for one query position (float32 q, float32 or float16 k "
+        "and v, grouped heads, no mask).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;
