@@ -17,11 +17,13 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
-                               quantized_matmul, quantized_matmul_ops, rms_norm, rope)
+                               quantized_matmul, quantized_matmul_ops, quantized_matmuls,
+                               rms_norm, rope)
 from mlx_agent.kernels.ext import extension
 from mlx_agent.models import load
-from mlx_agent.models.cpu_layers import (KernelLlamaAttention, KernelQuantizedEmbedding,
-                                         KernelQuantizedLinear, KernelRMSNorm, KernelRoPE)
+from mlx_agent.models.cpu_layers import (KernelLlamaAttention, KernelLlamaMLP,
+                                         KernelQuantizedEmbedding, KernelQuantizedLinear,
+                                         KernelRMSNorm, KernelRoPE)
 
 from . import gguf_blocks
 from .conftest import make_tiny_llama
@@ -76,10 +78,31 @@ def test_kernel_matches_reference(tmp_path, kind, rows, k):
     assert rel_err(half, quantized_matmul_ops(x3.astype(mx.float16), w, s, b, bits)) < 1e-2
 
 
+@needs_kernel
+def test_several_matrices_in_one_node_match_the_reference(tmp_path):
+    """q, k and v (or gate and up) as one kernel call: every kind and size in one call, each
+    output as its own reference, for rows up to the kernel's limit and x in any layout."""
+    mats = [(*quantized_tensor(tmp_path, kind, rows, 96, seed=rows)[0], 8 if kind == "q8_0" else 4)
+            for kind, rows in (("q4_1", 37), ("q8_0", 64), ("q4_0", 5), ("q4_1", 1))]
+    for x in (mx.random.normal((1, 1, 96)), mx.random.normal((16, 96)),
+              mx.random.normal((96, 3)).T):
+        got = extension().quantized_matmuls(x, *[list(m) for m in zip(*mats)])
+        assert len(got) == len(mats)
+        for y, (w, s, b, bits) in zip(got, mats):
+            assert y.shape == (*x.shape[:-1], w.shape[0])
+            assert rel_err(y, quantized_matmul_ops(x, w, s, b, bits)) < TOL
+        for y, ref in zip(quantized_matmuls(x, mats), got):  # the public entry: the same node
+            assert mx.array_equal(y, ref).item()
+    big = mx.random.normal((17, 96))  # past the kernel's rows: one matmul each, same numbers
+    for y, (w, s, b, bits) in zip(quantized_matmuls(big, mats), mats):
+        assert rel_err(y, quantized_matmul_ops(big, w, s, b, bits)) < TOL
+
+
 ISA_CHECK = textwrap.dedent("""
     import mlx_agent, mlx.core as mx, numpy as np
     from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
-                               quantized_matmul, quantized_matmul_ops, rms_norm, rope)
+                               quantized_matmul, quantized_matmul_ops, quantized_matmuls,
+                               rms_norm, rope)
     print(kernel_status().isa)
     worst = 0.0
     for bits in (4, 8):
@@ -177,6 +200,7 @@ def test_tiny_model_logits_and_greedy_tokens_match_float32(tmp_path, kind):
     assert sum(isinstance(m, KernelRMSNorm) for m in layers) == 5  # 2 per layer and the last
     assert sum(isinstance(m, KernelRoPE) for m in layers) == 2
     assert sum(isinstance(m, KernelLlamaAttention) for m in layers) == 2
+    assert sum(isinstance(m, KernelLlamaMLP) for m in layers) == 2
     for ids in ([[1, 5, 9, 33, 2]], [list(range(40))]):  # kernel rows and prefill rows
         assert rel_err(fast.model(mx.array(ids)), ref.model(mx.array(ids))) < TOL
     prompt = [3, 14, 15, 92, 65]

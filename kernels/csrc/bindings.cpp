@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "attention.h"
 #include "norm_rope.h"
@@ -16,6 +17,9 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only.");
+  m.def("quantized_matmuls", &mlx_agent::quantized_matmuls, "x"_a, "ws"_a, "scales"_a,
+        "biases"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "[x @ W^T for each W] for float32 x, one graph node; W as quantized_matmul's.");
   m.def("dequantize", &mlx_agent::dequantize, "w"_a, "scales"_a, "biases"_a, "bits"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "W in MLX's affine layout (group size 32, 4 or 8 bits) as float32 [N, K]; CPU only.");

@@ -7,6 +7,8 @@ and settings:
   group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as loaded) compute with
   :func:`~mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small
   batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too;
+- mlx-lm's llama attention and MLP compute their q, k and v (gate and up) projections as
+  one kernel node (:func:`~mlx_agent.kernels.quantized_matmuls`);
 - ``nn.RMSNorm`` and ``nn.RoPE`` run as one graph node each
   (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks;
 - mlx-lm's llama ``Attention`` attends a decode step's one query with
@@ -27,10 +29,11 @@ import os
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
+from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from ..errors import UserFacingError
-from ..kernels import attention, kernel_status, quantized_matmul, rms_norm, rope
+from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
 from ..kernels.qmatmul import BITS, GROUP_SIZE
 
 KV_DTYPES = ("float16", "float32")
@@ -60,6 +63,15 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return y + self["bias"] if "bias" in self else y
 
 
+def project(x: mx.array, *layers: nn.Module) -> list[mx.array]:
+    """``[layer(x) for layer in layers]``; as one kernel node when every layer is a
+    :class:`KernelQuantizedLinear` without a bias."""
+    if all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers):
+        return quantized_matmuls(x, [(layer["weight"], layer["scales"], layer["biases"],
+                                      layer.bits) for layer in layers])
+    return [layer(x) for layer in layers]
+
+
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     """``nn.QuantizedEmbedding`` whose tied output head runs on the CPU kernel."""
 
@@ -86,7 +98,7 @@ class KernelLlamaAttention(llama.Attention):
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         B, L, _ = x.shape
-        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        queries, keys, values = project(x, self.q_proj, self.k_proj, self.v_proj)
         queries = self._heads(queries, self.n_heads)
         keys, values = self._heads(keys, self.n_kv_heads), self._heads(values, self.n_kv_heads)
         offset = cache.offset if cache is not None else 0
@@ -112,6 +124,14 @@ class KernelLlamaAttention(llama.Attention):
         return x.reshape(B, L, heads, -1).transpose(0, 2, 1, 3)
 
 
+class KernelLlamaMLP(llama.MLP):
+    """mlx-lm's llama MLP whose gate and up projections run as one kernel node."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gate, up = project(x, self.gate_proj, self.up_proj)
+        return self.down_proj(swiglu(gate, up))
+
+
 def _fits(module) -> bool:
     if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         return (getattr(module, "mode", "affine") == "affine" and module.group_size == GROUP_SIZE
@@ -124,7 +144,7 @@ def _fits(module) -> bool:
 _SWAPS = (
     {nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding,
      nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE},
-    {llama.Attention: KernelLlamaAttention},
+    {llama.Attention: KernelLlamaAttention, llama.MLP: KernelLlamaMLP},
 )
 
 
