@@ -31,4 +31,23 @@ class DecodeAttention : public mx::UnaryPrimitive {
   float scale_;
 };
 
+// Causal attention of a prefill chunk: q [B, Hq, L, D] holds the last L of the T positions in
+// k and v (T >= L), and query i sees keys [0, T - L + i]; otherwise as decode_attention.
+mx::array prefill_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                            float scale, mx::StreamOrDevice s = {});
+
+class PrefillAttention : public mx::UnaryPrimitive {
+ public:
+  PrefillAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "MlxAgentPrefillAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return scale_ == static_cast<const PrefillAttention&>(other).scale_;
+  }
+
+ private:
+  float scale_;
+};
+
 }  // namespace mlx_agent

@@ -32,6 +32,10 @@ NB_MODULE(_ext, m) {
         nb::kw_only(), "stream"_a = nb::none(),
         "softmax(scale q k^T) v for one query position (float32 q, float32 or float16 k "
         "and v, grouped heads, no mask).");
+  m.def("prefill_attention", &mlx_agent::prefill_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "Causal softmax(scale q k^T) v for the last L of T positions (float32 q, float32 or "
+        "float16 k and v, grouped heads).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;
