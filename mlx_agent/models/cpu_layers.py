@@ -11,11 +11,12 @@ and settings:
   one kernel node (:func:`~mlx_agent.kernels.quantized_matmuls`);
 - ``nn.RMSNorm`` and ``nn.RoPE`` run as one graph node each
   (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks;
-- mlx-lm's llama ``Attention`` attends a decode step's one query with
-  :func:`mlx_agent.kernels.attention` (one node) and writes its keys and values to the cache
-  in ``kv_dtype``: float16 by default (:data:`DEFAULT_KV_DTYPE`, ``$MLX_AGENT_KV_DTYPE``), which
-  halves the bytes attention reads a token; logits drift from a float32 cache by less than
-  1e-3 relative (tests/test_qmatmul.py measures it). Everything else about it is mlx-lm's.
+- mlx-lm's llama ``Attention`` attends decode steps and causal prefill chunks with
+  :func:`mlx_agent.kernels.attention` (one node each) and writes its keys and values to the
+  cache in ``kv_dtype``: float16 by default (:data:`DEFAULT_KV_DTYPE`, ``$MLX_AGENT_KV_DTYPE``),
+  which halves the bytes attention reads a token; logits drift from a float32 cache by less
+  than 1e-3 relative (tests/test_kv_dtype.py measures it). Everything else about it is
+  mlx-lm's.
 
 Not promised: other quantization modes, group sizes or RoPE variants (those layers are left
 as they are), or bit-identical logits to the float32 reference (they agree to float32
