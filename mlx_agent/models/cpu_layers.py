@@ -13,7 +13,8 @@ and settings:
   (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks;
 - mlx-lm's llama ``Attention`` attends decode steps and causal prefill chunks with
   :func:`mlx_agent.kernels.attention` (one node each) and writes its keys and values to the
-  cache in ``kv_dtype``: float16 by default (:data:`DEFAULT_KV_DTYPE`, ``$MLX_AGENT_KV_DTYPE``),
+  cache in ``kv_dtype``: float16 by default for quantized weights (:data:`DEFAULT_KV_DTYPE`,
+  ``$MLX_AGENT_KV_DTYPE``; float32 weights keep a float32 cache),
   which halves the bytes attention reads a token; logits drift from a float32 cache by less
   than 1e-3 relative (tests/test_kv_dtype.py measures it). Everything else about it is
   mlx-lm's.
