@@ -15,7 +15,9 @@ from .bitmask import apply_bitmask, apply_bitmask_ops
 from .attention import attention
 from .ext import KernelStatus, kernel_status
 from .norm_rope import rms_norm, rope
-from .qmatmul import dequantize, dequantize_ops, quantized_matmul, quantized_matmul_ops
+from .qmatmul import (dequantize, dequantize_ops, quantized_matmul, quantized_matmul_ops,
+                      quantized_matmuls)
 
 __all__ = ["apply_bitmask", "apply_bitmask_ops", "attention", "KernelStatus", "dequantize", "dequantize_ops",
-           "kernel_status", "quantized_matmul", "quantized_matmul_ops", "rms_norm", "rope"]
+           "kernel_status", "quantized_matmul", "quantized_matmul_ops", "quantized_matmuls",
+           "rms_norm", "rope"]

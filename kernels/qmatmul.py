@@ -9,6 +9,9 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
   to float32 (scales in float32, so exactly), matmul.
 - :func:`quantized_matmul`, :func:`dequantize`: the public entries; the kernels when asked
   and available.
+- :func:`quantized_matmuls`: several matrices that read the same ``x`` (a layer's q, k and
+  v projections; an MLP's gate and up) as one graph node and one job on the thread pool,
+  where the matmul kernel runs; one :func:`quantized_matmul` each otherwise.
 
 For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
 dequantizes each group in registers with the reference's arithmetic and keeps activations in
@@ -21,6 +24,8 @@ rounding), or anything on Metal, where MLX's own quantized matmul runs on the GP
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import mlx.core as mx
 
@@ -62,3 +67,16 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
         return ext.quantized_matmul(x, w, scales, biases, bits)
     dense = ext.dequantize(w, scales, biases, bits)
     return (x.astype(mx.float32) @ dense.T).astype(x.dtype)
+
+
+QWeights = tuple[mx.array, mx.array, mx.array, int]  # w, scales, biases, bits
+
+
+def quantized_matmuls(x: mx.array, weights: Sequence[QWeights],
+                      use_kernel: bool = True) -> list[mx.array]:
+    """``[x @ W^T for W in weights]``, each as :func:`quantized_matmul`."""
+    ext = extension() if use_kernel else None
+    if ext is None or x.dtype != mx.float32 or x.size // x.shape[-1] > KERNEL_MAX_ROWS:
+        return [quantized_matmul(x, *w, use_kernel=use_kernel) for w in weights]
+    w, scales, biases, bits = zip(*weights)
+    return ext.quantized_matmuls(x, list(w), list(scales), list(biases), list(bits))

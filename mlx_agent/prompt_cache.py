@@ -7,10 +7,16 @@ mode, the creation time and an HMAC-SHA-256 keyed by the user's secret (:mod:`ml
 Nothing is unpickled or built from a name found in a file. Sessions (:func:`save_session`) are
 the same format with the conversation in the metadata.
 
+Keys and values are stored in float16 when the model's KV cache is float32 (half the bytes;
+logits after a load drift from a fresh prefill's by about 1e-4 relative, measured by
+tests/test_prompt_cache.py) and as they are otherwise; ``storage_dtype="float32"`` keeps
+float32 files, whose loads give the fresh prefill's logits exactly.
+
 The key is a SHA-256 over a canonical JSON of everything that changes the KV state: model
 name, file fingerprint, adapter fingerprint, vocabulary hash, layer count, KV dtype and head
-shape, cache mode, format version and the prompt's exact token ids. File names are
-``<model-slug>-<16 hex>.safetensors``.
+shape, the storage dtype, cache mode, format version and the prompt's exact token ids (files
+written before the storage dtype was part of the key are never found, so never loaded). File
+names are ``<model-slug>-<16 hex>.safetensors``.
 
 Writes are atomic (a temporary file in the same directory, fsync, rename), so concurrent
 writers or a killed process never leave a file that loads wrong. Loading checks the header
@@ -44,6 +50,8 @@ from .cache_file import FORMAT_VERSION, CacheFile, Layout, kind_of, printable
 
 SUFFIX = ".safetensors"
 _STALE_TMP_SECONDS = 600
+STORAGE_DTYPES = ("float16", "float32")
+DEFAULT_STORAGE_DTYPE = "float16"
 
 Warn = Callable[[str], None]
 
@@ -69,8 +77,18 @@ class Entry:
     problem: str = ""  # why it can never load; "" when it may
 
 
-def cache_key(identity, token_ids: Sequence[int], cache_mode: str) -> str:
-    """SHA-256 (hex) over everything that determines a prompt's KV state."""
+def storage_dtype(kv_dtype: str, requested: str = DEFAULT_STORAGE_DTYPE) -> str:
+    """The dtype a file stores keys and values in: ``requested`` for a float32 KV cache,
+    the cache's own otherwise (float16 and bfloat16 are already two bytes)."""
+    if requested not in STORAGE_DTYPES:
+        raise ValueError(f"unknown storage dtype {requested!r}; choose one of "
+                         f"{', '.join(STORAGE_DTYPES)}")
+    return requested if kv_dtype == "float32" else kv_dtype
+
+
+def cache_key(identity, token_ids: Sequence[int], cache_mode: str,
+              storage: str = DEFAULT_STORAGE_DTYPE) -> str:
+    """SHA-256 (hex) over everything that determines a prompt's KV state and its file."""
     ident = msgspec.to_builtins(identity)
     fields = {
         "format": FORMAT_VERSION,
@@ -84,6 +102,7 @@ def cache_key(identity, token_ids: Sequence[int], cache_mode: str) -> str:
         "head_dim": ident["head_dim"],
         "weights": ident["weight_format"],
         "cache_mode": cache_mode,
+        "storage": storage_dtype(ident["kv_dtype"], storage),
         "tokens": list(map(int, token_ids)),
     }
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
@@ -106,9 +125,15 @@ def kv_arrays(token_ids: Sequence[int], kvs) -> dict[str, mx.array]:
     return arrays
 
 
-def _kv_pairs(arrays: dict[str, mx.array], layers: int) -> list:
-    """Per-layer (keys, values) of arrays that :class:`cache_file.Layout` has checked."""
-    return [(arrays[f"keys.{i}"], arrays[f"values.{i}"]) for i in range(layers)]
+def _kv_pairs(arrays: dict[str, mx.array], layers: int, dtype: str | None = None) -> list:
+    """Per-layer (keys, values) of arrays that :class:`cache_file.Layout` has checked, in
+    ``dtype`` when given."""
+    pairs = [(arrays[f"keys.{i}"], arrays[f"values.{i}"]) for i in range(layers)]
+    if dtype is None:
+        return pairs
+    pairs = [(k.astype(getattr(mx, dtype)), v.astype(getattr(mx, dtype))) for k, v in pairs]
+    mx.eval(pairs)
+    return pairs
 
 
 class PromptCache:
@@ -116,8 +141,11 @@ class PromptCache:
 
     def __init__(self, directory: str | os.PathLike, *, warn: Warn = lambda m: None,
                  max_bytes: int | None = None, memory_entries: int = 2,
-                 key_file: str | os.PathLike | None = None):
+                 key_file: str | os.PathLike | None = None,
+                 storage: str = DEFAULT_STORAGE_DTYPE):
+        storage_dtype("float32", storage)  # an unknown dtype fails here, not on first use
         self.dir = Path(directory).expanduser()
+        self.storage = storage
         self.warn = warn
         self.max_bytes = max_bytes
         self._memory: dict[str, tuple[list[int], list]] = {}
@@ -146,7 +174,7 @@ class PromptCache:
         """Make ``engine`` hold ``token_ids``: from memory, from disk, or by prefilling and
         saving."""
         token_ids = list(token_ids)
-        key = cache_key(identity, token_ids, engine.cache_mode)
+        key = cache_key(identity, token_ids, engine.cache_mode, self.storage)
         path = file_for(self.dir, identity, key)
         start = time.perf_counter()
         if key in self._memory:
@@ -173,15 +201,16 @@ class PromptCache:
         self._remember(key, token_ids, kvs)
         return Hit(key, len(token_ids), size, time.perf_counter() - start, False)
 
-    @staticmethod
-    def _load(path: Path, secret: bytes, identity, key: str, token_ids: list[int]) -> list:
+    def _load(self, path: Path, secret: bytes, identity, key: str, token_ids: list[int]) -> list:
+        stored = storage_dtype(identity.kv_dtype, self.storage)
         with CacheFile(path) as f:
             if f.metadata.get("key") != key or f.metadata.get("kind") != "prompt":
                 raise ValueError("its metadata names another key")
-            arrays = f.load(secret, Layout.of(identity, len(token_ids)))
+            arrays = f.load(secret, replace(Layout.of(identity, len(token_ids)), kv_dtype=stored))
         if arrays["token_ids"].tolist() != token_ids:
             raise ValueError("its token ids differ from this prompt's")
-        return _kv_pairs(arrays, identity.num_layers)
+        return _kv_pairs(arrays, identity.num_layers,
+                         identity.kv_dtype if stored != identity.kv_dtype else None)
 
     def _save(self, path, identity, key, token_ids, kvs, cache_mode, secret) -> int:
         meta = {
@@ -193,6 +222,8 @@ class PromptCache:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             _clean_stale_tmp(self.dir)
+            stored = getattr(mx, storage_dtype(identity.kv_dtype, self.storage))
+            kvs = [(k.astype(stored), v.astype(stored)) for k, v in kvs]
             size = cache_file.write(path, kv_arrays(token_ids, kvs), meta, secret)
         except OSError as e:
             self.warn(f"cannot save the prompt cache in {self.dir}: {e.strerror or e}; "

@@ -1,7 +1,7 @@
 """Prefill and decode speed: mlx_agent vs mlx-lm (and llama.cpp) on the same model, one run.
 
     .venv/bin/python scripts/bench_generate.py [--model smollm2-135m] [--prompt-tokens 512]
-        [--new-tokens 128] [--repeats 2] [--skip-slow]
+        [--new-tokens 128] [--long-prompt-tokens 2048] [--repeats 2] [--skip-slow]
 
 Measures, on the bundled model by default:
 1. mlx_agent's engine (prefill of a 512-token prompt, then 128 greedy tokens);
@@ -9,7 +9,10 @@ Measures, on the bundled model by default:
    the ratio ours / mlx-lm;
 3. mlx_agent without the fast CPU path (bundled BLAS, quantized weights), in a subprocess,
    because a BLAS cannot be unloaded from a process (skip with --skip-slow);
-4. llama.cpp through ``llama-cpp-python`` on the same GGUF file, when installed.
+4. llama.cpp through ``llama-cpp-python`` on the same GGUF file, when installed;
+5. prefill of a ``--long-prompt-tokens`` prompt (2,048; 0 skips it), ours and llama.cpp's,
+   and its ratio to prefill at ``--prompt-tokens`` (long prompts cost more per token:
+   attention grows with the context).
 Each figure is the best of ``--repeats`` runs after one warm-up.
 """
 
@@ -41,7 +44,7 @@ def bench_ours(lm, ids, new_tokens, repeats):
         t0 = time.perf_counter()
         engine.prefill(ids)
         t1 = time.perf_counter()
-        n = sum(1 for _ in engine.generate(max_tokens=new_tokens))
+        n = sum(1 for _ in engine.generate(max_tokens=new_tokens)) if new_tokens else 0
         t2 = time.perf_counter()
         if r:  # the first run warms up
             best_p = max(best_p, len(ids) / (t1 - t0))
@@ -71,6 +74,8 @@ def bench_llama_cpp(path, ids, new_tokens, repeats):
         return None
     llm = Llama(model_path=str(path), n_ctx=len(ids) + new_tokens + 8, n_threads=os.cpu_count(),
                 n_batch=512, verbose=False)
+    if not new_tokens:
+        return _llama_cpp_prefill(llm, ids, repeats), 0.0
     best_p = best_d = 0.0
     for r in range(repeats + 1):
         llm.reset()
@@ -85,6 +90,30 @@ def bench_llama_cpp(path, ids, new_tokens, repeats):
             best_p = max(best_p, len(ids) / (t1 - t0))
             best_d = max(best_d, new_tokens / (t2 - t1))
     return best_p, best_d
+
+
+def _llama_cpp_prefill(llm, ids, repeats):
+    best = 0.0
+    for r in range(repeats + 1):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        if r:
+            best = max(best, len(ids) / (time.perf_counter() - t0))
+    return best
+
+
+def long_prompt_rows(lm, args, short_rows):
+    """Prefill at ``--long-prompt-tokens``: ours and llama.cpp's, each against its own
+    prefill at ``--prompt-tokens``."""
+    ids = prompt_ids(lm, args.long_prompt_tokens)
+    ours = bench_ours(lm, ids, 0, args.repeats)[0]
+    rows = [(f"mlx_agent prefill @{len(ids)}", ours, ours / short_rows["mlx_agent"])]
+    cpp = bench_llama_cpp(lm.path, ids, 0, args.repeats) if "llama.cpp" in short_rows else None
+    if cpp:
+        rows.append((f"llama.cpp prefill @{len(ids)}", cpp[0], cpp[0] / short_rows["llama.cpp"]))
+        rows.append((f"ratio mlx_agent / llama.cpp @{len(ids)}", ours / cpp[0], None))
+    return rows
 
 
 def worker(args):
@@ -104,6 +133,8 @@ def main():
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--long-prompt-tokens", type=int, default=2048,
+                    help="also measure prefill at this length (0: skip)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--skip-slow", action="store_true", help="skip the no-fast-path run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -144,6 +175,16 @@ def main():
     for name, p, d in rows:
         print(f"{name:{width}}  {p:13.1f}  {d:12.1f}")
     print(f"{ratio[0]:{width}}  {ratio[1]:12.2f}x  {ratio[2]:11.2f}x")
+    if args.long_prompt_tokens:
+        short = {"mlx_agent": rows[0][1]}
+        if cpp:
+            short["llama.cpp"] = cpp[0]
+        long_rows = long_prompt_rows(lm, args, short)
+        width = max(len(r[0]) for r in long_rows)
+        print(f"\n{'':{width}}  prefill tok/s  vs prefill @{len(ids)}")
+        for name, p, vs in long_rows:  # vs is None on the ratio row
+            print(f"{name:{width}}  {p:12.2f}x" if vs is None
+                  else f"{name:{width}}  {p:13.1f}  {vs:17.2f}x")
 
 
 if __name__ == "__main__":

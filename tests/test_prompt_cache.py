@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import mlx.core as mx
 import msgspec
 import numpy as np
 import pytest
@@ -34,20 +35,60 @@ class Warnings(list):
         self.append(message)
 
 
-@pytest.mark.parametrize("mode", ["preallocated", "growing", "rotating"])
-def test_loaded_cache_gives_the_logits_of_a_fresh_prefill(lm, tmp_path, mode):
+def loaded_vs_fresh(lm, directory, mode="preallocated", prompt=PROMPT, **kw):
+    """(relative logit drift of a cache loaded from disk against a fresh prefill, the file's
+    bytes), after ``prompt`` and a suffix."""
     warn = Warnings()
-    first = pc.PromptCache(tmp_path, warn=warn).prime(lm.engine(cache_mode=mode, kv_window=60),
-                                                      lm.identity, PROMPT)
-    assert not first.hit and first.tokens == len(PROMPT) and first.bytes > 0
+    first = pc.PromptCache(directory, warn=warn, **kw).prime(
+        lm.engine(cache_mode=mode, kv_window=60), lm.identity, prompt)
+    assert not first.hit and first.tokens == len(prompt) and first.bytes > 0
     engine = lm.engine(cache_mode=mode, kv_window=60)
-    second = pc.PromptCache(tmp_path, warn=warn).prime(engine, lm.identity, PROMPT)
+    second = pc.PromptCache(directory, warn=warn, **kw).prime(engine, lm.identity, prompt)
     assert second.hit and second.key == first.key and warn == []
-    stats = engine.sync(PROMPT + SUFFIX)
-    assert (stats.reused, stats.prefilled) == (len(PROMPT), len(SUFFIX))
+    assert engine.cache[0].keys.dtype == getattr(mx, lm.identity.kv_dtype)
+    stats = engine.sync(prompt + SUFFIX)
+    assert (stats.reused, stats.prefilled) == (len(prompt), len(SUFFIX))
     fresh = lm.engine(cache_mode=mode, kv_window=60)
-    fresh.prefill(PROMPT + SUFFIX)
-    np.testing.assert_allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)
+    fresh.prefill(prompt + SUFFIX)
+    got, want = np.array(engine.logits), np.array(fresh.logits)
+    return float(np.abs(got - want).max() / np.abs(want).max()), second.bytes
+
+
+@pytest.mark.parametrize("mode", ["preallocated", "growing", "rotating"])
+def test_loaded_float32_cache_gives_the_logits_of_a_fresh_prefill(lm, tmp_path, mode):
+    drift, _ = loaded_vs_fresh(lm, tmp_path, mode, storage="float32")
+    assert drift < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["preallocated", "growing", "rotating"])
+def test_float16_files_take_half_the_bytes_and_drift_less_than_1e_3(lm, tmp_path, mode):
+    assert lm.identity.kv_dtype == "float32"
+    drift32, bytes32 = loaded_vs_fresh(lm, tmp_path / "32", mode, storage="float32")
+    drift16, bytes16 = loaded_vs_fresh(lm, tmp_path / "16", mode)  # the default
+    assert bytes16 <= bytes32 / 2 + 4096  # the header is the same size
+    assert 0 < drift16 < 1e-3
+
+
+@pytest.mark.real_model
+def test_real_model_float16_files_drift_less_than_1e_3(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_AGENT_KV_DTYPE", "float32")  # a float32 cache, stored in float16
+    real = load("smollm2-135m")
+    prompt = real.prompt_ids("You are a careful assistant with tools. " * 30)
+    drift, size = loaded_vs_fresh(real, tmp_path, prompt=prompt)
+    assert 0 < drift < 1e-3
+    layers, heads, dim = real.identity.num_layers, real.identity.kv_heads, real.identity.head_dim
+    assert size < 2 * 2 * layers * heads * dim * len(prompt) * 1.01  # float16 keys and values
+
+
+def test_a_file_of_another_storage_dtype_is_missed_cleanly(lm, tmp_path):
+    """Changing the storage dtype (or reading files from before it was in the key) finds no
+    file: a plain miss, no warning, and the new file is written beside the old one."""
+    pc.PromptCache(tmp_path, storage="float32").prime(lm.engine(), lm.identity, PROMPT)
+    warn = Warnings()
+    hit = pc.PromptCache(tmp_path, warn=warn).prime(lm.engine(), lm.identity, PROMPT)
+    assert not hit.hit and warn == [] and len(list(tmp_path.glob("*.safetensors"))) == 2
+    with pytest.raises(ValueError, match="unknown storage dtype 'int8'"):
+        pc.PromptCache(tmp_path, storage="int8")
 
 
 def test_preallocated_load_fills_the_preallocated_buffers(lm, tmp_path):
@@ -80,6 +121,7 @@ def test_any_change_is_a_different_key(lm):
         pc.cache_key(lm.identity, PROMPT[:-1], "preallocated"),
         pc.cache_key(lm.identity, PROMPT[:-1] + [0], "preallocated"),
         pc.cache_key(lm.identity, PROMPT, "rotating"),
+        pc.cache_key(lm.identity, PROMPT, "preallocated", storage="float32"),
     ]
     assert len(set(variants + [base])) == len(variants) + 1
 

@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "attention.h"
 #include "norm_rope.h"
@@ -16,6 +17,9 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only.");
+  m.def("quantized_matmuls", &mlx_agent::quantized_matmuls, "x"_a, "ws"_a, "scales"_a,
+        "biases"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "[x @ W^T for each W] for float32 x, one graph node; W as quantized_matmul's.");
   m.def("dequantize", &mlx_agent::dequantize, "w"_a, "scales"_a, "biases"_a, "bits"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "W in MLX's affine layout (group size 32, 4 or 8 bits) as float32 [N, K]; CPU only.");
@@ -26,7 +30,12 @@ NB_MODULE(_ext, m) {
         "mx.fast.rope as one CPU primitive (float32, integer offset).");
   m.def("decode_attention", &mlx_agent::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         nb::kw_only(), "stream"_a = nb::none(),
-        "softmax(scale q k^T) v for one query position (float32, grouped heads, no mask).");
+        "softmax(scale q k^T) v for one query position (float32 q, float32 or float16 k "
+        "and v, grouped heads, no mask).");
+  m.def("prefill_attention", &mlx_agent::prefill_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        "Causal softmax(scale q k^T) v for the last L of T positions (float32 q, float32 or "
+        "float16 k and v, grouped heads).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;

@@ -34,6 +34,24 @@ int rows_per_task(int N, int M, int threads) {
   return std::max(rows, min_rows);
 }
 
+// x as the kernel for `bits` reads it: 4-bit groups are read (evens, odds), so x is laid
+// out that way; a non-contiguous x is made contiguous. In `buf` where it had to be copied.
+const float* staged_x(const mx::array& x, int bits, std::vector<float>& buf) {
+  const bool contiguous = x.flags().row_contiguous;
+  const float* src = x.data<float>();
+  if (bits == 8 && contiguous) return src;
+  const size_t K = x.shape(-1), M = x.size() / K;
+  buf.resize(x.size());
+  for (size_t r = 0; r < M; ++r)
+    for (size_t k = 0; k < K; ++k) {
+      size_t at = contiguous ? r * K + k : mx::elem_to_loc(r * K + k, x.shape(), x.strides());
+      size_t g = k / kGroup * kGroup, i = k % kGroup;
+      size_t to = bits == 4 ? g + (i % 2) * (kGroup / 2) + i / 2 : k;
+      buf[r * K + to] = src[at];
+    }
+  return buf.data();
+}
+
 }  // namespace
 
 std::string isa() { return rows_kernel().isa; }
@@ -136,27 +154,79 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              static_cast<int>(w.shape(0)),
              K,
              bits_};
-  encoder.dispatch([p, x, contiguous = x.flags().row_contiguous]() mutable {
-    // 4-bit groups are read (evens, odds): x is laid out that way, and made contiguous, here.
+  encoder.dispatch([p, x]() mutable {
     std::vector<float> staged;
-    if (p.bits == 4 || !contiguous) {
-      staged.resize(x.size());
-      const float* src = x.data<float>();
-      for (size_t r = 0; r < static_cast<size_t>(p.M); ++r)
-        for (int k = 0; k < p.K; ++k) {
-          size_t at = contiguous ? r * p.K + k : mx::elem_to_loc(r * p.K + k, x.shape(), x.strides());
-          int g = k / kGroup * kGroup, i = k % kGroup;
-          int to = p.bits == 4 ? g + (i % 2) * (kGroup / 2) + i / 2 : k;
-          staged[r * p.K + to] = src[at];
-        }
-      p.x = staged.data();
-    }
+    p.x = staged_x(x, p.bits, staged);
     const RowsFn fn = rows_kernel().fn;
     Pool& workers = pool();
     const int rows = rows_per_task(p.N, p.M, workers.size());
     const int tasks = (p.N + rows - 1) / rows;
     workers.run(tasks, [&](int t) { fn(p, t * rows, std::min(p.N, (t + 1) * rows)); });
   });
+}
+
+std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<mx::array>& ws,
+                                         const std::vector<mx::array>& scales,
+                                         const std::vector<mx::array>& biases,
+                                         const std::vector<int>& bits, mx::StreamOrDevice s) {
+  check(!ws.empty() && scales.size() == ws.size() && biases.size() == ws.size() &&
+            bits.size() == ws.size(), "one scales, biases and bits per w");
+  check(x.ndim() >= 1 && x.dtype() == mx::float32, "x must be float32");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  std::vector<mx::array> inputs{x};
+  std::vector<mx::Shape> shapes;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    check(check_weights(ws[i], scales[i], biases[i], bits[i]) == x.shape(-1),
+          "x's last dimension does not match w");
+    inputs.insert(inputs.end(), {ws[i], as_param(scales[i], stream), as_param(biases[i], stream)});
+    shapes.push_back(x.shape());
+    shapes.back().back() = ws[i].shape(0);
+  }
+  std::vector<mx::Dtype> dtypes(ws.size(), mx::float32);
+  return mx::array::make_arrays(std::move(shapes), dtypes,
+                                std::make_shared<QuantizedMatmuls>(stream, bits), inputs);
+}
+
+void QuantizedMatmuls::eval_cpu(const std::vector<mx::array>& inputs,
+                                std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  const int K = x.shape(-1), M = static_cast<int>(x.size() / K);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<QProblem> problems;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto &w = inputs[1 + 3 * i], &scales = inputs[2 + 3 * i], &biases = inputs[3 + 3 * i];
+    for (const auto* a : {&w, &scales, &biases})
+      check(a->flags().row_contiguous, "weights, scales and biases must be contiguous");
+    outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+    problems.push_back({nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+                        scales.dtype() == mx::float16, outputs[i].data<float>(), M,
+                        static_cast<int>(w.shape(0)), K, bits_[i]});
+  }
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (auto& o : outputs) encoder.set_output_array(o);
+  encoder.dispatch([problems, x]() mutable {
+    std::vector<float> staged[2];  // x for 4-bit and for 8-bit matrices, each staged once
+    const float* ready[2] = {nullptr, nullptr};
+    Pool& workers = pool();
+    std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
+    for (auto& p : problems) {
+      const int b = p.bits == 8;
+      if (!ready[b]) ready[b] = staged_x(x, p.bits, staged[b]);
+      p.x = ready[b];
+      rows.push_back(rows_per_task(p.N, p.M, workers.size()));
+      first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
+    }
+    const RowsFn fn = rows_kernel().fn;
+    workers.run(first.back(), [&](int t) {
+      const int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
+      const int n0 = (t - first[i]) * rows[i];
+      fn(problems[i], n0, std::min(problems[i].N, n0 + rows[i]));
+    });
+  });
+}
+
+void QuantizedMatmuls::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("[mlx_agent.quantized_matmuls] runs on the CPU only");
 }
 
 void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -16,6 +17,13 @@ namespace mx = mlx::core;
 // float32. Returns [..., N] in x's dtype. CPU only.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int bits, mx::StreamOrDevice s = {});
+
+// y_i = x @ W_i^T for several W that read the same float32 x (a layer's q, k and v
+// projections; an MLP's gate and up): one graph node, x staged once, one job on the pool.
+std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<mx::array>& ws,
+                                         const std::vector<mx::array>& scales,
+                                         const std::vector<mx::array>& biases,
+                                         const std::vector<int>& bits, mx::StreamOrDevice s = {});
 
 // W as float32 [N, K] (the prefill path dequantizes a layer at a time for the BLAS matmul).
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
@@ -48,6 +56,24 @@ class QuantizedMatmul : public mx::UnaryPrimitive {
   void eval_dequantize(const std::vector<mx::array>& inputs, mx::array& out);
   int bits_;
   bool dequantize_;
+};
+
+// Inputs: x, then w, scales and biases of each matrix; one output per matrix.
+class QuantizedMatmuls : public mx::Primitive {
+ public:
+  QuantizedMatmuls(mx::Stream stream, std::vector<int> bits)
+      : mx::Primitive(stream), bits_(std::move(bits)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+
+  const char* name() const override { return "MlxAgentQuantizedMatmuls"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return bits_ == static_cast<const QuantizedMatmuls&>(other).bits_;
+  }
+
+ private:
+  std::vector<int> bits_;
 };
 
 }  // namespace mlx_agent

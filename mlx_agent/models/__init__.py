@@ -196,8 +196,8 @@ def _apply_weight_format(model: nn.Module, requested: str | None) -> str:
             from mlx_lm.utils import dequantize_model
 
             dequantize_model(model)
-    if not mx.metal.is_available():
-        use_cpu_kernels(model)
+    if not mx.metal.is_available():  # float32 weights keep a float32 KV cache too
+        use_cpu_kernels(model, kv_cache_dtype=mx.float32 if choice == "float32" else None)
     if choice == "float32":
         return "float32"
     return "quantized" if quantized else str(_first_float_dtype(model))

@@ -7,10 +7,17 @@ and settings:
   group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as loaded) compute with
   :func:`~mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small
   batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too;
+- mlx-lm's llama attention and MLP compute their q, k and v (gate and up) projections as
+  one kernel node (:func:`~mlx_agent.kernels.quantized_matmuls`);
 - ``nn.RMSNorm`` and ``nn.RoPE`` run as one graph node each
   (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks;
-- mlx-lm's llama ``Attention`` attends a decode step's one query with
-  :func:`mlx_agent.kernels.attention` (one node); everything else about it is mlx-lm's.
+- mlx-lm's llama ``Attention`` attends decode steps and causal prefill chunks with
+  :func:`mlx_agent.kernels.attention` (one node each) and writes its keys and values to the
+  cache in ``kv_dtype``: float16 by default for quantized weights (:data:`DEFAULT_KV_DTYPE`,
+  ``$MLX_AGENT_KV_DTYPE``; float32 weights keep a float32 cache),
+  which halves the bytes attention reads a token; logits drift from a float32 cache by less
+  than 1e-3 relative (tests/test_kv_dtype.py measures it). Everything else about it is
+  mlx-lm's.
 
 Not promised: other quantization modes, group sizes or RoPE variants (those layers are left
 as they are), or bit-identical logits to the float32 reference (they agree to float32
@@ -19,13 +26,31 @@ rounding; see tests/test_qmatmul.py).
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
+from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from ..kernels import attention, kernel_status, quantized_matmul, rms_norm, rope
+from ..errors import UserFacingError
+from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
 from ..kernels.qmatmul import BITS, GROUP_SIZE
+
+KV_DTYPES = ("float16", "float32")
+DEFAULT_KV_DTYPE = "float16"
+KV_DTYPE_ENV = "MLX_AGENT_KV_DTYPE"
+
+
+def kv_dtype(requested: str | None = None) -> mx.Dtype:
+    """The KV cache dtype of the kernel attention: ``requested``, ``$MLX_AGENT_KV_DTYPE`` or
+    :data:`DEFAULT_KV_DTYPE`."""
+    choice = requested or os.environ.get(KV_DTYPE_ENV) or DEFAULT_KV_DTYPE
+    if choice not in KV_DTYPES:
+        raise UserFacingError(f"unknown KV cache dtype {choice!r} (from ${KV_DTYPE_ENV}?); "
+                              f"choose one of {', '.join(KV_DTYPES)}")
+    return getattr(mx, choice)
 
 
 def _matmul(layer, x: mx.array) -> mx.array:
@@ -38,6 +63,15 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         y = _matmul(self, x)
         return y + self["bias"] if "bias" in self else y
+
+
+def project(x: mx.array, *layers: nn.Module) -> list[mx.array]:
+    """``[layer(x) for layer in layers]``; as one kernel node when every layer is a
+    :class:`KernelQuantizedLinear` without a bias."""
+    if all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers):
+        return quantized_matmuls(x, [(layer["weight"], layer["scales"], layer["biases"],
+                                      layer.bits) for layer in layers])
+    return [layer(x) for layer in layers]
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -59,25 +93,45 @@ class KernelRoPE(nn.RoPE):
 
 
 class KernelLlamaAttention(llama.Attention):
-    """mlx-lm's llama attention (same projections, rope and cache), whose single-query steps
-    attend on the CPU kernel."""
+    """mlx-lm's llama attention (same projections, rope and cache), whose keys and values are
+    cached in ``kv_dtype`` and whose single-query steps attend on the CPU kernel."""
+
+    kv_dtype = mx.float32  # set per instance by use_cpu_kernels
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         B, L, _ = x.shape
-        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-        keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        queries, keys, values = project(x, self.q_proj, self.k_proj, self.v_proj)
+        queries = self._heads(queries, self.n_heads)
+        keys, values = self._heads(keys, self.n_kv_heads), self._heads(values, self.n_kv_heads)
         offset = cache.offset if cache is not None else 0
         queries, keys = self.rope(queries, offset=offset), self.rope(keys, offset=offset)
         if cache is not None:
-            keys, values = cache.update_and_fetch(keys, values)
+            keys, values = cache.update_and_fetch(keys.astype(self.kv_dtype),
+                                                  values.astype(self.kv_dtype))
         if hasattr(cache, "bits"):  # quantized KV: mlx-lm's own path
             out = scaled_dot_product_attention(queries, keys, values, cache=cache,
                                                scale=self.scale, mask=mask)
         else:
             out = attention(queries, keys, values, self.scale, mask=mask)
+        if L == 1:  # [B, heads, 1, D] is already [B, 1, heads * D] in memory: no transpose
+            return self.o_proj(out.reshape(B, 1, -1))
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    @staticmethod
+    def _heads(x: mx.array, heads: int) -> mx.array:
+        """``[B, L, heads * D]`` as ``[B, heads, L, D]``; one reshape when L is 1."""
+        B, L, _ = x.shape
+        if L == 1:
+            return x.reshape(B, heads, 1, -1)
+        return x.reshape(B, L, heads, -1).transpose(0, 2, 1, 3)
+
+
+class KernelLlamaMLP(llama.MLP):
+    """mlx-lm's llama MLP whose gate and up projections run as one kernel node."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gate, up = project(x, self.gate_proj, self.up_proj)
+        return self.down_proj(swiglu(gate, up))
 
 
 def _fits(module) -> bool:
@@ -92,7 +146,7 @@ def _fits(module) -> bool:
 _SWAPS = (
     {nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding,
      nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE},
-    {llama.Attention: KernelLlamaAttention},
+    {llama.Attention: KernelLlamaAttention, llama.MLP: KernelLlamaMLP},
 )
 
 
@@ -106,11 +160,13 @@ def _retyped(module: nn.Module, cls: type) -> nn.Module:
     return new
 
 
-def use_cpu_kernels(model: nn.Module) -> int:
-    """Route the model's fitting layers through the CPU kernels; returns how many. Does
+def use_cpu_kernels(model: nn.Module, kv_cache_dtype: mx.Dtype | None = None) -> int:
+    """Route the model's fitting layers through the CPU kernels, attention caching keys and
+    values in ``kv_cache_dtype`` (default: :func:`kv_dtype`); returns how many layers. Does
     nothing (returns 0) where the kernels do not run (see ``kernel_status``)."""
     if not kernel_status().available:
         return 0
+    kv_cache_dtype = kv_cache_dtype or kv_dtype()
     from mlx.utils import tree_unflatten
 
     count = 0
@@ -120,6 +176,8 @@ def use_cpu_kernels(model: nn.Module) -> int:
             cls = swaps.get(type(module))  # exact types: subclasses may compute differently
             if cls is not None and _fits(module):
                 replaced.append((path, _retyped(module, cls)))
+                if cls is KernelLlamaAttention:
+                    replaced[-1][1].kv_dtype = kv_cache_dtype
         if replaced:
             model.update_modules(tree_unflatten(replaced))
         count += len(replaced)

@@ -1,0 +1,184 @@
+// Causal attention for a prefill chunk (L queries at the end of T keys) as one CPU primitive.
+// On the CPU, mx.fast.scaled_dot_product_attention's fallback runs its softmax with a scalar
+// exp, which dominates long prompts. Here a task takes a few query rows of one kv head's
+// query group: scores sixteen keys at a time from a transposed tile of keys (no horizontal
+// sums), the causal mask, a vectorised exp, then the values, each key and value row read once
+// per task.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "simd16.h"
+
+namespace mlx_agent {
+
+namespace {
+
+using namespace simd16;
+
+constexpr int kRowsPerTask = 4;  // query rows a task takes, for each head of its group
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("[mlx_agent.prefill_attention] " + what);
+}
+
+struct Rows {
+  const float* q;  // query row i of group head g at q + g * q_head + i * q_row
+  const void* k;   // key row t at k + t * k_row elements
+  const void* v;
+  float* out;      // output row i of group head g at out + g * out_head + i * Dv
+  int64_t q_head, q_row, k_row, v_row, out_head;
+  int i0, i1, G, D, Dv;
+  int first;       // keys row i sees: [0, first + i]
+  float scale;
+};
+
+// Scores of the Q = G * rows query vectors against keys [t0, t0 + 16), as S[v][t0 ...].
+template <typename T>
+MLX_AGENT_INLINE void score_tile(const Rows& a, const T* k, int t0, int n, float* kt,
+                                 const float* const* qs, int Q, float* S, int np) {
+  F16x tile[kLanes];  // keys t0 .. t0 + 15 as rows, converted, zero past n
+  for (int i = 0; i < a.D; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j)
+      tile[j] = t0 + j < n ? load(k + static_cast<int64_t>(t0 + j) * a.k_row + i) : F16x{};
+    for (int d = 0; d < kLanes; ++d)  // transpose: kt[i + d] holds feature i + d of 16 keys
+      for (int j = 0; j < kLanes; ++j) kt[(i + d) * kLanes + j] = tile[j][d];
+  }
+  int v = 0;
+  for (; v + 4 <= Q; v += 4) {
+    F16x acc0{}, acc1{}, acc2{}, acc3{};
+    for (int d = 0; d < a.D; ++d) {
+      const F16x kd = load(kt + d * kLanes);
+      acc0 += kd * qs[v][d];
+      acc1 += kd * qs[v + 1][d];
+      acc2 += kd * qs[v + 2][d];
+      acc3 += kd * qs[v + 3][d];
+    }
+    store(S + static_cast<size_t>(v) * np + t0, acc0 * a.scale);
+    store(S + static_cast<size_t>(v + 1) * np + t0, acc1 * a.scale);
+    store(S + static_cast<size_t>(v + 2) * np + t0, acc2 * a.scale);
+    store(S + static_cast<size_t>(v + 3) * np + t0, acc3 * a.scale);
+  }
+  for (; v < Q; ++v) {
+    F16x acc{};
+    for (int d = 0; d < a.D; ++d) acc += load(kt + d * kLanes) * qs[v][d];
+    store(S + static_cast<size_t>(v) * np + t0, acc * a.scale);
+  }
+}
+
+template <typename T>
+MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
+  const int R = a.i1 - a.i0, Q = a.G * R;
+  const int n = a.first + a.i1;  // keys the last row sees
+  const int np = (n + kLanes - 1) / kLanes * kLanes;
+  buf.resize(static_cast<size_t>(Q) * np + static_cast<size_t>(Q) * a.Dv +
+             static_cast<size_t>(a.D) * kLanes + std::max(a.D, a.Dv));
+  float* S = buf.data();
+  float* acc = S + static_cast<size_t>(Q) * np;
+  float* kt = acc + static_cast<size_t>(Q) * a.Dv;
+  float* row = kt + static_cast<size_t>(a.D) * kLanes;
+  std::vector<const float*> qs(Q);  // vector v: head v / R, row i0 + v % R
+  for (int v = 0; v < Q; ++v)
+    qs[v] = a.q + (v / R) * a.q_head + static_cast<int64_t>(a.i0 + v % R) * a.q_row;
+  const T* k = static_cast<const T*>(a.k);
+  for (int t0 = 0; t0 < n; t0 += kLanes) score_tile(a, k, t0, n, kt, qs.data(), Q, S, np);
+  std::vector<float> total(Q);
+  for (int v = 0; v < Q; ++v) {
+    float* s = S + static_cast<size_t>(v) * np;
+    const int seen = a.first + a.i0 + v % R + 1;
+    float top = -INFINITY;
+    for (int j = 0; j < seen; ++j) top = std::max(top, s[j]);
+    F16x sum16{};
+    for (int j = 0; j < np; j += kLanes) {
+      const F16x e = exp_nonpositive(load(s + j) - top);
+      store(s + j, e);
+    }
+    std::fill(s + seen, s + np, 0.0f);  // masked and padding: no weight
+    for (int j = 0; j < np; j += kLanes) sum16 += load(s + j);
+    total[v] = sum(sum16);
+  }
+  std::fill(acc, acc + static_cast<size_t>(Q) * a.Dv, 0.0f);
+  const T* vb = static_cast<const T*>(a.v);
+  for (int j = 0; j < n; ++j) {
+    const float* vt = as_float(vb + static_cast<int64_t>(j) * a.v_row, a.Dv, row);
+    for (int v = 0; v < Q; ++v) {
+      const float w = S[static_cast<size_t>(v) * np + j];
+      float* o = acc + static_cast<size_t>(v) * a.Dv;
+      for (int i = 0; i < a.Dv; i += kLanes) store(o + i, load(o + i) + w * load(vt + i));
+    }
+  }
+  for (int v = 0; v < Q; ++v) {
+    float* dst = a.out + (v / R) * a.out_head + static_cast<int64_t>(a.i0 + v % R) * a.Dv;
+    const float* o = acc + static_cast<size_t>(v) * a.Dv;
+    for (int i = 0; i < a.Dv; ++i) dst[i] = o[i] / total[v];
+  }
+}
+
+}  // namespace
+
+mx::array prefill_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                            float scale, mx::StreamOrDevice s) {
+  check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k and v must be 4-D");
+  check(q.dtype() == mx::float32, "q must be float32");
+  check(k.dtype() == v.dtype() && (k.dtype() == mx::float32 || k.dtype() == mx::float16),
+        "k and v must be both float32 or both float16");
+  check(k.shape(0) == q.shape(0) && v.shape(0) == q.shape(0), "batch sizes differ");
+  check(k.shape(1) == v.shape(1) && k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0,
+        "query heads must be a multiple of key/value heads");
+  check(k.shape(2) == v.shape(2) && k.shape(2) >= q.shape(2) && q.shape(2) > 0,
+        "keys and values must have the same length, at least the queries'");
+  check(q.shape(3) == k.shape(3), "q and k head sizes differ");
+  check(q.shape(3) % 16 == 0 && v.shape(3) % 16 == 0, "head sizes must be multiples of 16");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  return mx::array({q.shape(0), q.shape(1), q.shape(2), v.shape(3)}, mx::float32,
+                   std::make_shared<PrefillAttention>(stream, scale), {q, k, v});
+}
+
+void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& q = inputs[0];
+  const auto& k = inputs[1];
+  const auto& v = inputs[2];
+  for (const auto& a : inputs) check(a.strides().back() == 1, "head dimensions must be contiguous");
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  encoder.dispatch([q, k, v, out, scale = scale_]() mutable {
+    const int B = q.shape(0), Hq = q.shape(1), Hkv = k.shape(1), G = Hq / Hkv;
+    const int L = q.shape(2), T = k.shape(2), D = q.shape(3), Dv = v.shape(3);
+    const int blocks = (L + kRowsPerTask - 1) / kRowsPerTask;
+    const bool half = k.dtype() == mx::float16;
+    const char* kb = static_cast<const char*>(k.data<void>());
+    const char* vb = static_cast<const char*>(v.data<void>());
+    const size_t el = k.itemsize();
+    auto run = [&](int task) {
+      thread_local std::vector<float> buf;
+      const int head = task / blocks, block = task % blocks, b = head / Hkv, kvh = head % Hkv;
+      Rows a{q.data<float>() + b * q.strides(0) + kvh * G * q.strides(1),
+             kb + (b * k.strides(0) + kvh * k.strides(1)) * el,
+             vb + (b * v.strides(0) + kvh * v.strides(1)) * el,
+             out.data<float>() + (static_cast<int64_t>(b) * Hq + kvh * G) * L * Dv,
+             q.strides(1), q.strides(2), k.strides(2), v.strides(2),
+             static_cast<int64_t>(L) * Dv,
+             block * kRowsPerTask, std::min(L, (block + 1) * kRowsPerTask), G, D, Dv,
+             T - L, scale};
+      if (half) {
+        attend_rows<uint16_t>(a, buf);
+      } else {
+        attend_rows<float>(a, buf);
+      }
+    };
+    pool().run(B * Hkv * blocks, run);
+  });
+}
+
+void PrefillAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlx_agent.prefill_attention] runs on the CPU only");
+}
+
+}  // namespace mlx_agent
