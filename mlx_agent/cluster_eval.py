@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from .bfcl import CategoryScore, answer_question, bfcl, category_questions, score
-from .evaluate import RunResult, Summary, Task, _run_one, load_tasks
+from .evaluate import RunResult, Summary, Task, run_one, load_tasks
 from .fanout import Failed, FanoutError, Pool, run_tasks
 from .fileio import write_bytes
 from .models import load
@@ -74,9 +74,9 @@ class _EvalRunner:
         """One run; its result, and its trajectory's file name and bytes."""
         task, seed = job
         with tempfile.TemporaryDirectory(prefix="mlx-agent-ray-") as tmp:
-            result = _run_one(self.lm, self.engine, task, seed, Path(self.spec.base),
-                              self.spec.protocol, dict(self.overrides),
-                              tmp if self.spec.trajectories else None, None)
+            result = run_one(self.lm, self.engine, task, seed, Path(self.spec.base),
+                             self.spec.protocol, dict(self.overrides),
+                             tmp if self.spec.trajectories else None, None)
             if result.trajectory is None:
                 return result, None, None
             path = Path(result.trajectory)

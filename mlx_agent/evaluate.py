@@ -195,9 +195,9 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
 
     def one(engine: Engine, item: tuple[Task, int]) -> RunResult:
         task, seed = item
-        return _run_one(lm, engine, task, seed, tasks_file.parent, protocol,
-                        dict(config_overrides or {}), trajectory_dir,
-                        sampler_for(seed) if sampler_for else None, extra_tools)
+        return run_one(lm, engine, task, seed, tasks_file.parent, protocol,
+                       dict(config_overrides or {}), trajectory_dir,
+                       sampler_for(seed) if sampler_for else None, extra_tools)
 
     if batch <= 1:
         engine = lm.engine()
@@ -211,9 +211,9 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
         return Summary(run_pool(engines, runs, one, on_done=lambda i, r: on_run(r)))
 
 
-def _run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,
-             overrides: dict, trajectory_dir: str | Path | None, sampler,
-             extra_tools: Sequence[Tool] = ()) -> RunResult:
+def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,
+            overrides: dict, trajectory_dir: str | Path | None, sampler,
+            extra_tools: Sequence[Tool] = ()) -> RunResult:
     """One run of one task in a fresh working directory; its trajectory gets its reward."""
     with tempfile.TemporaryDirectory(prefix="mlx-agent-eval-") as tmp:
         workdir = Path(tmp) / "work"
