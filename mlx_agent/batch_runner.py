@@ -29,7 +29,8 @@ from typing import Callable, Iterator, Sequence, TypeVar
 import mlx.core as mx
 
 from .batch import BatchDecoder, Row
-from .engine import Constraint, Engine, PrefillStats, Sampler, common_prefix, greedy_sampler
+from .engine import (Constraint, Engine, PrefillStats, Sampler, common_prefix, greedy_sampler,
+                     keep_snapshot)
 
 T, C, R = TypeVar("T"), TypeVar("C"), TypeVar("R")
 
@@ -58,15 +59,7 @@ class Prefixes:
         most of it was new."""
         if prefilled < self.min_gain or prefilled < len(engine.tokens) - prefilled:
             return  # a prompt that mostly continues a stored one adds little
-        try:
-            tokens, kvs = engine.snapshot()
-        except ValueError:
-            return
-        kvs = [(mx.contiguous(k), mx.contiguous(v)) for k, v in kvs]
-        mx.eval(kvs)
-        self.entries = [e for e in self.entries if e[0] != tokens[: len(e[0])]]
-        self.entries.append((tokens, kvs))
-        del self.entries[: max(0, len(self.entries) - self.size)]
+        keep_snapshot(engine, self.entries, self.size)
 
 
 class _ModelThread:

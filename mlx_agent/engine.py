@@ -142,6 +142,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def keep_snapshot(engine: "Engine", store: list, size: int) -> None:
+    """Append ``engine``'s state to ``store`` as ``(tokens, kvs)``, the newest last, at most
+    ``size`` kept; entries whose tokens are a prefix of the new one are redundant and go.
+    The KV arrays are evaluated copies, so a snapshot does not keep the engine's whole
+    preallocated buffer alive. An empty engine, or a rotated window, adds nothing."""
+    try:
+        tokens, kvs = engine.snapshot()
+    except ValueError:
+        return
+    kvs = [(mx.contiguous(k), mx.contiguous(v)) for k, v in kvs]
+    mx.eval(kvs)
+    store[:] = [e for e in store if e[0] != tokens[: len(e[0])]]
+    store.append((tokens, kvs))
+    del store[: max(0, len(store) - size)]
+
+
 class Engine:
     def __init__(
         self,

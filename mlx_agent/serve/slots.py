@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import mlx.core as mx
-
-from ..engine import Engine, common_prefix
+from ..engine import Engine, common_prefix, keep_snapshot
 
 
 class KVSlots:
@@ -35,14 +33,4 @@ class KVSlots:
             self.engine.restore(tokens, kvs)
 
     def _stash(self) -> None:
-        try:
-            tokens, kvs = self.engine.snapshot()
-        except ValueError:  # empty, or a rotated window
-            return
-        # copies, so a snapshot does not keep the engine's whole preallocated buffer alive
-        kvs = [(mx.contiguous(k), mx.contiguous(v)) for k, v in kvs]
-        mx.eval(kvs)
-        # a snapshot that is a prefix of this one is redundant
-        self.slots = [s for s in self.slots if s[0] != tokens[: len(s[0])]]
-        self.slots.append((tokens, kvs))
-        del self.slots[: max(0, len(self.slots) - self.size)]
+        keep_snapshot(self.engine, self.slots, self.size)
