@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from .errors import UserError, warn
-from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_argument, protocol_option,
-                      sampling_options)
+from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_argument,
+                      protocol_option, sampling_options)
 
 
 @click.command()
@@ -30,17 +30,20 @@ from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_
 @click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP)
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024,
               show_default=True, help="Larger request bodies get a 413.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests decoded together in one batch (more wait their turn).")
 @load_options
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
-          prompt_cache_dir, kv_slots, max_tokens, allow_repeat_calls, max_body_bytes, adapter, weights, context_length,
-          temperature, top_p, top_k, min_p, seed):
+          prompt_cache_dir, kv_slots, max_tokens, allow_repeat_calls, max_body_bytes, max_batch,
+          adapter, weights, context_length, temperature, top_p, top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
     \b
     Examples:
       mlx_agent serve --port 8080
       mlx_agent serve model.gguf --tools tools.json --tool-mode deferred
+      mlx_agent serve --max-batch 8     # up to 8 requests decode together
       curl localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
 
     Sampling options are the defaults for requests that set none.
@@ -58,16 +61,23 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     tools = load_tools(tools_file) if tools_file else []
     for warning in (w for t in tools for w in t.warnings):
         click.secho(f"warning: {warning}", err=True, fg="yellow")
-    # Everything that touches MLX runs on one thread, the one that loads the model (MLX's
-    # streams are per thread on Metal); the server hands it every request.
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-agent-model")
+    # Everything that touches MLX runs on one thread (MLX's streams are per thread on
+    # Metal): alone, the one that loads the model, which the server hands every request;
+    # batched, the batch runner's model thread, which max_batch request threads feed.
+    pool = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="mlx-agent-model")
 
     def build():
         lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+        engines = []
+        if max_batch > 1:
+            from mlx_agent.batch_runner import BatchRunner
+
+            runner = BatchRunner(lm.model, max_batch=max_batch)
+            engines = [runner.engine(lm) for _ in range(max_batch)]
         service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
                               kv_slots=kv_slots, default_max_tokens=max_tokens,
                               metrics_out=tool_metrics_out,
-                              allow_repeat_calls=allow_repeat_calls)
+                              allow_repeat_calls=allow_repeat_calls, engines=engines)
         hit = None
         if prompt_cache_dir and tools:
             from mlx_agent.prompt_cache import PromptCache
@@ -84,8 +94,9 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
                               seed=seed)
     app = make_app(service, sampling, pool, max_body_bytes)
     bound = sock.getsockname()[1]
+    batched = f", batches of up to {max_batch}" if max_batch > 1 else ""
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
-               f"{tool_mode} tool mode) on http://{host}:{bound}", err=True)
+               f"{tool_mode} tool mode{batched}) on http://{host}:{bound}", err=True)
     # Ctrl-C: open streams get 5 s, then the lifespan stops running generations
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     try:

@@ -290,22 +290,23 @@ class BatchedEngine(Engine):
         self._decoding = False  # a generate() is in the batch: the cache is there, not here
         super().__init__(model, **options)
 
-    def _call(self, fn: Callable[[], R]) -> R:
+    def call(self, fn: Callable[[], R]) -> R:
+        """``fn()`` on the runner's model thread."""
         if self._decoding and not self.runner.on_model_thread():
             raise RuntimeError("this engine's generate() is still running; close it first")
         return self.runner.call(fn)
 
     def reset(self, keep: int = 0) -> None:
-        self._call(lambda: Engine.reset(self, keep))
+        self.call(lambda: Engine.reset(self, keep))
 
     def restore(self, tokens, kvs, logits=None) -> None:
-        self._call(lambda: Engine.restore(self, tokens, kvs, logits))
+        self.call(lambda: Engine.restore(self, tokens, kvs, logits))
 
     def snapshot(self):
-        return self._call(lambda: Engine.snapshot(self))
+        return self.call(lambda: Engine.snapshot(self))
 
     def prefill(self, ids: Sequence[int]) -> PrefillStats:
-        return self._call(lambda: Engine.prefill(self, ids))
+        return self.call(lambda: Engine.prefill(self, ids))
 
     def sync(self, ids: Sequence[int]) -> PrefillStats:
         """As :meth:`Engine.sync`, starting from a shared prefix where one is stored."""
@@ -317,7 +318,7 @@ class BatchedEngine(Engine):
             self.runner.prefixes.keep(self, stats.prefilled)
             return stats
 
-        return self._call(work)
+        return self.call(work)
 
     def generate(self, sampler: Sampler | None = None, *, max_tokens: int = 256,
                  stop_ids: frozenset[int] | set[int] = frozenset(),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,6 +26,8 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from .cache import CacheMode, ContextFull, KVSpec, make_cache, set_pinned, trimmable
 from .kernels import apply_bitmask
+
+T = TypeVar("T")
 
 Sampler = Callable[[mx.array], mx.array]
 
@@ -184,6 +186,11 @@ class Engine:
         self.reset()
 
     # -- state -------------------------------------------------------------------------
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the thread that does this engine's MLX work: this one (a batched
+        engine runs it on its runner's model thread)."""
+        return fn()
 
     def reset(self, keep: int = 0) -> None:
         """Empty the cache; in rotating mode pin the first ``keep`` tokens."""

@@ -13,6 +13,7 @@ import urllib.request
 import mlx.core as mx
 import pytest
 
+from mlx_agent.batch_runner import BatchRunner
 from mlx_agent.engine import SamplingParams
 from mlx_agent.serve import ChatCall, ChatService, make_app
 from mlx_agent.formats import tool_info
@@ -482,3 +483,144 @@ def test_deferred_returns_real_calls_made_beside_get_tool_info(serve, tiny_lm):
     with pytest.raises(openai.BadRequestError, match="clashes"):
         s.client.chat.completions.create(model="tiny", messages=user("x"), tools=TOOLS + [
             {"type": "function", "function": {"name": "get_tool_info", "parameters": {}}}])
+
+
+# -- serve --max-batch: concurrent requests decode in one batch and get what they would alone
+# (greedy, the tiny random model: exact), with their own grammar, stop strings, streaming and
+# cancellation
+
+PROMPTS = ["Hello", "Write a poem about the sea.", "What is 2+2?", "Name three colours."]
+
+
+@pytest.fixture
+def batched(tiny_lm):
+    """A server whose service has ``lanes`` batched engines, and the runner's counters."""
+    started = []
+
+    def start(lanes: int = 3, **kw):
+        runner = BatchRunner(tiny_lm.model, max_batch=lanes)
+        service = ChatService(tiny_lm, model_name="tiny", **kw,
+                              engines=[runner.engine(tiny_lm) for _ in range(lanes)])
+        r = Running(service)
+        started.append((r, runner))
+        return r, runner
+
+    yield start
+    for r, runner in started:
+        r.stop()
+        runner.close()
+
+
+def together(fns):
+    """Run the callables at once (one thread each); their results in order."""
+    out = [None] * len(fns)
+    errors = []
+
+    def run(i, fn):
+        try:
+            out[i] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return out
+
+
+def chat(s, prompt, **kw):
+    r = s.client.chat.completions.create(model="tiny", messages=user(prompt), max_tokens=24,
+                                         **kw)
+    return r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens
+
+
+def test_concurrent_requests_share_steps_and_match_requests_served_alone(tiny_lm, batched):
+    alone = Running(ChatService(tiny_lm, model_name="tiny"))
+    try:
+        want = [chat(alone, p) for p in PROMPTS]
+    finally:
+        alone.stop()
+    s, runner = batched(lanes=3)
+    got = together([lambda p=p: chat(s, p) for p in PROMPTS])  # four clients, three lanes
+    assert got == want
+    assert runner.rows_stepped > runner.steps  # steps decoded more than one request
+    # streamed, concurrently: the same text as each request alone
+    streams = together([lambda p=p: "".join(
+        c.choices[0].delta.content or "" for c in s.client.chat.completions.create(
+            model="tiny", messages=user(p), max_tokens=24, stream=True) if c.choices)
+        for p in PROMPTS[:3]])
+    assert streams == [w[0] for w in want[:3]]
+
+
+def test_each_request_keeps_its_own_grammar_and_stop_strings(tiny_lm, batched):
+    s, runner = batched(lanes=2)
+    call, plain = together([
+        lambda: s.client.chat.completions.create(
+            model="tiny", messages=user("weather in Paris"), tools=TOOLS, max_tokens=48,
+            tool_choice={"type": "function", "function": {"name": "set_timer"}}),
+        lambda: s.client.completions.create(model="tiny", prompt="One, two, three",
+                                            max_tokens=40, stop=["e"]),
+    ])
+    tc = call.choices[0].message.tool_calls
+    assert tc and tc[0].function.name == "set_timer"
+    assert isinstance(json.loads(tc[0].function.arguments)["minutes"], int)
+    assert "e" not in plain.choices[0].text
+
+
+def test_a_client_that_leaves_stops_only_its_own_generation(tiny_lm, batched):
+    s, runner = batched(lanes=2, default_max_tokens=1500)
+    alone = Running(ChatService(tiny_lm, model_name="tiny"))
+    try:
+        want = chat(alone, "Name three colours.")
+    finally:
+        alone.stop()
+
+    def leave():
+        req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(
+            {"messages": user("Write a long story."), "stream": True}).encode(),
+            headers={"Content-Type": "application/json"})
+        resp = urllib.request.urlopen(req, timeout=30)
+        for _ in range(4):
+            resp.readline()
+        resp.close()  # mid-stream, while the other request decodes beside it
+
+    _, got = together([leave, lambda: chat(s, "Name three colours.")])
+    assert got == want
+    deadline = time.time() + 30
+    while s.service.cancelled < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert s.service.cancelled == 1 and s.service.last_cancelled_tokens < 1500
+
+
+@pytest.mark.real_model
+def test_serve_command_takes_max_batch():
+    import subprocess
+    import sys
+
+    """The real command: --max-batch 2 serves two concurrent requests on the bundled model."""
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
+                             "--max-batch", "2", "--max-tokens", "8"], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = ""
+        for line in proc.stderr:  # start-up lines, until the address
+            if "serving" in line:
+                break
+        assert "batches of up to 2" in line, line
+        base = line.rsplit(" on ", 1)[1].strip()
+
+        def ask(prompt):
+            req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(
+                {"messages": user(prompt)}).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read())["choices"][0]["finish_reason"]
+
+        assert together([lambda: ask("Tell me about the sea."),
+                         lambda: ask("Tell me about the mountains.")]) == ["length"] * 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -6,7 +6,8 @@ the model thread, and hand the result back to the adapter. Bad JSON, a wrong typ
 model, an unknown role, a limit out of range or JSON nested too deeply is a 400 with an
 OpenAI-style error body (Ollama endpoints: ``{"error": ...}``, and 404 for an unknown model,
 as Ollama answers); a body over ``max_body_bytes`` is a 413. Model work runs on one worker
-thread, so requests are served one at a time in arrival order. A client that disconnects
+thread per lane of the service (one, unless it batches): requests beyond that wait in
+arrival order. A client that disconnects
 stops its generation at the next token; a request whose client left while it waited does no
 work.
 
@@ -43,8 +44,10 @@ class Server:
         self.service = service
         self.limits = Limits(service.context_length, default_sampling)
         self.max_body_bytes = max_body_bytes
-        # the one thread that touches the model (pass the one that loaded it, on Metal)
-        self.pool = pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx-agent-model")
+        # a thread per lane (one lane: the thread that touches the model; pass the one that
+        # loaded it, on Metal)
+        self.pool = pool or ThreadPoolExecutor(max_workers=len(service.lanes),
+                                               thread_name_prefix="mlx-agent-model")
         # rendering and tokenizing requests: off the model thread, so a big one blocks no one
         self.prep_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mlx-agent-prep")
         self.names = {service.model_name, f"{service.model_name}:latest"}

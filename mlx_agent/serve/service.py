@@ -18,13 +18,19 @@ Prompt reuse: the engine keeps the last conversation and :class:`KVSlots` earlie
 request continues from whichever shares the longest token prefix with its prompt.
 ``usage.cached_tokens`` counts the prompt tokens that were not prefilled.
 
-Methods here block (MLX work); the HTTP layer calls them from one worker thread. Not
-promised: more than one request at a time, or batching.
+Concurrency: the service decodes on its lanes (:mod:`.slots`): one engine, so requests are
+served one at a time, or the batched engines of one :class:`~mlx_agent.batch_runner.BatchRunner`
+(``serve --max-batch N``), so up to N requests decode together, each joining the running
+batch after its own prefill, with its own prefix reuse, grammar, stop strings, streaming and
+cancellation. Methods here block (MLX work); the HTTP layer calls them from as many worker
+threads as there are lanes. Not promised: fairness between a long prefill and the requests
+decoding while it runs (the batch waits for it).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -41,7 +47,7 @@ from ..grammar import call_text, ll_tokenizer, schema_constraint, tool_constrain
 from ..loop_guard import LoopGuard, call_bytes, token_bytes
 from ..text import TextStream
 from ..tools import Tool
-from .slots import KVSlots
+from .slots import Lanes
 from .stops import StopStrings
 
 MAX_HOPS = 3
@@ -131,7 +137,7 @@ class ChatService:
                  metrics_out: str | Path | None = None, model_name: str | None = None,
                  sampler_for: Callable[[SamplingParams], Callable] | None = None,
                  context_length: int | None = None, allow_repeat_calls: bool = False,
-                 engine: Engine | None = None):
+                 engine: Engine | None = None, engines: Sequence[Engine] = ()):
         if tool_mode not in ("full", "deferred"):
             raise ValueError(f"unknown tool mode {tool_mode!r}; use full or deferred")
         self.lm = lm
@@ -139,9 +145,10 @@ class ChatService:
         self.tool_mode = tool_mode
         self.allow_repeat_calls = allow_repeat_calls
         self.protocol = choose(protocol, lm.chat)
-        self.engine = engine or (lm.engine(context_length=context_length) if context_length
-                                 else lm.engine())
-        self.slots = KVSlots(self.engine, kv_slots)
+        engines = list(engines) or [engine or (lm.engine(context_length=context_length)
+                                               if context_length else lm.engine())]
+        self.engine = engines[0]
+        self.lanes = Lanes(engines, kv_slots)
         memo = ReplyMemo()  # one memo: a reply sent back in any format renders as sampled
         self.formats = {name: make_format(name, lm, memo) for name in (self.protocol, "plain")}
         self.default_max_tokens = default_max_tokens
@@ -153,15 +160,18 @@ class ChatService:
         self.max_chars = self.context_length * max(map(len, lm.tokenizer.get_vocab()), default=1)
         self.cancelled = 0  # generations stopped because their client left
         self.last_cancelled_tokens = 0
+        self._count = threading.Lock()
 
     @property
     def context_length(self) -> int:
         return self.engine.context_length
 
     def prime(self, prompt_cache):
-        """Load the catalogue's tools block from ``prompt_cache`` (or prefill and save it)."""
+        """Load the catalogue's tools block from ``prompt_cache`` (or prefill and save it)
+        into every lane's engine; returns the first lane's outcome."""
         ids = self.formats[self.protocol].system_prefix(self.tools, self.tool_mode == "deferred")
-        return prompt_cache.prime(self.engine, self.lm.identity, ids)
+        hits = [prompt_cache.prime(e, self.lm.identity, ids) for e in self.lanes.engines]
+        return hits[0]
 
     # -- chat ------------------------------------------------------------------------------
 
@@ -193,11 +203,16 @@ class ChatService:
 
         In deferred mode each ``get_tool_info`` reply is answered here and generated again
         (a hop); usage reports the last hop's prompt and all hops' completion tokens."""
+        with self.lanes.lease(prep.prompt) as lane:
+            return self._chat(lane, prep, on_text, cancelled, streaming)
+
+    def _chat(self, lane, prep: PreparedChat, on_text: OnText | None, cancelled: Cancelled,
+              streaming: bool) -> ChatResult:
         start = time.perf_counter()
         messages, prompt, constraint = list(prep.call.messages), prep.prompt, prep.constraint
         usage, hops, blocked = Usage(), 0, 0
         while True:
-            gen = self._generate(prep.call, prompt, prep.max_tokens, constraint, on_text,
+            gen = self._generate(lane, prep.call, prompt, prep.max_tokens, constraint, on_text,
                                  cancelled, prep.fmt)
             usage.prompt_tokens, usage.cached_tokens = len(prompt), gen.cached
             usage.completion_tokens += len(gen.ids)
@@ -293,7 +308,9 @@ class ChatService:
         """Continue prepared prompt ids as text (``/v1/completions``, ``/api/generate``)."""
         start = time.perf_counter()
         call = ChatCall(messages=[], sampling=sampling, stop=list(stop))
-        gen = self._generate(call, prep.prompt, max_tokens, prep.constraint, on_text, cancelled)
+        with self.lanes.lease(prep.prompt) as lane:
+            gen = self._generate(lane, call, prep.prompt, max_tokens, prep.constraint, on_text,
+                                 cancelled)
         result = ChatResult(gen.shown.text, [], "stop" if gen.shown.hit else gen.finish,
                             Usage(len(prep.prompt), gen.cached, len(gen.ids)))
         if gen.finish == "cancelled":
@@ -303,11 +320,13 @@ class ChatService:
 
     # -- the one generation loop -----------------------------------------------------------
 
-    def _generate(self, call: ChatCall, prompt: list[int], max_tokens: int,
+    def _generate(self, lane, call: ChatCall, prompt: list[int], max_tokens: int,
                   constraint: Constraint | None, on_text: OnText | None, cancelled: Cancelled,
                   fmt: Format | None = None) -> Generated:
-        """Sync to ``prompt`` and sample until the stop token, the format's scanner, a stop
-        string, the client leaving or the token limit."""
+        """On ``lane`` (an engine and its KV slots): sync to ``prompt`` and sample until the
+        stop token, the format's scanner, a stop string, the client leaving or the token
+        limit."""
+        engine, slots = lane
         shown = StopStrings(call.stop)
         if cancelled():  # the client left while this request waited its turn
             return Generated("", shown, [], "cancelled", 0)
@@ -315,9 +334,9 @@ class ChatService:
         content: StreamFilter = fmt.stream_filter() if fmt else Passthrough()
         if constraint is not None:
             constraint.reset()
-        self.slots.select(prompt)
-        cached = self.engine.sync(prompt).reused
-        stream = TextStream(self.engine, self.lm.tokenizer, self.sampler_for(call.sampling),
+        slots.select(prompt)
+        cached = engine.sync(prompt).reused
+        stream = TextStream(engine, self.lm.tokenizer, self.sampler_for(call.sampling),
                             max_tokens=max_tokens, stop_ids=self.lm.stop_ids,
                             constraint=constraint)
 
@@ -345,8 +364,9 @@ class ChatService:
                          blocked)
 
     def _cancelled(self, result: ChatResult) -> ChatResult:
-        self.cancelled += 1
-        self.last_cancelled_tokens = result.usage.completion_tokens
+        with self._count:
+            self.cancelled += 1
+            self.last_cancelled_tokens = result.usage.completion_tokens
         return result
 
     def _metrics(self, result: ChatResult, streaming: bool) -> None:
@@ -357,7 +377,7 @@ class ChatService:
                "prompt_tokens": result.usage.prompt_tokens,
                "cached_tokens": result.usage.cached_tokens,
                "completion_tokens": result.usage.completion_tokens, "streaming": streaming}
-        with open(self.metrics_out, "a", encoding="utf-8") as f:
+        with self._count, open(self.metrics_out, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
 
