@@ -38,7 +38,7 @@ def print_table(rows: list[dict]) -> None:
               help="JSONL file: one row per category (rewritten after each).")
 @click.option("--runs", type=click.Path(dir_okay=False), default=None,
               help="JSONL file: one row per question (task, seed, reward, calls, turns, "
-                   "seconds).")
+                   "answered, seconds).")
 @load_options
 @ray_options
 def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, batch, out, runs,

@@ -102,7 +102,8 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @click.option("--trajectory-dir", type=click.Path(file_okay=False), default=None,
               help="Write each run's .atraj here, with its reward.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="JSONL file: one row per run (task, seed, reward, calls, turns, seconds).")
+              help="JSONL file: one row per run (task, seed, reward, calls, turns, answered, "
+                   "seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,

@@ -209,7 +209,7 @@ def question_row(item: dict) -> dict:
     however the questions were distributed, apart from ``seconds``."""
     row = {"task": item["id"], "seed": 0, "reward": float(item["ok"]),
            "calls": len(item["calls"]), "turns": item["hops"],
-           "seconds": round(item["seconds"], 3)}
+           "answered": not item["calls"], "seconds": round(item["seconds"], 3)}
     return row | ({"error": item["error"]} if item["error"] else {})
 
 

@@ -84,7 +84,8 @@ class RunResult:
         """The run's row in ``eval --out``: the same however the runs were distributed,
         apart from ``seconds``."""
         row = {"task": self.task, "seed": self.seed, "reward": self.reward,
-               "calls": self.calls, "turns": self.turns, "seconds": round(self.seconds, 3)}
+               "calls": self.calls, "turns": self.turns, "answered": self.answer is not None,
+               "seconds": round(self.seconds, 3)}
         return row | ({"error": self.error} if self.error else {})
 
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
+        [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
    domains) and writes each as ``catalogues/NAME/tools.json``. The catalogues of the
@@ -16,15 +17,21 @@
    written), and the training budget that implies at ``--seconds-per-iteration`` and
    ``--batch``: iterations for one epoch and the rows that fit in ``--minutes``.
 
-Turning tasks into rows (request -> call -> result -> answer) is the conversation writer's
-job (``mlx_agent specialize``'s pipeline); this script stops at the tasks and says what the
-rows will cost. Deterministic under ``--seed``.
+4. With ``--train DIR``: writes every training task as a conversation and its row (the
+   conversation writer of ``mlx_agent specialize``: request -> call -> the tool's real
+   result, run in the sandbox -> an answer), ``rows.jsonl`` in ``--out``, and trains a LoRA
+   adapter on them into ``DIR`` within ``--minutes`` (mlx_agent.sft; the adapter is written
+   when the time runs out). Without it the script stops at the tasks and says what the rows
+   will cost.
+
+Deterministic under ``--seed`` (training too, on one machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -32,10 +39,13 @@ import mlx_agent  # noqa: F401  (fast BLAS before mlx)
 from mlx_agent.formats import make_format
 from mlx_agent.grammar import call_text
 from mlx_agent.models import load
+from mlx_agent.fileio import write_jsonl
+from mlx_agent.sft import SFTConfig, train as train_adapter
 from mlx_agent.synth.catalogues import Catalogue, catalogues, write
+from mlx_agent.synth.conversations import Outcomes, rows as written_rows
 from mlx_agent.synth.synthesis import SynthConfig, synthesize
 from mlx_agent.synth.synthesis import write as write_tasks
-from mlx_agent.tools import load_tools
+from mlx_agent.tools import load_tools, resolve_sandbox
 
 REPLY_OVERHEAD = 12  # tokens of a result turn and a one-sentence answer around the result
 
@@ -75,23 +85,33 @@ def main() -> None:
     ap.add_argument("--seconds-per-iteration", type=float, default=9.0)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--train", metavar="ADAPTER_DIR", help="write rows and train into this")
+    ap.add_argument("--iters", type=int, help="default: one epoch")
+    ap.add_argument("--learning-rate", type=float, default=2e-4)
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--num-layers", type=int, default=16)
     args = ap.parse_args()
     out = Path(args.out)
     train, held = split(catalogues(args.seed), set(args.heldout_domains.split(",")))
     lm = load(args.model)
     fmt = make_format("json", lm)
-    kinds, tokens, rows = Counter(), 0, 0
+    sandbox = resolve_sandbox("auto", warn=print)
+    outcomes = Outcomes(run=True, sandbox=sandbox, seed=args.seed)
+    kinds, tokens, rows, training_rows = Counter(), 0, 0, []
     for cat, is_held in [(c, False) for c in train] + [(c, True) for c in held]:
         path = write([cat], out / "catalogues")[0]
         tools = load_tools(path)
         config = SynthConfig(n_train=0 if is_held else args.per_catalogue,
                              n_heldout=args.heldout_per_catalogue, seed=args.seed)
-        result = synthesize(tools, config)
+        result = synthesize(tools, config, sandbox=sandbox)
         write_tasks(result, path.read_bytes(), out / "tasks" / cat.name)
         for t in result.train:
             kinds[t.kind] += 1
             tokens += row_tokens(lm, fmt, tools, t.task)
             rows += 1
+        if args.train and result.train:
+            training_rows += written_rows(lm, fmt, tools, result.train, outcomes,
+                                          seed=args.seed)
     iterations = -(-rows // args.batch)
     fits = int(args.minutes * 60 / args.seconds_per_iteration) * args.batch
     summary = {
@@ -102,6 +122,20 @@ def main() -> None:
         "minutes_per_epoch": round(iterations * args.seconds_per_iteration / 60, 1),
         f"rows_in_{args.minutes:g}_minutes": fits,
     }
+    if args.train:
+        write_jsonl(out / "rows.jsonl", training_rows)
+        summary["written_tokens"] = sum(len(r["input_ids"]) for r in training_rows)
+        summary["tool_results"] = dict(outcomes.counts)
+        print(json.dumps(summary, indent=1), flush=True)
+        config = SFTConfig(iters=args.iters or iterations, batch_size=args.batch,
+                           learning_rate=args.learning_rate, rank=args.rank,
+                           num_layers=args.num_layers, val_fraction=0.0, seed=args.seed,
+                           minutes=args.minutes)
+        started = time.perf_counter()
+        stats = train_adapter(load(args.model), training_rows, args.train, config)
+        summary["training"] = {**stats, "minutes": round((time.perf_counter() - started) / 60, 1),
+                               "learning_rate": args.learning_rate, "rank": args.rank,
+                               "num_layers": args.num_layers, "batch": args.batch}
     (out / "corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

@@ -74,7 +74,8 @@ def test_question_rows_are_eval_rows():
     assert [r["task"] for r in rows] == ["simple_python_0", "simple_python_1", "simple_python_2"]
     assert all(r["seed"] == 0 and r["reward"] == 1.0 and r["calls"] == 1 and r["seconds"] >= 0
                and "error" not in r for r in rows)
-    assert set(rows[0]) == {"task", "seed", "reward", "calls", "turns", "seconds"}
+    assert set(rows[0]) == {"task", "seed", "reward", "calls", "turns", "answered",
+                            "seconds"}
 
 
 @pytest.mark.real_model

@@ -1,0 +1,116 @@
+"""The general adapter against the base model: held-out synthetic catalogues and BFCL.
+
+    .venv/bin/python scripts/general_adapter_eval.py --corpus build/general \
+        --adapter build/general/adapter [--task-limit 10] [--bfcl-limit 100] [--batch 8]
+        [--categories simple,multiple,irrelevance,live_simple,live_multiple] [--only base]
+
+``--corpus`` is ``scripts/general_adapter.py``'s output: its held-out catalogues (domains no
+training catalogue has) are the synthetic set, the first ``--task-limit`` held-out tasks of
+each, run by ``mlx_agent eval`` (greedy, grammar on, ``--max-steps 4 --max-tokens 128``).
+BFCL runs through ``mlx_agent eval-bfcl`` (greedy, grammar on). Each model's results go to
+``--out`` (``synth-LABEL.jsonl``: a row per run; ``bfcl-LABEL.jsonl``: a row per category),
+so a second invocation with ``--only`` reuses the other's files. Prints one table:
+
+- synthetic ``right calls``: the call and chain tasks whose calls were all right;
+  ``answered``: runs that ended in an answer; ``states result``: answer tasks whose answer
+  states the tool's result; ``no tool``: no-tool tasks answered without a call;
+- BFCL: the accuracy of each category.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CLI = [str(Path(sys.executable).parent / "mlx_agent")]
+
+
+def heldout_tasks(corpus: Path, limit: int, out: Path) -> Path:
+    """One tasks file of the held-out catalogues' first ``limit`` held-out tasks each."""
+    summary = json.loads((corpus / "corpus.json").read_text())
+    domains = set(summary["heldout_domains"].split(","))
+    lines = []
+    for d in sorted((corpus / "tasks").iterdir()):
+        if d.name.split("-")[0] not in domains:
+            continue
+        for line in (d / "heldout.jsonl").read_text().splitlines()[:limit]:
+            task = json.loads(line)
+            task["id"] = f"{d.name}/{task['id']}"
+            task["tools"] = str((d / task["tools"]).resolve())
+            lines.append(json.dumps(task))
+    path = out / "heldout.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(argv: list[str]) -> None:
+    print("$ mlx_agent " + " ".join(argv), flush=True)
+    subprocess.run(CLI + argv, check=True, cwd=HERE.parent)
+
+
+def synth_row(path: Path) -> dict:
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        by_kind[r["task"].rsplit("-", 1)[1]].append(r)
+    runs = [r for rs in by_kind.values() for r in rs]
+
+    def share(rs, key="reward"):
+        return f"{sum(bool(r[key]) for r in rs) / len(rs):.0%} ({len(rs)})" if rs else "-"
+
+    return {"right calls": share(by_kind["call"] + by_kind["chain"]),
+            "answered": share(runs, "answered"), "states result": share(by_kind["answer"]),
+            "no tool": share(by_kind["none"]), "all": share(runs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", required=True, type=Path)
+    ap.add_argument("--adapter", required=True)
+    ap.add_argument("--out", type=Path, help="default: CORPUS/eval")
+    ap.add_argument("--task-limit", type=int, default=10)
+    ap.add_argument("--bfcl-limit", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--categories",
+                    default="simple,multiple,irrelevance,live_simple,live_multiple")
+    ap.add_argument("--only", choices=["base", "general"], help="run one model")
+    ap.add_argument("--skip", choices=["synth", "bfcl"], help="run one of the two sets")
+    args = ap.parse_args()
+    out = args.out or args.corpus / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = heldout_tasks(args.corpus, args.task_limit, out)
+    models = {"base": [], "general": ["--adapter", args.adapter]}
+    for label, extra in models.items():
+        if args.only and label != args.only:
+            continue
+        if args.skip != "synth":
+            run(["eval", *extra, "--tasks", str(tasks), "--max-steps", "4", "--max-tokens",
+                 "128", "--batch", str(args.batch), "--out", str(out / f"synth-{label}.jsonl")])
+        if args.skip != "bfcl":
+            run(["eval-bfcl", *extra, "--categories", args.categories, "--limit",
+                 str(args.bfcl_limit), "--batch", str(args.batch),
+                 "--out", str(out / f"bfcl-{label}.jsonl")])
+    table = {}
+    for label in models:
+        row = {}
+        if (out / f"synth-{label}.jsonl").is_file():
+            row.update(synth_row(out / f"synth-{label}.jsonl"))
+        if (out / f"bfcl-{label}.jsonl").is_file():
+            for line in (out / f"bfcl-{label}.jsonl").read_text().splitlines():
+                c = json.loads(line)
+                row[c["category"]] = f"{c['accuracy']:.0%} ({c['n']})"
+        table[label] = row
+    keys = list(dict.fromkeys(k for row in table.values() for k in row))
+    print("| model | " + " | ".join(keys) + " |")
+    print("|---|" + "---:|" * len(keys))
+    for label, row in table.items():
+        print(f"| {label} | " + " | ".join(row.get(k, "-") for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
