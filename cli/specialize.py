@@ -36,12 +36,14 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
               help="Assistant steps per held-out task.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Tokens per assistant step.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Held-out runs at a time, decoded together in one batch.")
 @protocol_option
 @sandbox_options
 @mcp_options
 @load_options
 def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, iters, minutes,
-               max_steps, max_tokens, protocol, sandbox, allow_network, mcp_commands,
+               max_steps, max_tokens, batch, protocol, sandbox, allow_network, mcp_commands,
                mcp_config, adapter, weights, context_length):
     """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
 
@@ -53,6 +55,7 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
     \b
     Example:
       mlx_agent specialize --tools examples/everyday.json --out build/everyday --minutes 20
+      mlx_agent specialize --tools tools.json --out build/mine --batch 8   # faster evals
       mlx_agent agent --adapter build/everyday --tools examples/everyday.json
     """
     import dataclasses
@@ -82,7 +85,7 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
         synth=dataclasses.replace(SYNTH, n_train=n_train, n_heldout=n_heldout, seed=seed),
         sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed),
         protocol=protocol, max_steps=max_steps, max_tokens=max_tokens, sandbox=box,
-        fixture=fixture, extra_tools=tuple(served))
+        fixture=fixture, extra_tools=tuple(served), batch=batch)
 
     def loader(adapter=None):
         return load(model_spec, adapter=adapter, weights=weights, context_length=context_length)

@@ -63,6 +63,7 @@ class SpecializeConfig:
     sandbox: Sandbox | None = None
     fixture: str | None = None  # the tools' working directory, copied fresh for every run
     extra_tools: Sequence[Tool] = field(default=())  # tools no file holds (MCP servers')
+    batch: int = 1  # held-out runs decoded together (evaluate.run's batch)
 
 
 @dataclass
@@ -107,7 +108,8 @@ def _evaluate(lm, tasks_file: Path, config: SpecializeConfig) -> Summary:
                config_overrides={"max_steps": config.max_steps,
                                  "max_tokens": config.max_tokens, "grammar": True,
                                  "sandbox": config.sandbox,
-                                 "sampling": SamplingParams(temperature=0.0)})
+                                 "sampling": SamplingParams(temperature=0.0)},
+               batch=config.batch)
 
 
 def _row(summary: Summary, kinds: dict[str, str]) -> dict:

@@ -89,6 +89,19 @@ def test_specialize_trains_on_from_a_given_adapter(tiny_models, tmp_path):
     assert any(not mx.array_equal(after[k], start[k]) for k in start)  # trained further
 
 
+def test_batched_held_out_evals_give_the_results_of_unbatched_ones(tiny_models, tmp_path):
+    models, _ = tiny_models
+    tools = load_tools(CATALOGUE)
+
+    def figures(batch):
+        r = specialize(models, tools, CATALOGUE.read_bytes(), tmp_path / f"b{batch}",
+                       replace(FAST, batch=batch), log=lambda m: None)
+        return [{k: v for k, v in r[side].items() if k != "seconds"}
+                for side in ("before", "after")]
+
+    assert figures(3) == figures(1)
+
+
 def test_a_failure_midway_leaves_no_output(tiny_models, tmp_path):
     models, _ = tiny_models
 
