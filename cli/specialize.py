@@ -7,6 +7,7 @@ import click
 from mlx_agent.synth.config import SynthConfig
 
 from .errors import UserError, warn
+from .fanout import check_combination, check_ray_options, ray_options
 from .options import (load_options, make_sandbox, mcp_options, model_argument,
                       protocol_option, sandbox_options, start_mcp)
 
@@ -42,9 +43,10 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
 @sandbox_options
 @mcp_options
 @load_options
+@ray_options
 def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, iters, minutes,
                max_steps, max_tokens, batch, protocol, sandbox, allow_network, mcp_commands,
-               mcp_config, adapter, weights, context_length):
+               mcp_config, adapter, weights, context_length, ray_address, ray_workers):
     """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
 
     Synthesises tasks from the catalogue (as `synth`), writes a conversation for each
@@ -56,18 +58,22 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
     Example:
       mlx_agent specialize --tools examples/everyday.json --out build/everyday --minutes 20
       mlx_agent specialize --tools tools.json --out build/mine --batch 8   # faster evals
+      mlx_agent specialize --tools tools.json --out build/mine --ray auto  # evals on Ray
       mlx_agent agent --adapter build/everyday --tools examples/everyday.json
     """
     import dataclasses
     from pathlib import Path
 
     from mlx_agent.models import load
-    from mlx_agent.specialize import RECIPE, Models, SpecializeConfig, prepare_out, table
+    from mlx_agent.specialize import (RECIPE, Cluster, Models, SpecializeConfig, prepare_out,
+                                      table)
     from mlx_agent.specialize import specialize as run_specialize
     from mlx_agent.tools import load_tools
 
     if not tools_file and not (mcp_commands or mcp_config):
         raise click.UsageError("give --tools FILE, or --mcp / --mcp-config")
+    check_ray_options(ray_address, ray_workers)
+    check_combination(ray_address, batch=batch > 1, mcp=mcp_commands or mcp_config)
     tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
     for warning in (w for t in tools for w in t.warnings):
         warn(warning)
@@ -85,7 +91,9 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
         synth=dataclasses.replace(SYNTH, n_train=n_train, n_heldout=n_heldout, seed=seed),
         sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed),
         protocol=protocol, max_steps=max_steps, max_tokens=max_tokens, sandbox=box,
-        fixture=fixture, extra_tools=tuple(served), batch=batch)
+        fixture=fixture, extra_tools=tuple(served), batch=batch,
+        cluster=Cluster(ray_address, ray_workers, model_spec, weights, context_length, sandbox,
+                        allow_network) if ray_address else None)
 
     def loader(adapter=None):
         return load(model_spec, adapter=adapter, weights=weights, context_length=context_length)

@@ -8,19 +8,28 @@ name, so the directory looks as a local run leaves it. Results come back in task
 the checks are the local ones, so greedy runs give the same rewards, calls and trajectories
 as a local run (timings and trajectory ids apart).
 
-Not promised: shipping files. Every node needs the model (a name installed, or a path) and
-the tasks file with its tools and fixtures at the same paths as the driver.
+Files: by default every node needs the model (a name installed, or a path) and the tasks
+file with its tools and fixtures at the same paths as the driver. A run whose files live
+only on the driver (``specialize``'s temporary tasks and adapters) ships them instead:
+:func:`pack` makes a directory's files one gzipped tar, which a worker unpacks (refusing
+links and paths that leave it) into a directory of its own, kept while the worker lives.
+Not promised: shipping the model itself, or large fixtures cheaply (they travel in every
+worker's arguments).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import io
+import shutil
 import socket
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .bfcl import CategoryScore, answer_question, bfcl, category_questions, score
 from .evaluate import RunResult, Summary, Task, run_one, load_tasks
@@ -31,17 +40,40 @@ from .serve import ChatService
 from .tools import SandboxUnavailable, resolve_sandbox
 
 
+def pack(directory: str | Path, names: Sequence[str] | None = None) -> bytes:
+    """``directory``'s files (or only ``names`` in it), as one gzipped tar."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name in names if names is not None else sorted(p.name for p in
+                                                           Path(directory).iterdir()):
+            tar.add(Path(directory) / name, arcname=name)
+    return buf.getvalue()
+
+
+def unpack(data: bytes) -> Path:
+    """:func:`pack`'s bytes, unpacked into a new directory removed when the process ends;
+    members that are links or would land outside it are refused."""
+    out = Path(tempfile.mkdtemp(prefix="mlx-agent-shipped-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(out, filter="data")
+    return out
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """What a worker loads: ``load``'s arguments."""
+    """What a worker loads: ``load``'s arguments; ``adapter_files`` (:func:`pack`'s bytes of
+    an adapter directory) replace ``adapter`` for an adapter only the driver has."""
 
     spec: str | None = None
     adapter: str | None = None
     weights: str | None = None
     context_length: int | None = None
+    adapter_files: bytes | None = None
 
     def load(self):
-        return load(self.spec, adapter=self.adapter, weights=self.weights,
+        adapter = str(unpack(self.adapter_files)) if self.adapter_files else self.adapter
+        return load(self.spec, adapter=adapter, weights=self.weights,
                     context_length=self.context_length)
 
 
@@ -56,6 +88,7 @@ class EvalWorker:
     sandbox: str = "auto"
     allow_network: bool = False
     trajectories: bool = False
+    files: bytes | None = None  # base's files, packed: shipped to workers instead of a path
 
     def __call__(self) -> Callable[[tuple[Task, int]], tuple]:
         try:
@@ -63,18 +96,20 @@ class EvalWorker:
         except SandboxUnavailable as e:
             raise FanoutError(f"on {socket.gethostname()}: {e}") from None
         lm = self.model.load()
-        return _EvalRunner(self, lm, lm.engine(), {**self.overrides, "sandbox": box})
+        base = unpack(self.files) if self.files is not None else Path(self.base)
+        return _EvalRunner(self, base, lm, lm.engine(), {**self.overrides, "sandbox": box})
 
 
 class _EvalRunner:
-    def __init__(self, spec: EvalWorker, lm, engine, overrides: dict):
-        self.spec, self.lm, self.engine, self.overrides = spec, lm, engine, overrides
+    def __init__(self, spec: EvalWorker, base: Path, lm, engine, overrides: dict):
+        self.spec, self.base, self.lm, self.engine = spec, base, lm, engine
+        self.overrides = overrides
 
     def __call__(self, job: tuple[Task, int]) -> tuple[RunResult, str | None, bytes | None]:
         """One run; its result, and its trajectory's file name and bytes."""
         task, seed = job
         with tempfile.TemporaryDirectory(prefix="mlx-agent-ray-") as tmp:
-            result = run_one(self.lm, self.engine, task, seed, Path(self.spec.base),
+            result = run_one(self.lm, self.engine, task, seed, self.base,
                              self.spec.protocol, dict(self.overrides),
                              tmp if self.spec.trajectories else None, None)
             if result.trajectory is None:

@@ -14,6 +14,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -108,6 +109,22 @@ def _differentiable(model) -> None:
         dequantize_model(model)
 
 
+def lora_keys(layer: nn.Module, keys: Sequence[str]) -> list[str]:
+    """``keys`` as ``layer`` names its linear layers: each key itself where the layer has
+    it, else the layer's linears with the same last name (``attn.q_proj`` for
+    ``self_attn.q_proj`` in a model that names its attention ``attn``)."""
+    linears = [name for name, m in layer.named_modules()
+               if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+    found = []
+    for key in keys:
+        found += [key] if key in linears else \
+            [n for n in linears if n.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    if not found:
+        raise ValueError(f"the model has none of the layers LoRA trains ({', '.join(keys)}); "
+                         f"its linear layers are: {', '.join(linears) or 'none'}")
+    return found
+
+
 def _lora(model, config: SFTConfig) -> tuple[int, dict]:
     """LoRA layers on the frozen ``model``: new ones, or ``config.init_adapter``'s with its
     weights; returns their number of layers and parameters."""
@@ -117,9 +134,9 @@ def _lora(model, config: SFTConfig) -> tuple[int, dict]:
         saved = json.loads((Path(config.init_adapter) / "adapter_config.json").read_text())
         load_adapters(model, str(config.init_adapter))
         return saved["num_layers"], saved["lora_parameters"]
-    params = {"rank": config.rank, "scale": config.scale, "dropout": 0.0,
-              "keys": list(config.keys)}
     num_layers = min(config.num_layers, len(model.layers))
+    params = {"rank": config.rank, "scale": config.scale, "dropout": 0.0,
+              "keys": lora_keys(model.layers[-1], config.keys)}
     linear_to_lora_layers(model, num_layers, params)
     return num_layers, params
 

@@ -10,6 +10,11 @@
    ``adapter`` when one is given) within an iteration and a time budget;
 5. evaluate the specialist on the same held-out tasks, the same way.
 
+With a :class:`Cluster`, steps 3 and 5 run on a Ray cluster (``--ray``): every worker loads
+the base model, and gets the held-out tasks' directory and the adapter packed in its
+arguments (:mod:`mlx_agent.cluster_eval`), since they exist only here; the figures are the
+local run's. Synthesis, rows and training stay here.
+
 Everything is written into a temporary directory beside ``out`` and renamed to ``out`` at
 the end, so ``out`` holds a whole result or nothing: the adapter (``--adapter OUT`` loads
 it), ``tasks/`` (synth's files), ``rows.jsonl`` and ``results.json``. An existing ``out`` is
@@ -43,6 +48,7 @@ from .tools import Tool
 from .tools.sandbox import Sandbox
 
 RESULTS = "results.json"
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")  # what sft writes
 # The recipe of models/smollm2-135m-tools (scripts/specialist_trial.py), with no validation
 # split: the held-out tasks measure the result (a validation pass of 20 rows took 7 minutes)
 RECIPE = SFTConfig(iters=150, batch_size=4, learning_rate=2e-4, rank=8, num_layers=16,
@@ -64,6 +70,33 @@ class SpecializeConfig:
     fixture: str | None = None  # the tools' working directory, copied fresh for every run
     extra_tools: Sequence[Tool] = field(default=())  # tools no file holds (MCP servers')
     batch: int = 1  # held-out runs decoded together (evaluate.run's batch)
+    cluster: "Cluster | None" = None  # held-out runs on Ray instead
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where held-out runs go with ``--ray``: the cluster, its workers, what they load (the
+    base model: ``load``'s arguments) and their sandbox (a ``--sandbox`` choice)."""
+
+    address: str = "auto"
+    workers: int | None = None
+    spec: str | None = None
+    weights: str | None = None
+    context_length: int | None = None
+    sandbox: str = "auto"
+    allow_network: bool = False
+
+    def evaluate(self, tasks_file: Path, adapter: str | None,
+                 config: "SpecializeConfig") -> Summary:
+        from .cluster_eval import EvalWorker, ModelSpec, pack, run_eval  # imports Ray
+
+        model = ModelSpec(self.spec, weights=self.weights, context_length=self.context_length,
+                          adapter_files=pack(adapter, ADAPTER_FILES) if adapter else None)
+        worker = EvalWorker(model, str(tasks_file.parent), config.protocol,
+                            _overrides(config), sandbox=self.sandbox,
+                            allow_network=self.allow_network,
+                            files=pack(tasks_file.parent))
+        return run_eval(worker, tasks_file, address=self.address, workers=self.workers)
 
 
 @dataclass
@@ -103,12 +136,19 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _evaluate(lm, tasks_file: Path, config: SpecializeConfig) -> Summary:
-    return run(lm, tasks_file, protocol=config.protocol, extra_tools=config.extra_tools,
-               config_overrides={"max_steps": config.max_steps,
-                                 "max_tokens": config.max_tokens, "grammar": True,
-                                 "sandbox": config.sandbox,
-                                 "sampling": SamplingParams(temperature=0.0)},
+def _overrides(config: SpecializeConfig) -> dict:
+    """The held-out runs' agent settings, the sandbox apart."""
+    return {"max_steps": config.max_steps, "max_tokens": config.max_tokens, "grammar": True,
+            "sampling": SamplingParams(temperature=0.0)}
+
+
+def _evaluate(load_lm: Callable[[], object], adapter: str | None, tasks_file: Path,
+              config: SpecializeConfig) -> Summary:
+    """The held-out runs of the model ``load_lm`` gives (base + ``adapter``)."""
+    if config.cluster is not None:
+        return config.cluster.evaluate(tasks_file, adapter, config)
+    return run(load_lm(), tasks_file, protocol=config.protocol, extra_tools=config.extra_tools,
+               config_overrides={**_overrides(config), "sandbox": config.sandbox},
                batch=config.batch)
 
 
@@ -169,17 +209,18 @@ def _steps(models: Models, tools: list[Tool], tools_data: bytes, tmp: Path,
     log(f"rows: {len(written)} written conversations; tool results "
         f"{outcomes.counts['real']} real, {outcomes.counts['synthesised']} synthesised")
 
-    starting = models.load(adapter=models.start) if models.start else base
     name = "base + adapter" if models.start else "base"
     log(f"evaluating the {name} model on {len(synthesis.heldout)} held-out tasks")
-    before = _row(_evaluate(starting, heldout, config), kinds)
+    before = _row(_evaluate(lambda: models.load(adapter=models.start) if models.start
+                            else base, models.start, heldout, config), kinds)
     log(f"{name}: {before['success']:.0%} right")
 
     sft = dataclasses.replace(config.sft, init_adapter=models.start)
     stats = train(models.load(), written, tmp, sft)
     log(f"trained {stats['iters']} iterations; loss {stats['first_loss']} -> "
         f"{stats['last_loss']}")
-    after = _row(_evaluate(models.load(adapter=str(tmp)), heldout, config), kinds)
+    after = _row(_evaluate(lambda: models.load(adapter=str(tmp)), str(tmp), heldout, config),
+                 kinds)
     log(f"specialist: {after['success']:.0%} right")
     return {"start": name, "before": before, "after": after, "sft": stats,
             "rows": len(written), "tool_results": dict(outcomes.counts),

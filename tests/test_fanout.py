@@ -162,6 +162,50 @@ def test_dead_workers_tasks_run_elsewhere_then_fail(cluster, task_set, tmp_path)
     assert len(list((tmp_path / "traj").glob("*.atraj"))) == 4  # none for the failed run
 
 
+def test_specialize_on_ray_ships_its_tasks_and_adapter_and_gives_the_local_figures(
+        cluster, task_set, tmp_path):
+    """The held-out tasks and the trained adapter exist only in the driver's temporary
+    directory: the workers get them packed, and score exactly what a local run scores."""
+    cmd = [sys.executable, "-m", "mlx_agent.cli.main", "specialize",
+           str(task_set / "tiny.tinygpt"), "--tools", str(task_set / "tools.json"),
+           "--n-train", "6", "--n-heldout", "4", "--iters", "2", "--max-tokens", "12",
+           "--max-steps", "2", "--sandbox", "none"]
+    figures = []
+    for out, extra in ((tmp_path / "local", []), (tmp_path / "ray", ["--ray", cluster])):
+        r = subprocess.run(cmd + ["--out", str(out), *extra], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        saved = json.loads((out / "results.json").read_text())
+        figures.append([{k: v for k, v in saved[side].items() if k != "seconds"}
+                        for side in ("before", "after")])
+    assert figures[0] == figures[1] and figures[0][0]["runs"] == 4
+
+
+def test_packed_files_unpack_whole_and_links_or_escapes_are_refused(tmp_path):
+    import io
+    import tarfile
+
+    from mlx_agent.cluster_eval import pack, unpack
+
+    src = tmp_path / "src"
+    (src / "fixture").mkdir(parents=True)
+    (src / "tools.json").write_text("[]")
+    (src / "fixture" / "a.txt").write_text("a")
+    out = unpack(pack(src))
+    assert (out / "tools.json").read_text() == "[]" and (out / "fixture" / "a.txt").read_text() \
+        == "a"
+    assert sorted(p.name for p in unpack(pack(src, ["tools.json"])).iterdir()) == ["tools.json"]
+    for name, kind in (("../escape.txt", tarfile.REGTYPE), ("link", tarfile.SYMTYPE)):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = "/etc/passwd" if kind == tarfile.SYMTYPE else ""
+            tar.addfile(info, io.BytesIO(b""))
+        with pytest.raises(tarfile.FilterError):
+            unpack(buf.getvalue())
+
+
 def test_unreachable_address_is_a_one_line_error(task_set, tmp_path):
     tasks = _write_tasks(task_set, [{"id": "a", "prompt": "x", "tools": "tools.json",
                                      "check": {"answer_pattern": "."}}])
@@ -176,12 +220,14 @@ def test_unreachable_address_is_a_one_line_error(task_set, tmp_path):
 
 @pytest.mark.parametrize("command,extra,option", [
     ("eval", ["--batch", "4"], "--batch"), ("eval", ["--mcp", "true"], "--mcp"),
-    ("eval-bfcl", ["--batch", "4"], "--batch")])
+    ("eval-bfcl", ["--batch", "4"], "--batch"), ("specialize", ["--batch", "4"], "--batch")])
 def test_options_ray_does_not_take_yet_are_usage_errors(task_set, tmp_path, command, extra,
                                                           option):
     tasks = _write_tasks(task_set, [{"id": "a", "prompt": "x", "tools": "tools.json",
                                      "check": {"answer_pattern": "."}}])
-    args = ["--tasks", str(tasks)] if command == "eval" else ["--out", str(tmp_path / "o")]
+    args = {"eval": ["--tasks", str(tasks)], "eval-bfcl": ["--out", str(tmp_path / "o")],
+            "specialize": ["--tools", str(task_set / "tools.json"), "--out",
+                           str(tmp_path / "o")]}[command]
     r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", command, *args,
                         "--ray", "auto", *extra], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
