@@ -45,6 +45,15 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp",
         raise
 
 
+def temp_dir_beside(path: str | os.PathLike) -> Path:
+    """A new, empty directory beside ``path`` (to fill, then rename to ``path``), with the
+    usual permissions (0777 less the umask), not mkdtemp's 0700."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
+
+
 def write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
     with atomic_path(path, durable=durable) as tmp:
         tmp.write_bytes(data)

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from .agent import agent_format
 from .engine import SamplingParams
 from .errors import UserFacingError
 from .evaluate import Summary, run
-from .fileio import write_jsonl, write_text
+from .fileio import temp_dir_beside, write_jsonl, write_text
 from .sft import SFTConfig, train
 from .synth.config import SynthConfig
 from .synth.conversations import Outcomes, rows
@@ -119,7 +118,7 @@ def prepare_out(out: str | Path) -> Path:
                               "or empty directory (a previous specialize result is replaced)")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        return temp_dir_beside(out)
     except OSError as e:
         raise SpecializeError(f"cannot write to {out.parent}: {e.strerror or e}; "
                               "choose a directory you can write") from None

@@ -62,6 +62,9 @@ def test_specialize_writes_a_whole_result_and_its_adapter_loads(tiny_models, tmp
     assert sorted(p.name for p in (out / "tasks").iterdir()) == [
         "heldout.jsonl", "report.json", "tools.json", "train.jsonl"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary left beside it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes it, not 0700
     saved = json.loads((out / "results.json").read_text())
     assert saved["rows"] == 8 and saved["sft"]["iters"] == 2
     assert saved["before"]["runs"] == saved["after"]["runs"] == 3
