@@ -99,6 +99,10 @@ class Layout:
             t = tensors.get(name)
             if t is None:
                 raise ValueError(f"it has no {name}")
+            if t.shape == shape and t.dtype != dtype and name != "token_ids":
+                raise ValueError(f"its KV state is {t.dtype}, this run keeps {dtype} (the "
+                                 "weight format or $MLX_AGENT_KV_DTYPE differ from when it "
+                                 "was written); run with the same settings to use it")
             if (t.dtype, t.shape) != (dtype, shape):
                 raise ValueError(f"its {name} is {list(t.shape)} {t.dtype}, the model needs "
                                  f"{list(shape)} {dtype}")

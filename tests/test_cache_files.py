@@ -297,3 +297,18 @@ def test_a_shape_that_differs_from_the_model_is_refused_from_the_header(lm, tmp_
     write_raw(path, header, bytes(body))
     warn = refused_then_replaced(lm, tmp_path)
     assert "its keys.1 is [1, 1, " in warn[0] and "the model needs" in warn[0], warn
+
+
+def test_a_kv_dtype_other_than_this_runs_says_which_and_why():
+    """A file written with a float32 KV cache, read by a run that keeps float16 (the CPU
+    kernels' default since files may be float16): the message names both and the cause."""
+    from mlx_agent.cache_file import Layout, Tensor
+
+    tensors = {"token_ids": Tensor("I32", (3,), (0, 12))}
+    for i in range(2):
+        for kind in ("keys", "values"):
+            tensors[f"{kind}.{i}"] = Tensor("F32", (1, 1, 3, 4), (0, 48))
+    with pytest.raises(ValueError, match=r"its KV state is F32, this run keeps F16 \(the "
+                                         r"weight format or \$MLX_AGENT_KV_DTYPE differ"):
+        Layout(2, 1, 4, "float16").check(tensors)
+    Layout(2, 1, 4, "float32").check(tensors)  # the same settings: accepted
