@@ -13,7 +13,8 @@ query rows of a query group, scores sixteen keys at a time from a transposed til
 masks, exponentiates sixteen at a time and sums the values.
 
 - :func:`attention`: the decode kernel for a single float32 query position without a mask,
-  the prefill kernel for a ``"causal"`` mask; head sizes a multiple of 16 and at most
+  or with the padding mask of a left-padded batch given as each row's first key
+  (``starts``: a batched decode step), the prefill kernel for a ``"causal"`` mask; head sizes a multiple of 16 and at most
   :data:`MAX_KEYS` keys. ``mx.fast.scaled_dot_product_attention`` otherwise, which is also
   the reference the tests compare with.
 
@@ -32,14 +33,18 @@ _KV_DTYPES = (mx.float32, mx.float16)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask=None,
-              use_kernel: bool = True) -> mx.array:
-    """``softmax(scale * q @ k^T + mask) @ v`` for ``[B, heads, L, D]`` arrays."""
+              use_kernel: bool = True, starts: mx.array | None = None) -> mx.array:
+    """``softmax(scale * q @ k^T + mask) @ v`` for ``[B, heads, L, D]`` arrays.
+
+    ``starts`` (``[B]`` integers, with a single query position) says the same as ``mask``
+    in the kernel's terms: row b sees keys ``starts[b]`` onwards (a left-padded batch's
+    padding mask); ``mask`` is what the fallback applies."""
     ext = extension() if use_kernel else None
     fits = (ext is not None and k.shape[2] <= MAX_KEYS and q.dtype == mx.float32
             and k.dtype == v.dtype and k.dtype in _KV_DTYPES
             and q.shape[-1] % 16 == 0 and v.shape[-1] % 16 == 0)
-    if fits and mask is None and q.shape[2] == 1:
-        return ext.decode_attention(q, k, v, scale)
+    if fits and q.shape[2] == 1 and (mask is None or starts is not None):
+        return ext.decode_attention(q, k, v, scale, starts)
     if fits and isinstance(mask, str) and mask == "causal" and q.shape[2] <= k.shape[2]:
         return ext.prefill_attention(q, k, v, scale)
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)

@@ -159,3 +159,36 @@ def test_the_engine_draws_once_per_token_it_hands_out(tiny_model):
     e = Engine(tiny_model, context_length=CTX)
     e.sync([1, 2, 3])
     assert len(list(e.generate(sampler, max_tokens=5))) == 5 and len(calls) == 5
+
+
+def test_batched_steps_on_the_cpu_kernels_equal_the_engine_alone():
+    """A quantized model on the CPU kernels: a batched step attends each row from its first
+    key (the kernel's per-row start, not the padding mask's composed attention) and gives
+    the ids the engine gives alone, greedy and seeded."""
+    import mlx.nn as nn
+
+    from mlx_agent.kernels import kernel_status
+    from mlx_agent.models.cpu_layers import use_cpu_kernels
+
+    from .conftest import make_tiny_llama
+
+    if not kernel_status().available:
+        pytest.skip(f"no CPU kernels here: {kernel_status().reason}")
+    model = make_tiny_llama(seed=3)
+    nn.quantize(model, group_size=32, bits=4)
+    assert use_cpu_kernels(model) > 0
+    prompts = _prompts(5, seed=2)  # different lengths: left padding in the batch
+    alone = []
+    for i, p in enumerate(prompts):
+        e = Engine(model, context_length=CTX)
+        e.sync(p)
+        alone.append(list(e.generate(_params(i).sampler(), max_tokens=10)))
+    engines = [Engine(model, context_length=CTX) for _ in prompts]
+    for e, p in zip(engines, prompts):
+        e.sync(p)
+    rows = [Row(e, _params(i).sampler(), 10) for i, e in enumerate(engines)]
+    dec = BatchDecoder(model)
+    dec.join(rows)
+    while len(dec):
+        dec.step()
+    assert [r.generated for r in rows] == alone

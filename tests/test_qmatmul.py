@@ -182,6 +182,26 @@ def test_decode_attention_kernel_reads_batches_and_head_groups_apart():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("keys", [5, 700, 3000])
+def test_decode_attention_kernel_with_row_starts_matches_the_padding_mask(keys, dtype):
+    """A left-padded batch's step: row b sees keys from starts[b] on (the rest is padding),
+    as mx.fast computes it with the boolean mask mlx-lm's BatchKVCache makes; key ranges
+    split into parts that lie wholly in the padding are empty."""
+    q = mx.random.normal((4, 9, 1, 64))
+    cache_k, cache_v = (3 * mx.random.normal((2, 4, 3, 4096, 64))).astype(dtype)
+    k, v = cache_k[..., :keys, :], cache_v[..., :keys, :]
+    starts = mx.array([0, keys // 3, keys - 1, keys // 2])
+    mask = (mx.arange(keys)[None] >= starts[:, None])[:, None, None, :]
+    ref = mx.fast.scaled_dot_product_attention(q, k.astype(mx.float32), v.astype(mx.float32),
+                                               scale=0.125, mask=mask)
+    assert rel_err(extension().decode_attention(q, k, v, 0.125, starts), ref) < 1e-5
+    assert rel_err(attention(q, k, v, 0.125, mask=mask, starts=starts), ref) < 1e-5
+    with pytest.raises(ValueError, match="one key index per batch row"):
+        extension().decode_attention(q, k, v, 0.125, mx.array([0, 1]))
+
+
+@needs_kernel
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_every_instruction_set_and_thread_count_matches_reference(isa, threads):

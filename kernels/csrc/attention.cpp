@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -93,6 +94,7 @@ void merge(const float* parts_at, int parts, int G, int Dv, float* dst) {
     float top = -INFINITY, total = 0.0f;
     for (int j = 0; j < parts; ++j) top = std::max(top, parts_at[j * next + g]);
     std::fill(dst, dst + Dv, 0.0f);
+    if (top == -INFINITY) continue;  // no key to attend (a start past the end): zeros
     for (int j = 0; j < parts; ++j) {
       const float* part = parts_at + j * next;
       const float w = std::exp(part[g] - top);
@@ -107,7 +109,8 @@ void merge(const float* parts_at, int parts, int G, int Dv, float* dst) {
 }  // namespace
 
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
-                           float scale, mx::StreamOrDevice s) {
+                           float scale, const std::optional<mx::array>& starts,
+                           mx::StreamOrDevice s) {
   check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k and v must be 4-D");
   check(q.dtype() == mx::float32, "q must be float32");
   check(k.dtype() == v.dtype() && (k.dtype() == mx::float32 || k.dtype() == mx::float16),
@@ -120,20 +123,29 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
   check(q.shape(3) == k.shape(3), "q and k head sizes differ");
   check(q.shape(3) % 16 == 0 && v.shape(3) % 16 == 0, "head sizes must be multiples of 16");
   auto stream = mx::to_stream(s, mx::Device::cpu);
+  std::vector<mx::array> inputs{q, k, v};
+  if (starts) {
+    check(starts->ndim() == 1 && starts->shape(0) == q.shape(0),
+          "starts must hold one key index per batch row");
+    check(mx::issubdtype(starts->dtype(), mx::integer), "starts must be integers");
+    inputs.push_back(mx::contiguous(mx::astype(*starts, mx::int32, stream), false, stream));
+  }
   return mx::array({q.shape(0), q.shape(1), 1, v.shape(3)}, mx::float32,
-                   std::make_shared<DecodeAttention>(stream, scale), {q, k, v});
+                   std::make_shared<DecodeAttention>(stream, scale), std::move(inputs));
 }
 
 void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& q = inputs[0];
   const auto& k = inputs[1];
   const auto& v = inputs[2];
+  const bool has_starts = inputs.size() > 3;
+  const mx::array starts = has_starts ? inputs[3] : mx::array(0);
   for (const auto& a : inputs) check(a.strides().back() == 1, "head dimensions must be contiguous");
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  encoder.dispatch([q, k, v, out, scale = scale_]() mutable {
+  encoder.dispatch([q, k, v, starts, has_starts, out, scale = scale_]() mutable {
     const int B = q.shape(0), Hq = q.shape(1), Hkv = k.shape(1), G = Hq / Hkv;
     const int T = k.shape(2), D = q.shape(3), Dv = v.shape(3);
     const bool half = k.dtype() == mx::float16;
@@ -145,6 +157,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const int per_part = (T + parts - 1) / parts;
     const int64_t part_stride = 2 + static_cast<int64_t>(Dv);  // per query head: max, sum, out
     std::vector<float> partial(static_cast<size_t>(heads) * parts * G * part_stride);
+    const int32_t* first = has_starts ? starts.data<int32_t>() : nullptr;  // [B] or none
     const char* kb = static_cast<const char*>(k.data<void>());
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();
@@ -154,7 +167,8 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     auto run = [&](int task) {
       thread_local std::vector<float> buf;
       const int head = task / parts, part = task % parts, b = head / Hkv, kvh = head % Hkv;
-      const int t0 = part * per_part, t1 = std::min(T, t0 + per_part);
+      const int t1 = std::min(T, (part + 1) * per_part);
+      const int t0 = std::max(part * per_part, first ? first[b] : 0);
       float* p = slot(head, part);
       if (t0 >= t1) {  // an empty tail part: weight zero in the merge
         for (int g = 0; g < G; ++g) p[g] = -INFINITY, p[G + g] = 0.0f;

@@ -3,6 +3,8 @@
 // per layer and token with grouped heads).
 #pragma once
 
+#include <optional>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -12,10 +14,12 @@ namespace mx = mlx::core;
 
 // softmax(scale * q k^T) v for float32 q [B, Hq, 1, D], k [B, Hkv, T, D], v [B, Hkv, T, Dv]
 // (both float32 or both float16), Hq a multiple of Hkv (grouped-query attention), D and Dv
-// multiples of 16, no mask. k and v may be views with strided rows (a preallocated cache's
-// slice). Output float32.
+// multiples of 16. No mask, or with ``starts`` (integers [B]) row b attends keys
+// [starts[b], T) only: a left-padded batch's rows. k and v may be views with strided rows
+// (a preallocated cache's slice). Output float32.
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
-                           float scale, mx::StreamOrDevice s = {});
+                           float scale, const std::optional<mx::array>& starts = std::nullopt,
+                           mx::StreamOrDevice s = {});
 
 class DecodeAttention : public mx::UnaryPrimitive {
  public:

@@ -1,6 +1,7 @@
 // Python bindings: mlx_agent.kernels._ext (nanobind, in MLX's nanobind domain so mx.array
 // passes through unchanged).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
@@ -29,9 +30,9 @@ NB_MODULE(_ext, m) {
         "offset"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope as one CPU primitive (float32, integer offset).");
   m.def("decode_attention", &mlx_agent::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
-        nb::kw_only(), "stream"_a = nb::none(),
+        "starts"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "softmax(scale q k^T) v for one query position (float32 q, float32 or float16 k "
-        "and v, grouped heads, no mask).");
+        "and v, grouped heads; no mask, or row b sees keys from starts[b] on).");
   m.def("prefill_attention", &mlx_agent::prefill_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "Causal softmax(scale q k^T) v for the last L of T positions (float32 q, float32 or "

@@ -11,7 +11,8 @@ and settings:
   one kernel node (:func:`~mlx_agent.kernels.quantized_matmuls`);
 - ``nn.RMSNorm`` and ``nn.RoPE`` run as one graph node each
   (:mod:`mlx_agent.kernels.norm_rope`) instead of MLX's composed CPU fallbacks;
-- mlx-lm's llama ``Attention`` attends decode steps and causal prefill chunks with
+- mlx-lm's llama ``Attention`` attends decode steps (a batched step's rows too, each from
+  its first unpadded key) and causal prefill chunks with
   :func:`mlx_agent.kernels.attention` (one node each) and writes its keys and values to the
   cache in ``kv_dtype``: float16 by default for quantized weights (:data:`DEFAULT_KV_DTYPE`,
   ``$MLX_AGENT_KV_DTYPE``; float32 weights keep a float32 cache),
@@ -111,8 +112,9 @@ class KernelLlamaAttention(llama.Attention):
         if hasattr(cache, "bits"):  # quantized KV: mlx-lm's own path
             out = scaled_dot_product_attention(queries, keys, values, cache=cache,
                                                scale=self.scale, mask=mask)
-        else:
-            out = attention(queries, keys, values, self.scale, mask=mask)
+        else:  # a batched step's padding mask is the rows' first keys (BatchKVCache's)
+            starts = getattr(cache, "left_padding", None) if L == 1 else None
+            out = attention(queries, keys, values, self.scale, mask=mask, starts=starts)
         if L == 1:  # [B, heads, 1, D] is already [B, 1, heads * D] in memory: no transpose
             return self.o_proj(out.reshape(B, 1, -1))
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
