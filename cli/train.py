@@ -135,12 +135,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     box = make_sandbox(sandbox, allow_network, None)
     check_combination(ray_address, batch=batch > 1, mcp=mcp_commands or mcp_config)
     total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
-    servers = start_mcp(mcp_commands, mcp_config, box, 30.0, None)
-    served = []
-    if servers is not None:  # a name a tasks file defines too gets its server's prefix
-        served, warnings = servers.tools(taken=sorted(tool_names(tasks_file)))
-        for warning in warnings:
-            warn(warning)
+    served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks_file)))
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
                  "allow_repeat_calls": allow_repeat_calls,
                  "sampling": SamplingParams(temperature=temperature)}
@@ -164,9 +159,25 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
             summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
                           trajectory_dir=trajectory_dir, on_run=show, batch=batch,
                           extra_tools=served, config_overrides={**overrides, "sandbox": box})
-    row = summary.row()
-    click.echo(f"{'runs':>5} {'success':>8} {'valid calls':>12} {'calls/run':>10} "
-               f"{'turns/run':>10} {'from cache':>11} {'seconds':>8}")
-    click.echo(f"{row['runs']:>5} {row['success']:>8.0%} {row['valid_calls']:>12.0%} "
-               f"{row['mean_calls']:>10.2f} {row['mean_turns']:>10.2f} "
-               f"{row['cache_share']:>11.0%} {row['seconds']:>8.1f}")
+    for line in _table(summary.row()):
+        click.echo(line)
+
+
+def _served_tools(mcp_commands, mcp_config, box, taken: list[str]) -> list:
+    """The MCP servers' tools (started now, stopped at exit); a name the tasks define too
+    gets its server's prefix."""
+    servers = start_mcp(mcp_commands, mcp_config, box, 30.0, None)
+    if servers is None:
+        return []
+    served, warnings = servers.tools(taken=taken)
+    for warning in warnings:
+        warn(warning)
+    return served
+
+
+def _table(row: dict) -> list[str]:
+    return [f"{'runs':>5} {'success':>8} {'answered':>9} {'valid calls':>12} {'calls/run':>10} "
+            f"{'turns/run':>10} {'from cache':>11} {'seconds':>8}",
+            f"{row['runs']:>5} {row['success']:>8.0%} {row['answered']:>9.0%} "
+            f"{row['valid_calls']:>12.0%} {row['mean_calls']:>10.2f} {row['mean_turns']:>10.2f} "
+            f"{row['cache_share']:>11.0%} {row['seconds']:>8.1f}"]

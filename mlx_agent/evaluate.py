@@ -101,6 +101,7 @@ class Summary:
             "runs": len(self.runs),
             "success": sum(r.reward for r in self.runs) / n,
             "valid_calls": sum(r.valid_calls for r in self.runs) / calls if calls else 0.0,
+            "answered": sum(r.answer is not None for r in self.runs) / n,
             "mean_calls": calls / n,
             "mean_turns": sum(r.turns for r in self.runs) / n,
             "cache_share": sum(r.reused for r in self.runs) / rendered if rendered else 0.0,

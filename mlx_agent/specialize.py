@@ -156,8 +156,7 @@ def _row(summary: Summary, kinds: dict[str, str]) -> dict:
     by_kind: dict[str, list[float]] = {}
     for r in summary.runs:
         by_kind.setdefault(kinds[r.task], []).append(r.reward)
-    return {**summary.row(), "answered": sum(r.answer is not None for r in summary.runs)
-            / max(len(summary.runs), 1),
+    return {**summary.row(),
             "by_kind": {k: f"{sum(v):.0f}/{len(v)}" for k, v in sorted(by_kind.items())}}
 
 
