@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
+#include "primitive.h"
 #include "simd16.h"
 
 namespace mlx_agent {
@@ -141,11 +141,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   const bool has_starts = inputs.size() > 3;
   const mx::array starts = has_starts ? inputs[3] : mx::array(0);
   for (const auto& a : inputs) check(a.strides().back() == 1, "head dimensions must be contiguous");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  encoder.dispatch([q, k, v, starts, has_starts, out, scale = scale_]() mutable {
+  begin_eval(stream(), inputs, out).dispatch([q, k, v, starts, has_starts, out, scale = scale_]() mutable {
     const int B = q.shape(0), Hq = q.shape(1), Hkv = k.shape(1), G = Hq / Hkv;
     const int T = k.shape(2), D = q.shape(3), Dv = v.shape(3);
     const bool half = k.dtype() == mx::float16;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "mlx/backend/common/utils.h"
-#include "mlx/backend/cpu/encoder.h"
+#include "primitive.h"
 
 namespace mlx_agent {
 
@@ -23,13 +23,11 @@ size_t row_start(const mx::array& x, size_t r) {
   return mx::elem_to_loc(r * x.shape(-1), x.shape(), x.strides());
 }
 
-void setup(const mx::Stream& stream, const std::vector<mx::array>& inputs, mx::array& out) {
+mx::cpu::CommandEncoder& setup(const mx::Stream& stream, const std::vector<mx::array>& inputs,
+                               mx::array& out) {
   check(inputs[0].strides().back() == 1 || inputs[0].shape(-1) == 1,
         "the last dimension must be contiguous");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream);
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  return begin_eval(stream, inputs, out);
 }
 
 }  // namespace
@@ -46,10 +44,9 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps,
 
 void RMSNormCPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   check(inputs[1].flags().row_contiguous, "the weight must be contiguous");
-  setup(stream(), inputs, out);
   const auto& x = inputs[0];
   const auto& w = inputs[1];
-  mx::cpu::get_command_encoder(stream()).dispatch([x, w, out, eps = eps_]() mutable {
+  setup(stream(), inputs, out).dispatch([x, w, out, eps = eps_]() mutable {
     const size_t D = x.shape(-1), rows = D ? x.size() / D : 0;
     const float* src = x.data<float>();
     const float* wt = w.data<float>();
@@ -82,9 +79,8 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 }
 
 void RoPECPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  setup(stream(), inputs, out);
   const auto& x = inputs[0];
-  mx::cpu::get_command_encoder(stream()).dispatch(
+  setup(stream(), inputs, out).dispatch(
       [x, out, dims = dims_, trad = traditional_, base = base_, scale = scale_,
        offset = offset_]() mutable {
         const size_t D = x.shape(-1), L = x.shape(-2), rows = x.size() / D;

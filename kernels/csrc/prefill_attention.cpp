@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "attention.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
+#include "primitive.h"
 #include "simd16.h"
 
 namespace mlx_agent {
@@ -144,11 +144,7 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   const auto& k = inputs[1];
   const auto& v = inputs[2];
   for (const auto& a : inputs) check(a.strides().back() == 1, "head dimensions must be contiguous");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  encoder.dispatch([q, k, v, out, scale = scale_]() mutable {
+  begin_eval(stream(), inputs, out).dispatch([q, k, v, out, scale = scale_]() mutable {
     const int B = q.shape(0), Hq = q.shape(1), Hkv = k.shape(1), G = Hq / Hkv;
     const int L = q.shape(2), T = k.shape(2), D = q.shape(3), Dv = v.shape(3);
     const int blocks = (L + kRowsPerTask - 1) / kRowsPerTask;

@@ -8,6 +8,7 @@
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
+#include "primitive.h"
 #include "qmatmul_rows.h"
 
 namespace mlx_agent {
@@ -110,10 +111,7 @@ void QuantizedMatmul::eval_dequantize(const std::vector<mx::array>& inputs, mx::
   const auto& biases = inputs[2];
   for (const auto& a : inputs)
     check(a.flags().row_contiguous, "weights, scales and biases must be contiguous");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(stream(), inputs, out);
   QProblem p{nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
              scales.dtype() == mx::float16, out.data<float>(), 0, static_cast<int>(w.shape(0)),
              static_cast<int>(out.shape(1)), bits_};
@@ -134,14 +132,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   const auto& biases = inputs[3];
   for (int i = 1; i < 4; ++i)
     check(inputs[i].flags().row_contiguous, "weights, scales and biases must be contiguous");
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
-  encoder.set_input_array(scales);
-  encoder.set_input_array(biases);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(stream(), inputs, out);
 
   const int K = x.shape(-1);
   QProblem p{x.data<float>(),

@@ -1,0 +1,24 @@
+// What every kernel primitive's eval_cpu does before its work: allocate the output and hand
+// the inputs and the output to the stream's command encoder (which keeps them alive until
+// the dispatched work has run). Returns the encoder to dispatch on.
+#pragma once
+
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlx_agent {
+
+inline mlx::core::cpu::CommandEncoder& begin_eval(const mlx::core::Stream& stream,
+                                                  const std::vector<mlx::core::array>& inputs,
+                                                  mlx::core::array& out) {
+  out.set_data(mlx::core::allocator::malloc(out.nbytes()));
+  auto& encoder = mlx::core::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
+}  // namespace mlx_agent
