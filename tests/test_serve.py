@@ -323,15 +323,20 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
     assert status == 200 and r["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_a_client_that_disconnects_stops_its_generation(serve):
-    s = serve(default_max_tokens=1500)
+def stream_then_leave(s) -> None:
+    """Start a long streamed chat, read a few lines, and go away mid-stream."""
     req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(
         {"messages": user("Write a long story."), "stream": True}).encode(),
         headers={"Content-Type": "application/json"})
     resp = urllib.request.urlopen(req, timeout=30)
     for _ in range(4):
         resp.readline()
-    resp.close()  # the client goes away mid-stream
+    resp.close()
+
+
+def test_a_client_that_disconnects_stops_its_generation(serve):
+    s = serve(default_max_tokens=1500)
+    stream_then_leave(s)
     status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 1})
     assert status == 200  # served after the abandoned one stopped (one worker, in order)
     assert s.service.cancelled == 1 and s.service.last_cancelled_tokens < 1500
@@ -578,16 +583,8 @@ def test_a_client_that_leaves_stops_only_its_own_generation(tiny_lm, batched):
     finally:
         alone.stop()
 
-    def leave():
-        req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(
-            {"messages": user("Write a long story."), "stream": True}).encode(),
-            headers={"Content-Type": "application/json"})
-        resp = urllib.request.urlopen(req, timeout=30)
-        for _ in range(4):
-            resp.readline()
-        resp.close()  # mid-stream, while the other request decodes beside it
-
-    _, got = together([leave, lambda: chat(s, "Name three colours.")])
+    # one client leaves mid-stream while the other request decodes beside it
+    _, got = together([lambda: stream_then_leave(s), lambda: chat(s, "Name three colours.")])
     assert got == want
     deadline = time.time() + 30
     while s.service.cancelled < 1 and time.time() < deadline:
