@@ -68,3 +68,21 @@ def test_prompt_longer_than_the_context_is_a_clear_error():
     r = run("generate", "--context-length", "8", "one two three four five six seven eight nine ten")
     assert r.returncode == 2
     assert "exceed the 8-token context" in r.stderr
+
+
+def test_the_package_list_names_every_package_in_the_tree():
+    """pyproject lists packages by hand (cli/ and kernels/ install inside mlx_agent): an
+    editable install finds a missing one anyway, a wheel leaves it out."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    where = {v: k for k, v in config["package-dir"].items()}
+    found = set()
+    for init in [*root.glob("mlx_agent/**/__init__.py"), root / "cli" / "__init__.py",
+                 root / "kernels" / "__init__.py"]:
+        rel = init.parent.relative_to(root).as_posix()
+        top = rel.split("/")[0]
+        found.add(".".join([where.get(top, top), *rel.split("/")[1:]]))
+    assert found == set(config["packages"])
