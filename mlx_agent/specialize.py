@@ -43,6 +43,7 @@ from .sft import SFTConfig, train
 from .synth.config import SynthConfig
 from .synth.conversations import Outcomes, rows
 from .synth.synthesis import report_lines, synthesize, write
+from .synth.values import files_under
 from .tools import Tool
 from .tools.sandbox import Sandbox
 
@@ -179,7 +180,10 @@ def specialize(models: Models, tools: Sequence[Tool], tools_data: bytes, out: st
 
 def _steps(models: Models, tools: list[Tool], tools_data: bytes, tmp: Path,
            config: SpecializeConfig, log: Callable[[str], None]) -> dict:
-    synthesis = synthesize(tools, config.synth, sandbox=config.sandbox)
+    synth = config.synth
+    if config.fixture and not synth.files:  # path arguments name the fixture's files
+        synth = dataclasses.replace(synth, files=files_under(config.fixture))
+    synthesis = synthesize(tools, synth, sandbox=config.sandbox)
     for side, tasks in (("training", synthesis.train), ("held-out", synthesis.heldout)):
         if not any(t.calls for t in tasks):
             skipped = "; ".join(f"{k}: {v}" for k, v in synthesis.report["skipped"].items())

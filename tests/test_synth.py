@@ -203,6 +203,32 @@ def test_held_out_shares_no_value_template_prompt_or_call(catalogue_run, bfcl_fi
         assert not set(pools.split(pool, pools.TRAIN)) & set(pools.split(pool, pools.HELDOUT))
 
 
+def test_path_arguments_name_the_fixtures_files_split_between_the_sides(tmp_path):
+    """With the tools' directory known (specialize --fixture), a path parameter draws the
+    files that exist there, training and held-out tasks naming different ones."""
+    from mlx_agent.synth.values import files_under
+
+    for i in range(8):
+        (tmp_path / "docs" / f"d{i}").mkdir(parents=True)
+        (tmp_path / "docs" / f"d{i}" / f"notes{i}.txt").write_text(str(i))
+    (tmp_path / ".hidden").write_text("x")
+    files = files_under(tmp_path)
+    assert len(files) == 8 and all(f.startswith("docs/d") for f in files)
+    read = fn("read_file", "Read a text file.", {"path": {"type": "string",
+                                                         "description": "File to read"}},
+              required=["path"])
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps([read]))
+    s = synthesize(load_tools(tools_file), SynthConfig(n_train=20, n_heldout=10,
+                                                       run_tools=False, files=files))
+
+    def paths(side):
+        return {json.loads(c)["arguments"]["path"] for t in side for c in t.calls}
+
+    assert paths(s.train) <= set(files) and paths(s.heldout) <= set(files)
+    assert paths(s.train) and paths(s.heldout) and not paths(s.train) & paths(s.heldout)
+
+
 def test_cli_is_deterministic_and_eval_loads_what_it_writes(tmp_path):
     outs = {}
     for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):

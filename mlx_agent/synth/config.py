@@ -15,6 +15,7 @@ class SynthConfig:
     answer_share: float = 0.2  # the answer must state the tool's result
     optional_share: float = 0.5  # how often an optional parameter is given
     run_tools: bool = True  # run tools to learn their results (chains and answers need it)
+    files: tuple[str, ...] = ()  # paths a path parameter draws (a fixture's); () = the pools
     tool_timeout: float = 10.0
 
     def shares(self) -> dict[str, float]:

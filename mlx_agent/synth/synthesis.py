@@ -56,7 +56,8 @@ class _Catalogue:
 
 def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None) -> _Catalogue:
     results = Results(tools, config.run_tools, config.tool_timeout, sandbox)
-    probe = Sampler(random.Random(f"{config.seed}:probe"), P.TRAIN, config.optional_share)
+    probe = Sampler(random.Random(f"{config.seed}:probe"), P.TRAIN, config.optional_share,
+                    config.files)
     usable, skipped = [], {}
     for tool in tools:
         try:
@@ -83,7 +84,7 @@ def _cycle(rng: random.Random, items: list) -> Iterator:
 def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
           taken: list[SynthTask]) -> list[SynthTask]:
     rng = random.Random(f"{config.seed}:{side}")
-    b = Builder(cat.usable, side, rng, cat.results, config.optional_share)
+    b = Builder(cat.usable, side, rng, cat.results, config.optional_share, config.files)
     available = {"call", "none"} | ({"answer"} if cat.answerable else set()) | (
         {"chain"} if cat.chains else set())
     if not cat.usable:

@@ -134,9 +134,9 @@ class Builder:
     """Builds tasks of each kind for one side."""
 
     def __init__(self, tools: list[Tool], side: str, rng: random.Random, results: Results,
-                 optional_share: float = 0.5):
+                 optional_share: float = 0.5, files: tuple[str, ...] = ()):
         self.tools, self.side, self.rng, self.results = tools, side, rng, results
-        self.sampler = Sampler(rng, side, optional_share)
+        self.sampler = Sampler(rng, side, optional_share, files)
         self.phraser = Phraser(rng, side, self.sampler)
         self.by_name = {t.name: t for t in tools}
         self.vocabulary = _vocabulary(tools)

@@ -22,6 +22,7 @@ import random
 import re
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 from jsonschema import Draft202012Validator
@@ -157,8 +158,10 @@ def _type(schema: dict) -> str:
 class Sampler:
     """Draws arguments for tools from the pools of one side (``pools.TRAIN``/``HELDOUT``)."""
 
-    def __init__(self, rng: random.Random, side: str, optional_share: float = 0.5):
+    def __init__(self, rng: random.Random, side: str, optional_share: float = 0.5,
+                 files: tuple[str, ...] = ()):
         self.rng, self.side, self.optional_share = rng, side, optional_share
+        self.files = files  # relative paths that exist where the tools run, if known
 
     def arguments(self, tool, omit: tuple[str, ...] = ()) -> dict:
         """A full argument object for ``tool`` (a ``Tool``), without the names in ``omit``."""
@@ -306,9 +309,24 @@ def _person_ascii(s: Sampler) -> str:
 
 
 def _path(s: Sampler, w: list[str]) -> str:
-    if set(w) & {"dir", "directory", "folder"}:
+    want_dir = bool(set(w) & {"dir", "directory", "folder"})
+    if s.files:  # paths that exist in the tools' directory, split between the sides
+        dirs = sorted({f.rsplit("/", 1)[0] for f in s.files if "/" in f})
+        pool = tuple(dirs if want_dir and dirs else s.files)
+        return s.rng.choice(P.split(pool, s.side) or pool)
+    if want_dir:
         return f"{s.pick(P.DIRS)}/{s.pick(P.DIRS)}"
     return f"{s.pick(P.DIRS)}/{s.pick(P.FILES)}"
+
+
+def files_under(directory: str | Path, limit: int = 1000) -> tuple[str, ...]:
+    """The regular files under ``directory`` as sorted relative paths (hidden ones and
+    links left out, at most ``limit``): what a path parameter can name there."""
+    root = Path(directory)
+    found = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                   if p.is_file() and not p.is_symlink()
+                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    return tuple(found[:limit])
 
 
 def _id(s: Sampler, w: list[str]) -> str:
