@@ -44,8 +44,8 @@ def models():
     import mlx.core as mx
 
     from mlx_agent import blas
-    from mlx_agent.models import MODEL_ENV, NAMED_MODELS, ModelError, default_spec, resolve
-    from mlx_agent.models import weight_path
+    from mlx_agent.models import (MODEL_ENV, NAMED_MODELS, ModelError, default_adapter,
+                                  default_spec, resolve, weight_path)
 
     default = default_spec()
     for name, (_, _, install) in NAMED_MODELS.items():
@@ -54,9 +54,11 @@ def models():
             where = str(resolve(name))
         except ModelError:
             where = f"not installed ({install})"
-        click.echo(f"{mark} {name:<16} {where}")
+        adapter = default_adapter(name)
+        with_adapter = f" + adapter {adapter.name}" if adapter else ""
+        click.echo(f"{mark} {name:<18} {where}{with_adapter}")
     if default not in NAMED_MODELS:
-        click.echo(f"* {default:<16} (from ${MODEL_ENV})")
+        click.echo(f"* {default:<18} (from ${MODEL_ENV})")
     device = "metal" if mx.metal.is_available() else "cpu"
     click.echo(f"device: {device}; BLAS: {blas.status().describe()}; "
                f"weights: {weight_path()}")

