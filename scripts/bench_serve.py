@@ -149,7 +149,7 @@ def free_port() -> int:
 
 
 def ours(clients: int, turns: int, max_tokens: int) -> dict:
-    proc, port = start([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
+    proc, port = start([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--no-adapter", "--port", "0",
                         "--kv-slots", "4", "--max-batch", str(clients)],
                        r"http://127\.0\.0\.1:(\d+)")
     try:
