@@ -149,8 +149,8 @@ def free_port() -> int:
 
 
 def ours(clients: int, turns: int, max_tokens: int) -> dict:
-    proc, port = start([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--no-adapter", "--port", "0",
-                        "--kv-slots", "4", "--max-batch", str(clients)],
+    proc, port = start([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--no-adapter",
+                        "--port", "0", "--kv-slots", "4", "--max-batch", str(clients)],
                        r"http://127\.0\.0\.1:(\d+)")
     try:
         return session(port, "smollm2-135m", clients, turns, max_tokens)
