@@ -84,7 +84,7 @@ def main() -> None:
     out = args.out or args.corpus / "eval"
     out.mkdir(parents=True, exist_ok=True)
     tasks = heldout_tasks(args.corpus, args.task_limit, out)
-    models = {"base": [], "general": ["--adapter", args.adapter]}
+    models = {"base": ["--no-adapter"], "general": ["--adapter", args.adapter]}
     for label, extra in models.items():
         if args.only and label != args.only:
             continue
