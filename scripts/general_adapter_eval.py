@@ -30,10 +30,8 @@ HERE = Path(__file__).resolve().parent
 CLI = [str(Path(sys.executable).parent / "mlx_agent")]
 
 
-def heldout_tasks(corpus: Path, limit: int, out: Path) -> Path:
+def heldout_tasks(corpus: Path, domains: set[str], limit: int, out: Path) -> Path:
     """One tasks file of the held-out catalogues' first ``limit`` held-out tasks each."""
-    summary = json.loads((corpus / "corpus.json").read_text())
-    domains = set(summary["heldout_domains"].split(","))
     lines = []
     for d in sorted((corpus / "tasks").iterdir()):
         if d.name.split("-")[0] not in domains:
@@ -74,6 +72,8 @@ def main() -> None:
     ap.add_argument("--adapter", required=True)
     ap.add_argument("--out", type=Path, help="default: CORPUS/eval")
     ap.add_argument("--task-limit", type=int, default=10)
+    ap.add_argument("--heldout-domains", default="pets,vehicles",
+                    help="as general_adapter.py was given")
     ap.add_argument("--bfcl-limit", type=int, default=100)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--categories",
@@ -83,7 +83,8 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out or args.corpus / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    tasks = heldout_tasks(args.corpus, args.task_limit, out)
+    tasks = heldout_tasks(args.corpus, set(args.heldout_domains.split(",")),
+                          args.task_limit, out)
     models = {"base": ["--no-adapter"], "general": ["--adapter", args.adapter]}
     for label, extra in models.items():
         if args.only and label != args.only:
