@@ -11,7 +11,8 @@ trial's own held-out tasks against the committed adapter.
    built-in tools, in the order ``eval`` lists them) with the fixture as the tools' directory:
    synthesised tasks, written conversations, LoRA, its own held-out eval.
 3. Evaluates the base model, ``models/smollm2-135m-tools`` (trained by an earlier version of
-   this trial from guided rollouts) and the new specialist on the trial's held-out tasks,
+   this trial from guided rollouts), the adapter given as ``--start`` (specialize trains on
+   from it: a general adapter) and the new specialist on the trial's held-out tasks,
    greedy, grammar on; prints the table (success = the expected call was made; answered = the
    answer also states the tool's result) and writes ``results.json`` in the work directory.
 """
@@ -155,6 +156,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="build/trial")
     ap.add_argument("--committed", default="models/smollm2-135m-tools")
+    ap.add_argument("--start", default=None, metavar="ADAPTER",
+                    help="specialize from this adapter (a general one), evaluated too")
     ap.add_argument("--minutes", type=float, default=15.0)
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--n-heldout", type=int, default=20,
@@ -196,13 +199,15 @@ def main():
         max_steps=common["max_steps"], max_tokens=common["max_tokens"],
         fixture=str(work / "fixture"), extra_tools=tuple(builtin_tools(scratch)))
     tools_file = work / "tools.json"
-    special = specialize(Models(load), load_tools(tools_file), tools_file.read_bytes(),
+    special = specialize(Models(load, args.start), load_tools(tools_file),
+                         tools_file.read_bytes(),
                          work / "specialist", config, log=lambda m: print(m, flush=True))
     for line in table(special):
         log(line)
     rows = {}
-    for name, adapter in (("base", None), ("committed", args.committed),
-                          ("specialize", str(work / "specialist"))):
+    start_row = [("start", args.start)] if args.start else []
+    for name, adapter in [("base", None), ("committed", args.committed), *start_row,
+                          ("specialize", str(work / "specialist"))]:
         log(f"evaluating {name} on the trial's held-out tasks")
         rows[name] = measure(load(adapter=adapter))
         log(f"{name}: {rows[name]}")
