@@ -3,6 +3,7 @@
     .venv/bin/python scripts/general_adapter_eval.py --corpus build/general \
         --adapter build/general/adapter [--task-limit 10] [--bfcl-limit 100] [--batch 8]
         [--categories simple,multiple,irrelevance,live_simple,live_multiple] [--only base]
+        [--table]
 
 ``--corpus`` is ``scripts/general_adapter.py``'s output: its held-out catalogues (domains no
 training catalogue has) are the synthetic set, the first ``--task-limit`` held-out tasks of
@@ -80,6 +81,7 @@ def main() -> None:
                     default="simple,multiple,irrelevance,live_simple,live_multiple")
     ap.add_argument("--only", choices=["base", "general"], help="run one model")
     ap.add_argument("--skip", choices=["synth", "bfcl"], help="run one of the two sets")
+    ap.add_argument("--table", action="store_true", help="only print the table of --out")
     args = ap.parse_args()
     out = args.out or args.corpus / "eval"
     out.mkdir(parents=True, exist_ok=True)
@@ -87,7 +89,7 @@ def main() -> None:
                           args.task_limit, out)
     models = {"base": ["--no-adapter"], "general": ["--adapter", args.adapter]}
     for label, extra in models.items():
-        if args.only and label != args.only:
+        if args.table or (args.only and label != args.only):
             continue
         if args.skip != "synth":
             run(["eval", *extra, "--tasks", str(tasks), "--max-steps", "4", "--max-tokens",
