@@ -3,10 +3,12 @@
 A conversation (OpenAI-shaped messages ending in an assistant reply: a request, a call, the
 tool's result, an answer, ...) is rendered by the same wire format the agent uses, so the
 row's ``input_ids`` are exactly what the agent would have in its KV cache had the model
-written those replies itself, and ``loss_mask`` is 1 on the tokens the model would have
-sampled: each assistant reply, and the end-of-turn token where the format has the model write
-it (hermes, plain; a json reply ends where its grammar does). The row's shape is
-``traces-to-data``'s, so ``mlx_agent sft`` trains on it as it is.
+written those replies itself, and ``loss_mask`` is 1 on each assistant reply and the
+end-of-turn token after it. That token is sampled in hermes and plain; in json the agent's
+one-call grammar ends a reply at its closing brace, but where parallel calls are allowed (the
+server's default, as OpenAI's) the model must end the reply itself, so it is trained there too
+(the one place a written json row's mask differs from a replayed rollout's). The row's shape
+is ``traces-to-data``'s, so ``mlx_agent sft`` trains on it as it is.
 
 Not promised: that a reply is one the model would write. Nothing here checks a call against
 its tool or an answer against a result; what to write is the caller's choice.
@@ -33,8 +35,7 @@ def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict
     if fmt.name != "json":  # templates: replies are kept as the text the model writes
         messages = [{"role": "assistant", "content": fmt.reply_text(m)}
                     if m["role"] == "assistant" else m for m in messages]
-    samples_end = fmt.name != "json"  # json: the grammar ends the reply, not a stop token
-    end = [min(lm.stop_ids)] if samples_end else []
+    end = [min(lm.stop_ids)]  # the end of the last reply (json: see the module docstring)
     last = replies[-1]
     ids = fmt.prompt_ids(messages[:last], tools) + _reply_ids(lm, fmt, messages[last]) + end
     mask = [0] * len(ids)
@@ -44,7 +45,7 @@ def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict
         stop = start + len(written)
         if ids[start:stop] != written:
             raise RowError(f"message {k} does not render as the agent would see it")
-        if samples_end and stop < len(ids) and ids[stop] in lm.stop_ids:
+        if stop < len(ids) and ids[stop] in lm.stop_ids:
             stop += 1
         mask[start:stop] = [1] * (stop - start)
     return {"messages": messages, "input_ids": ids, "loss_mask": mask}

@@ -19,6 +19,7 @@ from mlx_agent.synth.synthesis import synthesize
 from mlx_agent.tools import load_tools, parse_tools
 
 from .test_agent_loop import Script
+from .test_written_rows import with_reply_ends
 
 CATALOGUE = Path(__file__).resolve().parent / "data" / "catalogue.json"
 
@@ -109,7 +110,7 @@ def test_rows_are_token_exact_with_the_agents_rollout(tiny_lm, made, tmp_path):
         run(tiny_lm, path, protocol="json", trajectory_dir=traj_dir,
             config_overrides={"grammar": False, "max_steps": 3},
             sampler_for=lambda seed: script)
-        ids, mask = tj.read(next(traj_dir.glob("*.atraj"))).replay()
+        ids, mask = with_reply_ends(tiny_lm, *tj.read(next(traj_dir.glob("*.atraj"))).replay())
         assert (row["input_ids"], row["loss_mask"]) == (ids, mask), task.kind
         learned = tiny_lm.decode([t for t, m in zip(ids, mask) if m])
         assert "stdout" not in learned and task.task["prompt"] not in learned  # replies only

@@ -13,6 +13,16 @@ from mlx_agent.written_rows import RowError, conversation_row
 from .test_agent_loop import ECHO, QWEN_LIKE, Script, agent
 
 
+def with_reply_ends(lm, ids: list[int], mask: list[int]) -> tuple[list[int], list[int]]:
+    """A json rollout's ids and mask as a written row has them: the grammar ended each
+    reply, the row also trains the end-of-turn token after it (and after the last one,
+    where the rollout stops)."""
+    stop = min(lm.stop_ids)
+    ends = [i for i in range(1, len(ids)) if mask[i - 1] and not mask[i]]
+    assert all(ids[i] == stop for i in ends)
+    return ids + [stop], [1 if i in ends else m for i, m in enumerate(mask)] + [1]
+
+
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_a_written_row_equals_the_replayed_rollout(tiny_lm, tmp_path, protocol):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
@@ -26,6 +36,8 @@ def test_a_written_row_equals_the_replayed_rollout(tiny_lm, tmp_path, protocol):
     assert a.ask("Echo hi and tell me what it said.").answer == "It said hi."
     ids, mask = tj.read(rec.path).replay()
     row = conversation_row(lm, a.fmt, ECHO, a.conversation.messages)
+    if protocol == "json":
+        ids, mask = with_reply_ends(lm, ids, mask)
     assert row["input_ids"] == ids and row["loss_mask"] == mask
     assert lm.decode([t for t, m in zip(ids, mask) if m]).count("hi") == 2  # call and answer
 
