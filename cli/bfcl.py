@@ -7,7 +7,7 @@ import contextlib
 import click
 
 from .errors import UserError
-from .fanout import WorkerTally, check_combination, check_ray_options, ray_options, runs_file
+from .fanout import WorkerTally, check_ray_options, ray_options, runs_file
 from .options import load_options, max_tokens_option, model_argument, protocol_option
 
 
@@ -64,7 +64,6 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
     check_ray_options(ray_address, ray_workers)
-    check_combination(ray_address, batch=batch > 1)
     try:
         bfcl()  # before the model loads
     except BFCLMissing as e:
@@ -72,7 +71,8 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
     with contextlib.ExitStack() as stack:
         if ray_address:
             score_category = _on_ray(stack, model_spec, adapter, weights, context_length,
-                                     tool_mode, protocol, max_tokens, ray_address, ray_workers)
+                                     tool_mode, protocol, max_tokens, batch, ray_address,
+                                     ray_workers)
         else:
             score_category = _local(stack, model_spec, adapter, weights, context_length,
                                     tool_mode, protocol, max_tokens, batch)
@@ -120,14 +120,15 @@ def _local(stack, model_spec, adapter, weights, context_length, tool_mode, proto
 
 
 def _on_ray(stack, model_spec, adapter, weights, context_length, tool_mode, protocol,
-            max_tokens, address, workers):
-    """``score(category, limit, bar, record)`` on a Ray pool, one for all categories."""
+            max_tokens, batch, address, workers):
+    """``score(category, limit, bar, record)`` on a Ray pool, one for all categories; each
+    worker answers ``batch`` questions at a time."""
     from mlx_agent.cluster_eval import BfclWorker, ModelSpec, bfcl_category
     from mlx_agent.fanout import Pool
 
     worker = BfclWorker(ModelSpec(model_spec, adapter, weights, context_length), tool_mode,
-                        protocol, max_tokens)
-    pool = stack.enter_context(Pool(worker, address=address, workers=workers))
+                        protocol, max_tokens, batch)
+    pool = stack.enter_context(Pool(worker, address=address, workers=workers, slots=batch))
     tally = WorkerTally()
 
     def score(name, limit, bar, record):

@@ -73,7 +73,7 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
     if not tools_file and not (mcp_commands or mcp_config):
         raise click.UsageError("give --tools FILE, or --mcp / --mcp-config")
     check_ray_options(ray_address, ray_workers)
-    check_combination(ray_address, batch=batch > 1, mcp=mcp_commands or mcp_config)
+    check_combination(ray_address, mcp=mcp_commands or mcp_config)
     tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
     for warning in (w for t in tools for w in t.warnings):
         warn(warning)
@@ -93,7 +93,7 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
         protocol=protocol, max_steps=max_steps, max_tokens=max_tokens, sandbox=box,
         fixture=fixture, extra_tools=tuple(served), batch=batch,
         cluster=Cluster(ray_address, ray_workers, model_spec, weights, context_length, sandbox,
-                        allow_network) if ray_address else None)
+                        allow_network, batch) if ray_address else None)
 
     def loader(adapter=None):
         return load(model_spec, adapter=adapter, weights=weights, context_length=context_length)

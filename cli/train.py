@@ -133,7 +133,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
 
     check_ray_options(ray_address, ray_workers)
     box = make_sandbox(sandbox, allow_network, None)
-    check_combination(ray_address, batch=batch > 1, mcp=mcp_commands or mcp_config)
+    check_combination(ray_address, mcp=mcp_commands or mcp_config)
     total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
     served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks_file)))
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
@@ -150,7 +150,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
 
             worker = EvalWorker(ModelSpec(model_spec, adapter, weights, context_length),
                                 str(Path(tasks_file).resolve().parent), protocol, overrides,
-                                sandbox, allow_network, trajectories=bool(trajectory_dir))
+                                sandbox, allow_network, trajectories=bool(trajectory_dir),
+                                batch=batch)
             summary = run_eval(worker, tasks_file, seeds=seeds, trajectory_dir=trajectory_dir,
                                address=ray_address, workers=ray_workers, on_run=show)
         else:

@@ -2,7 +2,9 @@
 
 Each worker loads the model once, with one engine (so the shared system prompt is prefilled
 once per worker) and takes runs: an ``eval`` run is one (task, seed), an ``eval-bfcl`` run is
-one question. A worker records a run's trajectory in a directory of its own and sends the
+one question. With ``batch`` > 1 a worker takes that many runs at once and decodes them
+together (:mod:`mlx_agent.batch_runner`: an engine a run, one model thread, shared
+prefixes), as ``--batch`` does in one process. A worker records a run's trajectory in a directory of its own and sends the
 file's bytes back; the driver writes it, atomically, into ``--trajectory-dir`` under the same
 name, so the directory looks as a local run leaves it. Results come back in task order, and
 the checks are the local ones, so greedy runs give the same rewards, calls and trajectories
@@ -20,8 +22,10 @@ worker's arguments).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import io
+import queue
 import shutil
 import socket
 import tarfile
@@ -33,6 +37,7 @@ from typing import Callable, Sequence
 
 from .bfcl import CategoryScore, answer_question, bfcl, category_questions, score
 from .evaluate import RunResult, Summary, Task, run_one, load_tasks
+from .batch_runner import BatchRunner
 from .fanout import Failed, FanoutError, Pool, run_tasks
 from .fileio import write_bytes
 from .models import load
@@ -58,6 +63,29 @@ def unpack(data: bytes) -> Path:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         tar.extractall(out, filter="data")
     return out
+
+
+class _Engines:
+    """A worker's engines for runs at once: one plain engine, or ``batch`` batched ones of
+    one runner (kept for the worker's life); a run takes a free one for its duration."""
+
+    def __init__(self, lm, batch: int, make=lambda engine: engine):
+        if batch > 1:
+            self._runner = BatchRunner(lm.model, max_batch=batch)
+            engines = [self._runner.engine(lm) for _ in range(batch)]
+        else:
+            engines = [lm.engine()]
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for engine in engines:
+            self._free.put(make(engine))
+
+    @contextlib.contextmanager
+    def take(self):
+        item = self._free.get()
+        try:
+            yield item
+        finally:
+            self._free.put(item)
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,7 @@ class EvalWorker:
     allow_network: bool = False
     trajectories: bool = False
     files: bytes | None = None  # base's files, packed: shipped to workers instead of a path
+    batch: int = 1  # runs at once on a worker, decoded together
 
     def __call__(self) -> Callable[[tuple[Task, int]], tuple]:
         try:
@@ -97,19 +126,21 @@ class EvalWorker:
             raise FanoutError(f"on {socket.gethostname()}: {e}") from None
         lm = self.model.load()
         base = unpack(self.files) if self.files is not None else Path(self.base)
-        return _EvalRunner(self, base, lm, lm.engine(), {**self.overrides, "sandbox": box})
+        return _EvalRunner(self, base, lm, _Engines(lm, self.batch),
+                           {**self.overrides, "sandbox": box})
 
 
 class _EvalRunner:
-    def __init__(self, spec: EvalWorker, base: Path, lm, engine, overrides: dict):
-        self.spec, self.base, self.lm, self.engine = spec, base, lm, engine
+    def __init__(self, spec: EvalWorker, base: Path, lm, engines: _Engines, overrides: dict):
+        self.spec, self.base, self.lm, self.engines = spec, base, lm, engines
         self.overrides = overrides
 
     def __call__(self, job: tuple[Task, int]) -> tuple[RunResult, str | None, bytes | None]:
         """One run; its result, and its trajectory's file name and bytes."""
         task, seed = job
-        with tempfile.TemporaryDirectory(prefix="mlx-agent-ray-") as tmp:
-            result = run_one(self.lm, self.engine, task, seed, self.base,
+        with tempfile.TemporaryDirectory(prefix="mlx-agent-ray-") as tmp, \
+                self.engines.take() as engine:
+            result = run_one(self.lm, engine, task, seed, self.base,
                              self.spec.protocol, dict(self.overrides),
                              tmp if self.spec.trajectories else None, None)
             if result.trajectory is None:
@@ -144,7 +175,8 @@ def run_eval(worker: EvalWorker, tasks_file: str | Path, *, seeds: int = 1,
         summary.runs.append(result)
         on_run(result, where)
 
-    run_tasks(worker, jobs, address=address, workers=workers, on_result=take)
+    run_tasks(worker, jobs, address=address, workers=workers, slots=worker.batch,
+              on_result=take)
     return summary
 
 
@@ -156,12 +188,19 @@ class BfclWorker:
     tool_mode: str
     protocol: str
     max_tokens: int
+    batch: int = 1  # questions at once on a worker, decoded together
 
     def __call__(self) -> Callable[[dict], tuple]:
-        service = ChatService(self.model.load(), tool_mode=self.tool_mode,
-                              protocol=self.protocol, kv_slots=0)
+        lm = self.model.load()
+        services = _Engines(lm, self.batch, lambda engine: ChatService(
+            lm, tool_mode=self.tool_mode, protocol=self.protocol, kv_slots=0, engine=engine))
         types = bfcl().types
-        return lambda q: answer_question(service, q, types, self.max_tokens)
+
+        def answer(q: dict) -> tuple:
+            with services.take() as service:
+                return answer_question(service, q, types, self.max_tokens)
+
+        return answer
 
 
 def bfcl_category(pool: Pool, tool_mode: str, category: str, *, limit: int | None = None,

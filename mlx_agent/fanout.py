@@ -14,11 +14,15 @@ not retried: it stops the run and is raised in the driver, as in a run without R
 the actors; the results already in are handed to ``on_result`` first (in task order, with
 gaps where tasks were unfinished), so whatever the caller writes from them is complete.
 
+With ``slots`` > 1 a worker takes that many tasks at once, each on a thread of its own
+(a threaded actor): its runner must take concurrent calls (eval's batched runner decodes
+them together). A worker that dies takes all its tasks in flight with it; each is re-run
+as above.
+
 ``make_runner``, the tasks and the results are pickled: the functions and classes they use
 must be importable on every node (defined at module level in an installed package). Not
 promised: that workers see the driver's files (every node needs the model and the task
-files at the same paths), placement (Ray puts actors where CPUs are free), or more than
-one task in flight per worker.
+files at the same paths), or placement (Ray puts actors where CPUs are free).
 """
 
 from __future__ import annotations
@@ -98,12 +102,12 @@ def cluster_cpus() -> int:
 
 def run_tasks(make_runner: Callable[[], Callable[[Any], Any]], tasks: Sequence, *,
               address: str = "auto", workers: int | None = None, cpus_per_worker: int = 1,
-              retries: int = RETRIES,
+              retries: int = RETRIES, slots: int = 1,
               on_result: Callable[[int, Any, str], None] = lambda i, r, w: None) -> list:
     """Run ``make_runner()(task)`` for every task over the cluster, on a :class:`Pool`
     made for these tasks alone; the results in task order (see :meth:`Pool.run`)."""
     with Pool(make_runner, address=address, workers=workers, cpus_per_worker=cpus_per_worker,
-              retries=retries) as pool:
+              retries=retries, slots=slots) as pool:
         return pool.run(tasks, on_result)
 
 
@@ -113,15 +117,18 @@ class Pool:
     ``cpus_per_worker`` CPUs of the cluster; each worker reserves that many CPUs and runs
     its thread pools with as many threads. The workers start at once (loading in parallel
     while the driver goes on); closing the pool, or an exception in :meth:`run`, ends them.
+    Each worker takes ``slots`` tasks at a time.
     """
 
     def __init__(self, make_runner: Callable[[], Callable[[Any], Any]], *,
                  address: str = "auto", workers: int | None = None,
-                 cpus_per_worker: int = 1, retries: int = RETRIES):
+                 cpus_per_worker: int = 1, retries: int = RETRIES, slots: int = 1):
         connect(address)
         self.make_runner, self.cpus, self.retries = make_runner, cpus_per_worker, retries
+        self.slots = slots
         self.actor_class = ray.remote(_Worker).options(num_cpus=cpus_per_worker,
-                                                       max_restarts=0, max_task_retries=0)
+                                                       max_restarts=0, max_task_retries=0,
+                                                       max_concurrency=slots)
         self.size = workers or max(1, cluster_cpus() // cpus_per_worker)
         self.spares = self.size  # replacements for workers that die while starting
         self.actors: list = []
@@ -160,9 +167,14 @@ class Pool:
         self.actors.append(actor)
         self.starting[actor.where.remote()] = actor
 
-    def remove(self, actor) -> None:
+    def remove(self, actor) -> bool:
+        """Ends ``actor``; false when it was already gone (another of its tasks said so)."""
+        if actor not in self.actors:
+            return False
         self.actors.remove(actor)
+        self.idle = deque(a for a in self.idle if a is not actor)  # its free slots
         ray.kill(actor)  # it may only be unreachable; a task must not run twice at once
+        return True
 
 
 class _Worker:
@@ -241,15 +253,17 @@ class _Run:
         except RayError as e:  # the worker died, or its node
             self._lost(actor, i, e)
             return
-        if i is None:
+        if i is None:  # started: each of its slots takes a task
             self.pool.names[actor] = value
+            for _ in range(self.pool.slots - 1):
+                self._give(actor)
         else:
             self.results[i], self.ran_on[i] = value, self.pool.names[actor]
         self._give(actor)
 
     def _lost(self, actor, i: int | None, error: RayError) -> None:
         pool = self.pool
-        pool.remove(actor)
+        first = pool.remove(actor)  # its other tasks in flight come back lost too
         why = f"worker {pool.names.get(actor, '(starting)')} died: " \
               f"{(str(error).strip().splitlines() or [type(error).__name__])[0]}"
         if i is not None:
@@ -260,6 +274,8 @@ class _Run:
                 self.queue.appendleft(i)
         # a death with a task in flight is bounded by that task's retries; deaths while
         # starting (a node that cannot load the model) by the spares
+        if not first:
+            return
         if i is not None or pool.spares:
             pool.spares -= 1 if i is None else 0
             pool.start_worker()

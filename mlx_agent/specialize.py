@@ -85,6 +85,7 @@ class Cluster:
     context_length: int | None = None
     sandbox: str = "auto"
     allow_network: bool = False
+    batch: int = 1  # runs at once on each worker
 
     def evaluate(self, tasks_file: Path, adapter: str | None,
                  config: "SpecializeConfig") -> Summary:
@@ -95,7 +96,7 @@ class Cluster:
         worker = EvalWorker(model, str(tasks_file.parent), config.protocol,
                             _overrides(config), sandbox=self.sandbox,
                             allow_network=self.allow_network,
-                            files=pack(tasks_file.parent))
+                            files=pack(tasks_file.parent), batch=self.batch)
         return run_eval(worker, tasks_file, address=self.address, workers=self.workers)
 
 

@@ -35,7 +35,9 @@ def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict
     if fmt.name != "json":  # templates: replies are kept as the text the model writes
         messages = [{"role": "assistant", "content": fmt.reply_text(m)}
                     if m["role"] == "assistant" else m for m in messages]
-    end = [min(lm.stop_ids)]  # the end of the last reply (json: see the module docstring)
+    # the end of the last reply (json: see the module docstring); a model without an
+    # end-of-turn token (a byte-level toy) has none to learn
+    end = [min(lm.stop_ids)] if lm.stop_ids else []
     last = replies[-1]
     ids = fmt.prompt_ids(messages[:last], tools) + _reply_ids(lm, fmt, messages[last]) + end
     mask = [0] * len(ids)

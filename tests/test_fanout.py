@@ -137,6 +137,11 @@ def test_eval_on_ray_matches_a_local_run(cluster, task_set, tmp_path):
     assert _trajectories(remote) == _trajectories(local)
     done = [line for line in r.stderr.splitlines() if line.endswith(" done]")]
     assert len(done) == 12  # each run's line names its worker (the first one up may take all)
+    # each worker taking 3 runs at once, decoded in one batch: the same runs
+    batched = tmp_path / "ray-batched"
+    r = _eval(task_set, tasks, batched, "--seeds", "2", "--ray", cluster, "--batch", "3")
+    assert r.returncode == 0, r.stderr
+    assert _rows(batched) == _rows(local) and _trajectories(batched) == _trajectories(local)
 
 
 def test_dead_workers_tasks_run_elsewhere_then_fail(cluster, task_set, tmp_path):
@@ -176,8 +181,8 @@ def test_specialize_on_ray_ships_its_tasks_and_adapter_and_gives_the_local_figur
                            timeout=300)
         assert r.returncode == 0, r.stderr
         saved = json.loads((out / "results.json").read_text())
-        figures.append([{k: v for k, v in saved[side].items() if k != "seconds"}
-                        for side in ("before", "after")])
+        figures.append([{k: v for k, v in saved[side].items()  # cache use: per worker
+                         if k not in ("seconds", "cache_share")} for side in ("before", "after")])
     assert figures[0] == figures[1] and figures[0][0]["runs"] == 4
 
 
@@ -219,8 +224,7 @@ def test_unreachable_address_is_a_one_line_error(task_set, tmp_path):
 
 
 @pytest.mark.parametrize("command,extra,option", [
-    ("eval", ["--batch", "4"], "--batch"), ("eval", ["--mcp", "true"], "--mcp"),
-    ("eval-bfcl", ["--batch", "4"], "--batch"), ("specialize", ["--batch", "4"], "--batch")])
+    ("eval", ["--mcp", "true"], "--mcp"), ("specialize", ["--mcp", "true"], "--mcp")])
 def test_options_ray_does_not_take_yet_are_usage_errors(task_set, tmp_path, command, extra,
                                                           option):
     tasks = _write_tasks(task_set, [{"id": "a", "prompt": "x", "tools": "tools.json",
