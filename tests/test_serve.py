@@ -404,6 +404,24 @@ def test_the_tools_block_comes_from_the_prompt_cache(tiny_lm, tmp_path):
     assert r.usage.cached_tokens >= hit.tokens
 
 
+def test_a_batched_service_primes_every_lane_from_the_prompt_cache(tiny_lm, tmp_path):
+    """serve --max-batch with --prompt-cache-dir: saved, then loaded into each lane's engine
+    on the batch runner's model thread (MLX arrays belong to the thread that made them)."""
+    from mlx_agent.prompt_cache import PromptCache
+
+    tools = declared_tools(TOOLS)
+    hits = []
+    for _ in range(2):  # the first saves, the second loads
+        with BatchRunner(tiny_lm.model, max_batch=2) as runner:
+            service = ChatService(tiny_lm, tools=tools,
+                                  engines=[runner.engine(tiny_lm) for _ in range(2)])
+            hits.append(service.prime(PromptCache(tmp_path)))
+            prep = service.prepare(ChatCall(messages=user("hi"), max_tokens=4))
+            results = together([lambda: service.chat(prep)] * 2)
+    assert not hits[0].hit and hits[1].hit and hits[1].tokens == hits[0].tokens > 50
+    assert all(r.usage.cached_tokens >= hits[1].tokens for r in results)  # both lanes
+
+
 @pytest.mark.real_model
 def test_serve_command_on_a_free_port(tmp_path):
     import re

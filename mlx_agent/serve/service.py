@@ -170,7 +170,8 @@ class ChatService:
         """Load the catalogue's tools block from ``prompt_cache`` (or prefill and save it)
         into every lane's engine; returns the first lane's outcome."""
         ids = self.formats[self.protocol].system_prefix(self.tools, self.tool_mode == "deferred")
-        hits = [prompt_cache.prime(e, self.lm.identity, ids) for e in self.lanes.engines]
+        hits = [e.call(lambda e=e: prompt_cache.prime(e, self.lm.identity, ids))
+                for e in self.lanes.engines]  # on the thread of each engine's MLX work
         return hits[0]
 
     # -- chat ------------------------------------------------------------------------------
