@@ -109,8 +109,9 @@ def interrupted_session(prompt: str, max_tokens: int, wait: float):
     import signal
     import time
 
-    proc = subprocess.Popen([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--no-grammar",
-                             "--max-tokens", str(max_tokens), "--max-steps", "1"],
+    # the raw model: it writes the long reply Ctrl-C must interrupt (the adapter is brief)
+    proc = subprocess.Popen([*CLI, "--no-adapter", "--tools", str(ROOT / "examples/echo.json"),
+                             "--no-grammar", "--max-tokens", str(max_tokens), "--max-steps", "1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ), preexec_fn=default_sigint)
     # the banner comes once the model is loaded (after a warning, where there is no sandbox)

@@ -428,8 +428,9 @@ def test_serve_command_on_a_free_port(tmp_path):
     import subprocess
     import sys
 
+    # the default model (with its general adapter, which opens with a few words of filler)
     proc = subprocess.Popen([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
-                             "--max-tokens", "12"], stderr=subprocess.PIPE, text=True)
+                             "--max-tokens", "32"], stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:  # start-up lines, until the address
             found = re.search(r"http://127\.0\.0\.1:(\d+)", line)

@@ -54,8 +54,8 @@ NAMED_MODELS = {
 }
 # A named model's adapter, loaded by the command line unless told otherwise (--adapter DIR,
 # --no-adapter, or the name with "-base": the raw model). Shipped in the package
-# (models/adapters/), trained by scripts/general_adapter.py; none ships when it did not
-# measure better than the raw model (see README, "A general tool-calling adapter").
+# (models/adapters/), trained by scripts/general_adapter.py; one ships only when it measured
+# better than the raw model (see README, "A general tool-calling adapter").
 ADAPTERS_DIR = Path(__file__).parent / "adapters"
 DEFAULT_ADAPTERS = {"smollm2-135m": "smollm2-135m-general"}
 NAMED_MODELS.update({f"{name}-base": NAMED_MODELS[name] for name in DEFAULT_ADAPTERS})
