@@ -241,10 +241,13 @@ def test_start_failure_in_process_raises_mcp_error(pidfile):
 
 
 def test_ctrl_c_stops_every_server(pidfile):
+    # SIGINT handled in the child even when the tests run as a background job (which starts
+    # with it ignored: the agent would then read EOF and exit 0)
     proc = subprocess.Popen([*CLI, "agent", "--sandbox", "none", "--mcp", server(),
                              "--mcp", server("second")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ))
+                            stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while (not pidfile.exists() or len(pidfile.read_text().split()) < 2) \
             and time.monotonic() < deadline:
