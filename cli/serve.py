@@ -70,10 +70,9 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
         lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
         engines = []
         if max_batch > 1:
-            from mlx_agent.batch_runner import BatchRunner
+            from mlx_agent.batch_runner import batch_engines
 
-            runner = BatchRunner(lm.model, max_batch=max_batch)
-            engines = [runner.engine(lm) for _ in range(max_batch)]
+            engines = batch_engines(lm, max_batch)
         service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
                               kv_slots=kv_slots, default_max_tokens=max_tokens,
                               metrics_out=tool_metrics_out,

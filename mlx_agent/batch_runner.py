@@ -337,6 +337,13 @@ class BatchedEngine(Engine):
             self._decoding = False
 
 
+def batch_engines(lm, n: int) -> list[BatchedEngine]:
+    """``n`` engines for ``lm`` (a LoadedModel) on a new runner batching up to ``n``, kept
+    for as long as its engines are (a server's, a worker's)."""
+    runner = BatchRunner(lm.model, max_batch=n)
+    return [runner.engine(lm) for _ in range(n)]
+
+
 def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
              on_done: Callable[[int, R], None] = lambda i, r: None) -> list[R]:
     """``fn(context, item)`` for every item, one thread per context, each context used by one

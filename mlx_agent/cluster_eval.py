@@ -4,7 +4,8 @@ Each worker loads the model once, with one engine (so the shared system prompt i
 once per worker) and takes runs: an ``eval`` run is one (task, seed), an ``eval-bfcl`` run is
 one question. With ``batch`` > 1 a worker takes that many runs at once and decodes them
 together (:mod:`mlx_agent.batch_runner`: an engine a run, one model thread, shared
-prefixes), as ``--batch`` does in one process. A worker records a run's trajectory in a directory of its own and sends the
+prefixes), as ``--batch`` does in one process. A worker records a run's trajectory in a
+directory of its own and sends the
 file's bytes back; the driver writes it, atomically, into ``--trajectory-dir`` under the same
 name, so the directory looks as a local run leaves it. Results come back in task order, and
 the checks are the local ones, so greedy runs give the same rewards, calls and trajectories
@@ -37,7 +38,7 @@ from typing import Callable, Sequence
 
 from .bfcl import CategoryScore, answer_question, bfcl, category_questions, score
 from .evaluate import RunResult, Summary, Task, run_one, load_tasks
-from .batch_runner import BatchRunner
+from .batch_runner import batch_engines
 from .fanout import Failed, FanoutError, Pool, run_tasks
 from .fileio import write_bytes
 from .models import load
@@ -65,19 +66,18 @@ def unpack(data: bytes) -> Path:
     return out
 
 
-class _Engines:
-    """A worker's engines for runs at once: one plain engine, or ``batch`` batched ones of
-    one runner (kept for the worker's life); a run takes a free one for its duration."""
+def _engines(lm, batch: int) -> list:
+    """A worker's engines for runs at once: one plain engine, or ``batch`` batched ones."""
+    return batch_engines(lm, batch) if batch > 1 else [lm.engine()]
 
-    def __init__(self, lm, batch: int, make=lambda engine: engine):
-        if batch > 1:
-            self._runner = BatchRunner(lm.model, max_batch=batch)
-            engines = [self._runner.engine(lm) for _ in range(batch)]
-        else:
-            engines = [lm.engine()]
+
+class _Engines:
+    """:func:`_engines`, each taken by one run at a time."""
+
+    def __init__(self, lm, batch: int):
         self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for engine in engines:
-            self._free.put(make(engine))
+        for engine in _engines(lm, batch):
+            self._free.put(engine)
 
     @contextlib.contextmanager
     def take(self):
@@ -191,16 +191,11 @@ class BfclWorker:
     batch: int = 1  # questions at once on a worker, decoded together
 
     def __call__(self) -> Callable[[dict], tuple]:
-        lm = self.model.load()
-        services = _Engines(lm, self.batch, lambda engine: ChatService(
-            lm, tool_mode=self.tool_mode, protocol=self.protocol, kv_slots=0, engine=engine))
+        lm = self.model.load()  # one service; its lanes take the questions at once
+        service = ChatService(lm, tool_mode=self.tool_mode, protocol=self.protocol,
+                              kv_slots=0, engines=_engines(lm, self.batch))
         types = bfcl().types
-
-        def answer(q: dict) -> tuple:
-            with services.take() as service:
-                return answer_question(service, q, types, self.max_tokens)
-
-        return answer
+        return lambda q: answer_question(service, q, types, self.max_tokens)
 
 
 def bfcl_category(pool: Pool, tool_mode: str, category: str, *, limit: int | None = None,
