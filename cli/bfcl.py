@@ -100,20 +100,16 @@ def _local(stack, model_spec, adapter, weights, context_length, tool_mode, proto
 
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
     runner = stack.enter_context(BatchRunner(lm.model, max_batch=batch)) if batch > 1 else None
-
-    def service(engine=None):
-        return ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
-                           engine=engine)
-
-    workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
-    main = workers[0] if workers else service()
+    # one service; with a batch, its lanes take that many questions at once
+    main = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
+                       engines=[runner.engine(lm) for _ in range(batch)] if runner else ())
 
     def score(name, limit, bar, record):
         def scored(item):
             record(item)
             bar.advance(f"{'✓' if item['ok'] else '✗'} {item['id']}")
 
-        return run_category(main, name, limit=limit, max_tokens=max_tokens, workers=workers,
+        return run_category(main, name, limit=limit, max_tokens=max_tokens, at_once=batch,
                             on_item=scored)
 
     return score

@@ -346,8 +346,9 @@ def batch_engines(lm, n: int) -> list[BatchedEngine]:
 
 def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
              on_done: Callable[[int, R], None] = lambda i, r: None) -> list[R]:
-    """``fn(context, item)`` for every item, one thread per context, each context used by one
-    thread at a time; ``on_done(index, result)`` runs in the calling thread as results come.
+    """``fn(context, item)`` for every item, one thread per context (a context listed n times
+    is used by n threads at once: it must take concurrent calls, as a chat service with n
+    lanes does); ``on_done(index, result)`` runs in the calling thread as results come.
     Returns the results in the order of ``items``; the first exception is raised (after the
     threads have stopped taking items)."""
     todo: queue.SimpleQueue = queue.SimpleQueue()

@@ -111,15 +111,15 @@ class CategoryScore:
 
 def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
                  on_item: Callable[[dict], None] = lambda r: None,
-                 workers: Sequence = ()) -> CategoryScore:
-    """Score ``service`` on one category (its first ``limit`` questions); with ``workers``
-    (services over a :class:`~mlx_agent.batch_runner.BatchRunner`'s engines), the questions
-    go to them in parallel and decode in one batch. ``on_item`` gets each question's row
-    as it is scored."""
+                 at_once: int = 1) -> CategoryScore:
+    """Score ``service`` on one category (its first ``limit`` questions); with ``at_once``
+    > 1 (a service with that many lanes on a :class:`~mlx_agent.batch_runner.BatchRunner`),
+    that many questions go to it from threads of their own and decode in one batch.
+    ``on_item`` gets each question's row as it is scored."""
     questions = category_questions(category, limit)
     start = time.perf_counter()
     types, judge = bfcl().types, Judge(category)
-    if not workers:
+    if at_once <= 1:
         rows = [judge(q, answer_question(service, q, types, max_tokens), on_item)
                 for q in questions]
         return judge.summary(service.tool_mode, rows, start)
@@ -128,7 +128,7 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
     def done(i: int, answer: tuple) -> None:
         rows[i] = judge(questions[i], answer, on_item)
 
-    run_pool(list(workers), questions,
+    run_pool([service] * at_once, questions,
              lambda svc, q: answer_question(svc, q, types, max_tokens), on_done=done)
     return judge.summary(service.tool_mode, rows, start)
 

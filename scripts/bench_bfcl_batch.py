@@ -3,7 +3,7 @@
     python scripts/bench_bfcl_batch.py --category simple --limit 50 --batch 8
 
 Answers the same questions one at a time (one ChatService, as `eval-bfcl` does) and N at a
-time (N services over one BatchRunner), prints each run's wall time and accuracy, the
+time (a service with N lanes over one BatchRunner), prints each run's wall time and accuracy, the
 speed-up, and every question whose calls differ between the two runs.
 """
 
@@ -25,11 +25,8 @@ def _score(lm, category, limit, max_tokens, batch):
     rows = {}
     runner = BatchRunner(lm.model, max_batch=batch) if batch > 1 else None
     try:
-        def service(engine=None):
-            return ChatService(lm, kv_slots=0, engine=engine)
-
-        workers = [service(runner.engine(lm)) for _ in range(batch)] if runner else []
-        main = workers[0] if workers else service()
+        main = ChatService(lm, kv_slots=0,
+                           engines=[runner.engine(lm) for _ in range(batch)] if runner else ())
         with Progress(len(category_questions(category, limit)), f"batch {batch}", unit="q") as bar:
             def item(r):
                 rows[r["id"]] = r
@@ -37,7 +34,7 @@ def _score(lm, category, limit, max_tokens, batch):
 
             start = time.perf_counter()
             score = run_category(main, category, limit=limit, max_tokens=max_tokens,
-                                 workers=workers, on_item=item)
+                                 at_once=batch, on_item=item)
             seconds = time.perf_counter() - start
     finally:
         if runner:

@@ -137,7 +137,7 @@ class ChatService:
                  metrics_out: str | Path | None = None, model_name: str | None = None,
                  sampler_for: Callable[[SamplingParams], Callable] | None = None,
                  context_length: int | None = None, allow_repeat_calls: bool = False,
-                 engine: Engine | None = None, engines: Sequence[Engine] = ()):
+                 engines: Sequence[Engine] = ()):
         if tool_mode not in ("full", "deferred"):
             raise ValueError(f"unknown tool mode {tool_mode!r}; use full or deferred")
         self.lm = lm
@@ -145,10 +145,8 @@ class ChatService:
         self.tool_mode = tool_mode
         self.allow_repeat_calls = allow_repeat_calls
         self.protocol = choose(protocol, lm.chat)
-        engines = list(engines) or [engine or (lm.engine(context_length=context_length)
-                                               if context_length else lm.engine())]
-        self.engine = engines[0]
-        self.lanes = Lanes(engines, kv_slots)
+        self.lanes = Lanes(list(engines) or [lm.engine(context_length=context_length)
+                                             if context_length else lm.engine()], kv_slots)
         memo = ReplyMemo()  # one memo: a reply sent back in any format renders as sampled
         self.formats = {name: make_format(name, lm, memo) for name in (self.protocol, "plain")}
         self.default_max_tokens = default_max_tokens
@@ -164,7 +162,7 @@ class ChatService:
 
     @property
     def context_length(self) -> int:
-        return self.engine.context_length
+        return self.lanes.engines[0].context_length
 
     def prime(self, prompt_cache):
         """Load the catalogue's tools block from ``prompt_cache`` (or prefill and save it)
