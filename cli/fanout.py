@@ -1,4 +1,5 @@
-"""``--ray`` for ``eval``, ``eval-bfcl`` and ``specialize``: the options, the progress lines and the run rows.
+"""``--ray`` for ``eval``, ``eval-bfcl`` and ``specialize``: the options, the progress lines
+and the run rows.
 
 Ray is imported only when ``--ray`` is given (by :mod:`mlx_agent.cluster_eval`).
 """
