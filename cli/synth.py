@@ -24,6 +24,9 @@ SHARE = click.FloatRange(0, 1)
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
 @click.option("--no-tool-share", type=SHARE, default=DEFAULTS.no_tool_share, show_default=True,
               help="Share of requests that no tool answers (no call is the right reply).")
+@click.option("--outside-share", type=SHARE, default=DEFAULTS.outside_share, show_default=True,
+              help="Share of requests for a tool the catalogue lacks (one of the generated "
+                   "catalogues' tools of other domains): no call is the right reply.")
 @click.option("--two-call-share", type=SHARE, default=DEFAULTS.chain_share, show_default=True,
               help="Share of tasks needing two calls, the second on the first one's result.")
 @click.option("--answer-share", type=SHARE, default=DEFAULTS.answer_share, show_default=True,
@@ -32,8 +35,8 @@ SHARE = click.FloatRange(0, 1)
               help="Do not run the tools (then no two-call or answer tasks).")
 @mcp_options
 @sandbox_options
-def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, two_call_share,
-          answer_share, no_run_tools, mcp_commands, mcp_config, sandbox, allow_network):
+def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_share,
+          two_call_share, answer_share, no_run_tools, mcp_commands, mcp_config, sandbox, allow_network):
     """Synthesise tasks for the tools in FILE: a training and a held-out set for `eval`.
 
     Arguments come from each tool's schema, values from pools chosen by parameter name and
@@ -59,7 +62,7 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, two_call_sha
 
     from .errors import UserError, warn
 
-    if no_tool_share + two_call_share + answer_share > 1:
+    if no_tool_share + outside_share + two_call_share + answer_share > 1:
         raise click.BadParameter("the shares add up to more than 1", param_hint="--*-share")
     if not tools_file and not mcp_commands and not mcp_config:
         raise click.UsageError("give --tools FILE, or MCP servers with --mcp / --mcp-config")
@@ -74,7 +77,8 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, two_call_sha
     if not tools:
         raise UserError("the catalogue has no tools; give at least one")
     config = SynthConfig(n_train=n_train, n_heldout=n_heldout, seed=seed,
-                         no_tool_share=no_tool_share, chain_share=two_call_share,
+                         no_tool_share=no_tool_share, outside_share=outside_share,
+                         chain_share=two_call_share,
                          answer_share=answer_share, run_tools=not no_run_tools)
     try:  # before the work: a directory that cannot take the files fails at once
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -2,15 +2,19 @@
 
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
+        [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--raw-chat]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
    domains) and writes each as ``catalogues/NAME/tools.json``. The catalogues of the
    ``--heldout-domains`` are kept apart, and their tools are removed from every other
-   catalogue, so the adapter is measured on tools and domains it never saw.
+   catalogue, so the adapter is measured on tools and domains it never saw. Training
+   catalogues have ``--catalogue-size`` tools of their domain and up to ``--mixed`` of others
+   (held-out ones keep the defaults, so their figures compare across recipes).
 2. Runs task synthesis (``mlx_agent synth``'s :func:`synthesize`) on each: ``tasks/NAME/``
    gets ``train.jsonl`` and ``heldout.jsonl`` for a training catalogue, ``heldout.jsonl``
-   only for a held-out one.
+   only for a held-out one. ``--outside-share`` of the training tasks ask for a tool of
+   another training catalogue's domain, which the catalogue lacks (no call is right).
 3. Prints the corpus's size: tasks by kind, and the tokens a written row of each would have
    (the catalogue's system prompt as the json format renders it, the request, the calls as
    the grammar writes them, a short result and answer: an estimate until the rows are
@@ -21,7 +25,9 @@
    conversation writer of ``mlx_agent specialize``: request -> call -> the tool's real
    result, run in the sandbox -> an answer), ``rows.jsonl`` in ``--out``, and trains a LoRA
    adapter on them into ``DIR`` within ``--minutes`` (mlx_agent.sft; the adapter is written
-   when the time runs out). Without it the script stops at the tasks and says what the rows
+   when the time runs out). With ``--raw-chat`` a no-tool request's answer is the raw
+   model's own reply to it (greedy, without tools), and each such request is also a row with
+   no tools shown: the adapter learns to keep the raw model's plain chat. Without it the script stops at the tasks and says what the rows
    will cost.
 
 Deterministic under ``--seed`` (training too, on one machine).
@@ -31,21 +37,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
 
 import mlx_agent  # noqa: F401  (fast BLAS before mlx)
+from mlx_agent.batch_runner import BatchRunner, run_pool
+from mlx_agent.engine import SamplingParams
 from mlx_agent.formats import make_format
 from mlx_agent.grammar import call_text
 from mlx_agent.models import load
 from mlx_agent.fileio import write_jsonl
 from mlx_agent.sft import SFTConfig, train as train_adapter
-from mlx_agent.synth.catalogues import Catalogue, catalogues, write
+from mlx_agent.serve import ChatService
+from mlx_agent.serve.service import ChatCall
+from mlx_agent.synth.catalogues import Catalogue, catalogues, generate_tools, write
 from mlx_agent.synth.conversations import Outcomes, rows as written_rows
 from mlx_agent.synth.synthesis import SynthConfig, synthesize
 from mlx_agent.synth.synthesis import write as write_tasks
-from mlx_agent.tools import load_tools, resolve_sandbox
+from mlx_agent.tools import declared_tools, load_tools, resolve_sandbox
+from mlx_agent.written_rows import conversation_row
 
 REPLY_OVERHEAD = 12  # tokens of a result turn and a one-sentence answer around the result
 
@@ -74,6 +86,25 @@ def row_tokens(lm, fmt, tools, task: dict) -> int:
     return n + REPLY_OVERHEAD
 
 
+def raw_replies(lm, prompts: list[str], max_tokens: int = 48, batch: int = 8) -> dict[str, str]:
+    """The raw model's own greedy reply to each prompt, without tools, cut after its last
+    whole sentence when it ran out of tokens."""
+    with BatchRunner(lm.model, max_batch=batch) as runner:
+        service = ChatService(lm, tools=[], kv_slots=0,
+                              engines=[runner.engine(lm) for _ in range(batch)])
+
+        def reply(svc, prompt: str) -> str:
+            r = svc.chat(svc.prepare(ChatCall([{"role": "user", "content": prompt}], tools=[],
+                                              max_tokens=max_tokens,
+                                              sampling=SamplingParams())))
+            text = (r.content or "").strip()
+            if r.finish_reason == "length":
+                text = re.sub(r"(?s)(.*[.!?])\s.*", r"\1", text)
+            return text
+
+        return dict(zip(prompts, run_pool([service] * batch, prompts, reply)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -81,6 +112,10 @@ def main() -> None:
     ap.add_argument("--per-catalogue", type=int, default=16, help="training tasks each")
     ap.add_argument("--heldout-per-catalogue", type=int, default=10)
     ap.add_argument("--heldout-domains", default="pets,vehicles")
+    ap.add_argument("--catalogue-size", default="4,8", help="MIN,MAX own-domain tools")
+    ap.add_argument("--mixed", type=int, default=2, help="other domains' tools a catalogue has")
+    ap.add_argument("--outside-share", type=float, default=0.0)
+    ap.add_argument("--raw-chat", action="store_true")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--seconds-per-iteration", type=float, default=9.0)
     ap.add_argument("--batch", type=int, default=4)
@@ -92,42 +127,60 @@ def main() -> None:
     ap.add_argument("--num-layers", type=int, default=16)
     args = ap.parse_args()
     out = Path(args.out)
-    train, held = split(catalogues(args.seed), set(args.heldout_domains.split(",")))
+    heldout = set(args.heldout_domains.split(","))
+    size = tuple(int(n) for n in args.catalogue_size.split(","))
+    _, held = split(catalogues(args.seed), heldout)
+    train, _ = split(catalogues(args.seed, size=size, mixed=args.mixed), heldout)
+    pool = declared_tools([t for d, t in generate_tools(args.seed) if d not in heldout])
     lm = load(args.model)
     fmt = make_format("json", lm)
     sandbox = resolve_sandbox("auto", warn=print)
     outcomes = Outcomes(run=True, sandbox=sandbox, seed=args.seed)
-    kinds, tokens, rows, training_rows = Counter(), 0, 0, []
+    kinds, tokens, rows, made = Counter(), 0, 0, []
     for cat, is_held in [(c, False) for c in train] + [(c, True) for c in held]:
         path = write([cat], out / "catalogues")[0]
         tools = load_tools(path)
         config = SynthConfig(n_train=0 if is_held else args.per_catalogue,
-                             n_heldout=args.heldout_per_catalogue, seed=args.seed)
-        result = synthesize(tools, config, sandbox=sandbox)
+                             n_heldout=args.heldout_per_catalogue, seed=args.seed,
+                             outside_share=0.0 if is_held else args.outside_share)
+        result = synthesize(tools, config, sandbox=sandbox, outside=pool)
         write_tasks(result, path.read_bytes(), out / "tasks" / cat.name)
         for t in result.train:
             kinds[t.kind] += 1
             tokens += row_tokens(lm, fmt, tools, t.task)
             rows += 1
-        if args.train and result.train:
-            training_rows += written_rows(lm, fmt, tools, result.train, outcomes,
-                                          seed=args.seed)
+        made.append((tools, result.train))
     iterations = -(-rows // args.batch)
     fits = int(args.minutes * 60 / args.seconds_per_iteration) * args.batch
     summary = {
         "training_catalogues": len(train), "heldout_catalogues": len(held),
-        "heldout_domains": args.heldout_domains, "rows": rows, "by_kind": dict(kinds),
+        "heldout_domains": args.heldout_domains, "catalogue_size": args.catalogue_size,
+        "mixed": args.mixed, "outside_share": args.outside_share, "raw_chat": args.raw_chat,
+        "rows": rows, "by_kind": dict(kinds),
         "tokens": tokens, "mean_tokens_per_row": round(tokens / max(rows, 1)),
         "iterations_per_epoch": iterations,
         "minutes_per_epoch": round(iterations * args.seconds_per_iteration / 60, 1),
         f"rows_in_{args.minutes:g}_minutes": fits,
     }
     if args.train:
+        chat = sorted({t.task["prompt"] for _, ts in made for t in ts if t.kind == "none"})
+        replies = raw_replies(lm, chat) if args.raw_chat else {}
+        training_rows = []
+        for tools, tasks in made:
+            training_rows += written_rows(lm, fmt, tools, tasks, outcomes, seed=args.seed,
+                                          replies=replies)
+        plain = make_format("plain", lm)  # the same chat with no tools, as chat shows it
+        for prompt, reply in replies.items():
+            row = conversation_row(lm, plain, [], [{"role": "user", "content": prompt},
+                                                   {"role": "assistant", "content": reply}])
+            training_rows.append({**row, "task": "chat", "kind": "chat"})
         write_jsonl(out / "rows.jsonl", training_rows)
+        summary["chat_rows"] = len(replies)
         summary["written_tokens"] = sum(len(r["input_ids"]) for r in training_rows)
         summary["tool_results"] = dict(outcomes.counts)
         print(json.dumps(summary, indent=1), flush=True)
-        config = SFTConfig(iters=args.iters or iterations, batch_size=args.batch,
+        config = SFTConfig(iters=args.iters or -(-len(training_rows) // args.batch),
+                           batch_size=args.batch,
                            learning_rate=args.learning_rate, rank=args.rank,
                            num_layers=args.num_layers, val_fraction=0.0, seed=args.seed,
                            minutes=args.minutes)

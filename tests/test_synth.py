@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from jsonschema import Draft202012Validator
 
 from mlx_agent.evaluate import load_tasks, run
 from mlx_agent.synth import phrasing, pools
-from mlx_agent.synth.synthesis import SynthConfig, synthesize
+from mlx_agent.synth import tasks as tasks_module
+from mlx_agent.synth.conversations import Outcomes, write_conversation
+from mlx_agent.synth.synthesis import SynthConfig, generated_tools, synthesize
 from mlx_agent.synth.values import canonical, free_leaves, words
 from mlx_agent.tools import load_tools, run_tool
 
@@ -178,6 +181,33 @@ def test_a_catalogue_without_results_gets_no_chains_or_answers():
                                                       run_tools=False))
     assert {t.kind for t in s.train} == {"call", "none"}
     assert len(s.train) == 40 and s.report["answerable"] == []
+
+
+def test_outside_requests_ask_for_a_tool_of_another_domain_and_expect_no_call():
+    tools = load_tools(CATALOGUE)
+    s = synthesize(tools, SynthConfig(n_train=40, n_heldout=20, run_tools=False,
+                                      outside_share=0.2))
+    vocab = tasks_module._vocabulary(tools)
+    own = {t.name for t in tools}
+    pool = {t.name: t for t in generated_tools(0)}
+    for side, n in ((s.train, 40), (s.heldout, 20)):
+        outside = [t for t in side if t.kind == "outside"]
+        assert len(outside) == round(n * 0.2)
+        for t in outside:
+            (name,) = t.tools
+            assert name in pool and name not in own
+            assert not {w for w in words(name) if w not in phrasing.VERBS} & vocab
+            assert t.task["check"] == {"tool_calls": []} and not t.calls
+            assert phrasing.action_of(name) in t.task["prompt"].lower() or name in t.task[
+                "prompt"] or phrasing.purpose(pool[name]) in t.task["prompt"]
+            messages = write_conversation(t, {x.name: x for x in tools}, Outcomes(run=False),
+                                          random.Random(0))
+            assert [m["role"] for m in messages] == ["user", "assistant"]
+            assert phrasing.action_of(name) in messages[1]["content"]
+    assert s.report["overlap"]["values"] == 0 and s.report["overlap"]["prompts"] == 0
+    assert not [t for t in synthesize(tools, SynthConfig(n_train=40, n_heldout=20,
+                                                         run_tools=False)).train
+                if t.kind == "outside"]  # off by default
 
 
 def test_held_out_shares_no_value_template_prompt_or_call(catalogue_run, bfcl_file):

@@ -11,6 +11,7 @@ class SynthConfig:
     n_heldout: int = 60
     seed: int = 0
     no_tool_share: float = 0.15  # requests no tool answers
+    outside_share: float = 0.0  # requests for a tool of another domain, which must not call
     chain_share: float = 0.15  # two calls, the second taking the first one's result
     answer_share: float = 0.2  # the answer must state the tool's result
     optional_share: float = 0.5  # how often an optional parameter is given
@@ -19,5 +20,6 @@ class SynthConfig:
     tool_timeout: float = 10.0
 
     def shares(self) -> dict[str, float]:
-        return {"none": self.no_tool_share, "chain": self.chain_share,
+        return {"none": self.no_tool_share, "outside": self.outside_share,
+                "chain": self.chain_share,
                 "answer": self.answer_share}

@@ -29,12 +29,13 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..tools import Tool, ToolResult, run_tool
 from ..tools.sandbox import Sandbox
 from ..written_rows import conversation_row
 from . import pools as P
+from .phrasing import action_of
 from .results import synthesised_result
 from .tasks import SynthTask
 from .values import as_schema, canonical
@@ -64,6 +65,10 @@ NO_TOOL_ANSWERS = {
     "none-a/7": "Good morning! My day is going well, thank you. How can I help you?",
     "none-a/8": "You're welcome! Glad I could help.",
 }
+# Answers to a request for a tool the catalogue lacks (kind "outside")
+OUTSIDE_ANSWERS = ("I can't {action}: none of my tools does that.",
+                   "Sorry, I have no tool to {action}.",
+                   "None of the tools I have can {action}, so I can't do that here.")
 NO_TOOL_FALLBACK = "Happy to help with that directly: it does not need any of my tools."
 
 
@@ -166,12 +171,17 @@ def no_tool_answer(task: SynthTask) -> str:
 
 
 def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcomes,
-                       rng: random.Random) -> list[dict]:
-    """The task's conversation: request, calls with their results, and the answer."""
+                       rng: random.Random, replies: Mapping[str, str] = {}) -> list[dict]:
+    """The task's conversation: request, calls with their results, and the answer
+    (to a no-tool request: ``replies[prompt]`` where given, e.g. the raw model's own)."""
     messages = [{"role": "user", "content": task.task["prompt"]}]
     calls = task_calls(task, tools)
+    if task.kind == "outside":
+        answer = rng.choice(OUTSIDE_ANSWERS).format(action=action_of(task.tools[0]))
+        return messages + [{"role": "assistant", "content": answer}]
     if not calls:
-        return messages + [{"role": "assistant", "content": no_tool_answer(task)}]
+        reply = replies.get(task.task["prompt"]) or no_tool_answer(task)
+        return messages + [{"role": "assistant", "content": reply}]
     outcome = None
     for n, (tool, arguments) in enumerate(calls):
         outcome = outcomes(tool, arguments)
@@ -182,13 +192,14 @@ def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcom
 
 
 def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
-         seed: int = 0) -> list[dict]:
-    """One training row per task (``conversation_row``'s, plus ``task`` and ``kind``)."""
+         seed: int = 0, replies: Mapping[str, str] = {}) -> list[dict]:
+    """One training row per task (``conversation_row``'s, plus ``task`` and ``kind``);
+    ``replies`` as :func:`write_conversation` takes them."""
     rng = random.Random(f"{seed}:answers")
     by_name = {t.name: t for t in tools}
     out = []
     for task in tasks:
-        messages = write_conversation(task, by_name, outcomes, rng)
+        messages = write_conversation(task, by_name, outcomes, rng, replies)
         out.append({**conversation_row(lm, fmt, tools, messages), "task": task.task["id"],
                     "kind": task.kind})
     return out

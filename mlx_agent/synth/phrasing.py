@@ -89,10 +89,17 @@ NO_TOOL = {
 # How an argument list reads, by side: (id, one item, separator, last separator)
 ARG_STYLES = {
     P.TRAIN: (("kv", "{label} {value}", ", ", " and "), ("colon", "{label}: {value}", "; ", "; "),
-              ("as", "{value} as the {label}", ", ", " and ")),
+              ("as", "{value} as the {label}", ", ", " and "),
+              ("of", "a {label} of {value}", ", ", " and "),
+              ("vl", "{value} {label}", ", ", " and ")),
     P.HELDOUT: (("eq", "{label}={value}", ", ", ", "),
-                ("being", "the {label} being {value}", ", ", " and ")),
+                ("being", "the {label} being {value}", ", ", " and "),
+                ("set", "{label} set to {value}", ", ", " and ")),
 }
+# A boolean argument reads as its label (a label that starts with one of these verbs: "avoid
+# tolls"), or as "on"/"off" after it, instead of "true"/"false"
+FLAG_VERBS = frozenset("""allow avoid enable exclude include keep notify only require return
+send show skip use""".split())
 QUOTED = frozenset({"text", "query", "title", "word", "product", "company", "address",
                     "command", "quantity"})
 _SEGMENT = re.compile(r"\[([^\]]*)\]")
@@ -117,10 +124,15 @@ def template_ids(side: str) -> set[str]:
 
 def action(tool) -> str:
     """What calling the tool does, as a verb phrase from its name."""
-    w = words(tool.name)
+    return action_of(tool.name)
+
+
+def action_of(name: str) -> str:
+    """What calling a tool named ``name`` does, as a verb phrase."""
+    w = words(name)
     if w and w[0] in VERBS:
         return " ".join(w)
-    return f"use {' '.join(w) or tool.name}"
+    return f"use {' '.join(w) or name}"
 
 
 def purpose(tool) -> str:
@@ -172,12 +184,24 @@ def args_text(arguments: dict, schema: dict, context: frozenset, rng: random.Ran
     """The argument list in ``style`` (an ``ARG_STYLES`` entry), in the arguments' order."""
     _, item, sep, last = style
     props = schema.get("properties", {})
-    parts = [item.format(label=label(k, props.get(k, {}), rng),
+    order = list(arguments.items())
+    rng.shuffle(order)  # the request's order is not the schema's: bind values by their labels
+    parts = [flag(label(k, props.get(k, {}), rng), v) if isinstance(v, bool) else
+             item.format(label=label(k, props.get(k, {}), rng),
                          value=say(v, props.get(k, {}), k, context, rng, style))
-             for k, v in arguments.items()]
+             for k, v in order]
     if len(parts) <= 1:
         return "".join(parts)
     return sep.join(parts[:-1]) + last + parts[-1]
+
+
+def flag(name: str, value: bool) -> str:
+    """A boolean argument in words: "include photos", "away mode off"."""
+    phrase = re.sub(r"\s*\(true or false\)$", "", name)
+    first = phrase.split(" ")[0].lower()
+    if first in FLAG_VERBS:
+        return phrase if value else f"do not {phrase}"
+    return f"{phrase} {'on' if value else 'off'}"
 
 
 def fill(template: str, args: str, **slots: str) -> str:

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Iterator
 
 from ..fileio import atomic_path
-from ..tools import Sandbox, Tool
+from ..tools import Sandbox, Tool, declared_tools
 from . import pools as P
 from .config import SynthConfig
-from .tasks import KINDS, Builder, Plan, Results, SynthTask, chain_targets
+from .tasks import KINDS, Builder, Plan, Results, SynthTask, chain_targets, outside_tools
 from .values import Sampler, Unsatisfiable
 
 ATTEMPTS = 40  # draws per task before its kind gives way to a plain call
@@ -52,9 +52,11 @@ class _Catalogue:
     answerable: list[Tool]
     chains: dict[str, list]
     skipped: dict[str, str]
+    outside: list[Tool]  # tools of other domains that ``outside`` requests ask for
 
 
-def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None) -> _Catalogue:
+def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None,
+            pool: list[Tool] | None) -> _Catalogue:
     results = Results(tools, config.run_tools, config.tool_timeout, sandbox)
     probe = Sampler(random.Random(f"{config.seed}:probe"), P.TRAIN, config.optional_share,
                     config.files)
@@ -69,8 +71,18 @@ def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None) -> 
             skipped[tool.name] = str(e)
     answerable = [t for t in usable if results.runnable(t) and results.varies(t, probe)]
     chains = {t.name: chain_targets(usable, t) for t in answerable}
+    outside = []
+    if config.outside_share > 0:
+        outside = outside_tools(tools, generated_tools(config.seed) if pool is None else pool)
     return _Catalogue(tools, results, usable, answerable,
-                      {k: v for k, v in chains.items() if v}, skipped)
+                      {k: v for k, v in chains.items() if v}, skipped, outside)
+
+
+def generated_tools(seed: int) -> list[Tool]:
+    """Every tool :mod:`.catalogues` generates (what ``outside`` requests ask for by
+    default)."""
+    from .catalogues import generate_tools
+    return declared_tools([tool for _, tool in generate_tools(seed)], "generated tools")
 
 
 def _cycle(rng: random.Random, items: list) -> Iterator:
@@ -86,14 +98,16 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
     rng = random.Random(f"{config.seed}:{side}")
     b = Builder(cat.usable, side, rng, cat.results, config.optional_share, config.files)
     available = {"call", "none"} | ({"answer"} if cat.answerable else set()) | (
-        {"chain"} if cat.chains else set())
+        {"chain"} if cat.chains else set()) | ({"outside"} if cat.outside else set())
     if not cat.usable:
         available = {"none"}
     tools, answering = _cycle(rng, cat.usable), _cycle(rng, cat.answerable)
+    foreign = _cycle(rng, cat.outside)
     sources = sorted(cat.chains)
     makers = {
         "call": lambda: b.call(next(tools)),
         "none": b.no_tool,
+        "outside": lambda: b.outside(next(foreign)),
         "answer": lambda: b.answer(next(answering)),
         "chain": lambda: (lambda s: b.chain(b.by_name[s], cat.chains[s]))(rng.choice(sources)),
     }
@@ -132,10 +146,12 @@ def _draw(make, ok) -> SynthTask | None:
 
 
 def synthesize(tools: list[Tool], config: SynthConfig = SynthConfig(),
-               sandbox: Sandbox | None = None) -> Synthesis:
+               sandbox: Sandbox | None = None, outside: list[Tool] | None = None) -> Synthesis:
     """Training and held-out tasks for ``tools``, and the report of what was made; ``_exec``
-    tools run under ``sandbox`` (as ``eval`` runs them) to learn their results."""
-    cat = _survey(tools, config, sandbox)
+    tools run under ``sandbox`` (as ``eval`` runs them) to learn their results. ``outside``
+    requests ask for tools of ``outside`` (default: every generated tool) that the
+    catalogue lacks."""
+    cat = _survey(tools, config, sandbox, outside)
     train = _side(P.TRAIN, config.n_train, cat, config, [])
     heldout = _side(P.HELDOUT, config.n_heldout, cat, config, train)
     return Synthesis(train, heldout, _report(train, heldout, cat, config))

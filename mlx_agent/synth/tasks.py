@@ -1,10 +1,13 @@
 """Tasks built from a tool catalogue: one call, no call, two chained calls, a stated result.
 
-Four kinds, in ``eval``'s task format (``evaluate.Task``):
+Five kinds, in ``eval``'s task format (``evaluate.Task``):
 
 - ``call``: one request, checked by the expected call (``tool_calls``);
 - ``none``: chit-chat or general knowledge unrelated to the catalogue, checked by
   ``tool_calls: []`` (no call may be made);
+- ``outside``: a request phrased like a tool request, for a tool of another domain that the
+  catalogue lacks (see :func:`outside_tools`), checked by ``tool_calls: []``: the model must
+  say it cannot, not call the nearest tool it has;
 - ``chain``: two calls where the second takes the first one's result as a parameter
   (a number into a number parameter, a short text into a free-text one), checked by both
   calls in order;
@@ -29,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..tools import Sandbox, Tool, run_tool
-from .phrasing import Phrase, Phraser
+from .phrasing import VERBS, Phrase, Phraser
 from .values import (Sampler, Unsatisfiable, as_schema, canonical, free_leaves, kind_of,
                      singular, words)
 
-KINDS = ("call", "none", "chain", "answer")
+KINDS = ("call", "none", "outside", "chain", "answer")
 CHAIN_TEXT_KINDS = frozenset({"text", "query", "title", "word"})
 MAX_RESULT = 80
 
@@ -44,7 +47,7 @@ class SynthTask:
 
     task: dict
     kind: str
-    tools: tuple[str, ...]
+    tools: tuple[str, ...]  # the tools its calls use (outside: the one asked for, not had)
     templates: tuple[str, ...]
     calls: tuple[str, ...]  # canonical JSON of every call the task involves
     values: frozenset[str]  # the free values of those calls (see values.free_leaves)
@@ -195,6 +198,16 @@ class Builder:
             return None  # it might be about the catalogue after all
         return self._task("none", prompt, {"tool_calls": []}, [])
 
+    def outside(self, tool: Tool) -> SynthTask | None:
+        """A request for ``tool``, which the catalogue does not have."""
+        if tool.name in self.by_name:
+            return None
+        args = self.arguments(tool)
+        prompt = self.phraser.request(tool, args)
+        values = frozenset(free_leaves(tool.parameters, args))
+        task = {"prompt": prompt.text, "tools": "tools.json", "check": {"tool_calls": []}}
+        return SynthTask(task, "outside", (tool.name,), prompt.templates, (), values)
+
 
 STOP = frozenset("""a an the and or of to for in on at by with from is are be it its this that
 these those as into your you my me i we our what which who how do does get set give make
@@ -209,6 +222,15 @@ def _vocabulary(tools: list[Tool]) -> set[str]:
                                           for k, v in t.properties.items()]
         vocab |= {singular(w) for s in text for w in words(s) if len(w) > 2}
     return vocab - STOP
+
+
+def outside_tools(tools: list[Tool], pool: list[Tool]) -> list[Tool]:
+    """The tools of ``pool`` a request of kind ``outside`` may ask for: none shares a
+    noun of its name (a word that is not a verb) with the catalogue's vocabulary, so none
+    is something the catalogue can do under another name."""
+    vocab, names = _vocabulary(tools), {t.name for t in tools}
+    return [t for t in pool if t.name not in names
+            and not {singular(w) for w in words(t.name) if w not in VERBS} & vocab]
 
 
 @dataclass
