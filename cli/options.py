@@ -74,15 +74,16 @@ def model_options(f):
 
 
 def load_options(f):
-    """Adapter, weight format and context length. A command whose model is ``model_spec``
-    gets the model's default adapter (:func:`mlx_agent.models.default_adapter`) as
-    ``adapter`` unless --adapter or --no-adapter says otherwise."""
+    """Adapter, weight format and context length, for a command whose model parameter is
+    ``model_spec``: it gets the model's default adapter
+    (:func:`mlx_agent.models.default_adapter`) as ``adapter`` unless --adapter or
+    --no-adapter says otherwise."""
 
     @functools.wraps(f)
     def with_adapter(*args, no_adapter: bool = False, **kwargs):
         if no_adapter and kwargs.get("adapter"):
             raise click.UsageError("give --adapter DIR or --no-adapter, not both")
-        if "model_spec" in kwargs and not no_adapter and not kwargs.get("adapter"):
+        if not no_adapter and not kwargs.get("adapter"):
             found = default_adapter(kwargs["model_spec"])
             kwargs["adapter"] = str(found) if found else None
         return f(*args, **kwargs)
@@ -93,12 +94,19 @@ def load_options(f):
                           "own, if it ships one: see `mlx_agent models`]."),
         click.option("--no-adapter", is_flag=True,
                      help="The raw model, without the adapter it ships with."),
+        weight_options,
+    )(with_adapter)
+
+
+def weight_options(f):
+    """Weight format and context length."""
+    return _compose(
         click.option("--weights", type=click.Choice(WEIGHT_FORMATS), envvar=WEIGHTS_ENV,
                      default="auto", show_default=True,
                      help="Weight format: auto = float32 on CPU, quantized on Metal."),
         click.option("--context-length", type=int, default=None,
                      help="Tokens the KV cache holds [default: the model's context length]."),
-    )(with_adapter)
+    )(f)
 
 
 def cache_options(f):

@@ -10,7 +10,7 @@ from .errors import UserError, warn
 from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
                      runs_file)
 from .options import (load_options, loop_options, make_sandbox, mcp_options, model_argument,
-                      sandbox_options, start_mcp)
+                      sandbox_options, start_mcp, weight_options)
 
 
 @click.command("traces-to-data")
@@ -63,9 +63,9 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
               help="Layers (from the top) that get LoRA.")
 @click.option("--val-fraction", type=click.FloatRange(0, 0.5), default=0.1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@load_options
+@weight_options
 def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val_fraction,
-        seed, adapter, weights, context_length):
+        seed, weights, context_length):
     """LoRA fine-tune BASE on traces-to-data rows (loss only where the model sampled).
 
     \b
@@ -76,9 +76,6 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
     from mlx_agent.models import load
     from mlx_agent.sft import SFTConfig, read_rows, train
 
-
-    if adapter:
-        raise click.UsageError("sft trains a new adapter; --adapter is not used here")
     try:
         rows = read_rows(data)
     except ValueError as e:
