@@ -14,8 +14,8 @@ import click
 
 from .errors import UserError, warn
 from .options import (cache_mode, cache_options, load_options, loop_options, make_sandbox,
-                      mcp_options, model_argument, sampling_options, sandbox_options,
-                      start_mcp)
+                      mcp_options, model_argument, prompt_cache_dtype_option,
+                      sampling_options, sandbox_options, start_mcp)
 
 
 class Sink:
@@ -131,6 +131,7 @@ def repl(turn) -> None:
               help="Keep the system prompt's KV state here and load it instead of prefilling.")
 @click.option("--prompt-cache-max-bytes", type=click.IntRange(min=0), default=None,
               help="After saving, prune the cache directory to this size (LRU).")
+@prompt_cache_dtype_option
 @click.option("--save-session", type=click.Path(dir_okay=False), default=None,
               help="At exit, write the conversation and its KV state here.")
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -147,6 +148,7 @@ def repl(turn) -> None:
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
           max_tokens, no_grammar, allow_repeat_calls, tool_timeout, tool_env, confirm_tools,
           tool_choice, json_out, transcript, prompt_cache_dir, prompt_cache_max_bytes,
+          prompt_cache_dtype,
           save_session, resume, trajectory_dir, trajectory_task, sandbox, allow_network,
           mcp_commands, mcp_config, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
@@ -192,7 +194,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
                         f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}, "
                         f"{box.describe()}]", err=True, dim=True)
         if prompt_cache_dir:
-            _prime(bot, prompt_cache_dir, prompt_cache_max_bytes)
+            _prime(bot, prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype)
         if resume:
             _resume(bot, resume)
         if save_session:
@@ -229,10 +231,10 @@ def _recorder(trajectory_dir, task, lm, config):
                         f"{e.strerror or e}") from None
 
 
-def _prime(bot, directory: str, max_bytes: int | None) -> None:
+def _prime(bot, directory: str, max_bytes: int | None, storage: str) -> None:
     from mlx_agent.prompt_cache import PromptCache
 
-    primed = bot.prime(PromptCache(directory, warn=warn, max_bytes=max_bytes))
+    primed = bot.prime(PromptCache(directory, warn=warn, max_bytes=max_bytes, storage=storage))
     if primed.hit:
         click.echo(f"loaded system-prompt cache ({primed.tokens} tokens) — skipping prefill",
                    err=True)

@@ -109,6 +109,14 @@ def weight_options(f):
     )(f)
 
 
+def prompt_cache_dtype_option(f):
+    return click.option(
+        "--prompt-cache-dtype", type=click.Choice(["float16", "float32", "int8"]),
+        default="float16", show_default=True,
+        help="How prompt-cache files store the KV state: float32 loads exactly, float16 "
+             "takes half the bytes, int8 about a quarter (logits drift about 4e-3).")(f)
+
+
 def cache_options(f):
     return _compose(
         click.option("--no-kv-preallocate", is_flag=True,

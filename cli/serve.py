@@ -6,7 +6,7 @@ import click
 
 from .errors import UserError, warn
 from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_argument,
-                      protocol_option, sampling_options)
+                      prompt_cache_dtype_option, protocol_option, sampling_options)
 
 
 @click.command()
@@ -24,6 +24,7 @@ from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_
 @protocol_option
 @click.option("--prompt-cache-dir", type=click.Path(file_okay=False), default=None,
               help="Load the tools block's KV state from here at start-up (saved on a miss).")
+@prompt_cache_dtype_option
 @click.option("--kv-slots", type=click.IntRange(min=0), default=4, show_default=True,
               help="Earlier conversations whose KV state is kept for prefix reuse.")
 @max_tokens_option(512, help="Reply length when a request sets none.")
@@ -35,7 +36,7 @@ from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_
 @load_options
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
-          prompt_cache_dir, kv_slots, max_tokens, allow_repeat_calls, max_body_bytes, max_batch,
+          prompt_cache_dir, prompt_cache_dtype, kv_slots, max_tokens, allow_repeat_calls, max_body_bytes, max_batch,
           adapter, weights, context_length, temperature, top_p, top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
@@ -81,7 +82,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
         if prompt_cache_dir and tools:
             from mlx_agent.prompt_cache import PromptCache
 
-            hit = service.prime(PromptCache(prompt_cache_dir, warn=warn))
+            hit = service.prime(PromptCache(prompt_cache_dir, warn=warn,
+                                            storage=prompt_cache_dtype))
         return service, hit
 
     service, hit = pool.submit(build).result()

@@ -42,7 +42,7 @@ MAX_HEADER_BYTES = 100 << 20
 _MAC_DOMAIN = b"mlx_agent cache file 2\n"
 # safetensors dtype -> (MLX dtype, how numpy reads its bytes; bfloat16 as raw 16-bit words)
 _DTYPES = {"F32": (mx.float32, "<f4"), "F16": (mx.float16, "<f2"),
-           "BF16": (mx.bfloat16, "<u2"), "I32": (mx.int32, "<i4")}
+           "BF16": (mx.bfloat16, "<u2"), "I32": (mx.int32, "<i4"), "U32": (mx.uint32, "<u4")}
 _NAMES = {mlx: name for name, (mlx, _) in _DTYPES.items()}
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -65,10 +65,19 @@ class Tensor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _RawHeader = dict[str, dict[str, str | list[int]]]
 
 
+def int8_group(head_dim: int) -> int | None:
+    """The group size of 8-bit KV storage (``mx.quantize``'s, along the head dimension), or
+    None when ``head_dim`` takes none."""
+    return next((g for g in (64, 32) if head_dim % g == 0), None)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The tensors a file must hold: ``token_ids`` and, when there are tokens, each layer's
-    ``keys.{i}`` and ``values.{i}`` of shape ``[1, kv_heads, tokens, head_dim]``."""
+    ``keys.{i}`` and ``values.{i}`` of shape ``[1, kv_heads, tokens, head_dim]``; with
+    ``kv_dtype="int8"``, those as ``mx.quantize`` packs them 8 bits to a value (uint32,
+    ``head_dim / 4`` words) with float16 ``.scales`` and ``.biases`` per group
+    (:func:`int8_group`)."""
 
     layers: int
     kv_heads: int
@@ -88,10 +97,10 @@ class Layout:
         n = ids.shape[0]
         if self.tokens is not None and n != self.tokens:
             raise ValueError(f"it holds {n} tokens, this prompt has {self.tokens}")
-        kv = (_NAMES[getattr(mx, self.kv_dtype)], (1, self.kv_heads, n, self.head_dim))
         want = {"token_ids": ("I32", (n,))}
         for i in range(self.layers if n else 0):
-            want[f"keys.{i}"] = want[f"values.{i}"] = kv
+            for name in (f"keys.{i}", f"values.{i}"):
+                want.update(self._kv(name, n))
         extra = sorted(tensors.keys() - want.keys())
         if extra:
             raise ValueError(f"it holds an unexpected tensor {printable(extra[0], 64)!r}")
@@ -106,6 +115,18 @@ class Layout:
             if (t.dtype, t.shape) != (dtype, shape):
                 raise ValueError(f"its {name} is {list(t.shape)} {t.dtype}, the model needs "
                                  f"{list(shape)} {dtype}")
+
+    def _kv(self, name: str, n: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+        lead = (1, self.kv_heads, n)
+        if self.kv_dtype != "int8":
+            return {name: (_NAMES[getattr(mx, self.kv_dtype)], (*lead, self.head_dim))}
+        group = int8_group(self.head_dim)
+        if group is None:
+            raise ValueError(f"it stores 8-bit KV, which a head size of {self.head_dim} "
+                             "cannot take")
+        groups = (*lead, self.head_dim // group)
+        return {name: ("U32", (*lead, self.head_dim // 4)), f"{name}.scales": ("F16", groups),
+                f"{name}.biases": ("F16", groups)}
 
 
 class CacheFile:

@@ -17,7 +17,7 @@ from mlx_agent import prompt_cache as pc
 from mlx_agent.models import load
 from mlx_agent.models import tinygpt_format as fmt
 
-from .conftest import random_tinygpt_file
+from .conftest import TINY_GPT_CONFIG, random_tinygpt_file
 
 PROMPT = list(range(40, 70))
 SUFFIX = [5, 6, 7, 8]
@@ -27,6 +27,14 @@ SUFFIX = [5, 6, 7, 8]
 def lm(tmp_path_factory):
     path = tmp_path_factory.mktemp("m") / "tiny.tinygpt"
     fmt.write(path, random_tinygpt_file(seed=3))
+    return load(path)
+
+
+@pytest.fixture(scope="module")
+def lm32(tmp_path_factory):
+    """A tiny model whose heads are 32 wide: the narrowest int8 storage takes."""
+    path = tmp_path_factory.mktemp("m32") / "tiny32.tinygpt"
+    fmt.write(path, random_tinygpt_file({**TINY_GPT_CONFIG, "dModel": 64, "heads": 2}, seed=4))
     return load(path)
 
 
@@ -69,6 +77,54 @@ def test_float16_files_take_half_the_bytes_and_drift_less_than_1e_3(lm, tmp_path
     assert 0 < drift16 < 1e-3
 
 
+@pytest.mark.parametrize("mode", ["preallocated", "growing", "rotating"])
+def test_int8_files_take_about_half_of_float16s_bytes_and_drift_less_than_1e_2(lm32, tmp_path,
+                                                                               mode):
+    drift16, bytes16 = loaded_vs_fresh(lm32, tmp_path / "16", mode)
+    drift8, bytes8 = loaded_vs_fresh(lm32, tmp_path / "8", mode, storage="int8")
+    assert 0 < drift16 < drift8 < 1e-2
+    (f16,), (f8,) = ((tmp_path / d).glob("*.safetensors") for d in ("16", "8"))
+    with pc.CacheFile(f16) as a, pc.CacheFile(f8) as b:
+        assert b.tensors["keys.0"].dtype == "U32" and b.tensors["keys.0.scales"].dtype == "F16"
+        data16, data8 = (sum(t.nbytes() for n, t in f.tensors.items() if n != "token_ids")
+                         for f in (a, b))
+        assert data8 == data16 // 2 * 9 // 8  # a byte a value, 4 bytes per group of 32
+
+
+def test_an_int8_file_is_checked_like_any_other(lm, lm32, tmp_path):
+    """Its layout is checked before its data: a scales tensor of the wrong shape is refused
+    with a warning, and the file is rebuilt. Heads int8 cannot take: a warning, no file."""
+    warn = Warnings()
+    hit = pc.PromptCache(tmp_path, warn=warn, storage="int8").prime(lm.engine(), lm.identity,
+                                                                   PROMPT)
+    assert not hit.hit and hit.bytes == 0 and "head size of 8" in warn[0]
+    assert not list(tmp_path.glob("*"))
+    lm = lm32
+    pc.PromptCache(tmp_path, storage="int8").prime(lm.engine(), lm.identity, PROMPT)
+    (path,) = tmp_path.glob("*.safetensors")
+    with pc.CacheFile(path) as f:
+        meta = dict(f.metadata)
+    arrays = mx.load(str(path))
+    scales = arrays["keys.0.scales"]
+    arrays["keys.0.scales"] = mx.concatenate([scales, scales], axis=-1)  # groups of 16
+    mx.save_safetensors(str(path), arrays, meta)
+    warn = Warnings()
+    hit = pc.PromptCache(tmp_path, warn=warn, storage="int8").prime(lm.engine(), lm.identity,
+                                                                   PROMPT)
+    assert not hit.hit and "keys.0.scales" in warn[0] and "rebuilding" in warn[0]
+    again = pc.PromptCache(tmp_path, storage="int8").prime(lm.engine(), lm.identity, PROMPT)
+    assert again.hit
+
+
+@pytest.mark.real_model
+def test_real_model_int8_files_drift_less_than_1e_2(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_AGENT_KV_DTYPE", "float32")
+    real = load("smollm2-135m")
+    prompt = real.prompt_ids("You are a careful assistant with tools. " * 30)
+    drift, _ = loaded_vs_fresh(real, tmp_path, prompt=prompt, storage="int8")
+    assert 0 < drift < 1e-2
+
+
 @pytest.mark.real_model
 def test_real_model_float16_files_drift_less_than_1e_3(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_AGENT_KV_DTYPE", "float32")  # a float32 cache, stored in float16
@@ -87,8 +143,8 @@ def test_a_file_of_another_storage_dtype_is_missed_cleanly(lm, tmp_path):
     warn = Warnings()
     hit = pc.PromptCache(tmp_path, warn=warn).prime(lm.engine(), lm.identity, PROMPT)
     assert not hit.hit and warn == [] and len(list(tmp_path.glob("*.safetensors"))) == 2
-    with pytest.raises(ValueError, match="unknown storage dtype 'int8'"):
-        pc.PromptCache(tmp_path, storage="int8")
+    with pytest.raises(ValueError, match="unknown storage dtype 'int4'"):
+        pc.PromptCache(tmp_path, storage="int4")
 
 
 def test_preallocated_load_fills_the_preallocated_buffers(lm, tmp_path):

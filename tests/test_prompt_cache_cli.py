@@ -51,6 +51,17 @@ def test_second_launch_loads_the_system_prompt_and_damage_is_a_warning(tmp_path)
     assert not list(kv.glob("*.safetensors"))
 
 
+def test_int8_files_are_their_own_entries_at_about_half_the_bytes(tmp_path):
+    kv = tmp_path / "kv"
+    assert agent(kv).returncode in (0, 1)
+    first = agent(kv, "--prompt-cache-dtype", "int8", "--json-out")
+    assert not json.loads(first.stdout.splitlines()[0])["hit"]  # another key: a miss
+    second = agent(kv, "--prompt-cache-dtype", "int8")
+    assert "skipping prefill" in second.stderr, second.stderr
+    sizes = sorted(p.stat().st_size for p in kv.glob("*.safetensors"))
+    assert len(sizes) == 2 and sizes[0] < 0.6 * sizes[1]
+
+
 def test_prune_keeps_the_directory_under_its_budget(tmp_path):
     kv = tmp_path / "kv"
     for system in ("one", "two", "three"):
