@@ -30,7 +30,9 @@
    no tools shown: the adapter learns to keep the raw model's plain chat. Without it the script stops at the tasks and says what the rows
    will cost.
 
-Deterministic under ``--seed`` (training too, on one machine).
+Deterministic under ``--seed`` (training too, on one machine). Each catalogue's synthesis
+draws from its own seed (``--seed`` and the catalogue's name), so catalogues do not repeat
+each other's values and requests.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import argparse
 import json
 import re
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -141,7 +144,8 @@ def main() -> None:
         path = write([cat], out / "catalogues")[0]
         tools = load_tools(path)
         config = SynthConfig(n_train=0 if is_held else args.per_catalogue,
-                             n_heldout=args.heldout_per_catalogue, seed=args.seed,
+                             n_heldout=args.heldout_per_catalogue,
+                             seed=zlib.crc32(f"{args.seed}:{cat.name}".encode()),
                              outside_share=0.0 if is_held else args.outside_share)
         result = synthesize(tools, config, sandbox=sandbox, outside=pool)
         write_tasks(result, path.read_bytes(), out / "tasks" / cat.name)
