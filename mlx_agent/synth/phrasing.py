@@ -22,14 +22,14 @@ from . import pools as P
 from .values import as_schema, kind_of, singular, words
 
 # The first words of a name that read as a verb; otherwise the action is "use <name words>".
-VERBS = frozenset("""add analyze append apply approve archive assign book build buy calculate
+VERBS = frozenset("""add analyze append apply approve archive assign book browse build buy calculate
 cancel change check clear close compare compute convert copy count create decode delete
 describe detect download edit encode estimate evaluate execute explain export fetch filter
-find format generate get grep list load lookup look make merge move open order parse pay
+find format generate get grep list load lookup look make merge modify move open order parse pay
 play post predict print publish query read record register remove rename reply report
 request reserve reset resize restart retrieve run save schedule scan search send set share
 show sort start stop submit summarize sync tag test track transfer translate update upload
-validate verify view write""".split())
+validate verify view withdraw write""".split())
 
 # family -> templates; "[...]" holds the part that mentions the arguments (dropped when none)
 REQUESTS = {
