@@ -110,11 +110,13 @@ def weight_options(f):
 
 
 def prompt_cache_dtype_option(f):
+    """--prompt-cache-dtype: how --prompt-cache-dir files store the KV state."""
     return click.option(
         "--prompt-cache-dtype", type=click.Choice(["float16", "float32", "int8"]),
         default="float16", show_default=True,
-        help="How prompt-cache files store the KV state: float32 loads exactly, float16 "
-             "takes half the bytes, int8 about a quarter (logits drift about 4e-3).")(f)
+        help="How --prompt-cache-dir files store the KV state: int8 takes about half of "
+             "float16's bytes (logits drift about 4e-3); float32 loads exactly when the KV "
+             "cache is float32 (a float16 cache is stored as it is).")(f)
 
 
 def cache_options(f):

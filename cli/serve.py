@@ -36,8 +36,9 @@ from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_
 @load_options
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
-          prompt_cache_dir, prompt_cache_dtype, kv_slots, max_tokens, allow_repeat_calls, max_body_bytes, max_batch,
-          adapter, weights, context_length, temperature, top_p, top_k, min_p, seed):
+          prompt_cache_dir, prompt_cache_dtype, kv_slots, max_tokens, allow_repeat_calls,
+          max_body_bytes, max_batch, adapter, weights, context_length, temperature, top_p,
+          top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
     \b

@@ -25,8 +25,8 @@ SHARE = click.FloatRange(0, 1)
 @click.option("--no-tool-share", type=SHARE, default=DEFAULTS.no_tool_share, show_default=True,
               help="Share of requests that no tool answers (no call is the right reply).")
 @click.option("--outside-share", type=SHARE, default=DEFAULTS.outside_share, show_default=True,
-              help="Share of requests for a tool the catalogue lacks (one of the generated "
-                   "catalogues' tools of other domains): no call is the right reply.")
+              help="Share of requests for a tool the catalogue lacks (a generated tool that "
+                   "shares no noun with the catalogue): no call is the right reply.")
 @click.option("--two-call-share", type=SHARE, default=DEFAULTS.chain_share, show_default=True,
               help="Share of tasks needing two calls, the second on the first one's result.")
 @click.option("--answer-share", type=SHARE, default=DEFAULTS.answer_share, show_default=True,
@@ -36,7 +36,8 @@ SHARE = click.FloatRange(0, 1)
 @mcp_options
 @sandbox_options
 def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_share,
-          two_call_share, answer_share, no_run_tools, mcp_commands, mcp_config, sandbox, allow_network):
+          two_call_share, answer_share, no_run_tools, mcp_commands, mcp_config, sandbox,
+          allow_network):
     """Synthesise tasks for the tools in FILE: a training and a held-out set for `eval`.
 
     Arguments come from each tool's schema, values from pools chosen by parameter name and

@@ -1,9 +1,11 @@
 """Persistent prompt caches: a prompt's KV state on disk, keyed so a wrong hit cannot happen.
 
 One ``.safetensors`` file per key in the format of :mod:`mlx_agent.cache_file` (version 2):
-per layer ``keys.{i}`` and ``values.{i}`` (``[1, kv_heads, T, head_dim]``) and the prompt's
-``token_ids``; string metadata holds the format version, the key, the model identity, the cache
-mode, the creation time and an HMAC-SHA-256 keyed by the user's secret (:mod:`mlx_agent.user_key`).
+per layer ``keys.{i}`` and ``values.{i}`` (``[1, kv_heads, T, head_dim]``; in int8 files,
+packed words with ``.scales`` and ``.biases``: see :class:`cache_file.Layout`) and the
+prompt's ``token_ids``; string metadata holds the format version, the key, the model
+identity, the cache mode, the creation time and an HMAC-SHA-256 keyed by the user's secret
+(:mod:`mlx_agent.user_key`).
 Nothing is unpickled or built from a name found in a file. Sessions (:func:`save_session`) are
 the same format with the conversation in the metadata.
 

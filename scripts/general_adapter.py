@@ -14,7 +14,8 @@
 2. Runs task synthesis (``mlx_agent synth``'s :func:`synthesize`) on each: ``tasks/NAME/``
    gets ``train.jsonl`` and ``heldout.jsonl`` for a training catalogue, ``heldout.jsonl``
    only for a held-out one. ``--outside-share`` of the training tasks ask for a tool of
-   another training catalogue's domain, which the catalogue lacks (no call is right).
+   another training catalogue (never a held-out one's) that shares no noun with this one
+   (no call is right).
 3. Prints the corpus's size: tasks by kind, and the tokens a written row of each would have
    (the catalogue's system prompt as the json format renders it, the request, the calls as
    the grammar writes them, a short result and answer: an estimate until the rows are
@@ -27,8 +28,8 @@
    adapter on them into ``DIR`` within ``--minutes`` (mlx_agent.sft; the adapter is written
    when the time runs out). With ``--raw-chat`` a no-tool request's answer is the raw
    model's own reply to it (greedy, without tools), and each such request is also a row with
-   no tools shown: the adapter learns to keep the raw model's plain chat. Without it the script stops at the tasks and says what the rows
-   will cost.
+   no tools shown: the adapter learns to keep the raw model's plain chat. Without
+   ``--train`` the script stops at the tasks and says what the rows will cost.
 
 Deterministic under ``--seed`` (training too, on one machine). Each catalogue's synthesis
 draws from its own seed (``--seed`` and the catalogue's name), so catalogues do not repeat
@@ -46,7 +47,6 @@ from collections import Counter
 from pathlib import Path
 
 import mlx_agent  # noqa: F401  (fast BLAS before mlx)
-from mlx_agent.batch_runner import BatchRunner, run_pool
 from mlx_agent.engine import SamplingParams
 from mlx_agent.formats import make_format
 from mlx_agent.grammar import call_text
@@ -55,7 +55,7 @@ from mlx_agent.fileio import write_jsonl
 from mlx_agent.sft import SFTConfig, train as train_adapter
 from mlx_agent.serve import ChatService
 from mlx_agent.serve.service import ChatCall
-from mlx_agent.synth.catalogues import Catalogue, catalogues, generate_tools, write
+from mlx_agent.synth.catalogues import Catalogue, catalogues, write
 from mlx_agent.synth.conversations import Outcomes, rows as written_rows
 from mlx_agent.synth.synthesis import SynthConfig, synthesize
 from mlx_agent.synth.synthesis import write as write_tasks
@@ -89,23 +89,23 @@ def row_tokens(lm, fmt, tools, task: dict) -> int:
     return n + REPLY_OVERHEAD
 
 
-def raw_replies(lm, prompts: list[str], max_tokens: int = 48, batch: int = 8) -> dict[str, str]:
-    """The raw model's own greedy reply to each prompt, without tools, cut after its last
-    whole sentence when it ran out of tokens."""
-    with BatchRunner(lm.model, max_batch=batch) as runner:
-        service = ChatService(lm, tools=[], kv_slots=0,
-                              engines=[runner.engine(lm) for _ in range(batch)])
-
-        def reply(svc, prompt: str) -> str:
-            r = svc.chat(svc.prepare(ChatCall([{"role": "user", "content": prompt}], tools=[],
-                                              max_tokens=max_tokens,
-                                              sampling=SamplingParams())))
-            text = (r.content or "").strip()
-            if r.finish_reason == "length":
-                text = re.sub(r"(?s)(.*[.!?])\s.*", r"\1", text)
-            return text
-
-        return dict(zip(prompts, run_pool([service] * batch, prompts, reply)))
+def raw_replies(lm, prompts: list[str], max_tokens: int = 48) -> dict[str, str]:
+    """The raw model's own greedy reply to each prompt, without tools, one at a time (a
+    batch's rounding could break a near-tie differently from run to run); a reply cut by
+    ``max_tokens`` keeps its whole sentences, and one with none, or empty, is left out."""
+    service = ChatService(lm, tools=[], kv_slots=0)
+    out = {}
+    for prompt in prompts:
+        r = service.chat(service.prepare(ChatCall(
+            [{"role": "user", "content": prompt}], tools=[], max_tokens=max_tokens,
+            sampling=SamplingParams())))
+        text = (r.content or "").strip()
+        if r.finish_reason == "length":
+            whole = re.match(r"(?s).*[.!?](?=\s|$)", text)
+            text = whole.group(0) if whole else ""
+        if text:
+            out[prompt] = text
+    return out
 
 
 def main() -> None:
@@ -131,10 +131,20 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     heldout = set(args.heldout_domains.split(","))
-    size = tuple(int(n) for n in args.catalogue_size.split(","))
+    try:
+        low, high = (int(n) for n in args.catalogue_size.split(","))
+        if not 1 <= low <= high:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--catalogue-size takes MIN,MAX with 1 <= MIN <= MAX, not "
+                 f"{args.catalogue_size!r}")
+    if not 0 <= args.outside_share <= 0.5:
+        ap.error("--outside-share takes a share from 0 to 0.5")
     _, held = split(catalogues(args.seed), heldout)
-    train, _ = split(catalogues(args.seed, size=size, mixed=args.mixed), heldout)
-    pool = declared_tools([t for d, t in generate_tools(args.seed) if d not in heldout])
+    train, _ = split(catalogues(args.seed, size=(low, high), mixed=args.mixed), heldout)
+    # what outside requests ask for: training catalogues' tools only, never a held-out one's
+    pool = declared_tools(list({t["function"]["name"]: t for c in train for t in c.tools}
+                               .values()))
     lm = load(args.model)
     fmt = make_format("json", lm)
     sandbox = resolve_sandbox("auto", warn=print)

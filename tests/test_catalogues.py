@@ -96,4 +96,5 @@ def test_synth_makes_calls_chains_answers_and_no_tool_tasks_from_a_catalogue(tmp
     result = synthesize(load_tools(path), SynthConfig(n_train=40, n_heldout=10))
     kinds = Counter(t.kind for t in result.train)
     assert all(kinds[k] > 0 for k in ("call", "none", "chain", "answer")), kinds
-    assert result.report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0}
+    assert result.report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0,
+                                        "outside tools": 0}

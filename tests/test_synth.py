@@ -21,7 +21,7 @@ from mlx_agent.synth import tasks as tasks_module
 from mlx_agent.synth.conversations import Outcomes, write_conversation
 from mlx_agent.synth.synthesis import SynthConfig, generated_tools, synthesize
 from mlx_agent.synth.values import canonical, free_leaves, words
-from mlx_agent.tools import load_tools, run_tool
+from mlx_agent.tools import declared_tools, load_tools, run_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
@@ -205,9 +205,34 @@ def test_outside_requests_ask_for_a_tool_of_another_domain_and_expect_no_call():
             assert [m["role"] for m in messages] == ["user", "assistant"]
             assert phrasing.action_of(name) in messages[1]["content"]
     assert s.report["overlap"]["values"] == 0 and s.report["overlap"]["prompts"] == 0
+    asked = [{t.tools[0] for t in side if t.kind == "outside"} for side in (s.train, s.heldout)]
+    assert asked[0] and asked[1] and not asked[0] & asked[1]
+    assert s.report["overlap"]["outside tools"] == 0
     assert not [t for t in synthesize(tools, SynthConfig(n_train=40, n_heldout=20,
                                                          run_tools=False)).train
                 if t.kind == "outside"]  # off by default
+
+
+def test_flags_read_as_words_of_their_side():
+    assert phrasing.flag("include_photos", True, pools.TRAIN) == "include photos"
+    assert phrasing.flag("include_photos", False, pools.TRAIN) == "do not include photos"
+    assert phrasing.flag("awayMode", False, pools.TRAIN) == "away mode off"
+    assert phrasing.flag("include_photos", True, pools.HELDOUT) == "please include photos"
+    assert phrasing.flag("away_mode", True, pools.HELDOUT) == "with away mode"
+    train, held = ({phrasing.flag(n, v, side) for n in ("skip_x", "x_mode") for v in (True, False)}
+                   for side in (pools.TRAIN, pools.HELDOUT))
+    assert not train & held
+
+
+def test_an_outside_tool_may_share_only_a_leading_verb_with_the_catalogue():
+    def tool(name):
+        return declared_tools([fn(name, "Does a thing.", {})])[0]
+
+    catalogue = [tool("create_standing_order"), tool("get_balance")]
+    pool = [tool("get_weather"), tool("create_purchase_order"), tool("order_pizza"),
+            tool("list_orders")]
+    names = [t.name for t in tasks_module.outside_tools(catalogue, pool)]
+    assert names == ["get_weather", "order_pizza"]  # "order" leads as a verb: allowed
 
 
 def test_held_out_shares_no_value_template_prompt_or_call(catalogue_run, bfcl_file):
@@ -227,7 +252,8 @@ def test_held_out_shares_no_value_template_prompt_or_call(catalogue_run, bfcl_fi
         assert not {c for t in s.train for c in t.calls} & {c for t in s.heldout for c in t.calls}
         assert not {i for t in s.train for i in t.templates} & {
             i for t in s.heldout for i in t.templates}
-        assert s.report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0}
+        assert s.report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0,
+                                       "outside tools": 0}
     assert not phrasing.template_ids(pools.TRAIN) & phrasing.template_ids(pools.HELDOUT)
     for pool in (pools.CITIES, pools.PEOPLE, pools.SENTENCES, pools.TOPICS):
         assert not set(pools.split(pool, pools.TRAIN)) & set(pools.split(pool, pools.HELDOUT))
@@ -270,12 +296,13 @@ def test_cli_is_deterministic_and_eval_loads_what_it_writes(tmp_path):
     assert outs["a"] == outs["b"]
     assert outs["a"]["train.jsonl"] != outs["c"]["train.jsonl"]
     assert outs["a"]["tools.json"] == CATALOGUE.read_bytes()
-    assert "values 0, templates 0, prompts 0, calls 0" in r.stdout
+    assert "values 0, templates 0, prompts 0, calls 0, outside tools 0" in r.stdout
     for split, n in (("train", 50), ("heldout", 20)):
         tasks = load_tasks(tmp_path / "a" / f"{split}.jsonl")
         assert len(tasks) == n and all(t.tools == "tools.json" for t in tasks)
     report = json.loads(outs["a"]["report.json"])
-    assert report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0}
+    assert report["overlap"] == {"values": 0, "templates": 0, "prompts": 0, "calls": 0,
+                                 "outside tools": 0}
 
 
 def test_eval_runs_synthesised_tasks(tiny_lm, tmp_path):

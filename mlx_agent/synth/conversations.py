@@ -4,9 +4,10 @@ For each task of :mod:`.tasks`, :func:`write_conversation` writes the request, t
 call the task involves with its arguments, the tool's result as the agent would show it
 (``ToolResult.for_model``), and a short answer that states the last result; a task that
 needs no tool gets a direct answer and no call; a two-call task's second call already
-carries the first result (synthesis built it from the tool's real result). :func:`rows`
-renders them with :func:`mlx_agent.written_rows.conversation_row`: the agent's own wire
-format, token-exact, the loss only on assistant tokens.
+carries the first result (synthesis built it from the tool's real result); a request for a
+tool the catalogue lacks (kind ``outside``) gets a short "I cannot" that names the action.
+:func:`rows` renders them with :func:`mlx_agent.written_rows.conversation_row`: the agent's
+own wire format, token-exact, the loss only on assistant tokens.
 
 A result (:class:`Outcomes`) is the tool's own when the tool runs and succeeds (exit 0,
 some output): ``_exec`` tools in the given sandbox, in a fresh copy of the fixture or an
@@ -16,7 +17,8 @@ schema (:mod:`.results`) and counted as such. Deterministic under a seed, given 
 are.
 
 Not promised: that a synthesised result is what the tool would return; answers to no-tool
-requests that say more than a polite, on-topic line.
+requests that say more than a polite, on-topic line (unless ``replies`` gives them, e.g. the
+raw model's own).
 """
 
 from __future__ import annotations

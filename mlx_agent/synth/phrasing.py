@@ -26,10 +26,10 @@ VERBS = frozenset("""add analyze append apply approve archive assign book browse
 cancel change check clear close compare compute convert copy count create decode delete
 describe detect download edit encode estimate evaluate execute explain export fetch filter
 find format generate get grep list load lookup look make merge modify move open order parse pay
-play post predict print publish query read record register remove rename reply report
+play post predict print project publish query read record register remove rename reply report
 request reserve reset resize restart retrieve run save schedule scan search send set share
 show sort start stop submit summarize sync tag test track transfer translate update upload
-validate verify view withdraw write""".split())
+validate verify view withdraw work write""".split())
 
 # family -> templates; "[...]" holds the part that mentions the arguments (dropped when none)
 REQUESTS = {
@@ -94,12 +94,15 @@ ARG_STYLES = {
               ("vl", "{value} {label}", ", ", " and ")),
     P.HELDOUT: (("eq", "{label}={value}", ", ", ", "),
                 ("being", "the {label} being {value}", ", ", " and "),
-                ("set", "{label} set to {value}", ", ", " and ")),
+                ("equal", "{label} equal to {value}", ", ", " and ")),
 }
-# A boolean argument reads as its label (a label that starts with one of these verbs: "avoid
-# tolls"), or as "on"/"off" after it, instead of "true"/"false"
-FLAG_VERBS = frozenset("""allow avoid enable exclude include keep notify only require return
-send show skip use""".split())
+# A boolean argument in words, from its name: a name that starts with one of FLAG_VERBS reads
+# as a verb phrase ("avoid tolls"), any other as a switch ("away mode on"); by side,
+# (verb phrase, true / false), (switch, true / false)
+FLAG_VERBS = frozenset("""allow avoid enable exclude include keep notify require return send
+show skip use""".split())
+FLAGS = {P.TRAIN: (("{p}", "do not {p}"), ("{p} on", "{p} off")),
+         P.HELDOUT: (("please {p}", "don't {p}"), ("with {p}", "without {p}"))}
 QUOTED = frozenset({"text", "query", "title", "word", "product", "company", "address",
                     "command", "quantity"})
 _SEGMENT = re.compile(r"\[([^\]]*)\]")
@@ -181,12 +184,14 @@ def say(value: Any, schema: dict, name: str, context: frozenset, rng: random.Ran
 
 def args_text(arguments: dict, schema: dict, context: frozenset, rng: random.Random,
               style: tuple) -> str:
-    """The argument list in ``style`` (an ``ARG_STYLES`` entry), in the arguments' order."""
+    """The argument list in ``style`` (an ``ARG_STYLES`` entry), in a random order (not the
+    schema's: a value binds to its label, not its position); flags in their side's words."""
     _, item, sep, last = style
+    side = P.TRAIN if style in ARG_STYLES[P.TRAIN] else P.HELDOUT
     props = schema.get("properties", {})
     order = list(arguments.items())
-    rng.shuffle(order)  # the request's order is not the schema's: bind values by their labels
-    parts = [flag(label(k, props.get(k, {}), rng), v) if isinstance(v, bool) else
+    rng.shuffle(order)
+    parts = [flag(k, v, side) if isinstance(v, bool) else
              item.format(label=label(k, props.get(k, {}), rng),
                          value=say(v, props.get(k, {}), k, context, rng, style))
              for k, v in order]
@@ -195,13 +200,14 @@ def args_text(arguments: dict, schema: dict, context: frozenset, rng: random.Ran
     return sep.join(parts[:-1]) + last + parts[-1]
 
 
-def flag(name: str, value: bool) -> str:
-    """A boolean argument in words: "include photos", "away mode off"."""
-    phrase = re.sub(r"\s*\(true or false\)$", "", name)
-    first = phrase.split(" ")[0].lower()
-    if first in FLAG_VERBS:
-        return phrase if value else f"do not {phrase}"
-    return f"{phrase} {'on' if value else 'off'}"
+def flag(name: str, value: bool, side: str) -> str:
+    """Boolean parameter ``name`` set to ``value``, in ``side``'s words: "include photos",
+    "away mode off"."""
+    w = words(name)
+    phrase = " ".join(w) or name
+    verb, switch = FLAGS[side]
+    true, false = verb if w and w[0] in FLAG_VERBS else switch
+    return (true if value else false).format(p=phrase)
 
 
 def fill(template: str, args: str, **slots: str) -> str:

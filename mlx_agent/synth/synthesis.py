@@ -101,8 +101,10 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
         {"chain"} if cat.chains else set()) | ({"outside"} if cat.outside else set())
     if not cat.usable:
         available = {"none"}
+    if not _half(cat.outside, side):
+        available.discard("outside")
     tools, answering = _cycle(rng, cat.usable), _cycle(rng, cat.answerable)
-    foreign = _cycle(rng, cat.outside)
+    foreign = _cycle(rng, _half(cat.outside, side))
     sources = sorted(cat.chains)
     makers = {
         "call": lambda: b.call(next(tools)),
@@ -132,6 +134,13 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
                 break
     return [dataclasses.replace(t, task={"id": f"{side}-{i:04d}-{t.kind}", **t.task})
             for i, t in enumerate(out)]
+
+
+def _half(tools: list[Tool], side: str) -> list[Tool]:
+    """``side``'s half of the tools ``outside`` requests ask for (by name, alternately), so
+    held-out requests never ask for a tool training taught the model it lacks."""
+    ordered = sorted(tools, key=lambda t: t.name)
+    return ordered[0 if side == P.TRAIN else 1::2]
 
 
 def _draw(make, ok) -> SynthTask | None:
@@ -174,7 +183,8 @@ def overlap(train: list[SynthTask], heldout: list[SynthTask]) -> dict[str, int]:
         return len(a & {x for t in heldout for x in get(t)})
 
     return {"values": each(lambda t: t.values), "templates": each(lambda t: t.templates),
-            "prompts": each(lambda t: [t.task["prompt"]]), "calls": each(lambda t: t.calls)}
+            "prompts": each(lambda t: [t.task["prompt"]]), "calls": each(lambda t: t.calls),
+            "outside tools": each(lambda t: t.tools if t.kind == "outside" else ())}
 
 
 def _report(train, heldout, cat: _Catalogue, config: SynthConfig) -> dict:

@@ -5,9 +5,9 @@ Five kinds, in ``eval``'s task format (``evaluate.Task``):
 - ``call``: one request, checked by the expected call (``tool_calls``);
 - ``none``: chit-chat or general knowledge unrelated to the catalogue, checked by
   ``tool_calls: []`` (no call may be made);
-- ``outside``: a request phrased like a tool request, for a tool of another domain that the
-  catalogue lacks (see :func:`outside_tools`), checked by ``tool_calls: []``: the model must
-  say it cannot, not call the nearest tool it has;
+- ``outside``: a request phrased like a tool request, for a tool the catalogue lacks (see
+  :func:`outside_tools`; each side asks for its own half of them), checked by
+  ``tool_calls: []``: the model must say it cannot, not call the nearest tool it has;
 - ``chain``: two calls where the second takes the first one's result as a parameter
   (a number into a number parameter, a short text into a free-text one), checked by both
   calls in order;
@@ -226,11 +226,15 @@ def _vocabulary(tools: list[Tool]) -> set[str]:
 
 def outside_tools(tools: list[Tool], pool: list[Tool]) -> list[Tool]:
     """The tools of ``pool`` a request of kind ``outside`` may ask for: none shares a
-    noun of its name (a word that is not a verb) with the catalogue's vocabulary, so none
-    is something the catalogue can do under another name."""
+    word of its name but a leading verb with the catalogue's vocabulary, so none is
+    something the catalogue can do under another name."""
     vocab, names = _vocabulary(tools), {t.name for t in tools}
-    return [t for t in pool if t.name not in names
-            and not {singular(w) for w in words(t.name) if w not in VERBS} & vocab]
+
+    def nouns(name: str) -> set[str]:
+        w = words(name)
+        return {singular(x) for x in (w[1:] if w and w[0] in VERBS else w)}
+
+    return [t for t in pool if t.name not in names and not nouns(t.name) & vocab]
 
 
 @dataclass
