@@ -11,7 +11,7 @@ class SynthConfig:
     n_heldout: int = 60
     seed: int = 0
     no_tool_share: float = 0.15  # requests no tool answers
-    outside_share: float = 0.0  # requests for a tool of another domain, which must not call
+    outside_share: float = 0.0  # requests for a tool the catalogue lacks: no call is right
     chain_share: float = 0.15  # two calls, the second taking the first one's result
     answer_share: float = 0.2  # the answer must state the tool's result
     optional_share: float = 0.5  # how often an optional parameter is given

@@ -173,7 +173,8 @@ def no_tool_answer(task: SynthTask) -> str:
 
 
 def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcomes,
-                       rng: random.Random, replies: Mapping[str, str] = {}) -> list[dict]:
+                       rng: random.Random, replies: Mapping[str, str] | None = None
+                       ) -> list[dict]:
     """The task's conversation: request, calls with their results, and the answer
     (to a no-tool request: ``replies[prompt]`` where given, e.g. the raw model's own)."""
     messages = [{"role": "user", "content": task.task["prompt"]}]
@@ -182,7 +183,7 @@ def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcom
         answer = rng.choice(OUTSIDE_ANSWERS).format(action=action_of(task.tools[0]))
         return messages + [{"role": "assistant", "content": answer}]
     if not calls:
-        reply = replies.get(task.task["prompt"]) or no_tool_answer(task)
+        reply = (replies or {}).get(task.task["prompt"]) or no_tool_answer(task)
         return messages + [{"role": "assistant", "content": reply}]
     outcome = None
     for n, (tool, arguments) in enumerate(calls):
@@ -194,7 +195,7 @@ def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcom
 
 
 def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
-         seed: int = 0, replies: Mapping[str, str] = {}) -> list[dict]:
+         seed: int = 0, replies: Mapping[str, str] | None = None) -> list[dict]:
     """One training row per task (``conversation_row``'s, plus ``task`` and ``kind``);
     ``replies`` as :func:`write_conversation` takes them."""
     rng = random.Random(f"{seed}:answers")

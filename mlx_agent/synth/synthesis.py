@@ -52,7 +52,7 @@ class _Catalogue:
     answerable: list[Tool]
     chains: dict[str, list]
     skipped: dict[str, str]
-    outside: list[Tool]  # tools of other domains that ``outside`` requests ask for
+    outside: list[Tool]  # tools the catalogue lacks, which ``outside`` requests ask for
 
 
 def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None,
@@ -97,14 +97,13 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
           taken: list[SynthTask]) -> list[SynthTask]:
     rng = random.Random(f"{config.seed}:{side}")
     b = Builder(cat.usable, side, rng, cat.results, config.optional_share, config.files)
+    asked = _half(cat.outside, side)
     available = {"call", "none"} | ({"answer"} if cat.answerable else set()) | (
-        {"chain"} if cat.chains else set()) | ({"outside"} if cat.outside else set())
+        {"chain"} if cat.chains else set()) | ({"outside"} if asked else set())
     if not cat.usable:
         available = {"none"}
-    if not _half(cat.outside, side):
-        available.discard("outside")
-    tools, answering = _cycle(rng, cat.usable), _cycle(rng, cat.answerable)
-    foreign = _cycle(rng, _half(cat.outside, side))
+    tools, answering, foreign = (_cycle(rng, cat.usable), _cycle(rng, cat.answerable),
+                                 _cycle(rng, asked))
     sources = sorted(cat.chains)
     makers = {
         "call": lambda: b.call(next(tools)),

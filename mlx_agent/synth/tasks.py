@@ -155,10 +155,14 @@ class Builder:
             raise Unsatisfiable(f"{tool.name}: {problems[0]}")
         return args
 
-    def _task(self, kind: str, prompt: Phrase, check: dict, calls: list[tuple[Tool, dict]]):
-        values = frozenset(v for tool, args in calls for v in free_leaves(tool.parameters, args))
+    def _task(self, kind: str, prompt: Phrase, check: dict, calls: list[tuple[Tool, dict]],
+              asked: tuple[Tool, dict] | None = None):
+        """A task whose expected ``calls`` are given; ``asked``: the (tool, arguments) an
+        ``outside`` request names, whose values count as the task's, with no call."""
+        named = calls + ([asked] if asked else [])
+        values = frozenset(v for tool, args in named for v in free_leaves(tool.parameters, args))
         task = {"prompt": prompt.text, "tools": "tools.json", "check": check}
-        return SynthTask(task, kind, tuple(t.name for t, _ in calls), prompt.templates,
+        return SynthTask(task, kind, tuple(t.name for t, _ in named), prompt.templates,
                          tuple(canonical(_call(t.name, a)) for t, a in calls), values)
 
     def call(self, tool: Tool) -> SynthTask:
@@ -203,10 +207,8 @@ class Builder:
         if tool.name in self.by_name:
             return None
         args = self.arguments(tool)
-        prompt = self.phraser.request(tool, args)
-        values = frozenset(free_leaves(tool.parameters, args))
-        task = {"prompt": prompt.text, "tools": "tools.json", "check": {"tool_calls": []}}
-        return SynthTask(task, "outside", (tool.name,), prompt.templates, (), values)
+        return self._task("outside", self.phraser.request(tool, args), {"tool_calls": []}, [],
+                          asked=(tool, args))
 
 
 STOP = frozenset("""a an the and or of to for in on at by with from is are be it its this that
