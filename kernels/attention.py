@@ -15,8 +15,9 @@ masks, exponentiates sixteen at a time and sums the values.
 - :func:`attention`: the decode kernel for a single float32 query position without a mask,
   or with the padding mask of a left-padded batch given as each row's first key
   (``starts``: a batched decode step), the prefill kernel for a ``"causal"`` mask; head
-  sizes a multiple of 16 and at most :data:`MAX_KEYS` keys. ``mx.fast.scaled_dot_product_attention`` otherwise, which is also
-  the reference the tests compare with.
+  sizes a multiple of 16 and at most :data:`MAX_KEYS` keys.
+  ``mx.fast.scaled_dot_product_attention`` otherwise, which is also the reference the tests
+  compare with.
 
 Not promised: bit-identical results to ``mx.fast`` (another exp and summation order; they
 agree to float32 rounding).

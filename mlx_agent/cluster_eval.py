@@ -5,9 +5,8 @@ once per worker) and takes runs: an ``eval`` run is one (task, seed), an ``eval-
 one question. With ``batch`` > 1 a worker takes that many runs at once and decodes them
 together (:mod:`mlx_agent.batch_runner`: an engine a run, one model thread, shared
 prefixes), as ``--batch`` does in one process. A worker records a run's trajectory in a
-directory of its own and sends the
-file's bytes back; the driver writes it, atomically, into ``--trajectory-dir`` under the same
-name, so the directory looks as a local run leaves it. Results come back in task order, and
+directory of its own and sends the file's bytes back; the driver writes it, atomically, into
+``--trajectory-dir`` under the same name, so the directory looks as a local run leaves it. Results come back in task order, and
 the checks are the local ones, so greedy runs give the same rewards, calls and trajectories
 as a local run (timings and trajectory ids apart).
 

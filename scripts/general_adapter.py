@@ -149,7 +149,7 @@ def main() -> None:
     fmt = make_format("json", lm)
     sandbox = resolve_sandbox("auto", warn=print)
     outcomes = Outcomes(run=True, sandbox=sandbox, seed=args.seed)
-    kinds, tokens, rows, made = Counter(), 0, 0, []
+    kinds, tokens, made = Counter(), 0, []
     for cat, is_held in [(c, False) for c in train] + [(c, True) for c in held]:
         path = write([cat], out / "catalogues")[0]
         tools = load_tools(path)
@@ -162,8 +162,8 @@ def main() -> None:
         for t in result.train:
             kinds[t.kind] += 1
             tokens += row_tokens(lm, fmt, tools, t.task)
-            rows += 1
         made.append((tools, result.train))
+    rows = sum(kinds.values())
     iterations = -(-rows // args.batch)
     fits = int(args.minutes * 60 / args.seconds_per_iteration) * args.batch
     summary = {
