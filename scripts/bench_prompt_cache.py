@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/bench_prompt_cache.py [--tokens 900] [--repeats 5]
 
-Builds a system prompt of about ``--tokens`` tokens (repeated tool descriptions), saves it
+Renders the agent's json-protocol system prompt for ``mlx_agent bench prefill``'s synthetic
+tools (:func:`mlx_agent.bench.synthetic_tools`), as many as make ``--tokens``, saves it
 with each storage dtype (float32, float16, int8) to a fresh directory, then loads it
 ``--repeats`` times into a new engine (a fresh :class:`PromptCache` each time, so from disk)
 and reports the median load, the file's bytes, and the relative logit drift after a short
@@ -23,11 +24,11 @@ os.environ.setdefault("MLX_AGENT_KV_DTYPE", "float32")
 import mlx_agent  # noqa: E402,F401  (fast BLAS before mlx)
 import numpy as np  # noqa: E402
 
+from mlx_agent.bench import synthetic_tools  # noqa: E402
+from mlx_agent.formats import make_format  # noqa: E402
 from mlx_agent.models import load  # noqa: E402
 from mlx_agent.prompt_cache import STORAGE_DTYPES, PromptCache  # noqa: E402
-
-LINE = ("- search_flights(origin: string, destination: string, date: string)  Find flights "
-        "between two airports on a date, cheapest first.\n")
+from mlx_agent.tools import declared_tools  # noqa: E402
 
 
 def main() -> None:
@@ -37,10 +38,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     lm = load(args.model)
-    text, ids = "You are an agent with these tools:\n", []
+    fmt, n, ids = make_format("json", lm), 0, []
     while len(ids) < args.tokens:
-        text += LINE
-        ids = lm.prompt_ids(text)
+        n += 1
+        ids = fmt.system_prefix(declared_tools(synthetic_tools(n)), False)
     suffix = lm.encode("What is the cheapest flight to Lisbon tomorrow?")
     fresh_times = []
     for _ in range(args.repeats):
