@@ -176,6 +176,16 @@ def test_kinds_come_in_their_shares(catalogue_run):
             assert len(calls_of(t.task)) == 2
 
 
+def test_a_share_too_small_for_one_catalogue_holds_over_many():
+    """5% of 8 tasks is 0.4: rounded, no catalogue would get one; drawn, 1 in 2.5 does."""
+    rng = random.Random(0)
+    plans = [tasks_module.Plan.of(8, {"outside": 0.05, "none": 0.15}, {"call", "outside", "none"},
+                                  rng).counts for _ in range(2000)]
+    assert {p["outside"] for p in plans} == {0, 1} and {p["none"] for p in plans} == {1, 2}
+    assert 0.045 < sum(p["outside"] for p in plans) / (8 * 2000) < 0.055
+    assert all(sum(p.values()) == 8 for p in plans)
+
+
 def test_a_catalogue_without_results_gets_no_chains_or_answers():
     s = synthesize(load_tools(CATALOGUE), SynthConfig(n_train=40, n_heldout=20,
                                                       run_tools=False))

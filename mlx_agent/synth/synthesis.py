@@ -117,7 +117,7 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
     seen_calls = {c for t in taken for c in t.calls}
     out: list[SynthTask] = []
     misses = 0
-    for kind in Plan.of(n, config.shares(), available).slots(rng):
+    for kind in Plan.of(n, config.shares(), available, rng).slots(rng):
         for k in [k for k in (kind, "call") if k in available]:  # none usable: skipped
             task = _draw(makers[k], lambda t: not (t.values & seen_values
                                                    or t.task["prompt"] in seen_prompts

@@ -246,9 +246,16 @@ class Plan:
     counts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, n: int, shares: dict[str, float], available: set[str]) -> "Plan":
-        counts = {k: round(n * shares.get(k, 0.0)) if k in available else 0
-                  for k in KINDS if k != "call"}
+    def of(cls, n: int, shares: dict[str, float], available: set[str],
+           rng: random.Random) -> "Plan":
+        """``n * share`` tasks of each available kind, the rest calls. A fractional count
+        rounds up with the probability of its fraction, so a share too small for one
+        catalogue (5% of 8 tasks) still has its share over many."""
+        def count(k: str) -> int:
+            whole, frac = divmod(round(n * shares.get(k, 0.0), 9), 1)
+            return int(whole) + (frac > 0 and rng.random() < frac)
+
+        counts = {k: count(k) if k in available else 0 for k in KINDS if k != "call"}
         counts["call"] = max(n - sum(counts.values()), 0)
         return cls(counts)
 
