@@ -1,5 +1,5 @@
-"""The CPU kernels (quantized matmul, RMS norm, RoPE) against their pure-MLX references, from
-one call to whole models.
+"""The CPU kernels (quantized matmul, RMS norm, RoPE, attention, the fused decode blocks)
+against their pure-MLX references, from one call to whole models.
 
 The reference half always runs; the kernel half skips only where the kernel did not build
 (``kernel_status`` says why). Errors are relative to the largest reference value."""
@@ -19,9 +19,12 @@ from mlx.utils import tree_flatten
 from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
                                quantized_matmul, quantized_matmul_ops, quantized_matmuls,
                                rms_norm, rope)
+from mlx_agent.kernels.decode_block import (Rope, attention_inputs, attention_inputs_ops,
+                                            layer_tail, layer_tail_ops)
 from mlx_agent.kernels.ext import extension
 from mlx_agent.models import load
-from mlx_agent.models.cpu_layers import (KernelLlamaAttention, KernelLlamaMLP,
+from mlx_agent.models import cpu_layers
+from mlx_agent.models.cpu_layers import (KernelLlamaAttention, KernelLlamaBlock, KernelLlamaMLP,
                                          KernelQuantizedEmbedding, KernelQuantizedLinear,
                                          KernelRMSNorm, KernelRoPE)
 
@@ -115,6 +118,24 @@ ISA_CHECK = textwrap.dedent("""
                 ref = np.array(quantized_matmul_ops(x, q, s, b, bits))
                 got = np.array(quantized_matmul(x, q, s, b, bits))
                 worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
+    from mlx_agent.kernels.decode_block import (Rope, attention_inputs, attention_inputs_ops,
+                                                layer_tail, layer_tail_ops)
+    def weights(n, k, bits, seed):
+        q, s, b = mx.quantize(mx.random.normal((n, k), key=mx.random.key(seed)) * 0.1,
+                              group_size=32, bits=bits)
+        return q, s.astype(mx.float16), b.astype(mx.float16), bits
+    x = mx.random.normal((3, 1, 64), key=mx.random.key(7))
+    norm = mx.random.uniform(0.5, 1.5, (64,), key=mx.random.key(8))
+    qkv = [weights(128, 64, 4, 1), weights(64, 64, 8, 2), weights(64, 64, 4, 3)]
+    rope = Rope(32, False, 10000.0, 1.0, 9)
+    got = attention_inputs(x, norm, 1e-5, qkv, 4, 2, rope, mx.float32)
+    ref = attention_inputs_ops(x, norm, 1e-5, qkv, 4, 2, rope, mx.float32)
+    mats = [weights(64, 128, 4, 4), weights(96, 64, 4, 5), weights(96, 64, 8, 6),
+            weights(64, 96, 4, 7)]
+    attn = mx.random.normal((3, 1, 128), key=mx.random.key(9))
+    for g, r in zip([*got, layer_tail(attn, x, norm, 1e-5, *mats)],
+                    [*ref, layer_tail_ops(attn, x, norm, 1e-5, *mats)]):
+        worst = max(worst, float(mx.abs(g - r).max() / mx.abs(r).max()))
     print(worst)
 """)
 
@@ -213,6 +234,61 @@ def test_every_instruction_set_and_thread_count_matches_reference(isa, threads):
     assert float(out[1]) < TOL
 
 
+def quantized(n, k, bits, seed, dtype=mx.float16):
+    q, s, b = mx.quantize(mx.random.normal((n, k), key=mx.random.key(seed)) * 0.1,
+                          group_size=32, bits=bits)
+    return q, s.astype(dtype), b.astype(dtype), bits
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 16])
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("traditional", [False, True])
+def test_decode_blocks_match_their_reference(rows, kv_dtype, traditional):
+    E, H, KVH, D, I = 96, 6, 2, 32, 160
+    x = mx.random.normal((rows, 1, E), key=mx.random.key(rows)) * 3
+    norm = mx.random.uniform(0.5, 1.5, (E,), key=mx.random.key(1))
+    qkv = [quantized(H * D, E, 4, 2), quantized(KVH * D, E, 8, 3, mx.float32),
+           quantized(KVH * D, E, 4, 4)]
+    for dims, offset, tol in ((D, 0, 1e-5), (D // 2, 4000, 1e-4)):  # RoPE's angles at 4000
+        rope = Rope(dims, traditional, 10000.0, 0.5, offset)
+        got = attention_inputs(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype)
+        ref = attention_inputs_ops(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype)
+        assert [(a.shape, a.dtype) for a in got] == [(a.shape, a.dtype) for a in ref]
+        assert [a.shape for a in got] == [(rows, H, 1, D), (rows, KVH, 1, D), (rows, KVH, 1, D)]
+        for g, r in zip(got, ref):
+            ulp = 1e-3 if g.dtype == mx.float16 else 0.0  # a rounding either side of a half
+            assert rel_err(g.astype(mx.float32), r.astype(mx.float32)) < max(tol, ulp)
+    o, gate, up = quantized(E, H * D, 4, 5), quantized(I, E, 4, 6), quantized(I, E, 8, 7)
+    down = quantized(E, I, 4, 8)
+    attn = mx.random.normal((rows, 1, H * D), key=mx.random.key(9))
+    got = layer_tail(attn, x, norm, 1e-5, o, gate, up, down)
+    assert got.shape == x.shape
+    assert rel_err(got, layer_tail_ops(attn, x, norm, 1e-5, o, gate, up, down)) < 1e-5
+    # a strided attention output (a transposed view) reads the same
+    strided = attn.reshape(rows, H * D, 1).transpose(0, 2, 1)
+    assert rel_err(layer_tail(strided, x, norm, 1e-5, o, gate, up, down), got) < 1e-6
+
+
+def test_decode_blocks_fall_back_outside_a_decode_step():
+    """Two positions, or more rows than the matmul kernel takes: the reference runs."""
+    E, H, D = 64, 2, 32
+    norm = mx.ones((E,))
+    qkv = [quantized(H * D, E, 4, s) for s in (1, 2, 3)]
+    rope = Rope(D, False, 10000.0, 1.0, 3)
+    for x in (mx.random.normal((1, 2, E)), mx.random.normal((17, 1, E))):
+        got = attention_inputs(x, norm, 1e-5, qkv, H, H, rope, mx.float32)
+        ref = attention_inputs_ops(x, norm, 1e-5, qkv, H, H, rope, mx.float32)
+        assert [a.shape for a in got] == [(x.shape[0], H, x.shape[1], D)] * 3
+        assert all(rel_err(g, r) == 0.0 for g, r in zip(got, ref))
+    x = mx.random.normal((17, 1, E), key=mx.random.key(0))
+    mats = [quantized(E, H * D, 4, 4), quantized(96, E, 4, 5), quantized(96, E, 4, 6),
+            quantized(E, 96, 4, 7)]
+    attn = mx.random.normal((17, 1, H * D))
+    assert rel_err(layer_tail(attn, x, norm, 1e-5, *mats),
+                   layer_tail_ops(attn, x, norm, 1e-5, *mats)) < 1e-6
+
+
 def tiny_quantized_gguf(tmp_path, kind, seed=5):
     """A tiny random llama GGUF whose 2-D weights are ``kind`` blocks."""
     model = make_tiny_llama(seed=seed)
@@ -243,10 +319,44 @@ def test_tiny_model_logits_and_greedy_tokens_match_float32(tmp_path, kind):
     assert sum(isinstance(m, KernelRoPE) for m in layers) == 2
     assert sum(isinstance(m, KernelLlamaAttention) for m in layers) == 2
     assert sum(isinstance(m, KernelLlamaMLP) for m in layers) == 2
+    assert sum(isinstance(m, KernelLlamaBlock) for m in layers) == 2
     for ids in ([[1, 5, 9, 33, 2]], [list(range(40))]):  # kernel rows and prefill rows
         assert rel_err(fast.model(mx.array(ids)), ref.model(mx.array(ids))) < TOL
     prompt = [3, 14, 15, 92, 65]
     assert greedy(fast, prompt, 12) == greedy(ref, prompt, 12)
+
+
+def decode_logits(lm, prompt, n):
+    """Greedy tokens and each step's logits."""
+    engine = lm.engine()
+    engine.prefill(prompt)
+    tokens, logits = [], []
+    for t in engine.generate(max_tokens=n):
+        tokens.append(t)
+        logits.append(np.array(engine.logits))
+    return tokens, np.stack(logits)
+
+
+@needs_kernel
+@pytest.mark.parametrize("adapter", [False, True])
+def test_fused_decode_steps_match_the_layer_by_layer_kernels(tmp_path, monkeypatch, adapter):
+    """A decode step through the two fused nodes gives the tokens and logits of the same
+    layers run one kernel node at a time; with LoRA on q and v (as the bundled model's
+    default adapter has), the attention's inputs run unfused and the tail fused."""
+    lm = load(tiny_quantized_gguf(tmp_path, "q4_1"), weights="quantized")
+    if adapter:
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+        linear_to_lora_layers(lm.model, 2, {"rank": 4, "scale": 2.0, "dropout": 0.0,
+                                            "keys": ["self_attn.q_proj", "self_attn.v_proj"]})
+        for _, m in lm.model.named_modules():  # LoRA starts at zero: make it matter
+            if "lora_b" in m:
+                m.lora_b = mx.random.normal(m.lora_b.shape, key=mx.random.key(3)) * 0.1
+    prompt = [3, 14, 15, 92, 65]
+    fused = decode_logits(lm, prompt, 12)
+    monkeypatch.setattr(KernelLlamaBlock, "__call__", cpu_layers.llama.TransformerBlock.__call__)
+    unfused = decode_logits(lm, prompt, 12)
+    assert fused[0] == unfused[0]
+    assert rel_err(fused[1], unfused[1]) < 1e-5
 
 
 @needs_kernel

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "decode_block.h"
 #include "norm_rope.h"
 #include "qmatmul.h"
 
@@ -37,6 +38,25 @@ NB_MODULE(_ext, m) {
         nb::kw_only(), "stream"_a = nb::none(),
         "Causal softmax(scale q k^T) v for the last L of T positions (float32 q, float32 or "
         "float16 k and v, grouped heads).");
+  m.def(
+      "attention_inputs",
+      [](const mlx::core::array& x, const mlx::core::array& norm, float eps,
+         const std::vector<mlx::core::array>& qkv, const std::vector<int>& bits, int n_heads,
+         int n_kv_heads, int rope_dims, bool traditional, float base, float scale, int offset,
+         mlx::core::Dtype kv_dtype, mlx::core::StreamOrDevice s) {
+        return mlx_agent::attention_inputs(x, norm, eps, qkv, bits, n_heads, n_kv_heads,
+                                           {rope_dims, traditional, base, scale, offset},
+                                           kv_dtype, s);
+      },
+      "x"_a, "norm"_a, "eps"_a, "qkv"_a, "bits"_a, "n_heads"_a, "n_kv_heads"_a, "rope_dims"_a,
+      "traditional"_a, "base"_a, "scale"_a, "offset"_a, "kv_dtype"_a, nb::kw_only(),
+      "stream"_a = nb::none(),
+      "A decode step's rms_norm, q/k/v projections and RoPE as one node: [q, k, v] with q "
+      "[B, H, 1, D] float32, k and v [B, KVH, 1, D] in kv_dtype.");
+  m.def("layer_tail", &mlx_agent::layer_tail, "attn"_a, "x"_a, "norm"_a, "eps"_a, "weights"_a,
+        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "h = x + o(attn); h + down(silu(gate(n)) * up(n)) with n = rms_norm(h), as one node "
+        "(weights: w, scales, biases of o, gate, up, down).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;

@@ -35,25 +35,67 @@ int rows_per_task(int N, int M, int threads) {
   return std::max(rows, min_rows);
 }
 
-// x as the kernel for `bits` reads it: 4-bit groups are read (evens, odds), so x is laid
-// out that way; a non-contiguous x is made contiguous. In `buf` where it had to be copied.
-const float* staged_x(const mx::array& x, int bits, std::vector<float>& buf) {
-  const bool contiguous = x.flags().row_contiguous;
-  const float* src = x.data<float>();
-  if (bits == 8 && contiguous) return src;
-  const size_t K = x.shape(-1), M = x.size() / K;
+// x's M rows of K as one contiguous buffer: x itself when it is row-contiguous, else a copy in
+// `buf`.
+const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
+  if (x.flags().row_contiguous) return x.data<float>();
   buf.resize(x.size());
+  const float* src = x.data<float>();
+  for (size_t i = 0; i < x.size(); ++i) buf[i] = src[mx::elem_to_loc(i, x.shape(), x.strides())];
+  return buf.data();
+}
+
+// x as the kernel for `bits` reads it: 4-bit groups are read (evens, odds), so x is laid out
+// that way in `buf`; 8-bit x is read as it is.
+const float* staged_x(const float* x, size_t M, size_t K, int bits, std::vector<float>& buf) {
+  if (bits == 8) return x;
+  buf.resize(M * K);
   for (size_t r = 0; r < M; ++r)
     for (size_t k = 0; k < K; ++k) {
-      size_t at = contiguous ? r * K + k : mx::elem_to_loc(r * K + k, x.shape(), x.strides());
       size_t g = k / kGroup * kGroup, i = k % kGroup;
-      size_t to = bits == 4 ? g + (i % 2) * (kGroup / 2) + i / 2 : k;
-      buf[r * K + to] = src[at];
+      buf[r * K + g + (i % 2) * (kGroup / 2) + i / 2] = x[r * K + k];
+    }
+  return buf.data();
+}
+
+// Each group's sum of x ([M, K / 32]), for the decode kernels' bias term.
+const float* group_sums(const float* x, int M, int K, std::vector<float>& buf) {
+  const int groups = K / kGroup;
+  buf.assign(static_cast<size_t>(M) * groups, 0.0f);
+  for (int r = 0; r < M; ++r)
+    for (int g = 0; g < groups; ++g) {
+      const float* xg = x + static_cast<size_t>(r) * K + g * kGroup;
+      float sum = 0.0f;
+      for (int i = 0; i < kGroup; ++i) sum += xg[i];
+      buf[static_cast<size_t>(r) * groups + g] = sum;
     }
   return buf.data();
 }
 
 }  // namespace
+
+void run_matmuls(const float* x, std::vector<QProblem>& problems) {
+  std::vector<float> staged[2], sums;  // x for 4-bit and for 8-bit matrices, each staged once
+  const float* ready[2] = {nullptr, nullptr};
+  const float* xsum = nullptr;  // the same for any order within a group
+  Pool& workers = pool();
+  std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
+  for (auto& p : problems) {
+    const int b = p.bits == 8;
+    if (!ready[b]) ready[b] = staged_x(x, p.M, p.K, p.bits, staged[b]);
+    p.x = ready[b];
+    if (!xsum) xsum = group_sums(p.x, p.M, p.K, sums);
+    p.xsum = xsum;
+    rows.push_back(rows_per_task(p.N, p.M, workers.size()));
+    first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
+  }
+  const RowsFn fn = rows_kernel().fn;
+  workers.run(first.back(), [&](int t) {
+    const int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
+    const int n0 = (t - first[i]) * rows[i];
+    fn(problems[i], n0, std::min(problems[i].N, n0 + rows[i]));
+  });
+}
 
 std::string isa() { return rows_kernel().isa; }
 
@@ -146,13 +188,9 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              K,
              bits_};
   encoder.dispatch([p, x]() mutable {
-    std::vector<float> staged;
-    p.x = staged_x(x, p.bits, staged);
-    const RowsFn fn = rows_kernel().fn;
-    Pool& workers = pool();
-    const int rows = rows_per_task(p.N, p.M, workers.size());
-    const int tasks = (p.N + rows - 1) / rows;
-    workers.run(tasks, [&](int t) { fn(p, t * rows, std::min(p.N, (t + 1) * rows)); });
+    std::vector<float> copy;
+    std::vector<QProblem> one{p};
+    run_matmuls(contiguous_rows(x, copy), one);
   });
 }
 
@@ -196,23 +234,8 @@ void QuantizedMatmuls::eval_cpu(const std::vector<mx::array>& inputs,
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);
   encoder.dispatch([problems, x]() mutable {
-    std::vector<float> staged[2];  // x for 4-bit and for 8-bit matrices, each staged once
-    const float* ready[2] = {nullptr, nullptr};
-    Pool& workers = pool();
-    std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
-    for (auto& p : problems) {
-      const int b = p.bits == 8;
-      if (!ready[b]) ready[b] = staged_x(x, p.bits, staged[b]);
-      p.x = ready[b];
-      rows.push_back(rows_per_task(p.N, p.M, workers.size()));
-      first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
-    }
-    const RowsFn fn = rows_kernel().fn;
-    workers.run(first.back(), [&](int t) {
-      const int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
-      const int n0 = (t - first[i]) * rows[i];
-      fn(problems[i], n0, std::min(problems[i].N, n0 + rows[i]));
-    });
+    std::vector<float> copy;
+    run_matmuls(contiguous_rows(x, copy), problems);
   });
 }
 

@@ -29,6 +29,12 @@ std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<m
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
                      int bits, mx::StreamOrDevice s = {});
 
+// Checks W's arrays (uint32 [N, K * bits / 32], scales and biases [N, K / 32]); returns K.
+int check_weights(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits);
+
+// Scales or biases as the kernel reads them: float16 or float32 (others cast to float32).
+mx::array as_param(const mx::array& a, mx::Stream stream);
+
 // "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
 std::string isa();
 

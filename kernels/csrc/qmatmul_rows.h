@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace mlx_agent {
 
@@ -14,6 +15,7 @@ struct QProblem {
   bool half;              // scales and biases are float16 (else float32)
   float* y;               // [M, N]
   int M, N, K, bits;
+  const float* xsum = nullptr;  // [M, K / 32]: each group's sum of x (decode factors biases out)
 };
 
 using RowsFn = void (*)(const QProblem&, int n0, int n1);
@@ -23,6 +25,11 @@ struct RowsKernel {
   RowsFn fn;       // y[:, n0:n1] = x @ W[n0:n1]^T
   RowsFn dequant;  // y[n0:n1] = W[n0:n1] as float32 ([N, K]; x and M unused)
 };
+
+// y_i = x @ W_i^T for each problem (x: M rows of K, contiguous, float32; each problem's x and
+// xsum are filled in here): x staged once per bit width, all the problems' rows split over
+// the kernels' pool as one job. Runs on the calling thread and the pool; no graph node.
+void run_matmuls(const float* x, std::vector<QProblem>& problems);
 
 // The fastest kernel this CPU runs: "avx512", "avx2" or "scalar".
 // MLX_AGENT_KERNEL_ISA=avx2|scalar asks for a slower one (tests compare them all).

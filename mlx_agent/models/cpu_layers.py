@@ -37,7 +37,8 @@ from mlx_lm.models.base import scaled_dot_product_attention
 
 from ..errors import UserFacingError
 from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
-from ..kernels.qmatmul import BITS, GROUP_SIZE
+from ..kernels.decode_block import Rope, attention_inputs, layer_tail
+from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights
 
 KV_DTYPES = ("float16", "float32")
 DEFAULT_KV_DTYPE = "float16"
@@ -66,12 +67,20 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return y + self["bias"] if "bias" in self else y
 
 
+def _plain(*layers: nn.Module) -> bool:
+    """Every layer is a :class:`KernelQuantizedLinear` without a bias (no adapter on it)."""
+    return all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers)
+
+
+def _weights(layer: KernelQuantizedLinear) -> QWeights:
+    return layer["weight"], layer["scales"], layer["biases"], layer.bits
+
+
 def project(x: mx.array, *layers: nn.Module) -> list[mx.array]:
     """``[layer(x) for layer in layers]``; as one kernel node when every layer is a
     :class:`KernelQuantizedLinear` without a bias."""
-    if all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers):
-        return quantized_matmuls(x, [(layer["weight"], layer["scales"], layer["biases"],
-                                      layer.bits) for layer in layers])
+    if _plain(*layers):
+        return quantized_matmuls(x, [_weights(layer) for layer in layers])
     return [layer(x) for layer in layers]
 
 
@@ -100,12 +109,21 @@ class KernelLlamaAttention(llama.Attention):
     kv_dtype = mx.float32  # set per instance by use_cpu_kernels
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        B, L, _ = x.shape
+        offset = cache.offset if cache is not None else 0
+        return self.o_proj(self.attend(*self.inputs(x, offset), mask, cache))
+
+    def inputs(self, x: mx.array, offset) -> tuple[mx.array, mx.array, mx.array]:
+        """Queries, keys and values ``[B, heads, L, D]``, RoPE applied at ``offset``."""
         queries, keys, values = project(x, self.q_proj, self.k_proj, self.v_proj)
         queries = self._heads(queries, self.n_heads)
         keys, values = self._heads(keys, self.n_kv_heads), self._heads(values, self.n_kv_heads)
-        offset = cache.offset if cache is not None else 0
-        queries, keys = self.rope(queries, offset=offset), self.rope(keys, offset=offset)
+        return self.rope(queries, offset=offset), self.rope(keys, offset=offset), values
+
+    def attend(self, queries: mx.array, keys: mx.array, values: mx.array, mask=None,
+               cache=None) -> mx.array:
+        """The attention's output ``[B, L, heads * D]`` (before ``o_proj``), the keys and
+        values first written to ``cache`` in ``kv_dtype``."""
+        B, _, L, _ = queries.shape
         if cache is not None:
             keys, values = cache.update_and_fetch(keys.astype(self.kv_dtype),
                                                   values.astype(self.kv_dtype))
@@ -116,8 +134,8 @@ class KernelLlamaAttention(llama.Attention):
             starts = getattr(cache, "left_padding", None) if L == 1 else None
             out = attention(queries, keys, values, self.scale, mask=mask, starts=starts)
         if L == 1:  # [B, heads, 1, D] is already [B, 1, heads * D] in memory: no transpose
-            return self.o_proj(out.reshape(B, 1, -1))
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+            return out.reshape(B, 1, -1)
+        return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
 
     @staticmethod
     def _heads(x: mx.array, heads: int) -> mx.array:
@@ -136,6 +154,45 @@ class KernelLlamaMLP(llama.MLP):
         return self.down_proj(swiglu(gate, up))
 
 
+class KernelLlamaBlock(llama.TransformerBlock):
+    """mlx-lm's llama decoder layer. A decode step (one position, float32, at most
+    ``KERNEL_MAX_ROWS`` sequences, a cache) runs as two kernel nodes around the cache update
+    and the attention (:mod:`mlx_agent.kernels.decode_block`): the norm, q, k and v
+    projections and RoPE as one, when no adapter wraps them and the cache's offset is one
+    integer; the output projection, residuals, norm and MLP as the other, when no adapter
+    wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        attn, mlp = self.self_attn, self.mlp
+        B, L, _ = x.shape
+        if (L != 1 or B > KERNEL_MAX_ROWS or x.dtype != mx.float32 or cache is None
+                or hasattr(cache, "bits") or type(attn) is not KernelLlamaAttention
+                or type(mlp) is not KernelLlamaMLP):
+            return super().__call__(x, mask, cache)
+        norm = self.input_layernorm
+        if (isinstance(cache.offset, int) and type(attn.rope) is KernelRoPE
+                and type(norm) is KernelRMSNorm
+                and _plain(attn.q_proj, attn.k_proj, attn.v_proj)):
+            rope = attn.rope
+            q, k, v = attention_inputs(
+                x, norm["weight"], norm.eps, [_weights(p) for p in (attn.q_proj, attn.k_proj,
+                                                                    attn.v_proj)],
+                attn.n_heads, attn.n_kv_heads,
+                Rope(rope.dims, rope.traditional, rope.base, rope.scale, cache.offset),
+                attn.kv_dtype)
+        else:
+            q, k, v = attn.inputs(norm(x), cache.offset)
+        out = attn.attend(q, k, v, mask, cache)
+        norm = self.post_attention_layernorm
+        if type(norm) is KernelRMSNorm and _plain(attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                                                  mlp.down_proj):
+            return layer_tail(out, x, norm["weight"], norm.eps, _weights(attn.o_proj),
+                              _weights(mlp.gate_proj), _weights(mlp.up_proj),
+                              _weights(mlp.down_proj))
+        h = x + attn.o_proj(out)
+        return h + mlp(norm(h))
+
+
 def _fits(module) -> bool:
     if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         return (getattr(module, "mode", "affine") == "affine" and module.group_size == GROUP_SIZE
@@ -149,6 +206,7 @@ _SWAPS = (
     {nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding,
      nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE},
     {llama.Attention: KernelLlamaAttention, llama.MLP: KernelLlamaMLP},
+    {llama.TransformerBlock: KernelLlamaBlock},
 )
 
 

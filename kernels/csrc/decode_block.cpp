@@ -1,0 +1,244 @@
+#include "decode_block.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "qmatmul.h"
+#include "qmatmul_rows.h"
+#include "simd16.h"
+
+namespace mlx_agent {
+
+namespace {
+
+constexpr int kMaxRows = 16;  // the matmul kernel's rows (decode, small batches)
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("[mlx_agent.decode_block] " + what);
+}
+
+// a's elements in row-major order: a itself, or a copy in `buf` when a is a strided view.
+const float* rows_of(const mx::array& a, std::vector<float>& buf) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  buf.resize(a.size());
+  const float* src = a.data<float>();
+  for (size_t i = 0; i < a.size(); ++i) buf[i] = src[mx::elem_to_loc(i, a.shape(), a.strides())];
+  return buf.data();
+}
+
+// As RMSNormCPU: x * rsqrt(mean(x^2) + eps) * weight, row by row.
+void rms_norm_rows(const float* x, const float* w, float eps, int M, int E, float* out) {
+  for (int r = 0; r < M; ++r) {
+    const float* xr = x + static_cast<size_t>(r) * E;
+    float ss = 0.0f;
+    for (int i = 0; i < E; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(E) + eps);
+    float* yr = out + static_cast<size_t>(r) * E;
+    for (int i = 0; i < E; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// As RoPECPU for one position: each of `rows` vectors of D features rotated in place.
+void rope_rows(float* x, int rows, int D, const RopeSpec& rope) {
+  const int half = rope.dims / 2;
+  std::vector<float> c(half), sn(half);
+  for (int i = 0; i < half; ++i) {
+    const float inv_freq = std::exp(-static_cast<float>(i) * (std::log(rope.base) / half));
+    const float theta = rope.scale * static_cast<float>(rope.offset) * inv_freq;
+    c[i] = std::cos(theta);
+    sn[i] = std::sin(theta);
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* v = x + static_cast<size_t>(r) * D;
+    for (int i = 0; i < half; ++i) {
+      const int a = rope.traditional ? 2 * i : i, b = rope.traditional ? 2 * i + 1 : i + half;
+      const float xa = v[a], xb = v[b];
+      v[a] = xa * c[i] - xb * sn[i];
+      v[b] = xa * sn[i] + xb * c[i];
+    }
+  }
+}
+
+// out = silu(g) * u = g * sigmoid(g) * u, sixteen at a time: sigmoid from exp(-|g|), so the
+// exponential never overflows.
+MLX_AGENT_CLONES void swiglu(const float* g, const float* u, float* out, size_t n) {
+  using namespace simd16;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16x gv = load(g + i);
+    const F16x e = exp_nonpositive(gv < 0.0f ? gv : -gv);
+    const F16x sig = gv < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
+    store(out + i, gv * sig * load(u + i));
+  }
+  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+// One problem per matrix of `inputs` from `first` (w, scales, biases each), y unset.
+std::vector<QProblem> problems(const std::vector<mx::array>& inputs, size_t first,
+                               const std::vector<int>& bits, int M) {
+  std::vector<QProblem> out;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const auto &w = inputs[first + 3 * i], &s = inputs[first + 3 * i + 1],
+               &b = inputs[first + 3 * i + 2];
+    for (const auto* a : {&w, &s, &b})
+      check(a->flags().row_contiguous, "weights, scales and biases must be contiguous");
+    const int K = w.shape(1) * 32 / bits[i];
+    out.push_back({nullptr, w.data<uint8_t>(), s.data<void>(), b.data<void>(),
+                   s.dtype() == mx::float16, nullptr, M, static_cast<int>(w.shape(0)), K,
+                   bits[i]});
+  }
+  return out;
+}
+
+// The inputs after the activations: each matrix's w, scales and biases; returns each one's
+// (N, K).
+std::vector<std::pair<int, int>> add_weights(std::vector<mx::array>& inputs,
+                                             const std::vector<mx::array>& weights,
+                                             const std::vector<int>& bits, mx::Stream stream) {
+  check(weights.size() == 3 * bits.size(), "three arrays (w, scales, biases) per matrix");
+  std::vector<std::pair<int, int>> shapes;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const auto &w = weights[3 * i], &s = weights[3 * i + 1], &b = weights[3 * i + 2];
+    shapes.emplace_back(w.shape(0), check_weights(w, s, b, bits[i]));
+    inputs.insert(inputs.end(), {w, as_param(s, stream), as_param(b, stream)});
+  }
+  return shapes;
+}
+
+void check_activations(const mx::array& x, const mx::array& norm, int E) {
+  check(x.dtype() == mx::float32 && norm.dtype() == mx::float32, "activations are float32");
+  check(x.ndim() == 3 && x.shape(1) == 1 && x.shape(0) <= kMaxRows,
+        "x must be [B, 1, E] with B at most 16");
+  check(norm.ndim() == 1 && norm.shape(0) == E && x.shape(2) == E, "norm must be [E]");
+}
+
+}  // namespace
+
+std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& norm, float eps,
+                                        const std::vector<mx::array>& qkv,
+                                        const std::vector<int>& bits, int n_heads,
+                                        int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype,
+                                        mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(bits.size() == 3, "q, k and v");
+  std::vector<mx::array> inputs{x, norm};
+  auto shapes = add_weights(inputs, qkv, bits, stream);
+  const int E = x.ndim() == 3 ? x.shape(2) : -1;
+  check_activations(x, norm, E);
+  for (auto [N, K] : shapes) check(K == E, "every projection reads x's features");
+  check(n_heads > 0 && n_kv_heads > 0 && shapes[0].first % n_heads == 0, "q is heads * D");
+  const int D = shapes[0].first / n_heads;
+  check(shapes[1].first == n_kv_heads * D && shapes[2].first == n_kv_heads * D,
+        "k and v are kv_heads * D");
+  check(rope.dims > 0 && rope.dims % 2 == 0 && rope.dims <= D && rope.offset >= 0,
+        "rope dims must be even and at most D, the offset not negative");
+  check(kv_dtype == mx::float32 || kv_dtype == mx::float16, "the cache is float32 or float16");
+  const int B = x.shape(0);
+  return mx::array::make_arrays(
+      {{B, n_heads, 1, D}, {B, n_kv_heads, 1, D}, {B, n_kv_heads, 1, D}},
+      {mx::float32, kv_dtype, kv_dtype},
+      std::make_shared<AttentionInputs>(stream, eps, bits, n_heads, n_kv_heads, rope), inputs);
+}
+
+bool AttentionInputs::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const AttentionInputs&>(other);
+  return eps_ == o.eps_ && bits_ == o.bits_ && n_heads_ == o.n_heads_ &&
+         n_kv_heads_ == o.n_kv_heads_ && rope_.dims == o.rope_.dims &&
+         rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base &&
+         rope_.scale == o.rope_.scale && rope_.offset == o.rope_.offset;
+}
+
+void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
+                               std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  const auto& norm = inputs[1];
+  const int M = x.shape(0), E = x.shape(2);
+  auto mats = problems(inputs, 2, bits_, M);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (auto& o : outputs) encoder.set_output_array(o);
+  encoder.dispatch([mats, x, norm, outputs, eps = eps_, rope = rope_, H = n_heads_,
+                    KVH = n_kv_heads_, M, E]() mutable {
+    std::vector<float> copy, normed(static_cast<size_t>(M) * E), kv[2];
+    rms_norm_rows(rows_of(x, copy), norm.data<float>(), eps, M, E, normed.data());
+    const bool half = outputs[1].dtype() == mx::float16;
+    mats[0].y = outputs[0].data<float>();
+    for (int i = 0; i < 2; ++i) {
+      if (half) kv[i].resize(outputs[1 + i].size());
+      mats[1 + i].y = half ? kv[i].data() : outputs[1 + i].data<float>();
+    }
+    run_matmuls(normed.data(), mats);
+    const int D = mats[0].N / H;
+    rope_rows(mats[0].y, M * H, D, rope);
+    rope_rows(mats[1].y, M * KVH, D, rope);
+    if (half)
+      for (int i = 0; i < 2; ++i) {
+        auto* dst = outputs[1 + i].data<mx::float16_t>();
+        for (size_t j = 0; j < kv[i].size(); ++j) dst[j] = static_cast<mx::float16_t>(kv[i][j]);
+      }
+  });
+}
+
+void AttentionInputs::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("[mlx_agent.attention_inputs] runs on the CPU only");
+}
+
+mx::array layer_tail(const mx::array& attn, const mx::array& x, const mx::array& norm, float eps,
+                     const std::vector<mx::array>& weights, const std::vector<int>& bits,
+                     mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  check(bits.size() == 4, "o, gate, up and down");
+  std::vector<mx::array> inputs{attn, x, norm};
+  auto shapes = add_weights(inputs, weights, bits, stream);
+  const int E = x.ndim() == 3 ? x.shape(2) : -1;
+  check_activations(x, norm, E);
+  check(attn.dtype() == mx::float32 && attn.ndim() == 3 && attn.shape(0) == x.shape(0) &&
+            attn.shape(1) == 1 && attn.shape(2) == shapes[0].second,
+        "attn must be [B, 1, H * D], as o_proj reads");
+  const int I = shapes[1].first;
+  check(shapes[0].first == E && shapes[1].second == E && shapes[2] == shapes[1] &&
+            shapes[3].first == E && shapes[3].second == I,
+        "o: E rows; gate and up: [I, E]; down: [E, I]");
+  return mx::array(x.shape(), mx::float32, std::make_shared<LayerTail>(stream, eps, bits),
+                   inputs);
+}
+
+void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& attn = inputs[0];
+  const auto& x = inputs[1];
+  const auto& norm = inputs[2];
+  const int M = x.shape(0), E = x.shape(2);
+  auto mats = problems(inputs, 3, bits_, M);
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  encoder.dispatch([mats, attn, x, norm, out, eps = eps_, M, E]() mutable {
+    const size_t ME = static_cast<size_t>(M) * E, MI = static_cast<size_t>(M) * mats[1].N;
+    std::vector<float> copy[2], h(ME), normed(ME), gate(MI), up(MI), act(MI);
+    std::vector<QProblem> o{mats[0]}, gate_up{mats[1], mats[2]}, down{mats[3]};
+    o[0].y = h.data();
+    run_matmuls(rows_of(attn, copy[0]), o);
+    const float* xr = rows_of(x, copy[1]);
+    for (size_t i = 0; i < ME; ++i) h[i] += xr[i];
+    rms_norm_rows(h.data(), norm.data<float>(), eps, M, E, normed.data());
+    gate_up[0].y = gate.data();
+    gate_up[1].y = up.data();
+    run_matmuls(normed.data(), gate_up);
+    swiglu(gate.data(), up.data(), act.data(), MI);
+    float* y = out.data<float>();
+    down[0].y = y;
+    run_matmuls(act.data(), down);
+    for (size_t i = 0; i < ME; ++i) y[i] += h[i];
+  });
+}
+
+void LayerTail::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlx_agent.layer_tail] runs on the CPU only");
+}
+
+}  // namespace mlx_agent
