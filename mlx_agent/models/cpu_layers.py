@@ -85,7 +85,15 @@ def project(x: mx.array, *layers: nn.Module) -> list[mx.array]:
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
-    """``nn.QuantizedEmbedding`` whose tied output head runs on the CPU kernel."""
+    """``nn.QuantizedEmbedding`` whose rows dequantize in float32, as the float32 reference
+    holds them and the kernel layers compute (float16 scales would give float16 rows, which
+    the first layer's kernels would not take), and whose tied output head runs on the CPU
+    kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.dequantize(self["weight"][x], self["scales"][x].astype(mx.float32),
+                             self["biases"][x].astype(mx.float32), group_size=self.group_size,
+                             bits=self.bits)
 
     def as_linear(self, x: mx.array) -> mx.array:
         return _matmul(self, x)
@@ -163,32 +171,30 @@ class KernelLlamaBlock(llama.TransformerBlock):
     wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
-        attn, mlp = self.self_attn, self.mlp
+        # Children by item, not attribute: nn.Module's __getattr__ runs in Python, and this
+        # runs 30 times a token.
+        attn, mlp = self["self_attn"], self["mlp"]
         B, L, _ = x.shape
         if (L != 1 or B > KERNEL_MAX_ROWS or x.dtype != mx.float32 or cache is None
                 or hasattr(cache, "bits") or type(attn) is not KernelLlamaAttention
                 or type(mlp) is not KernelLlamaMLP):
             return super().__call__(x, mask, cache)
-        norm = self.input_layernorm
-        if (isinstance(cache.offset, int) and type(attn.rope) is KernelRoPE
-                and type(norm) is KernelRMSNorm
-                and _plain(attn.q_proj, attn.k_proj, attn.v_proj)):
-            rope = attn.rope
+        norm, rope = self["input_layernorm"], attn["rope"]
+        qkv = attn["q_proj"], attn["k_proj"], attn["v_proj"]
+        if (isinstance(cache.offset, int) and type(rope) is KernelRoPE
+                and type(norm) is KernelRMSNorm and _plain(*qkv)):
             q, k, v = attention_inputs(
-                x, norm["weight"], norm.eps, [_weights(p) for p in (attn.q_proj, attn.k_proj,
-                                                                    attn.v_proj)],
-                attn.n_heads, attn.n_kv_heads,
+                x, norm["weight"], norm.eps, [_weights(p) for p in qkv], attn.n_heads,
+                attn.n_kv_heads,
                 Rope(rope.dims, rope.traditional, rope.base, rope.scale, cache.offset),
                 attn.kv_dtype)
         else:
             q, k, v = attn.inputs(norm(x), cache.offset)
         out = attn.attend(q, k, v, mask, cache)
-        norm = self.post_attention_layernorm
-        if type(norm) is KernelRMSNorm and _plain(attn.o_proj, mlp.gate_proj, mlp.up_proj,
-                                                  mlp.down_proj):
-            return layer_tail(out, x, norm["weight"], norm.eps, _weights(attn.o_proj),
-                              _weights(mlp.gate_proj), _weights(mlp.up_proj),
-                              _weights(mlp.down_proj))
+        norm = self["post_attention_layernorm"]
+        tail = attn["o_proj"], mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
+        if type(norm) is KernelRMSNorm and _plain(*tail):
+            return layer_tail(out, x, norm["weight"], norm.eps, *(_weights(p) for p in tail))
         h = x + attn.o_proj(out)
         return h + mlp(norm(h))
 
