@@ -14,6 +14,10 @@ Candidates, first found wins:
 3. Debian's ``libopenblas0-pthread``. Its CPU auto-detection picks a slow kernel on some
    virtual machines, so ``OPENBLAS_CORETYPE`` is set to ``Haswell`` when unset.
 
+MKL's OpenMP threads spin for 200 ms after each call by default, so the first 200 ms of the
+decode that follows a prefill shares the cores with them; ``KMP_BLOCKTIME`` is set to 0 (they
+sleep at once) unless it is already set.
+
 On macOS MLX uses Accelerate and Metal; nothing is loaded there. This module does not
 promise a speed-up for quantized matmuls, which MLX computes without BLAS.
 """
@@ -81,6 +85,8 @@ def activate() -> BlasStatus:
     for name, path in _candidates():
         if name == "openblas":
             os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+        if name == "mkl":  # see KMP_BLOCKTIME above
+            os.environ.setdefault("KMP_BLOCKTIME", "0")
         try:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
