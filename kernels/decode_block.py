@@ -32,13 +32,14 @@ from .qmatmul import KERNEL_MAX_ROWS, QWeights, quantized_matmul_ops
 
 @dataclass(frozen=True)
 class Rope:
-    """``mx.fast.rope``'s settings for one position."""
+    """``mx.fast.rope``'s settings: the position, or each batch row's (``[B]`` integers, as
+    mlx-lm's ``BatchKVCache`` keeps them)."""
 
     dims: int
     traditional: bool
     base: float
     scale: float
-    offset: int
+    offset: int | mx.array
 
 
 def attention_inputs_ops(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWeights],
@@ -83,9 +84,10 @@ def attention_inputs(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWei
     if ext is None or kv_dtype not in (mx.float32, mx.float16):
         return attention_inputs_ops(x, norm, eps, qkv, n_heads, n_kv_heads, rope, kv_dtype)
     arrays, bits = _flat(qkv)
+    rows = rope.offset if isinstance(rope.offset, mx.array) else None
     q, k, v = ext.attention_inputs(x, norm, eps, arrays, bits, n_heads, n_kv_heads, rope.dims,
-                                   rope.traditional, rope.base, rope.scale, rope.offset,
-                                   kv_dtype)
+                                   rope.traditional, rope.base, rope.scale,
+                                   0 if rows is not None else rope.offset, kv_dtype, rows)
     return q, k, v
 
 

@@ -250,7 +250,8 @@ def test_decode_blocks_match_their_reference(rows, kv_dtype, traditional):
     norm = mx.random.uniform(0.5, 1.5, (E,), key=mx.random.key(1))
     qkv = [quantized(H * D, E, 4, 2), quantized(KVH * D, E, 8, 3, mx.float32),
            quantized(KVH * D, E, 4, 4)]
-    for dims, offset, tol in ((D, 0, 1e-5), (D // 2, 4000, 1e-4)):  # RoPE's angles at 4000
+    per_row = mx.arange(rows, dtype=mx.int32) * 7 + 3  # a batch's rows at their own positions
+    for dims, offset, tol in ((D, 0, 1e-5), (D // 2, 4000, 1e-4), (D, per_row, 1e-5)):
         rope = Rope(dims, traditional, 10000.0, 0.5, offset)
         got = attention_inputs(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype)
         ref = attention_inputs_ops(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype)

@@ -121,6 +121,7 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
                                         const std::vector<mx::array>& qkv,
                                         const std::vector<int>& bits, int n_heads,
                                         int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype,
+                                        const std::optional<mx::array>& offsets,
                                         mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(bits.size() == 3, "q, k and v");
@@ -137,6 +138,12 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
         "rope dims must be even and at most D, the offset not negative");
   check(kv_dtype == mx::float32 || kv_dtype == mx::float16, "the cache is float32 or float16");
   const int B = x.shape(0);
+  if (offsets) {
+    check(offsets->ndim() == 1 && offsets->shape(0) == B &&
+              mx::issubdtype(offsets->dtype(), mx::integer),
+          "offsets must be [B] integers");
+    inputs.push_back(mx::astype(*offsets, mx::int32, stream));
+  }
   return mx::array::make_arrays(
       {{B, n_heads, 1, D}, {B, n_kv_heads, 1, D}, {B, n_kv_heads, 1, D}},
       {mx::float32, kv_dtype, kv_dtype},
@@ -161,7 +168,9 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);
-  encoder.dispatch([mats, x, norm, outputs, eps = eps_, rope = rope_, H = n_heads_,
+  if (inputs.size() > 11) check(inputs[11].flags().row_contiguous, "offsets must be contiguous");
+  const int32_t* positions = inputs.size() > 11 ? inputs[11].data<int32_t>() : nullptr;
+  encoder.dispatch([mats, x, norm, outputs, positions, eps = eps_, rope = rope_, H = n_heads_,
                     KVH = n_kv_heads_, M, E]() mutable {
     std::vector<float> copy, normed(static_cast<size_t>(M) * E), kv[2];
     rms_norm_rows(rows_of(x, copy), norm.data<float>(), eps, M, E, normed.data());
@@ -173,8 +182,16 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
     }
     run_matmuls(normed.data(), mats);
     const int D = mats[0].N / H;
-    rope_rows(mats[0].y, M * H, D, rope);
-    rope_rows(mats[1].y, M * KVH, D, rope);
+    if (positions) {  // each row at its own position
+      for (int b = 0; b < M; ++b) {
+        rope.offset = positions[b];
+        rope_rows(mats[0].y + static_cast<size_t>(b) * H * D, H, D, rope);
+        rope_rows(mats[1].y + static_cast<size_t>(b) * KVH * D, KVH, D, rope);
+      }
+    } else {
+      rope_rows(mats[0].y, M * H, D, rope);
+      rope_rows(mats[1].y, M * KVH, D, rope);
+    }
     if (half)
       for (int i = 0; i < 2; ++i) {
         auto* dst = outputs[1 + i].data<mx::float16_t>();

@@ -12,6 +12,7 @@
 // results agree with them to float32 rounding.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "mlx/ops.h"
@@ -29,11 +30,14 @@ struct RopeSpec {
 };
 
 // x [B, 1, E] float32; norm [E]; qkv: w, scales, biases of q, k and v in that order (MLX
-// affine layout, group size 32), bits of each. B at most 16.
+// affine layout, group size 32), bits of each. B at most 16. With `offsets` ([B] integers: a
+// batch's rows at their own positions, as mlx-lm's BatchKVCache keeps them), row b's RoPE
+// position is offsets[b] instead of rope.offset.
 std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& norm, float eps,
                                         const std::vector<mx::array>& qkv,
                                         const std::vector<int>& bits, int n_heads,
                                         int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype,
+                                        const std::optional<mx::array>& offsets = std::nullopt,
                                         mx::StreamOrDevice s = {});
 
 // attn [B, 1, H * D] and x [B, 1, E] float32; weights: w, scales, biases of o, gate, up and

@@ -169,9 +169,9 @@ class KernelLlamaBlock(llama.TransformerBlock):
     """mlx-lm's llama decoder layer. A decode step (one position, float32, at most
     ``KERNEL_MAX_ROWS`` sequences, a cache) runs as two kernel nodes around the cache update
     and the attention (:mod:`mlx_agent.kernels.decode_block`): the norm, q, k and v
-    projections and RoPE as one, when no adapter wraps them and the cache's offset is one
-    integer; the output projection, residuals, norm and MLP as the other, when no adapter
-    wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
+    projections and RoPE as one, when no adapter wraps them (at one position, or at each
+    row's of a batch's cache); the output projection, residuals, norm and MLP as the other,
+    when no adapter wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         # Children by item, not attribute: nn.Module's __getattr__ runs in Python, and this
@@ -184,15 +184,15 @@ class KernelLlamaBlock(llama.TransformerBlock):
             return super().__call__(x, mask, cache)
         norm, rope = self["input_layernorm"], attn["rope"]
         qkv = attn["q_proj"], attn["k_proj"], attn["v_proj"]
-        if (isinstance(cache.offset, int) and type(rope) is KernelRoPE
+        offset = cache.offset  # an integer, or a batch's rows' positions
+        if ((isinstance(offset, int) or offset.shape == (B,)) and type(rope) is KernelRoPE
                 and type(norm) is KernelRMSNorm and _plain(*qkv)):
             q, k, v = attention_inputs(
                 x, norm["weight"], norm.eps, [_weights(p) for p in qkv], attn.n_heads,
                 attn.n_kv_heads,
-                Rope(rope.dims, rope.traditional, rope.base, rope.scale, cache.offset),
-                attn.kv_dtype)
+                Rope(rope.dims, rope.traditional, rope.base, rope.scale, offset), attn.kv_dtype)
         else:
-            q, k, v = attn.inputs(norm(x), cache.offset)
+            q, k, v = attn.inputs(norm(x), offset)
         out = attn.attend(q, k, v, mask, cache)
         norm = self["post_attention_layernorm"]
         tail = attn["o_proj"], mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
