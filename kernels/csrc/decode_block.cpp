@@ -163,6 +163,7 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& x = inputs[0];
   const auto& norm = inputs[1];
   const int M = x.shape(0), E = x.shape(2);
+  check(norm.flags().row_contiguous, "the norm's weight must be contiguous");
   auto mats = problems(inputs, 2, bits_, M);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
@@ -229,6 +230,7 @@ void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[1];
   const auto& norm = inputs[2];
   const int M = x.shape(0), E = x.shape(2);
+  check(norm.flags().row_contiguous, "the norm's weight must be contiguous");
   auto mats = problems(inputs, 3, bits_, M);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
