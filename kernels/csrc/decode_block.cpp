@@ -20,15 +20,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("[mlx_agent.decode_block] " + what);
 }
 
-// a's elements in row-major order: a itself, or a copy in `buf` when a is a strided view.
-const float* rows_of(const mx::array& a, std::vector<float>& buf) {
-  if (a.flags().row_contiguous) return a.data<float>();
-  buf.resize(a.size());
-  const float* src = a.data<float>();
-  for (size_t i = 0; i < a.size(); ++i) buf[i] = src[mx::elem_to_loc(i, a.shape(), a.strides())];
-  return buf.data();
-}
-
 // As RMSNormCPU: x * rsqrt(mean(x^2) + eps) * weight, row by row.
 void rms_norm_rows(const float* x, const float* w, float eps, int M, int E, float* out) {
   for (int r = 0; r < M; ++r) {
@@ -41,23 +32,30 @@ void rms_norm_rows(const float* x, const float* w, float eps, int M, int E, floa
   }
 }
 
-// As RoPECPU for one position: each of `rows` vectors of D features rotated in place.
-void rope_rows(float* x, int rows, int D, const RopeSpec& rope) {
-  const int half = rope.dims / 2;
-  std::vector<float> c(half), sn(half);
-  for (int i = 0; i < half; ++i) {
-    const float inv_freq = std::exp(-static_cast<float>(i) * (std::log(rope.base) / half));
-    const float theta = rope.scale * static_cast<float>(rope.offset) * inv_freq;
-    c[i] = std::cos(theta);
-    sn[i] = std::sin(theta);
+// RoPE's cos and sin for one position, as RoPECPU computes them.
+struct RopeTable {
+  std::vector<float> c, s;
+  RopeTable(const RopeSpec& rope, int position) : c(rope.dims / 2), s(rope.dims / 2) {
+    const int half = rope.dims / 2;
+    for (int i = 0; i < half; ++i) {
+      const float inv_freq = std::exp(-static_cast<float>(i) * (std::log(rope.base) / half));
+      const float theta = rope.scale * static_cast<float>(position) * inv_freq;
+      c[i] = std::cos(theta);
+      s[i] = std::sin(theta);
+    }
   }
+};
+
+// As RoPECPU at one position: each of `rows` vectors of D features rotated in place.
+void rope_rows(float* x, int rows, int D, bool traditional, const RopeTable& t) {
+  const int half = static_cast<int>(t.c.size());
   for (int r = 0; r < rows; ++r) {
     float* v = x + static_cast<size_t>(r) * D;
     for (int i = 0; i < half; ++i) {
-      const int a = rope.traditional ? 2 * i : i, b = rope.traditional ? 2 * i + 1 : i + half;
+      const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
       const float xa = v[a], xb = v[b];
-      v[a] = xa * c[i] - xb * sn[i];
-      v[b] = xa * sn[i] + xb * c[i];
+      v[a] = xa * t.c[i] - xb * t.s[i];
+      v[b] = xa * t.s[i] + xb * t.c[i];
     }
   }
 }
@@ -142,18 +140,19 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
     check(offsets->ndim() == 1 && offsets->shape(0) == B &&
               mx::issubdtype(offsets->dtype(), mx::integer),
           "offsets must be [B] integers");
-    inputs.push_back(mx::astype(*offsets, mx::int32, stream));
+    inputs.push_back(mx::contiguous(mx::astype(*offsets, mx::int32, stream), false, stream));
   }
   return mx::array::make_arrays(
       {{B, n_heads, 1, D}, {B, n_kv_heads, 1, D}, {B, n_kv_heads, 1, D}},
       {mx::float32, kv_dtype, kv_dtype},
-      std::make_shared<AttentionInputs>(stream, eps, bits, n_heads, n_kv_heads, rope), inputs);
+      std::make_shared<AttentionInputs>(stream, eps, bits, n_heads, n_kv_heads, rope, kv_dtype),
+      inputs);
 }
 
 bool AttentionInputs::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionInputs&>(other);
-  return eps_ == o.eps_ && bits_ == o.bits_ && n_heads_ == o.n_heads_ &&
-         n_kv_heads_ == o.n_kv_heads_ && rope_.dims == o.rope_.dims &&
+  return eps_ == o.eps_ && bits_ == o.bits_ && kv_dtype_ == o.kv_dtype_ &&
+         n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && rope_.dims == o.rope_.dims &&
          rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base &&
          rope_.scale == o.rope_.scale && rope_.offset == o.rope_.offset;
 }
@@ -169,12 +168,16 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);
-  if (inputs.size() > 11) check(inputs[11].flags().row_contiguous, "offsets must be contiguous");
   const int32_t* positions = inputs.size() > 11 ? inputs[11].data<int32_t>() : nullptr;
-  encoder.dispatch([mats, x, norm, outputs, positions, eps = eps_, rope = rope_, H = n_heads_,
-                    KVH = n_kv_heads_, M, E]() mutable {
+  // Weak copies, as MLX's own kernels take: the encoder keeps the buffers alive, and the
+  // graph is not touched from this thread.
+  std::vector<mx::array> outs;
+  for (const auto& o : outputs) outs.push_back(mx::array::unsafe_weak_copy(o));
+  encoder.dispatch([mats, x = mx::array::unsafe_weak_copy(x),
+                    norm = mx::array::unsafe_weak_copy(norm), outputs = std::move(outs), positions,
+                    eps = eps_, rope = rope_, H = n_heads_, KVH = n_kv_heads_, M, E]() mutable {
     std::vector<float> copy, normed(static_cast<size_t>(M) * E), kv[2];
-    rms_norm_rows(rows_of(x, copy), norm.data<float>(), eps, M, E, normed.data());
+    rms_norm_rows(contiguous_rows(x, copy), norm.data<float>(), eps, M, E, normed.data());
     const bool half = outputs[1].dtype() == mx::float16;
     mats[0].y = outputs[0].data<float>();
     for (int i = 0; i < 2; ++i) {
@@ -185,13 +188,14 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
     const int D = mats[0].N / H;
     if (positions) {  // each row at its own position
       for (int b = 0; b < M; ++b) {
-        rope.offset = positions[b];
-        rope_rows(mats[0].y + static_cast<size_t>(b) * H * D, H, D, rope);
-        rope_rows(mats[1].y + static_cast<size_t>(b) * KVH * D, KVH, D, rope);
+        const RopeTable t(rope, positions[b]);
+        rope_rows(mats[0].y + static_cast<size_t>(b) * H * D, H, D, rope.traditional, t);
+        rope_rows(mats[1].y + static_cast<size_t>(b) * KVH * D, KVH, D, rope.traditional, t);
       }
     } else {
-      rope_rows(mats[0].y, M * H, D, rope);
-      rope_rows(mats[1].y, M * KVH, D, rope);
+      const RopeTable t(rope, rope.offset);
+      rope_rows(mats[0].y, M * H, D, rope.traditional, t);
+      rope_rows(mats[1].y, M * KVH, D, rope.traditional, t);
     }
     if (half)
       for (int i = 0; i < 2; ++i) {
@@ -236,13 +240,15 @@ void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   encoder.set_output_array(out);
-  encoder.dispatch([mats, attn, x, norm, out, eps = eps_, M, E]() mutable {
+  encoder.dispatch([mats, attn = mx::array::unsafe_weak_copy(attn),
+                    x = mx::array::unsafe_weak_copy(x), norm = mx::array::unsafe_weak_copy(norm),
+                    out = mx::array::unsafe_weak_copy(out), eps = eps_, M, E]() mutable {
     const size_t ME = static_cast<size_t>(M) * E, MI = static_cast<size_t>(M) * mats[1].N;
     std::vector<float> copy[2], h(ME), normed(ME), gate(MI), up(MI), act(MI);
     std::vector<QProblem> o{mats[0]}, gate_up{mats[1], mats[2]}, down{mats[3]};
     o[0].y = h.data();
-    run_matmuls(rows_of(attn, copy[0]), o);
-    const float* xr = rows_of(x, copy[1]);
+    run_matmuls(contiguous_rows(attn, copy[0]), o);
+    const float* xr = contiguous_rows(x, copy[1]);
     for (size_t i = 0; i < ME; ++i) h[i] += xr[i];
     rms_norm_rows(h.data(), norm.data<float>(), eps, M, E, normed.data());
     gate_up[0].y = gate.data();

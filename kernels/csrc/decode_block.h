@@ -49,9 +49,9 @@ mx::array layer_tail(const mx::array& attn, const mx::array& x, const mx::array&
 class AttentionInputs : public mx::Primitive {
  public:
   AttentionInputs(mx::Stream stream, float eps, std::vector<int> bits, int n_heads,
-                  int n_kv_heads, RopeSpec rope)
+                  int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype)
       : mx::Primitive(stream), eps_(eps), bits_(std::move(bits)), n_heads_(n_heads),
-        n_kv_heads_(n_kv_heads), rope_(rope) {}
+        n_kv_heads_(n_kv_heads), rope_(rope), kv_dtype_(kv_dtype) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "MlxAgentAttentionInputs"; }
@@ -62,6 +62,7 @@ class AttentionInputs : public mx::Primitive {
   std::vector<int> bits_;
   int n_heads_, n_kv_heads_;
   RopeSpec rope_;
+  mx::Dtype kv_dtype_;
 };
 
 class LayerTail : public mx::UnaryPrimitive {

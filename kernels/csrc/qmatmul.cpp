@@ -35,16 +35,6 @@ int rows_per_task(int N, int M, int threads) {
   return std::max(rows, min_rows);
 }
 
-// x's M rows of K as one contiguous buffer: x itself when it is row-contiguous, else a copy in
-// `buf`.
-const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
-  if (x.flags().row_contiguous) return x.data<float>();
-  buf.resize(x.size());
-  const float* src = x.data<float>();
-  for (size_t i = 0; i < x.size(); ++i) buf[i] = src[mx::elem_to_loc(i, x.shape(), x.strides())];
-  return buf.data();
-}
-
 // x as the kernel for `bits` reads it: 4-bit groups are read (evens, odds), so x is laid out
 // that way in `buf`; 8-bit x is read as it is.
 const float* staged_x(const float* x, size_t M, size_t K, int bits, std::vector<float>& buf) {
@@ -73,6 +63,16 @@ const float* group_sums(const float* x, int M, int K, std::vector<float>& buf) {
 }
 
 }  // namespace
+
+// x's M rows of K as one contiguous buffer: x itself when it is row-contiguous, else a copy in
+// `buf`.
+const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
+  if (x.flags().row_contiguous) return x.data<float>();
+  buf.resize(x.size());
+  const float* src = x.data<float>();
+  for (size_t i = 0; i < x.size(); ++i) buf[i] = src[mx::elem_to_loc(i, x.shape(), x.strides())];
+  return buf.data();
+}
 
 void run_matmuls(const float* x, std::vector<QProblem>& problems) {
   std::vector<float> staged[2], sums;  // x for 4-bit and for 8-bit matrices, each staged once
@@ -187,7 +187,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              static_cast<int>(w.shape(0)),
              K,
              bits_};
-  encoder.dispatch([p, x]() mutable {
+  encoder.dispatch([p, x = mx::array::unsafe_weak_copy(x)]() mutable {
     std::vector<float> copy;
     std::vector<QProblem> one{p};
     run_matmuls(contiguous_rows(x, copy), one);
@@ -233,7 +233,7 @@ void QuantizedMatmuls::eval_cpu(const std::vector<mx::array>& inputs,
   }
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);
-  encoder.dispatch([problems, x]() mutable {
+  encoder.dispatch([problems, x = mx::array::unsafe_weak_copy(x)]() mutable {
     std::vector<float> copy;
     run_matmuls(contiguous_rows(x, copy), problems);
   });

@@ -35,6 +35,10 @@ int check_weights(const mx::array& w, const mx::array& scales, const mx::array& 
 // Scales or biases as the kernel reads them: float16 or float32 (others cast to float32).
 mx::array as_param(const mx::array& a, mx::Stream stream);
 
+// x's elements in row-major order: x's own data when it is row-contiguous, else a copy in
+// `buf`. Inside an eval_cpu's dispatched work (x evaluated).
+const float* contiguous_rows(const mx::array& x, std::vector<float>& buf);
+
 // "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
 std::string isa();
 

@@ -1,7 +1,8 @@
-// Quantized matmul inner loops. Each weight group of 32 is dequantized in registers
-// (w = scale * q + bias, exactly the reference's arithmetic) and multiplied into float32
-// accumulators; activations stay float32, so results match the dequantized reference to
-// float32 rounding. 4-bit groups unpack as low nibbles (even elements) then high nibbles (odd
+// Quantized matmul inner loops. For several rows of x, each weight group of 32 is dequantized
+// in registers (w = scale * q + bias, the reference's arithmetic) and multiplied into float32
+// accumulators; for one row (decode) a group adds scale * (x . q), and each row's biases add
+// sum_g bias_g * sum(x_g) once. Activations stay float32, so results match the dequantized
+// reference to float32 rounding. 4-bit groups unpack as low nibbles (even elements) then high nibbles (odd
 // elements); the caller reorders x to match once per call instead of shuffling every group.
 
 #include "qmatmul_rows.h"
@@ -241,6 +242,7 @@ AVX2_TARGET void decode_block_avx2(const QProblem& p, int n0) {
   scales.resize(static_cast<size_t>(R) * groups);
   for (int r = 0; r < R; ++r)
     params_avx2<HALF>(p.scales, static_cast<size_t>(n0 + r) * groups, groups, &scales[r * groups]);
+  const float* sc = scales.data();
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   prefetch_rows<HALF>(p, n0 + R, R);
@@ -253,7 +255,7 @@ AVX2_TARGET void decode_block_avx2(const QProblem& p, int n0) {
       load_q8x4<BITS>(p.w + (n0 + r) * row_bytes, g, q);
       __m256 t = _mm256_fmadd_ps(x1, q[1], _mm256_mul_ps(x0, q[0]));
       t = _mm256_fmadd_ps(x3, q[3], _mm256_fmadd_ps(x2, q[2], t));
-      acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(scales[r * groups + g]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(sc[r * groups + g]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) p.y[n0 + r] = hsum256(acc[r]) + bias_term_avx2<HALF>(p, n0 + r);
@@ -336,10 +338,15 @@ AVX512_TARGET void block_avx512(const QProblem& p, int m0, int n0) {
           _mm512_reduce_add_ps(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
 }
 
+// The first min(n, 16) lanes.
+inline __mmask16 first_lanes(int n) {
+  return n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+}
+
 // Scales or biases at..at+16 as float32 (the first `n` of them; the rest zero).
 template <bool HALF>
 AVX512_TARGET inline __m512 params16(const void* base, size_t at, int n) {
-  const __mmask16 m = n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
+  const __mmask16 m = first_lanes(n);
   if constexpr (HALF)
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + at));
   else
@@ -361,12 +368,12 @@ AVX512_TARGET void decode_block_avx512(const QProblem& p, int n0) {
     for (int g = 0; g < groups; g += 16) {
       const int n = groups - g;
       _mm512_storeu_ps(&scales[r * groups + g], params16<HALF>(p.scales, at + g, n));
-      const __mmask16 m = n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
       bias[r] = _mm512_fmadd_ps(params16<HALF>(p.biases, at + g, n),
-                                _mm512_maskz_loadu_ps(m, p.xsum + g), bias[r]);
+                                _mm512_maskz_loadu_ps(first_lanes(n), p.xsum + g), bias[r]);
     }
     acc[r] = _mm512_setzero_ps();
   }
+  const float* sc = scales.data();
   prefetch_rows<HALF>(p, n0 + R, R);
   for (int g = 0; g < groups; ++g) {
     const __m512 x0 = _mm512_loadu_ps(p.x + g * kGroup), x1 = _mm512_loadu_ps(p.x + g * kGroup + 16);
@@ -374,7 +381,7 @@ AVX512_TARGET void decode_block_avx512(const QProblem& p, int n0) {
       __m512 q[2];
       load_q16x2<BITS>(p.w + (n0 + r) * row_bytes, g, q);
       const __m512 t = _mm512_fmadd_ps(x1, q[1], _mm512_mul_ps(x0, q[0]));
-      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(scales[r * groups + g]), acc[r]);
+      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(sc[r * groups + g]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r)

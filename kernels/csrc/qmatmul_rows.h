@@ -15,7 +15,8 @@ struct QProblem {
   bool half;              // scales and biases are float16 (else float32)
   float* y;               // [M, N]
   int M, N, K, bits;
-  const float* xsum = nullptr;  // [M, K / 32]: each group's sum of x (decode factors biases out)
+  const float* xsum = nullptr;  // [M, K / 32]: each group's sum of x; needed when M is 1
+                                // (decode factors biases out): run_matmuls fills it
 };
 
 using RowsFn = void (*)(const QProblem&, int n0, int n1);

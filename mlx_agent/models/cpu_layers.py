@@ -75,6 +75,11 @@ def _plain(*layers: nn.Module) -> bool:
     return all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers)
 
 
+def _float32_norm(norm: nn.Module) -> bool:
+    """A :class:`KernelRMSNorm` the fused kernels take (else their reference would run)."""
+    return type(norm) is KernelRMSNorm and norm["weight"].dtype == mx.float32
+
+
 def _weights(layer: KernelQuantizedLinear) -> QWeights:
     return layer["weight"], layer["scales"], layer["biases"], layer.bits
 
@@ -186,7 +191,7 @@ class KernelLlamaBlock(llama.TransformerBlock):
         qkv = attn["q_proj"], attn["k_proj"], attn["v_proj"]
         offset = cache.offset  # an integer, or a batch's rows' positions
         if ((isinstance(offset, int) or offset.shape == (B,)) and type(rope) is KernelRoPE
-                and type(norm) is KernelRMSNorm and _plain(*qkv)):
+                and _float32_norm(norm) and _plain(*qkv)):
             q, k, v = attention_inputs(
                 x, norm["weight"], norm.eps, [_weights(p) for p in qkv], attn.n_heads,
                 attn.n_kv_heads,
@@ -196,7 +201,7 @@ class KernelLlamaBlock(llama.TransformerBlock):
         out = attn.attend(q, k, v, mask, cache)
         norm = self["post_attention_layernorm"]
         tail = attn["o_proj"], mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
-        if type(norm) is KernelRMSNorm and _plain(*tail):
+        if _float32_norm(norm) and _plain(*tail):
             return layer_tail(out, x, norm["weight"], norm.eps, *(_weights(p) for p in tail))
         h = x + attn.o_proj(out)
         return h + mlp(norm(h))
