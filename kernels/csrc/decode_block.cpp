@@ -176,7 +176,8 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   encoder.dispatch([mats, x = mx::array::unsafe_weak_copy(x),
                     norm = mx::array::unsafe_weak_copy(norm), outputs = std::move(outs), positions,
                     eps = eps_, rope = rope_, H = n_heads_, KVH = n_kv_heads_, M, E]() mutable {
-    std::vector<float> copy, normed(static_cast<size_t>(M) * E), kv[2];
+    thread_local std::vector<float> copy, normed, kv[2];  // per call, reused (30 calls a token)
+    normed.resize(static_cast<size_t>(M) * E);
     rms_norm_rows(contiguous_rows(x, copy), norm.data<float>(), eps, M, E, normed.data());
     const bool half = outputs[1].dtype() == mx::float16;
     mats[0].y = outputs[0].data<float>();
@@ -244,7 +245,8 @@ void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                     x = mx::array::unsafe_weak_copy(x), norm = mx::array::unsafe_weak_copy(norm),
                     out = mx::array::unsafe_weak_copy(out), eps = eps_, M, E]() mutable {
     const size_t ME = static_cast<size_t>(M) * E, MI = static_cast<size_t>(M) * mats[1].N;
-    std::vector<float> copy[2], h(ME), normed(ME), gate(MI), up(MI), act(MI);
+    thread_local std::vector<float> copy[2], h, normed, gate, up, act;  // reused, as above
+    h.resize(ME), normed.resize(ME), gate.resize(MI), up.resize(MI), act.resize(MI);
     std::vector<QProblem> o{mats[0]}, gate_up{mats[1], mats[2]}, down{mats[3]};
     o[0].y = h.data();
     run_matmuls(contiguous_rows(attn, copy[0]), o);

@@ -75,7 +75,9 @@ const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
 }
 
 void run_matmuls(const float* x, std::vector<QProblem>& problems) {
-  std::vector<float> staged[2], sums;  // x for 4-bit and for 8-bit matrices, each staged once
+  // x for 4-bit and for 8-bit matrices, each staged once; kept per thread, since a decoded
+  // token makes a hundred calls (a call's buffers are used only during the call)
+  thread_local std::vector<float> staged[2], sums;
   const float* ready[2] = {nullptr, nullptr};
   const float* xsum = nullptr;  // the same for any order within a group
   Pool& workers = pool();
