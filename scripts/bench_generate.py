@@ -9,7 +9,8 @@ Measures, on the bundled model by default:
    the ratio ours / mlx-lm;
 3. mlx_agent without the fast CPU path (bundled BLAS, quantized weights), in a subprocess,
    because a BLAS cannot be unloaded from a process (skip with --skip-slow);
-4. llama.cpp through ``llama-cpp-python`` on the same GGUF file, when installed;
+4. llama.cpp through ``llama-cpp-python`` on the same GGUF file, when installed, in a
+   process of its own (see :func:`bench_llama_cpp`);
 5. prefill of a ``--long-prompt-tokens`` prompt (2,048; 0 skips it), ours and llama.cpp's,
    and its ratio to prefill at ``--prompt-tokens`` (long prompts cost more per token:
    attention grows with the context).
@@ -19,6 +20,7 @@ Each figure is the best of ``--repeats`` runs after one warm-up.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -68,10 +70,24 @@ def bench_mlx_lm(lm, ids, new_tokens, repeats):
 
 
 def bench_llama_cpp(path, ids, new_tokens, repeats):
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    """llama.cpp's (prefill, decode) in a process of its own, or None where it is not
+    installed. Not in this one: here MKL's OpenMP runtime is loaded (our BLAS), and
+    llama.cpp's OpenMP calls would run on it, with our ``KMP_BLOCKTIME`` of 0, so its threads
+    would sleep between the hundreds of parallel regions of a token (measured: 22 tok/s
+    in-process against 98 alone, 2 threads)."""
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
+    env = {**os.environ, "MLX_AGENT_BLAS": "none"}
+    out = subprocess.run(
+        [sys.executable, __file__, "--llama-cpp", str(path), "--new-tokens", str(new_tokens),
+         "--repeats", str(repeats)], input=json.dumps(ids), env=env, capture_output=True,
+        text=True, check=True)
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _llama_cpp_here(path, ids, new_tokens, repeats):
+    from llama_cpp import Llama
+
     llm = Llama(model_path=str(path), n_ctx=len(ids) + new_tokens + 8, n_threads=os.cpu_count(),
                 n_batch=512, verbose=False)
     if not new_tokens:
@@ -139,9 +155,14 @@ def main():
     ap.add_argument("--skip-slow", action="store_true", help="skip the no-fast-path run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--weights", default="auto", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-cpp", help=argparse.SUPPRESS)  # the peer's own process
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.llama_cpp:
+        ids = json.loads(sys.stdin.read())
+        return print(json.dumps(_llama_cpp_here(args.llama_cpp, ids, args.new_tokens,
+                                                args.repeats)))
 
     from mlx_agent import blas
     from mlx_agent.models import load
