@@ -6,8 +6,8 @@ and Python: across 30 layers, about as much as the matmuls. Here they are two no
 (``csrc/decode_block.cpp``), and the cache update and attention between them stay as they
 are:
 
-- :func:`attention_inputs`: ``rms_norm(x)`` -> q, k and v projections -> RoPE on q and k ->
-  k and v in the cache's dtype;
+- :func:`attention_inputs`: ``rms_norm(x)`` -> q, k and v projections (with any LoRA
+  adapter on them) -> RoPE on q and k -> k and v in the cache's dtype;
 - :func:`layer_tail`: ``h = x + o(attn)``; ``h + down(silu(gate(n)) * up(n))`` with
   ``n = rms_norm(h)``.
 
@@ -43,17 +43,32 @@ class Rope:
 
 
 def attention_inputs_ops(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWeights],
-                         n_heads: int, n_kv_heads: int, rope: Rope,
-                         kv_dtype: mx.Dtype) -> tuple[mx.array, mx.array, mx.array]:
+                         n_heads: int, n_kv_heads: int, rope: Rope, kv_dtype: mx.Dtype,
+                         lora: Sequence[Lora] = ()) -> tuple[mx.array, mx.array, mx.array]:
     """Reference: q ``[B, H, L, D]`` float32 and k, v ``[B, KVH, L, D]`` in ``kv_dtype``
-    for x ``[B, L, E]``, RoPE from ``rope.offset``."""
+    for x ``[B, L, E]``, RoPE from ``rope.offset``; each :class:`Lora` adds to its
+    projection as mlx-lm's ``LoRALinear`` does."""
     n = mx.fast.rms_norm(x, norm, eps)
     B, L, _ = x.shape
-    q, k, v = (quantized_matmul_ops(n, *w).reshape(B, L, heads, -1).transpose(0, 2, 1, 3)
-               for w, heads in zip(qkv, (n_heads, n_kv_heads, n_kv_heads)))
+    proj = [quantized_matmul_ops(n, *w) for w in qkv]
+    for a in lora:
+        proj[a.target] = proj[a.target] + a.scale * ((n @ a.a) @ a.b)
+    q, k, v = (p.reshape(B, L, heads, -1).transpose(0, 2, 1, 3)
+               for p, heads in zip(proj, (n_heads, n_kv_heads, n_kv_heads)))
     q, k = (mx.fast.rope(a, rope.dims, traditional=rope.traditional, base=rope.base,
                          scale=rope.scale, offset=rope.offset) for a in (q, k))
     return q, k.astype(kv_dtype), v.astype(kv_dtype)
+
+
+@dataclass(frozen=True)
+class Lora:
+    """A LoRA adapter on projection ``target`` (0: q, 1: k, 2: v): it adds
+    ``scale * (n @ a) @ b``."""
+
+    target: int
+    a: mx.array  # [E, r]
+    b: mx.array  # [r, N]
+    scale: float
 
 
 def layer_tail_ops(attn: mx.array, x: mx.array, norm: mx.array, eps: float, o: QWeights,
@@ -78,16 +93,20 @@ def _flat(weights: Sequence[QWeights]) -> tuple[list[mx.array], list[int]]:
 
 def attention_inputs(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWeights],
                      n_heads: int, n_kv_heads: int, rope: Rope, kv_dtype: mx.Dtype,
+                     lora: Sequence[Lora] = (),
                      use_kernel: bool = True) -> tuple[mx.array, mx.array, mx.array]:
     """As :func:`attention_inputs_ops`; one node on the kernel."""
     ext = _fits(x, norm) if use_kernel else None
     if ext is None or kv_dtype not in (mx.float32, mx.float16):
-        return attention_inputs_ops(x, norm, eps, qkv, n_heads, n_kv_heads, rope, kv_dtype)
+        return attention_inputs_ops(x, norm, eps, qkv, n_heads, n_kv_heads, rope, kv_dtype,
+                                    lora)
     arrays, bits = _flat(qkv)
     rows = rope.offset if isinstance(rope.offset, mx.array) else None
     q, k, v = ext.attention_inputs(x, norm, eps, arrays, bits, n_heads, n_kv_heads, rope.dims,
                                    rope.traditional, rope.base, rope.scale,
-                                   0 if rows is not None else rope.offset, kv_dtype, rows)
+                                   0 if rows is not None else rope.offset, kv_dtype, rows,
+                                   [m for a in lora for m in (a.a, a.b)],
+                                   [a.target for a in lora], [float(a.scale) for a in lora])
     return q, k, v
 
 

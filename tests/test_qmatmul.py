@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
                                quantized_matmul, quantized_matmul_ops, quantized_matmuls,
                                rms_norm, rope)
-from mlx_agent.kernels.decode_block import (Rope, attention_inputs, attention_inputs_ops,
+from mlx_agent.kernels.decode_block import (Lora, Rope, attention_inputs, attention_inputs_ops,
                                             layer_tail, layer_tail_ops)
 from mlx_agent.kernels.ext import extension
 from mlx_agent.models import load
@@ -260,6 +260,18 @@ def test_decode_blocks_match_their_reference(rows, kv_dtype, traditional):
         for g, r in zip(got, ref):
             ulp = 1e-3 if g.dtype == mx.float16 else 0.0  # a rounding either side of a half
             assert rel_err(g.astype(mx.float32), r.astype(mx.float32)) < max(tol, ulp)
+    # LoRA on q and v (as the bundled model's default adapter has), added before RoPE
+    lora = [Lora(t, mx.random.normal((E, 8), key=mx.random.key(10 + t)) * 0.1,
+                 mx.random.normal((8, n), key=mx.random.key(20 + t)) * 0.1, 2.0)
+            for t, n in ((0, H * D), (2, KVH * D))]
+    rope = Rope(D, traditional, 10000.0, 1.0, 5)
+    got = attention_inputs(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype, lora)
+    ref = attention_inputs_ops(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype, lora)
+    plain = attention_inputs_ops(x, norm, 1e-5, qkv, H, KVH, rope, kv_dtype)
+    assert rel_err(ref[0], plain[0]) > 1e-3  # the adapter matters
+    for g, r in zip(got, ref):
+        ulp = 1e-3 if g.dtype == mx.float16 else 0.0
+        assert rel_err(g.astype(mx.float32), r.astype(mx.float32)) < max(1e-5, ulp)
     o, gate, up = quantized(E, H * D, 4, 5), quantized(I, E, 4, 6), quantized(I, E, 8, 7)
     down = quantized(E, I, 4, 8)
     attn = mx.random.normal((rows, 1, H * D), key=mx.random.key(9))
@@ -342,8 +354,8 @@ def decode_logits(lm, prompt, n):
 @pytest.mark.parametrize("adapter", [False, True])
 def test_fused_decode_steps_match_the_layer_by_layer_kernels(tmp_path, monkeypatch, adapter):
     """A decode step through the two fused nodes gives the tokens and logits of the same
-    layers run one kernel node at a time; with LoRA on q and v (as the bundled model's
-    default adapter has), the attention's inputs run unfused and the tail fused."""
+    layers run one kernel node at a time, with LoRA on q and v too (as the bundled model's
+    default adapter has), which the first fused node applies."""
     lm = load(tiny_quantized_gguf(tmp_path, "q4_1"), weights="quantized")
     if adapter:
         from mlx_lm.tuner.utils import linear_to_lora_layers
@@ -353,7 +365,11 @@ def test_fused_decode_steps_match_the_layer_by_layer_kernels(tmp_path, monkeypat
             if "lora_b" in m:
                 m.lora_b = mx.random.normal(m.lora_b.shape, key=mx.random.key(3)) * 0.1
     prompt = [3, 14, 15, 92, 65]
+    calls = []
+    spy = cpu_layers.attention_inputs
+    monkeypatch.setattr(cpu_layers, "attention_inputs", lambda *a: calls.append(a) or spy(*a))
     fused = decode_logits(lm, prompt, 12)
+    assert len(calls) == 2 * 12 and all(bool(a[-1]) == adapter for a in calls)  # fused, LoRA
     monkeypatch.setattr(KernelLlamaBlock, "__call__", cpu_layers.llama.TransformerBlock.__call__)
     unfused = decode_logits(lm, prompt, 12)
     assert fused[0] == unfused[0]

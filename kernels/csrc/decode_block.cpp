@@ -1,5 +1,6 @@
 #include "decode_block.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -74,6 +75,32 @@ MLX_AGENT_CLONES void swiglu(const float* g, const float* u, float* out, size_t 
   for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+// A LoRA adapter on one projection: y += scale * (n @ A) @ B.
+struct Lora {
+  int target, rank;
+  float scale;
+  const float* a;  // [E, rank]
+  const float* b;  // [rank, N]
+};
+
+void add_lora(const float* n, int M, int E, const Lora& l, const QProblem& p) {
+  std::vector<float> t(l.rank);
+  for (int m = 0; m < M; ++m) {
+    std::fill(t.begin(), t.end(), 0.0f);
+    for (int e = 0; e < E; ++e) {
+      const float v = n[static_cast<size_t>(m) * E + e];
+      const float* row = l.a + static_cast<size_t>(e) * l.rank;
+      for (int j = 0; j < l.rank; ++j) t[j] += v * row[j];
+    }
+    float* y = p.y + static_cast<size_t>(m) * p.N;
+    for (int k = 0; k < p.N; ++k) {
+      float z = 0.0f;
+      for (int j = 0; j < l.rank; ++j) z += t[j] * l.b[static_cast<size_t>(j) * p.N + k];
+      y[k] += l.scale * z;
+    }
+  }
+}
+
 // One problem per matrix of `inputs` from `first` (w, scales, biases each), y unset.
 std::vector<QProblem> problems(const std::vector<mx::array>& inputs, size_t first,
                                const std::vector<int>& bits, int M) {
@@ -120,6 +147,9 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
                                         const std::vector<int>& bits, int n_heads,
                                         int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype,
                                         const std::optional<mx::array>& offsets,
+                                        const std::vector<mx::array>& lora,
+                                        const std::vector<int>& lora_targets,
+                                        const std::vector<float>& lora_scales,
                                         mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(bits.size() == 3, "q, k and v");
@@ -142,16 +172,31 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
           "offsets must be [B] integers");
     inputs.push_back(mx::contiguous(mx::astype(*offsets, mx::int32, stream), false, stream));
   }
+  check(lora.size() == 2 * lora_targets.size() && lora_scales.size() == lora_targets.size(),
+        "an A, a B and a scale per LoRA target");
+  for (size_t i = 0; i < lora_targets.size(); ++i) {
+    const int t = lora_targets[i];
+    check(t >= 0 && t < 3, "LoRA targets are 0 (q), 1 (k) or 2 (v)");
+    const auto &a = lora[2 * i], &b = lora[2 * i + 1];
+    check(a.ndim() == 2 && b.ndim() == 2 && a.shape(0) == E && b.shape(0) == a.shape(1) &&
+              b.shape(1) == shapes[t].first,
+          "LoRA A must be [E, r] and B [r, N]");
+    for (const auto* m : {&a, &b})
+      inputs.push_back(mx::contiguous(mx::astype(*m, mx::float32, stream), false, stream));
+  }
   return mx::array::make_arrays(
       {{B, n_heads, 1, D}, {B, n_kv_heads, 1, D}, {B, n_kv_heads, 1, D}},
       {mx::float32, kv_dtype, kv_dtype},
-      std::make_shared<AttentionInputs>(stream, eps, bits, n_heads, n_kv_heads, rope, kv_dtype),
+      std::make_shared<AttentionInputs>(stream, eps, bits, n_heads, n_kv_heads, rope, kv_dtype,
+                                        offsets.has_value(), lora_targets, lora_scales),
       inputs);
 }
 
 bool AttentionInputs::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttentionInputs&>(other);
   return eps_ == o.eps_ && bits_ == o.bits_ && kv_dtype_ == o.kv_dtype_ &&
+         has_offsets_ == o.has_offsets_ && lora_targets_ == o.lora_targets_ &&
+         lora_scales_ == o.lora_scales_ &&
          n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && rope_.dims == o.rope_.dims &&
          rope_.traditional == o.rope_.traditional && rope_.base == o.rope_.base &&
          rope_.scale == o.rope_.scale && rope_.offset == o.rope_.offset;
@@ -168,14 +213,21 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);
-  const int32_t* positions = inputs.size() > 11 ? inputs[11].data<int32_t>() : nullptr;
+  const int32_t* positions = has_offsets_ ? inputs[11].data<int32_t>() : nullptr;
+  std::vector<Lora> loras;
+  for (size_t i = 0; i < lora_targets_.size(); ++i) {
+    const auto &a = inputs[11 + has_offsets_ + 2 * i], &b = inputs[12 + has_offsets_ + 2 * i];
+    loras.push_back({lora_targets_[i], static_cast<int>(a.shape(1)), lora_scales_[i],
+                     a.data<float>(), b.data<float>()});
+  }
   // Weak copies, as MLX's own kernels take: the encoder keeps the buffers alive, and the
   // graph is not touched from this thread.
   std::vector<mx::array> outs;
   for (const auto& o : outputs) outs.push_back(mx::array::unsafe_weak_copy(o));
   encoder.dispatch([mats, x = mx::array::unsafe_weak_copy(x),
                     norm = mx::array::unsafe_weak_copy(norm), outputs = std::move(outs), positions,
-                    eps = eps_, rope = rope_, H = n_heads_, KVH = n_kv_heads_, M, E]() mutable {
+                    loras, eps = eps_, rope = rope_, H = n_heads_, KVH = n_kv_heads_, M,
+                    E]() mutable {
     thread_local std::vector<float> copy, normed, kv[2];  // per call, reused (30 calls a token)
     normed.resize(static_cast<size_t>(M) * E);
     rms_norm_rows(contiguous_rows(x, copy), norm.data<float>(), eps, M, E, normed.data());
@@ -186,6 +238,7 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
       mats[1 + i].y = half ? kv[i].data() : outputs[1 + i].data<float>();
     }
     run_matmuls(normed.data(), mats);
+    for (const auto& l : loras) add_lora(normed.data(), M, E, l, mats[l.target]);
     const int D = mats[0].N / H;
     if (positions) {  // each row at its own position
       for (int b = 0; b < M; ++b) {

@@ -32,12 +32,17 @@ struct RopeSpec {
 // x [B, 1, E] float32; norm [E]; qkv: w, scales, biases of q, k and v in that order (MLX
 // affine layout, group size 32), bits of each. B at most 16. With `offsets` ([B] integers: a
 // batch's rows at their own positions, as mlx-lm's BatchKVCache keeps them), row b's RoPE
-// position is offsets[b] instead of rope.offset.
+// position is offsets[b] instead of rope.offset. `lora` holds a LoRA adapter's A [E, r] and
+// B [r, N] for each projection listed in `lora_targets` (0: q, 1: k, 2: v), which then adds
+// lora_scales[i] * (n @ A) @ B to it before RoPE, as mlx-lm's LoRALinear does.
 std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& norm, float eps,
                                         const std::vector<mx::array>& qkv,
                                         const std::vector<int>& bits, int n_heads,
                                         int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype,
                                         const std::optional<mx::array>& offsets = std::nullopt,
+                                        const std::vector<mx::array>& lora = {},
+                                        const std::vector<int>& lora_targets = {},
+                                        const std::vector<float>& lora_scales = {},
                                         mx::StreamOrDevice s = {});
 
 // attn [B, 1, H * D] and x [B, 1, E] float32; weights: w, scales, biases of o, gate, up and
@@ -49,9 +54,11 @@ mx::array layer_tail(const mx::array& attn, const mx::array& x, const mx::array&
 class AttentionInputs : public mx::Primitive {
  public:
   AttentionInputs(mx::Stream stream, float eps, std::vector<int> bits, int n_heads,
-                  int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype)
+                  int n_kv_heads, RopeSpec rope, mx::Dtype kv_dtype, bool has_offsets,
+                  std::vector<int> lora_targets, std::vector<float> lora_scales)
       : mx::Primitive(stream), eps_(eps), bits_(std::move(bits)), n_heads_(n_heads),
-        n_kv_heads_(n_kv_heads), rope_(rope), kv_dtype_(kv_dtype) {}
+        n_kv_heads_(n_kv_heads), rope_(rope), kv_dtype_(kv_dtype), has_offsets_(has_offsets),
+        lora_targets_(std::move(lora_targets)), lora_scales_(std::move(lora_scales)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "MlxAgentAttentionInputs"; }
@@ -63,6 +70,9 @@ class AttentionInputs : public mx::Primitive {
   int n_heads_, n_kv_heads_;
   RopeSpec rope_;
   mx::Dtype kv_dtype_;
+  bool has_offsets_;
+  std::vector<int> lora_targets_;
+  std::vector<float> lora_scales_;
 };
 
 class LayerTail : public mx::UnaryPrimitive {

@@ -31,6 +31,7 @@ rounding; see tests/test_qmatmul.py).
 from __future__ import annotations
 
 import os
+import sys
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,7 +41,7 @@ from mlx_lm.models.base import scaled_dot_product_attention
 
 from ..errors import UserFacingError
 from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
-from ..kernels.decode_block import Rope, attention_inputs, layer_tail
+from ..kernels.decode_block import Lora, Rope, attention_inputs, layer_tail
 from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights
 
 KV_DTYPES = ("float16", "float32")
@@ -73,6 +74,23 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
 def _plain(*layers: nn.Module) -> bool:
     """Every layer is a :class:`KernelQuantizedLinear` without a bias (no adapter on it)."""
     return all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers)
+
+
+def _projections(*layers: nn.Module) -> tuple[list[QWeights], list[Lora]] | None:
+    """The weights of ``layers`` for :func:`~mlx_agent.kernels.decode_block.attention_inputs`,
+    each a :class:`KernelQuantizedLinear` without a bias, or mlx-lm's ``LoRALinear`` around
+    one (not dropping out); None otherwise."""
+    lora_linear = getattr(sys.modules.get("mlx_lm.tuner.lora"), "LoRALinear", None)
+    weights, adapters = [], []
+    for i, layer in enumerate(layers):
+        if lora_linear is not None and type(layer) is lora_linear and (
+                not layer.training or layer["dropout"]._p_1 == 1.0):
+            adapters.append(Lora(i, layer["lora_a"], layer["lora_b"], layer.scale))
+            layer = layer["linear"]
+        if not _plain(layer):
+            return None
+        weights.append(_weights(layer))
+    return weights, adapters
 
 
 def _float32_norm(norm: nn.Module) -> bool:
@@ -174,9 +192,9 @@ class KernelLlamaBlock(llama.TransformerBlock):
     """mlx-lm's llama decoder layer. A decode step (one position, float32, at most
     ``KERNEL_MAX_ROWS`` sequences, a cache) runs as two kernel nodes around the cache update
     and the attention (:mod:`mlx_agent.kernels.decode_block`): the norm, q, k and v
-    projections and RoPE as one, when no adapter wraps them (at one position, or at each
-    row's of a batch's cache); the output projection, residuals, norm and MLP as the other,
-    when no adapter wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
+    projections (LoRA adapters on them included) and RoPE as one, at one position or at
+    each row's of a batch's cache; the output projection, residuals, norm and MLP as the
+    other, when no adapter wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         # Children by item, not attribute: nn.Module's __getattr__ runs in Python, and this
@@ -188,14 +206,14 @@ class KernelLlamaBlock(llama.TransformerBlock):
                 or type(mlp) is not KernelLlamaMLP):
             return super().__call__(x, mask, cache)
         norm, rope = self["input_layernorm"], attn["rope"]
-        qkv = attn["q_proj"], attn["k_proj"], attn["v_proj"]
+        qkv = _projections(attn["q_proj"], attn["k_proj"], attn["v_proj"])
         offset = cache.offset  # an integer, or a batch's rows' positions
         if ((isinstance(offset, int) or offset.shape == (B,)) and type(rope) is KernelRoPE
-                and _float32_norm(norm) and _plain(*qkv)):
+                and _float32_norm(norm) and qkv is not None):
             q, k, v = attention_inputs(
-                x, norm["weight"], norm.eps, [_weights(p) for p in qkv], attn.n_heads,
-                attn.n_kv_heads,
-                Rope(rope.dims, rope.traditional, rope.base, rope.scale, offset), attn.kv_dtype)
+                x, norm["weight"], norm.eps, qkv[0], attn.n_heads, attn.n_kv_heads,
+                Rope(rope.dims, rope.traditional, rope.base, rope.scale, offset), attn.kv_dtype,
+                qkv[1])
         else:
             q, k, v = attn.inputs(norm(x), offset)
         out = attn.attend(q, k, v, mask, cache)
