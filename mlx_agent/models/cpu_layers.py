@@ -20,8 +20,8 @@ and settings:
   than 1e-3 relative (tests/test_kv_dtype.py measures it). Everything else about it is
   mlx-lm's;
 - mlx-lm's llama decoder layer runs a decode step as two fused kernel nodes around the
-  cache update and the attention (:mod:`mlx_agent.kernels.decode_block`), where its
-  projections carry no adapter: about eight graph nodes a layer instead of about twenty-four.
+  cache update and the attention (:mod:`mlx_agent.kernels.decode_block`; LoRA adapters on
+  q, k and v included): about eight graph nodes a layer instead of about twenty-four.
 
 Not promised: other quantization modes, group sizes or RoPE variants (those layers are left
 as they are), or bit-identical logits to the float32 reference (they agree to float32
