@@ -42,6 +42,17 @@ class Rope:
     offset: int | mx.array
 
 
+@dataclass(frozen=True)
+class Lora:
+    """A LoRA adapter on projection ``target`` (0: q, 1: k, 2: v): it adds
+    ``scale * (n @ a) @ b``."""
+
+    target: int
+    a: mx.array  # [E, r]
+    b: mx.array  # [r, N]
+    scale: float
+
+
 def attention_inputs_ops(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWeights],
                          n_heads: int, n_kv_heads: int, rope: Rope, kv_dtype: mx.Dtype,
                          lora: Sequence[Lora] = ()) -> tuple[mx.array, mx.array, mx.array]:
@@ -58,17 +69,6 @@ def attention_inputs_ops(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[
     q, k = (mx.fast.rope(a, rope.dims, traditional=rope.traditional, base=rope.base,
                          scale=rope.scale, offset=rope.offset) for a in (q, k))
     return q, k.astype(kv_dtype), v.astype(kv_dtype)
-
-
-@dataclass(frozen=True)
-class Lora:
-    """A LoRA adapter on projection ``target`` (0: q, 1: k, 2: v): it adds
-    ``scale * (n @ a) @ b``."""
-
-    target: int
-    a: mx.array  # [E, r]
-    b: mx.array  # [r, N]
-    scale: float
 
 
 def layer_tail_ops(attn: mx.array, x: mx.array, norm: mx.array, eps: float, o: QWeights,

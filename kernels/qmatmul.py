@@ -14,9 +14,8 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
   where the matmul kernel runs; one :func:`quantized_matmul` each otherwise.
 
 For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
-dequantizes each group in registers with the reference's arithmetic (for one row, it adds
-``scale * (x . q)`` per group and each row's biases times the groups' sums of ``x`` once) and
-keeps activations in float32. For more rows (prefill chunks), where the work is compute-bound, the dequantize
+dequantizes each group in registers with the reference's arithmetic and keeps activations in
+float32. For more rows (prefill chunks), where the work is compute-bound, the dequantize
 kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than the matmul
 kernel there, and the float32 copy lives for one layer's matmul only. Both run AVX-512,
 AVX2+FMA+F16C or scalar code, chosen at run time, over a small thread pool. Not promised:

@@ -6,9 +6,9 @@ one question. With ``batch`` > 1 a worker takes that many runs at once and decod
 together (:mod:`mlx_agent.batch_runner`: an engine a run, one model thread, shared
 prefixes), as ``--batch`` does in one process. A worker records a run's trajectory in a
 directory of its own and sends the file's bytes back; the driver writes it, atomically, into
-``--trajectory-dir`` under the same name, so the directory looks as a local run leaves it. Results come back in task order, and
-the checks are the local ones, so greedy runs give the same rewards, calls and trajectories
-as a local run (timings and trajectory ids apart).
+``--trajectory-dir`` under the same name, so the directory looks as a local run leaves it.
+Results come back in task order, and the checks are the local ones, so greedy runs give the
+same rewards, calls and trajectories as a local run (timings and trajectory ids apart).
 
 Files: by default every node needs the model (a name installed, or a path) and the tasks
 file with its tools and fixtures at the same paths as the driver. A run whose files live

@@ -36,13 +36,11 @@ Sampler = Callable[[mx.array], mx.array]
 _HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"})
 
 
-def default_prefill_step() -> int:
-    """Tokens per prefill chunk: 512 on Metal and on the CPU. On the CPU kernels a chunk
-    dequantizes every layer's weights once, so larger chunks cost less per token: on
-    SmolLM2-135M's Q4_1 weights a 512-token prompt prefilled at 405 tok/s in 512-token chunks
-    against 300 in 128-token ones (2,048 tokens: 320 against 269); on float32 weights 371
-    against 359 (299 against 270)."""
-    return 512
+# Tokens per prefill chunk, on Metal and on the CPU. On the CPU kernels a chunk dequantizes
+# every layer's weights once, so larger chunks cost less per token: on SmolLM2-135M's Q4_1
+# weights a 512-token prompt prefilled at 405 tok/s in 512-token chunks against 300 in
+# 128-token ones (2,048 tokens: 320 against 269); on float32 weights 371 against 359.
+PREFILL_STEP = 512
 
 
 def _output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
@@ -176,7 +174,7 @@ class Engine:
     ):
         if context_length <= 0:
             raise ValueError(f"context length must be positive, got {context_length}")
-        prefill_step = prefill_step or default_prefill_step()
+        prefill_step = prefill_step or PREFILL_STEP
         if prefill_step <= 0:
             raise ValueError(f"prefill step must be positive, got {prefill_step}")
         self.model = model

@@ -7,6 +7,7 @@
 
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "norm_rope.h"
 #include "qmatmul.h"
 #include "qmatmul_rows.h"
 #include "simd16.h"
@@ -21,44 +22,15 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("[mlx_agent.decode_block] " + what);
 }
 
-// As RMSNormCPU: x * rsqrt(mean(x^2) + eps) * weight, row by row.
+// rms_norm_row for each of M rows.
 void rms_norm_rows(const float* x, const float* w, float eps, int M, int E, float* out) {
-  for (int r = 0; r < M; ++r) {
-    const float* xr = x + static_cast<size_t>(r) * E;
-    float ss = 0.0f;
-    for (int i = 0; i < E; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(E) + eps);
-    float* yr = out + static_cast<size_t>(r) * E;
-    for (int i = 0; i < E; ++i) yr[i] = w[i] * (xr[i] * inv);
-  }
+  for (int r = 0; r < M; ++r)
+    rms_norm_row(x + static_cast<size_t>(r) * E, w, eps, E, out + static_cast<size_t>(r) * E);
 }
 
-// RoPE's cos and sin for one position, as RoPECPU computes them.
-struct RopeTable {
-  std::vector<float> c, s;
-  RopeTable(const RopeSpec& rope, int position) : c(rope.dims / 2), s(rope.dims / 2) {
-    const int half = rope.dims / 2;
-    for (int i = 0; i < half; ++i) {
-      const float inv_freq = std::exp(-static_cast<float>(i) * (std::log(rope.base) / half));
-      const float theta = rope.scale * static_cast<float>(position) * inv_freq;
-      c[i] = std::cos(theta);
-      s[i] = std::sin(theta);
-    }
-  }
-};
-
-// As RoPECPU at one position: each of `rows` vectors of D features rotated in place.
+// rope_row for each of `rows` vectors of D features.
 void rope_rows(float* x, int rows, int D, bool traditional, const RopeTable& t) {
-  const int half = static_cast<int>(t.c.size());
-  for (int r = 0; r < rows; ++r) {
-    float* v = x + static_cast<size_t>(r) * D;
-    for (int i = 0; i < half; ++i) {
-      const int a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
-      const float xa = v[a], xb = v[b];
-      v[a] = xa * t.c[i] - xb * t.s[i];
-      v[b] = xa * t.s[i] + xb * t.c[i];
-    }
-  }
+  for (int r = 0; r < rows; ++r) rope_row(x + static_cast<size_t>(r) * D, traditional, t);
 }
 
 // out = silu(g) * u = g * sigmoid(g) * u, sixteen at a time: sigmoid from exp(-|g|), so the
@@ -99,23 +71,6 @@ void add_lora(const float* n, int M, int E, const Lora& l, const QProblem& p) {
       y[k] += l.scale * z;
     }
   }
-}
-
-// One problem per matrix of `inputs` from `first` (w, scales, biases each), y unset.
-std::vector<QProblem> problems(const std::vector<mx::array>& inputs, size_t first,
-                               const std::vector<int>& bits, int M) {
-  std::vector<QProblem> out;
-  for (size_t i = 0; i < bits.size(); ++i) {
-    const auto &w = inputs[first + 3 * i], &s = inputs[first + 3 * i + 1],
-               &b = inputs[first + 3 * i + 2];
-    for (const auto* a : {&w, &s, &b})
-      check(a->flags().row_contiguous, "weights, scales and biases must be contiguous");
-    const int K = w.shape(1) * 32 / bits[i];
-    out.push_back({nullptr, w.data<uint8_t>(), s.data<void>(), b.data<void>(),
-                   s.dtype() == mx::float16, nullptr, M, static_cast<int>(w.shape(0)), K,
-                   bits[i]});
-  }
-  return out;
 }
 
 // The inputs after the activations: each matrix's w, scales and biases; returns each one's
@@ -208,7 +163,7 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& norm = inputs[1];
   const int M = x.shape(0), E = x.shape(2);
   check(norm.flags().row_contiguous, "the norm's weight must be contiguous");
-  auto mats = problems(inputs, 2, bits_, M);
+  auto mats = weight_problems(inputs, 2, bits_, M);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
   for (const auto& a : inputs) encoder.set_input_array(a);
@@ -242,12 +197,12 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
     const int D = mats[0].N / H;
     if (positions) {  // each row at its own position
       for (int b = 0; b < M; ++b) {
-        const RopeTable t(rope, positions[b]);
+        const RopeTable t(rope.dims, rope.base, rope.scale, positions[b]);
         rope_rows(mats[0].y + static_cast<size_t>(b) * H * D, H, D, rope.traditional, t);
         rope_rows(mats[1].y + static_cast<size_t>(b) * KVH * D, KVH, D, rope.traditional, t);
       }
     } else {
-      const RopeTable t(rope, rope.offset);
+      const RopeTable t(rope.dims, rope.base, rope.scale, rope.offset);
       rope_rows(mats[0].y, M * H, D, rope.traditional, t);
       rope_rows(mats[1].y, M * KVH, D, rope.traditional, t);
     }
@@ -289,7 +244,7 @@ void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& norm = inputs[2];
   const int M = x.shape(0), E = x.shape(2);
   check(norm.flags().row_contiguous, "the norm's weight must be contiguous");
-  auto mats = problems(inputs, 3, bits_, M);
+  auto mats = weight_problems(inputs, 3, bits_, M);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);

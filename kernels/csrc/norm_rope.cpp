@@ -1,5 +1,6 @@
 #include "norm_rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -32,6 +33,34 @@ mx::cpu::CommandEncoder& setup(const mx::Stream& stream, const std::vector<mx::a
 
 }  // namespace
 
+void rms_norm_row(const float* x, const float* weight, float eps, size_t D, float* out) {
+  float ss = 0.0f;
+  for (size_t i = 0; i < D; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
+  for (size_t i = 0; i < D; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+RopeTable::RopeTable(int dims, float base, float scale, int position)
+    : cos(dims / 2), sin(dims / 2) {
+  const int half = dims / 2;
+  for (int i = 0; i < half; ++i) {
+    const float inv_freq = std::exp(-static_cast<float>(i) * (std::log(base) / half));
+    const float theta = scale * static_cast<float>(position) * inv_freq;
+    cos[i] = std::cos(theta);
+    sin[i] = std::sin(theta);
+  }
+}
+
+void rope_row(float* v, bool traditional, const RopeTable& t) {
+  const size_t half = t.cos.size();
+  for (size_t i = 0; i < half; ++i) {
+    const size_t a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+    const float xa = v[a], xb = v[b];
+    v[a] = xa * t.cos[i] - xb * t.sin[i];
+    v[b] = xa * t.sin[i] + xb * t.cos[i];
+  }
+}
+
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps,
                    mx::StreamOrDevice s) {
   check(x.dtype() == mx::float32 && weight.dtype() == mx::float32, "rms_norm takes float32");
@@ -49,16 +78,9 @@ void RMSNormCPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   setup(stream(), inputs, out).dispatch([x, w, out, eps = eps_]() mutable {
     const size_t D = x.shape(-1), rows = D ? x.size() / D : 0;
     const float* src = x.data<float>();
-    const float* wt = w.data<float>();
     float* dst = out.data<float>();
-    for (size_t r = 0; r < rows; ++r) {
-      const float* xr = src + row_start(x, r);
-      float ss = 0.0f;
-      for (size_t i = 0; i < D; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
-      float* yr = dst + r * D;
-      for (size_t i = 0; i < D; ++i) yr[i] = wt[i] * (xr[i] * inv);
-    }
+    for (size_t r = 0; r < rows; ++r)
+      rms_norm_row(src + row_start(x, r), w.data<float>(), eps, D, dst + r * D);
   });
 }
 
@@ -84,31 +106,15 @@ void RoPECPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       [x, out, dims = dims_, trad = traditional_, base = base_, scale = scale_,
        offset = offset_]() mutable {
         const size_t D = x.shape(-1), L = x.shape(-2), rows = x.size() / D;
-        const int half = dims / 2;
-        // As MLX: inverse frequency base^(-i / half) for pair i, angle (scale * position) * it.
-        std::vector<float> inv_freq(half);
-        for (int i = 0; i < half; ++i)
-          inv_freq[i] = std::exp(-static_cast<float>(i) * (std::log(base) / half));
-        std::vector<float> cosv(half * L), sinv(half * L);
+        std::vector<RopeTable> tables;  // one per position of the L
         for (size_t l = 0; l < L; ++l)
-          for (int i = 0; i < half; ++i) {
-            float theta = scale * static_cast<float>(offset + l) * inv_freq[i];
-            cosv[l * half + i] = std::cos(theta);
-            sinv[l * half + i] = std::sin(theta);
-          }
+          tables.emplace_back(dims, base, scale, offset + static_cast<int>(l));
         const float* src = x.data<float>();
         float* dst = out.data<float>();
         for (size_t r = 0; r < rows; ++r) {
-          const float* xr = src + row_start(x, r);
           float* yr = dst + r * D;
-          const float* c = cosv.data() + (r % L) * half;
-          const float* sn = sinv.data() + (r % L) * half;
-          for (int i = 0; i < half; ++i) {
-            const size_t a = trad ? 2 * i : i, b = trad ? 2 * i + 1 : i + half;
-            yr[a] = xr[a] * c[i] - xr[b] * sn[i];
-            yr[b] = xr[a] * sn[i] + xr[b] * c[i];
-          }
-          for (size_t i = dims; i < D; ++i) yr[i] = xr[i];
+          std::copy_n(src + row_start(x, r), D, yr);
+          rope_row(yr, trad, tables[r % L]);
         }
       });
 }

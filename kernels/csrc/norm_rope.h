@@ -3,6 +3,8 @@
 // the bundled model); one node each cuts the per-token graph overhead.
 #pragma once
 
+#include <vector>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -18,6 +20,22 @@ mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps,
 // rotated, pairs adjacent (traditional) or split in halves.
 mx::array rope(const mx::array& x, int dims, bool traditional, float base, float scale,
                int offset, mx::StreamOrDevice s = {});
+
+// The loops both the primitives here and the fused decode blocks run.
+
+// out = x * rsqrt(mean(x^2) + eps) * weight for one row of D values.
+void rms_norm_row(const float* x, const float* weight, float eps, size_t D, float* out);
+
+// RoPE's cos and sin at one position: pair i's angle is (scale * position) * base^(-i / half),
+// as MLX computes it.
+struct RopeTable {
+  std::vector<float> cos, sin;
+  RopeTable(int dims, float base, float scale, int position);
+};
+
+// One vector's first `dims` features (2 * table size) rotated in place: pairs adjacent
+// (traditional) or split in halves; the rest left as they are.
+void rope_row(float* v, bool traditional, const RopeTable& t);
 
 class RMSNormCPU : public mx::UnaryPrimitive {
  public:

@@ -48,20 +48,6 @@ const float* staged_x(const float* x, size_t M, size_t K, int bits, std::vector<
   return buf.data();
 }
 
-// Each group's sum of x ([M, K / 32]), for the decode kernels' bias term.
-const float* group_sums(const float* x, int M, int K, std::vector<float>& buf) {
-  const int groups = K / kGroup;
-  buf.assign(static_cast<size_t>(M) * groups, 0.0f);
-  for (int r = 0; r < M; ++r)
-    for (int g = 0; g < groups; ++g) {
-      const float* xg = x + static_cast<size_t>(r) * K + g * kGroup;
-      float sum = 0.0f;
-      for (int i = 0; i < kGroup; ++i) sum += xg[i];
-      buf[static_cast<size_t>(r) * groups + g] = sum;
-    }
-  return buf.data();
-}
-
 }  // namespace
 
 // x's M rows of K as one contiguous buffer: x itself when it is row-contiguous, else a copy in
@@ -77,17 +63,14 @@ const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
 void run_matmuls(const float* x, std::vector<QProblem>& problems) {
   // x for 4-bit and for 8-bit matrices, each staged once; kept per thread, since a decoded
   // token makes a hundred calls (a call's buffers are used only during the call)
-  thread_local std::vector<float> staged[2], sums;
+  thread_local std::vector<float> staged[2];
   const float* ready[2] = {nullptr, nullptr};
-  const float* xsum = nullptr;  // the same for any order within a group
   Pool& workers = pool();
   std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
   for (auto& p : problems) {
     const int b = p.bits == 8;
     if (!ready[b]) ready[b] = staged_x(x, p.M, p.K, p.bits, staged[b]);
     p.x = ready[b];
-    if (!xsum) xsum = group_sums(p.x, p.M, p.K, sums);
-    p.xsum = xsum;
     rows.push_back(rows_per_task(p.N, p.M, workers.size()));
     first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
   }
@@ -218,20 +201,29 @@ std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<m
                                 std::make_shared<QuantizedMatmuls>(stream, bits), inputs);
 }
 
+std::vector<QProblem> weight_problems(const std::vector<mx::array>& inputs, size_t first,
+                                      const std::vector<int>& bits, int M) {
+  std::vector<QProblem> out;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const auto &w = inputs[first + 3 * i], &scales = inputs[first + 3 * i + 1],
+               &biases = inputs[first + 3 * i + 2];
+    for (const auto* a : {&w, &scales, &biases})
+      check(a->flags().row_contiguous, "weights, scales and biases must be contiguous");
+    out.push_back({nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
+                   scales.dtype() == mx::float16, nullptr, M, static_cast<int>(w.shape(0)),
+                   static_cast<int>(w.shape(1)) * 32 / bits[i], bits[i]});
+  }
+  return out;
+}
+
 void QuantizedMatmuls::eval_cpu(const std::vector<mx::array>& inputs,
                                 std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
-  const int K = x.shape(-1), M = static_cast<int>(x.size() / K);
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<QProblem> problems;
+  auto problems = weight_problems(inputs, 1, bits_, static_cast<int>(x.size() / x.shape(-1)));
   for (size_t i = 0; i < outputs.size(); ++i) {
-    const auto &w = inputs[1 + 3 * i], &scales = inputs[2 + 3 * i], &biases = inputs[3 + 3 * i];
-    for (const auto* a : {&w, &scales, &biases})
-      check(a->flags().row_contiguous, "weights, scales and biases must be contiguous");
     outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
-    problems.push_back({nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
-                        scales.dtype() == mx::float16, outputs[i].data<float>(), M,
-                        static_cast<int>(w.shape(0)), K, bits_[i]});
+    problems[i].y = outputs[i].data<float>();
   }
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);

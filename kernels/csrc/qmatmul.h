@@ -8,6 +8,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "qmatmul_rows.h"
 
 namespace mlx_agent {
 
@@ -34,6 +35,11 @@ int check_weights(const mx::array& w, const mx::array& scales, const mx::array& 
 
 // Scales or biases as the kernel reads them: float16 or float32 (others cast to float32).
 mx::array as_param(const mx::array& a, mx::Stream stream);
+
+// One problem per matrix whose w, scales and biases are inputs[first + 3 i ...] (checked
+// contiguous), for M rows of x; x and y are left for the caller. Inside an eval_cpu.
+std::vector<QProblem> weight_problems(const std::vector<mx::array>& inputs, size_t first,
+                                      const std::vector<int>& bits, int M);
 
 // x's elements in row-major order: x's own data when it is row-contiguous, else a copy in
 // `buf`. Inside an eval_cpu's dispatched work (x evaluated).

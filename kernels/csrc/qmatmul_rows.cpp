@@ -1,8 +1,7 @@
-// Quantized matmul inner loops. For several rows of x, each weight group of 32 is dequantized
-// in registers (w = scale * q + bias, the reference's arithmetic) and multiplied into float32
-// accumulators; for one row (decode) a group adds scale * (x . q), and each row's biases add
-// sum_g bias_g * sum(x_g) once. Activations stay float32, so results match the dequantized
-// reference to float32 rounding. 4-bit groups unpack as low nibbles (even elements) then high nibbles (odd
+// Quantized matmul inner loops. Each weight group of 32 is dequantized in registers
+// (w = scale * q + bias, exactly the reference's arithmetic) and multiplied into float32
+// accumulators; activations stay float32, so results match the dequantized reference to
+// float32 rounding. 4-bit groups unpack as low nibbles (even elements) then high nibbles (odd
 // elements); the caller reorders x to match once per call instead of shuffling every group.
 
 #include "qmatmul_rows.h"
@@ -201,72 +200,12 @@ AVX2_TARGET void block_avx2(const QProblem& p, int m0, int n0) {
           hsum256(_mm256_add_ps(acc[r][i][0], acc[r][i][1]));
 }
 
-// Scales or biases at..at+n as float32 in out.
-template <bool HALF>
-AVX2_TARGET inline void params_avx2(const void* base, size_t at, int n, float* out) {
-  int i = 0;
-  if constexpr (HALF) {
-    const uint16_t* h = static_cast<const uint16_t*>(base) + at;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
-  }
-  for (; i < n; ++i) out[i] = param<HALF>(base, at + i);
-}
-
-// Row n's bias term: sum over groups of bias_g * (sum of x over group g).
-template <bool HALF>
-AVX2_TARGET inline float bias_term_avx2(const QProblem& p, int n) {
-  const int groups = p.K / kGroup;
-  const size_t at = static_cast<size_t>(n) * groups;
-  __m256 acc = _mm256_setzero_ps();
-  int g = 0;
-  for (; g + 8 <= groups; g += 8) {
-    __m256 b = HALF ? _mm256_cvtph_ps(_mm_loadu_si128(
-                          (const __m128i*)(static_cast<const uint16_t*>(p.biases) + at + g)))
-                    : _mm256_loadu_ps(static_cast<const float*>(p.biases) + at + g);
-    acc = _mm256_fmadd_ps(b, _mm256_loadu_ps(p.xsum + g), acc);
-  }
-  float sum = hsum256(acc);
-  for (; g < groups; ++g) sum += param<HALF>(p.biases, at + g) * p.xsum[g];
-  return sum;
-}
-
-// One row of x (decode) against R rows of W. A row's result is
-// sum_g scale_g * (x_g . q_g) + sum_g bias_g * sum(x_g): the bias leaves the inner loop, and a
-// group costs four multiplies and one scaling, not four dequantizing FMAs and four more.
-template <int BITS, int R, bool HALF>
-AVX2_TARGET void decode_block_avx2(const QProblem& p, int n0) {
-  const int groups = p.K / kGroup;
-  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
-  thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>(R) * groups);
-  for (int r = 0; r < R; ++r)
-    params_avx2<HALF>(p.scales, static_cast<size_t>(n0 + r) * groups, groups, &scales[r * groups]);
-  const float* sc = scales.data();
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  prefetch_rows<HALF>(p, n0 + R, R);
-  for (int g = 0; g < groups; ++g) {
-    const float* xg = p.x + g * kGroup;
-    const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
-    const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
-    for (int r = 0; r < R; ++r) {
-      __m256 q[4];
-      load_q8x4<BITS>(p.w + (n0 + r) * row_bytes, g, q);
-      __m256 t = _mm256_fmadd_ps(x1, q[1], _mm256_mul_ps(x0, q[0]));
-      t = _mm256_fmadd_ps(x3, q[3], _mm256_fmadd_ps(x2, q[2], t));
-      acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(sc[r * groups + g]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) p.y[n0 + r] = hsum256(acc[r]) + bias_term_avx2<HALF>(p, n0 + r);
-}
-
 template <int BITS, bool HALF>
 AVX2_TARGET void rows_avx2_bits(const QProblem& p, int n0, int n1) {
   int n = n0;
   if (p.M == 1) {
-    for (; n + 2 <= n1; n += 2) decode_block_avx2<BITS, 2, HALF>(p, n);
-    for (; n < n1; ++n) decode_block_avx2<BITS, 1, HALF>(p, n);
+    for (; n + 2 <= n1; n += 2) block_avx2<BITS, 1, 2, HALF>(p, 0, n);
+    for (; n < n1; ++n) block_avx2<BITS, 1, 1, HALF>(p, 0, n);
     return;
   }
   for (; n < n1; ++n) {
@@ -276,7 +215,6 @@ AVX2_TARGET void rows_avx2_bits(const QProblem& p, int n0, int n1) {
   }
 }
 
-// Weights of group g as two vectors of 16 floats, in the order x was arranged.
 // Sixteen bytes widened to sixteen 32-bit lanes: the bytes broadcast to every 128-bit lane,
 // then an in-lane byte shuffle (cheaper than vpmovzxbd's cross-lane one).
 AVX512_TARGET inline __m512i widen16(const uint8_t* p) {
@@ -288,6 +226,7 @@ AVX512_TARGET inline __m512i widen16(const uint8_t* p) {
   return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)p)), idx);
 }
 
+// Weights of group g as two vectors of 16 floats, in the order x was arranged.
 template <int BITS>
 AVX512_TARGET inline void load_q16x2(const uint8_t* wrow, int g, __m512 q[2]) {
   if constexpr (BITS == 4) {
@@ -338,62 +277,12 @@ AVX512_TARGET void block_avx512(const QProblem& p, int m0, int n0) {
           _mm512_reduce_add_ps(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
 }
 
-// The first min(n, 16) lanes.
-inline __mmask16 first_lanes(int n) {
-  return n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1);
-}
-
-// Scales or biases at..at+16 as float32 (the first `n` of them; the rest zero).
-template <bool HALF>
-AVX512_TARGET inline __m512 params16(const void* base, size_t at, int n) {
-  const __mmask16 m = first_lanes(n);
-  if constexpr (HALF)
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(base) + at));
-  else
-    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(base) + at);
-}
-
-// One row of x (decode) against R rows of W, as decode_block_avx2: scale_g * (x_g . q_g) per
-// group, and the biases' term, sum_g bias_g * sum(x_g), once per row.
-template <int BITS, int R, bool HALF>
-AVX512_TARGET void decode_block_avx512(const QProblem& p, int n0) {
-  const int groups = p.K / kGroup;
-  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
-  thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>(R) * groups + 16);
-  __m512 acc[R], bias[R];
-  for (int r = 0; r < R; ++r) {
-    const size_t at = static_cast<size_t>(n0 + r) * groups;
-    bias[r] = _mm512_setzero_ps();
-    for (int g = 0; g < groups; g += 16) {
-      const int n = groups - g;
-      _mm512_storeu_ps(&scales[r * groups + g], params16<HALF>(p.scales, at + g, n));
-      bias[r] = _mm512_fmadd_ps(params16<HALF>(p.biases, at + g, n),
-                                _mm512_maskz_loadu_ps(first_lanes(n), p.xsum + g), bias[r]);
-    }
-    acc[r] = _mm512_setzero_ps();
-  }
-  const float* sc = scales.data();
-  prefetch_rows<HALF>(p, n0 + R, R);
-  for (int g = 0; g < groups; ++g) {
-    const __m512 x0 = _mm512_loadu_ps(p.x + g * kGroup), x1 = _mm512_loadu_ps(p.x + g * kGroup + 16);
-    for (int r = 0; r < R; ++r) {
-      __m512 q[2];
-      load_q16x2<BITS>(p.w + (n0 + r) * row_bytes, g, q);
-      const __m512 t = _mm512_fmadd_ps(x1, q[1], _mm512_mul_ps(x0, q[0]));
-      acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(sc[r * groups + g]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    p.y[n0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], bias[r]));
-}
-
 template <int BITS, bool HALF>
 AVX512_TARGET void rows_avx512_bits(const QProblem& p, int n0, int n1) {
   int n = n0;
   if (p.M == 1) {
-    for (; n + 4 <= n1; n += 4) decode_block_avx512<BITS, 4, HALF>(p, n);
-    for (; n < n1; ++n) decode_block_avx512<BITS, 1, HALF>(p, n);
+    for (; n + 4 <= n1; n += 4) block_avx512<BITS, 1, 4, HALF>(p, 0, n);
+    for (; n < n1; ++n) block_avx512<BITS, 1, 1, HALF>(p, 0, n);
     return;
   }
   for (; n < n1; ++n) {

@@ -15,8 +15,6 @@ struct QProblem {
   bool half;              // scales and biases are float16 (else float32)
   float* y;               // [M, N]
   int M, N, K, bits;
-  const float* xsum = nullptr;  // [M, K / 32]: each group's sum of x; needed when M is 1
-                                // (decode factors biases out): run_matmuls fills it
 };
 
 using RowsFn = void (*)(const QProblem&, int n0, int n1);
@@ -27,8 +25,8 @@ struct RowsKernel {
   RowsFn dequant;  // y[n0:n1] = W[n0:n1] as float32 ([N, K]; x and M unused)
 };
 
-// y_i = x @ W_i^T for each problem (x: M rows of K, contiguous, float32; each problem's x and
-// xsum are filled in here): x staged once per bit width, all the problems' rows split over
+// y_i = x @ W_i^T for each problem (x: M rows of K, contiguous, float32; each problem's x is
+// filled in here): x staged once per bit width, all the problems' rows split over
 // the kernels' pool as one job. Runs on the calling thread and the pool; no graph node.
 void run_matmuls(const float* x, std::vector<QProblem>& problems);
 

@@ -79,12 +79,12 @@ def _plain(*layers: nn.Module) -> bool:
 def _projections(*layers: nn.Module) -> tuple[list[QWeights], list[Lora]] | None:
     """The weights of ``layers`` for :func:`~mlx_agent.kernels.decode_block.attention_inputs`,
     each a :class:`KernelQuantizedLinear` without a bias, or mlx-lm's ``LoRALinear`` around
-    one (not dropping out); None otherwise."""
+    one in eval mode (no dropout; ``load`` sets it); None otherwise. A ``LoRALinear`` exists
+    only once mlx-lm's tuner module is imported, so that is where its class is looked up."""
     lora_linear = getattr(sys.modules.get("mlx_lm.tuner.lora"), "LoRALinear", None)
     weights, adapters = [], []
     for i, layer in enumerate(layers):
-        if lora_linear is not None and type(layer) is lora_linear and (
-                not layer.training or layer["dropout"]._p_1 == 1.0):
+        if lora_linear is not None and type(layer) is lora_linear and not layer.training:
             adapters.append(Lora(i, layer["lora_a"], layer["lora_b"], layer.scale))
             layer = layer["linear"]
         if not _plain(layer):
@@ -194,7 +194,8 @@ class KernelLlamaBlock(llama.TransformerBlock):
     and the attention (:mod:`mlx_agent.kernels.decode_block`): the norm, q, k and v
     projections (LoRA adapters on them included) and RoPE as one, at one position or at
     each row's of a batch's cache; the output projection, residuals, norm and MLP as the
-    other, when no adapter wraps those. Everything else is mlx-lm's layer on the other kernel layers."""
+    other, when no adapter wraps those. Everything else is mlx-lm's layer on the other
+    kernel layers."""
 
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         # Children by item, not attribute: nn.Module's __getattr__ runs in Python, and this
