@@ -416,8 +416,9 @@ def test_a_batched_service_primes_every_lane_from_the_prompt_cache(tiny_lm, tmp_
             service = ChatService(tiny_lm, tools=tools,
                                   engines=[runner.engine(tiny_lm) for _ in range(2)])
             hits.append(service.prime(PromptCache(tmp_path)))
-            prep = service.prepare(ChatCall(messages=user("hi"), max_tokens=4))
-            results = together([lambda: service.chat(prep)] * 2)
+            preps = [service.prepare(ChatCall(messages=user("hi"), max_tokens=4))
+                     for _ in range(2)]  # one each: a prepared chat holds its matcher
+            results = together([lambda p=p: service.chat(p) for p in preps])
     assert not hits[0].hit and hits[1].hit and hits[1].tokens == hits[0].tokens > 50
     assert all(r.usage.cached_tokens >= hits[1].tokens for r in results)  # both lanes
 

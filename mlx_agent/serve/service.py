@@ -75,7 +75,8 @@ class ChatCall:
 
 @dataclass
 class PreparedChat:
-    """A chat request checked and rendered: its tools, format, first prompt and grammar."""
+    """A chat request checked and rendered: its tools, format, first prompt and grammar.
+    One request's state (the grammar's matcher advances as it decodes): answer it once."""
 
     call: ChatCall
     tools: list[Tool]
