@@ -43,8 +43,10 @@ _HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"}
 PREFILL_STEP = 512
 
 
-def _output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
-    """The model's hidden-state -> logits map, where it is known to be the whole story."""
+def output_head(model: nn.Module) -> Callable[[mx.array], mx.array] | None:
+    """The model's hidden-state -> logits map, where it is known to be the whole story:
+    ``model(x) == head(model.model(x))``, so the head can run on the positions that need
+    logits only (the last one when decoding, the scored ones when training)."""
     if getattr(model, "model_type", None) not in _HEAD_ON_LAST_ONLY:
         return None
     if hasattr(model, "output_head"):
@@ -183,7 +185,7 @@ class Engine:
         self.kv_window = kv_window or context_length
         self.prefill_step = prefill_step
         self.kv_spec = kv_spec
-        self._head = _output_head(model)
+        self._head = output_head(model)
         self.reset()
 
     # -- state -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 
+from .engine import output_head
 from .models.cpu_layers import use_reference_layers
 
 
@@ -59,17 +60,47 @@ def read_rows(path: str | Path) -> list[dict]:
     return rows
 
 
-def masked_loss(model, tokens: mx.array, mask: mx.array):
-    logits = model(tokens[:, :-1])
-    targets, weights = tokens[:, 1:], mask[:, 1:]
+def masked_loss(model, tokens: mx.array, scored: mx.array, weights: mx.array):
+    """Cross-entropy on the positions ``scored`` (flat indices into ``tokens[:, 1:]``) with
+    ``weights`` (0 for the padding that rounds their number up), and their count.
+
+    Only the scored positions go through the output head: with a 49k vocabulary the head
+    and its softmax over every position cost more than the layers, and the loss mask keeps
+    only the assistant's tokens (a fifth of a row or so). A model whose head cannot be split
+    off (see :func:`~mlx_agent.engine.output_head`) computes all logits and picks the same
+    rows, the same loss."""
+    inputs, targets = tokens[:, :-1], tokens[:, 1:].reshape(-1)[scored]
+    head = output_head(model)
+    if head is None:
+        logits = model(inputs)
+        logits = logits.reshape(-1, logits.shape[-1])[scored]
+    else:
+        hidden = model.model(inputs)
+        logits = head(hidden.reshape(-1, hidden.shape[-1])[scored])
     ce = nn.losses.cross_entropy(logits, targets) * weights
     ntoks = weights.sum()
     return ce.astype(mx.float32).sum() / mx.maximum(ntoks, 1), ntoks
 
 
+SCORED_STEP = 64  # scored positions per batch round up to a multiple: fewer distinct shapes
+                  # for mlx-lm's compiled step to trace
+
+
+def scored_positions(masks: list[list[int]]) -> tuple[mx.array, mx.array]:
+    """The flat indices into ``[B, width - 1]`` of the targets a loss mask keeps (``mask[:,
+    1:]``), and their weights, padded with index 0 at weight 0 to a multiple of
+    :data:`SCORED_STEP`."""
+    width = len(masks[0]) - 1
+    index = [b * width + t for b, m in enumerate(masks) for t, on in enumerate(m[1:]) if on]
+    pad = -len(index) % SCORED_STEP
+    return (mx.array(index + [0] * pad, dtype=mx.uint32),
+            mx.array([1.0] * len(index) + [0.0] * pad, dtype=mx.float32))
+
+
 def batches(rows: list[dict], batch_size: int, max_len: int, seed: int | None = 0,
             loop: bool = True):
-    """(tokens, mask) batches, right-padded; loops forever when ``loop``."""
+    """(tokens, scored, weights) batches (see :func:`masked_loss`), right-padded; loops
+    forever when ``loop``."""
     rng = random.Random(seed)
     order = list(range(len(rows)))
     while True:
@@ -82,7 +113,7 @@ def batches(rows: list[dict], batch_size: int, max_len: int, seed: int | None = 
                     for r in chosen]
             masks = [r["loss_mask"][:width] + [0] * (width - len(r["loss_mask"][:width]))
                      for r in chosen]
-            yield mx.array(toks), mx.array(masks, dtype=mx.float32)
+            yield (mx.array(toks), *scored_positions(masks))
         if not loop:
             return
 

@@ -95,6 +95,51 @@ def test_sft_lowers_the_loss_and_writes_a_loadable_adapter(tmp_path):
     assert not np.allclose(np.array(adapted.model(ids)), np.array(base.model(ids)), atol=1e-3)
 
 
+def test_the_loss_on_scored_positions_equals_the_loss_on_all_logits(tmp_path):
+    """masked_loss runs the head on the masked positions only (padded to a shape step):
+    the same loss and LoRA gradients as cross-entropy over every position's logits."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from mlx_agent.sft import SCORED_STEP, _differentiable, _lora, batches, masked_loss
+
+    path = tmp_path / "m.tinygpt"
+    fmt.write(path, random_tinygpt_file(seed=3))
+    lm = load(path)
+    _differentiable(lm.model)
+    lm.model.freeze()
+    _lora(lm.model, SFTConfig(rank=4, num_layers=2, keys=("attn.q_proj", "attn.v_proj")))
+    for _, m in lm.model.named_modules():  # LoRA starts at zero: make its gradient depend on it
+        if "lora_b" in m:
+            m.lora_b = mx.random.normal(m.lora_b.shape, key=mx.random.key(1)) * 0.1
+    rng = np.random.default_rng(0)
+    rows = [{"input_ids": rng.integers(1, 200, n).tolist(),
+             "loss_mask": (rng.random(n) < 0.3).astype(int).tolist()} for n in (37, 52, 18)]
+    tokens, scored, weights = next(batches(rows, 3, 2048, loop=False))
+    assert scored.size % SCORED_STEP == 0 and weights.sum().item() == sum(
+        sum(r["loss_mask"][1:]) for r in rows)
+
+    width = tokens.shape[1]
+    order = [next(r for r in rows if r["input_ids"] == t[:len(r["input_ids"])])
+             for t in tokens.tolist()]  # the batch's rows, in its (shuffled) order
+    mask = mx.array([r["loss_mask"] + [0] * (width - len(r["loss_mask"])) for r in order],
+                    dtype=mx.float32)[:, 1:]
+
+    def full_loss(model, tokens, _scored, _weights):  # every position's logits, then the mask
+        ce = nn.losses.cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]) * mask
+        return ce.sum() / mask.sum(), mask.sum()
+
+    (ours, n), grads = nn.value_and_grad(lm.model, masked_loss)(lm.model, tokens, scored, weights)
+    (ref, m), ref_grads = nn.value_and_grad(lm.model, full_loss)(lm.model, tokens, scored,
+                                                                   weights)
+    assert n.item() == m.item() and abs(ours.item() - ref.item()) < 1e-5 * abs(ref.item())
+    flat, ref_flat = dict(tree_flatten(grads)), dict(tree_flatten(ref_grads))
+    assert flat.keys() == ref_flat.keys() and len(flat) == 8  # q and v, a and b, two layers
+    for k in flat:
+        np.testing.assert_allclose(np.array(flat[k]), np.array(ref_flat[k]), rtol=1e-4,
+                                   atol=1e-6)
+
+
 def test_bad_rows_are_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\n')
