@@ -74,7 +74,7 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
                                      tool_mode, protocol, max_tokens, batch, ray_address,
                                      ray_workers)
         else:
-            score_category = _local(stack, model_spec, adapter, weights, context_length,
+            score_category = _local(model_spec, adapter, weights, context_length,
                                     tool_mode, protocol, max_tokens, batch)
         rows = []
         run_rows = stack.enter_context(runs_file(runs))
@@ -89,20 +89,19 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
     print_table(rows)
 
 
-def _local(stack, model_spec, adapter, weights, context_length, tool_mode, protocol,
+def _local(model_spec, adapter, weights, context_length, tool_mode, protocol,
            max_tokens, batch):
     """``score(category, limit, bar, record)`` in this process (``batch`` > 1: questions
     decoded together)."""
-    from mlx_agent.batch_runner import BatchRunner
+    from mlx_agent.batch_runner import batch_engines
     from mlx_agent.bfcl import run_category
     from mlx_agent.models import load
     from mlx_agent.serve import ChatService
 
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    runner = stack.enter_context(BatchRunner(lm.model, max_batch=batch)) if batch > 1 else None
     # one service; with a batch, its lanes take that many questions at once
     main = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
-                       engines=[runner.engine(lm) for _ in range(batch)] if runner else ())
+                       engines=batch_engines(lm, batch) if batch > 1 else ())
 
     def score(name, limit, bar, record):
         def scored(item):
