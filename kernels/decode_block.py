@@ -93,9 +93,10 @@ def _flat(weights: Sequence[QWeights]) -> tuple[list[mx.array], list[int]]:
 
 def attention_inputs(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWeights],
                      n_heads: int, n_kv_heads: int, rope: Rope, kv_dtype: mx.Dtype,
-                     lora: Sequence[Lora] = (),
-                     use_kernel: bool = True) -> tuple[mx.array, mx.array, mx.array]:
-    """As :func:`attention_inputs_ops`; one node on the kernel."""
+                     lora: Sequence[Lora] = (), use_kernel: bool = True,
+                     packed: Sequence[mx.array] = ()) -> tuple[mx.array, mx.array, mx.array]:
+    """As :func:`attention_inputs_ops`; one node on the kernel (``packed``: none, or q, k and
+    v packed, as :func:`~mlx_agent.kernels.qmatmul.pack` makes them)."""
     ext = _fits(x, norm) if use_kernel else None
     if ext is None or kv_dtype not in (mx.float32, mx.float16):
         return attention_inputs_ops(x, norm, eps, qkv, n_heads, n_kv_heads, rope, kv_dtype,
@@ -106,15 +107,18 @@ def attention_inputs(x: mx.array, norm: mx.array, eps: float, qkv: Sequence[QWei
                                    rope.traditional, rope.base, rope.scale,
                                    0 if rows is not None else rope.offset, kv_dtype, rows,
                                    [m for a in lora for m in (a.a, a.b)],
-                                   [a.target for a in lora], [float(a.scale) for a in lora])
+                                   [a.target for a in lora], [float(a.scale) for a in lora],
+                                   list(packed))
     return q, k, v
 
 
 def layer_tail(attn: mx.array, x: mx.array, norm: mx.array, eps: float, o: QWeights,
-               gate: QWeights, up: QWeights, down: QWeights, use_kernel: bool = True) -> mx.array:
-    """As :func:`layer_tail_ops`; one node on the kernel."""
+               gate: QWeights, up: QWeights, down: QWeights, use_kernel: bool = True,
+               packed: Sequence[mx.array] = ()) -> mx.array:
+    """As :func:`layer_tail_ops`; one node on the kernel (``packed``: none, or the four
+    matrices packed)."""
     ext = _fits(x, norm) if use_kernel else None
     if ext is None or attn.dtype != mx.float32:
         return layer_tail_ops(attn, x, norm, eps, o, gate, up, down)
     arrays, bits = _flat((o, gate, up, down))
-    return ext.layer_tail(attn, x, norm, eps, arrays, bits)
+    return ext.layer_tail(attn, x, norm, eps, arrays, bits, list(packed))

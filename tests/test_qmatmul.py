@@ -101,11 +101,46 @@ def test_several_matrices_in_one_node_match_the_reference(tmp_path):
         assert rel_err(y, quantized_matmul_ops(big, w, s, b, bits)) < TOL
 
 
+@needs_kernel
+def test_packed_weights_give_the_reference_results(tmp_path):
+    """W packed by 4-row blocks (what decode steps read): one and two rows of x read it, more
+    rows the arrays; every kind, 5 and 19 groups (every tail), alone and several in a node.
+    W that cannot be packed is left as it is."""
+    from mlx_agent.kernels.qmatmul import pack
+
+    mats, packs = [], []
+    for kind, rows, k in (("q4_1", 36, 160), ("q8_0", 64, 608), ("q4_0", 8, 608)):
+        (w, s, b), _ = quantized_tensor(tmp_path, kind, rows, k, seed=rows)
+        bits = 8 if kind == "q8_0" else 4
+        packed = pack(w, s, b, bits)
+        assert packed.shape == (rows // 4, k // 32, 4 * 32 * bits // 8 + 16)
+        for m in (1, 2, 3, 16):
+            x = mx.random.normal((m, k), key=mx.random.key(m))
+            ref = quantized_matmul_ops(x, w, s, b, bits)
+            assert rel_err(quantized_matmul(x, w, s, b, bits, packed=packed), ref) < TOL
+        mats.append((w, s, b, bits))
+        packs.append(packed)
+    x = mx.random.normal((2, 608), key=mx.random.key(5))
+    both = mats[1:]
+    for y, (w, s, b, bits) in zip(quantized_matmuls(x, both, packed=packs[1:]), both):
+        assert rel_err(y, quantized_matmul_ops(x, w, s, b, bits)) < TOL
+    (w, s, b), _ = quantized_tensor(tmp_path, "q4_1", 37, 96)
+    assert pack(w, s, b, 4) is None  # 37 rows: not whole blocks
+    assert pack(w[:36], s[:36].astype(mx.float32), b[:36].astype(mx.float32), 4) is None
+    lm = load(tiny_quantized_gguf(tmp_path, "q4_1"), weights="quantized")
+    linears = [m for _, m in lm.model.named_modules() if isinstance(m, KernelQuantizedLinear)]
+    assert linears and all(cpu_layers._packed(m) is not None for m in linears)
+    first = linears[0]
+    first.weight = mx.array(first.weight)  # new weights: the packed copy is stale, not read
+    assert cpu_layers._packed(first) is None
+
+
 ISA_CHECK = textwrap.dedent("""
     import mlx_agent, mlx.core as mx, numpy as np
     from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
                                quantized_matmul, quantized_matmul_ops, quantized_matmuls,
                                rms_norm, rope)
+    from mlx_agent.kernels.qmatmul import pack
     print(kernel_status().isa)
     worst = 0.0
     for bits, k in ((4, 160), (8, 160), (4, 608), (8, 608)):  # 5 and 19 groups: every tail
@@ -116,8 +151,12 @@ ISA_CHECK = textwrap.dedent("""
                 s, b = s.astype(dtype), b.astype(dtype)
                 x = mx.random.normal((m, k), key=mx.random.key(m))
                 ref = np.array(quantized_matmul_ops(x, q, s, b, bits))
-                got = np.array(quantized_matmul(x, q, s, b, bits))
-                worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
+                for packed in (None, pack(q[:64], s[:64], b[:64], bits)):
+                    rows = 67 if packed is None else 64
+                    got = np.array(quantized_matmul(x, q[:rows], s[:rows], b[:rows], bits,
+                                                    packed=packed))
+                    worst = max(worst, float(np.abs(got - ref[:, :rows]).max()
+                                             / np.abs(ref).max()))
     from mlx_agent.kernels.decode_block import (Rope, attention_inputs, attention_inputs_ops,
                                                 layer_tail, layer_tail_ops)
     def weights(n, k, bits, seed):
@@ -368,7 +407,8 @@ def test_fused_decode_steps_match_the_layer_by_layer_kernels(tmp_path, monkeypat
     prompt = [3, 14, 15, 92, 65]
     calls = []
     spy = cpu_layers.attention_inputs
-    monkeypatch.setattr(cpu_layers, "attention_inputs", lambda *a: calls.append(a) or spy(*a))
+    monkeypatch.setattr(cpu_layers, "attention_inputs",
+                        lambda *a, **k: calls.append(a) or spy(*a, **k))
     fused = decode_logits(lm, prompt, 12)
     assert len(calls) == 2 * 12 and all(bool(a[-1]) == adapter for a in calls)  # fused, LoRA
     monkeypatch.setattr(KernelLlamaBlock, "__call__", cpu_layers.llama.TransformerBlock.__call__)

@@ -17,10 +17,12 @@ using namespace nb::literals;
 NB_MODULE(_ext, m) {
   m.doc() = "mlx_agent CPU kernels (MLX custom primitives)";
   m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
-        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
-        "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only.");
+        "bits"_a, "packed"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only. "
+        "packed: W also packed by 4-row blocks, read by the one- and two-row kernel.");
   m.def("quantized_matmuls", &mlx_agent::quantized_matmuls, "x"_a, "ws"_a, "scales"_a,
-        "biases"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "biases"_a, "bits"_a, "packed"_a = std::vector<mlx::core::array>{}, nb::kw_only(),
+        "stream"_a = nb::none(),
         "[x @ W^T for each W] for float32 x, one graph node; W as quantized_matmul's.");
   m.def("dequantize", &mlx_agent::dequantize, "w"_a, "scales"_a, "biases"_a, "bits"_a,
         nb::kw_only(), "stream"_a = nb::none(),
@@ -45,22 +47,25 @@ NB_MODULE(_ext, m) {
          int n_kv_heads, int rope_dims, bool traditional, float base, float scale, int offset,
          mlx::core::Dtype kv_dtype, const std::optional<mlx::core::array>& offsets,
          const std::vector<mlx::core::array>& lora, const std::vector<int>& lora_targets,
-         const std::vector<float>& lora_scales, mlx::core::StreamOrDevice s) {
+         const std::vector<float>& lora_scales, const std::vector<mlx::core::array>& packed,
+         mlx::core::StreamOrDevice s) {
         return mlx_agent::attention_inputs(x, norm, eps, qkv, bits, n_heads, n_kv_heads,
                                            {rope_dims, traditional, base, scale, offset},
                                            kv_dtype, offsets, lora, lora_targets, lora_scales,
-                                           s);
+                                           packed, s);
       },
       "x"_a, "norm"_a, "eps"_a, "qkv"_a, "bits"_a, "n_heads"_a, "n_kv_heads"_a, "rope_dims"_a,
       "traditional"_a, "base"_a, "scale"_a, "offset"_a, "kv_dtype"_a, "offsets"_a = nb::none(),
       "lora"_a = std::vector<mlx::core::array>{}, "lora_targets"_a = std::vector<int>{},
-      "lora_scales"_a = std::vector<float>{}, nb::kw_only(), "stream"_a = nb::none(),
+      "lora_scales"_a = std::vector<float>{},
+      "packed"_a = std::vector<mlx::core::array>{}, nb::kw_only(), "stream"_a = nb::none(),
       "A decode step's rms_norm, q/k/v projections and RoPE as one node: [q, k, v] with q "
       "[B, H, 1, D] float32, k and v [B, KVH, 1, D] in kv_dtype; with offsets ([B] "
       "integers), row b's RoPE position is offsets[b]; lora: A, B pairs for the projections "
       "in lora_targets (0 q, 1 k, 2 v), each adding lora_scales[i] * (n @ A) @ B.");
   m.def("layer_tail", &mlx_agent::layer_tail, "attn"_a, "x"_a, "norm"_a, "eps"_a, "weights"_a,
-        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "bits"_a, "packed"_a = std::vector<mlx::core::array>{}, nb::kw_only(),
+        "stream"_a = nb::none(),
         "h = x + o(attn); h + down(silu(gate(n)) * up(n)) with n = rms_norm(h), as one node "
         "(weights: w, scales, biases of o, gate, up, down).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");

@@ -105,6 +105,7 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
                                         const std::vector<mx::array>& lora,
                                         const std::vector<int>& lora_targets,
                                         const std::vector<float>& lora_scales,
+                                        const std::vector<mx::array>& packed,
                                         mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(bits.size() == 3, "q, k and v");
@@ -139,6 +140,7 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
     for (const auto* m : {&a, &b})
       inputs.push_back(mx::contiguous(mx::astype(*m, mx::float32, stream), false, stream));
   }
+  add_packed(inputs, packed, {qkv[0], qkv[3], qkv[6]}, bits);
   return mx::array::make_arrays(
       {{B, n_heads, 1, D}, {B, n_kv_heads, 1, D}, {B, n_kv_heads, 1, D}},
       {mx::float32, kv_dtype, kv_dtype},
@@ -163,7 +165,8 @@ void AttentionInputs::eval_cpu(const std::vector<mx::array>& inputs,
   const auto& norm = inputs[1];
   const int M = x.shape(0), E = x.shape(2);
   check(norm.flags().row_contiguous, "the norm's weight must be contiguous");
-  auto mats = weight_problems(inputs, 2, bits_, M);
+  const size_t unpacked = 11 + has_offsets_ + 2 * lora_targets_.size();
+  auto mats = weight_problems(inputs, 2, bits_, M, inputs.size() == unpacked + 3);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
   for (const auto& a : inputs) encoder.set_input_array(a);
@@ -220,11 +223,12 @@ void AttentionInputs::eval_gpu(const std::vector<mx::array>&, std::vector<mx::ar
 
 mx::array layer_tail(const mx::array& attn, const mx::array& x, const mx::array& norm, float eps,
                      const std::vector<mx::array>& weights, const std::vector<int>& bits,
-                     mx::StreamOrDevice s) {
+                     const std::vector<mx::array>& packed, mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
   check(bits.size() == 4, "o, gate, up and down");
   std::vector<mx::array> inputs{attn, x, norm};
   auto shapes = add_weights(inputs, weights, bits, stream);
+  add_packed(inputs, packed, {weights[0], weights[3], weights[6], weights[9]}, bits);
   const int E = x.ndim() == 3 ? x.shape(2) : -1;
   check_activations(x, norm, E);
   check(attn.dtype() == mx::float32 && attn.ndim() == 3 && attn.shape(0) == x.shape(0) &&
@@ -244,7 +248,7 @@ void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& norm = inputs[2];
   const int M = x.shape(0), E = x.shape(2);
   check(norm.flags().row_contiguous, "the norm's weight must be contiguous");
-  auto mats = weight_problems(inputs, 3, bits_, M);
+  auto mats = weight_problems(inputs, 3, bits_, M, inputs.size() == 3 + 12 + 4);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);

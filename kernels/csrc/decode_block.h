@@ -43,13 +43,14 @@ std::vector<mx::array> attention_inputs(const mx::array& x, const mx::array& nor
                                         const std::vector<mx::array>& lora = {},
                                         const std::vector<int>& lora_targets = {},
                                         const std::vector<float>& lora_scales = {},
+                                        const std::vector<mx::array>& packed = {},
                                         mx::StreamOrDevice s = {});
 
 // attn [B, 1, H * D] and x [B, 1, E] float32; weights: w, scales, biases of o, gate, up and
-// down in that order; bits of each.
+// down in that order; bits of each; packed: none, or each W packed (quantized_matmul's).
 mx::array layer_tail(const mx::array& attn, const mx::array& x, const mx::array& norm, float eps,
                      const std::vector<mx::array>& weights, const std::vector<int>& bits,
-                     mx::StreamOrDevice s = {});
+                     const std::vector<mx::array>& packed = {}, mx::StreamOrDevice s = {});
 
 class AttentionInputs : public mx::Primitive {
  public:

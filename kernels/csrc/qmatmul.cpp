@@ -32,7 +32,7 @@ int rows_per_task(int N, int M, int threads) {
   int tasks = threads * 4;
   int rows = (N + tasks - 1) / tasks;
   int min_rows = std::max(8, 64 / std::max(1, M));
-  return std::max(rows, min_rows);
+  return (std::max(rows, min_rows) + 3) / 4 * 4;  // whole 4-row blocks of a packed W
 }
 
 // x as the kernel for `bits` reads it: 4-bit groups are read (evens, odds), so x is laid out
@@ -114,7 +114,8 @@ mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::arra
 }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int bits, mx::StreamOrDevice s) {
+                           const mx::array& biases, int bits,
+                           const std::optional<mx::array>& packed, mx::StreamOrDevice s) {
   const int K = check_weights(w, scales, biases, bits), N = w.shape(0);
   check(x.ndim() >= 1, "x must have at least one dimension");
   check(x.shape(-1) == K, "x's last dimension does not match w");
@@ -127,8 +128,10 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   auto x32 = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
   auto out_shape = x.shape();
   out_shape.back() = N;
+  std::vector<mx::array> inputs{x32, w, param(scales), param(biases)};
+  if (packed) add_packed(inputs, {*packed}, {w}, {bits});
   auto y = mx::array(out_shape, mx::float32, std::make_shared<QuantizedMatmul>(stream, bits),
-                     {x32, w, param(scales), param(biases)});
+                     std::move(inputs));
   return x.dtype() == mx::float32 ? y : mx::astype(y, x.dtype(), stream);
 }
 
@@ -157,7 +160,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   const auto& w = inputs[1];
   const auto& scales = inputs[2];
   const auto& biases = inputs[3];
-  for (int i = 1; i < 4; ++i)
+  for (size_t i = 1; i < inputs.size(); ++i)
     check(inputs[i].flags().row_contiguous, "weights, scales and biases must be contiguous");
   auto& encoder = begin_eval(stream(), inputs, out);
 
@@ -171,7 +174,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              static_cast<int>(x.size() / K),
              static_cast<int>(w.shape(0)),
              K,
-             bits_};
+             bits_,
+             inputs.size() == 5 ? inputs[4].data<uint8_t>() : nullptr};
   encoder.dispatch([p, x = mx::array::unsafe_weak_copy(x)]() mutable {
     std::vector<float> copy;
     std::vector<QProblem> one{p};
@@ -182,7 +186,9 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
 std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<mx::array>& ws,
                                          const std::vector<mx::array>& scales,
                                          const std::vector<mx::array>& biases,
-                                         const std::vector<int>& bits, mx::StreamOrDevice s) {
+                                         const std::vector<int>& bits,
+                                         const std::vector<mx::array>& packed,
+                                         mx::StreamOrDevice s) {
   check(!ws.empty() && scales.size() == ws.size() && biases.size() == ws.size() &&
             bits.size() == ws.size(), "one scales, biases and bits per w");
   check(x.ndim() >= 1 && x.dtype() == mx::float32, "x must be float32");
@@ -196,13 +202,28 @@ std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<m
     shapes.push_back(x.shape());
     shapes.back().back() = ws[i].shape(0);
   }
+  add_packed(inputs, packed, ws, bits);
   std::vector<mx::Dtype> dtypes(ws.size(), mx::float32);
   return mx::array::make_arrays(std::move(shapes), dtypes,
                                 std::make_shared<QuantizedMatmuls>(stream, bits), inputs);
 }
 
+bool add_packed(std::vector<mx::array>& inputs, const std::vector<mx::array>& packed,
+                const std::vector<mx::array>& ws, const std::vector<int>& bits) {
+  if (packed.empty()) return false;
+  check(packed.size() == ws.size(), "one packed W per matrix, or none");
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const size_t N = ws[i].shape(0), groups = ws[i].shape(1) * 32 / bits[i] / kGroup;
+    check(packed[i].dtype() == mx::uint8 && N % 4 == 0 &&
+              packed[i].size() == N / 4 * groups * packed_group_bytes(bits[i]),
+          "a packed W is uint8, N / 4 blocks of K / 32 groups of four rows");
+    inputs.push_back(packed[i]);
+  }
+  return true;
+}
+
 std::vector<QProblem> weight_problems(const std::vector<mx::array>& inputs, size_t first,
-                                      const std::vector<int>& bits, int M) {
+                                      const std::vector<int>& bits, int M, bool packed) {
   std::vector<QProblem> out;
   for (size_t i = 0; i < bits.size(); ++i) {
     const auto &w = inputs[first + 3 * i], &scales = inputs[first + 3 * i + 1],
@@ -212,6 +233,11 @@ std::vector<QProblem> weight_problems(const std::vector<mx::array>& inputs, size
     out.push_back({nullptr, w.data<uint8_t>(), scales.data<void>(), biases.data<void>(),
                    scales.dtype() == mx::float16, nullptr, M, static_cast<int>(w.shape(0)),
                    static_cast<int>(w.shape(1)) * 32 / bits[i], bits[i]});
+    if (packed) {
+      const auto& pw = inputs[inputs.size() - bits.size() + i];
+      check(pw.flags().row_contiguous, "a packed W must be contiguous");
+      out.back().packed = pw.data<uint8_t>();
+    }
   }
   return out;
 }
@@ -220,7 +246,8 @@ void QuantizedMatmuls::eval_cpu(const std::vector<mx::array>& inputs,
                                 std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  auto problems = weight_problems(inputs, 1, bits_, static_cast<int>(x.size() / x.shape(-1)));
+  auto problems = weight_problems(inputs, 1, bits_, static_cast<int>(x.size() / x.shape(-1)),
+                                  inputs.size() == 1 + 4 * bits_.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
     problems[i].y = outputs[i].data<float>();

@@ -3,6 +3,7 @@
 // Q8_0 blocks: w = scale * q + bias per group of 32 weights.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,15 +17,22 @@ namespace mx = mlx::core;
 
 // x: [..., K] floating; w: [N, K * bits / 32] uint32; scales, biases: [N, K / 32] float16 or
 // float32. Returns [..., N] in x's dtype. CPU only.
+// `packed`: W also packed by 4-row blocks (kernels/qmatmul.py's pack), which the one- and
+// two-row kernel reads instead when it can.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int bits, mx::StreamOrDevice s = {});
+                           const mx::array& biases, int bits,
+                           const std::optional<mx::array>& packed = std::nullopt,
+                           mx::StreamOrDevice s = {});
 
 // y_i = x @ W_i^T for several W that read the same float32 x (a layer's q, k and v
 // projections; an MLP's gate and up): one graph node, x staged once, one job on the pool.
+// `packed`: empty, or each W packed, as quantized_matmul's.
 std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<mx::array>& ws,
                                          const std::vector<mx::array>& scales,
                                          const std::vector<mx::array>& biases,
-                                         const std::vector<int>& bits, mx::StreamOrDevice s = {});
+                                         const std::vector<int>& bits,
+                                         const std::vector<mx::array>& packed = {},
+                                         mx::StreamOrDevice s = {});
 
 // W as float32 [N, K] (the prefill path dequantizes a layer at a time for the BLAS matmul).
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
@@ -37,9 +45,16 @@ int check_weights(const mx::array& w, const mx::array& scales, const mx::array& 
 mx::array as_param(const mx::array& a, mx::Stream stream);
 
 // One problem per matrix whose w, scales and biases are inputs[first + 3 i ...] (checked
-// contiguous), for M rows of x; x and y are left for the caller. Inside an eval_cpu.
+// contiguous), for M rows of x; x and y are left for the caller. When the inputs end with
+// one packed W per matrix (a primitive's last inputs), each problem reads its own. Inside an
+// eval_cpu.
 std::vector<QProblem> weight_problems(const std::vector<mx::array>& inputs, size_t first,
-                                      const std::vector<int>& bits, int M);
+                                      const std::vector<int>& bits, int M, bool packed);
+
+// The packed W's for `ws` appended to a primitive's inputs (checked against W's shape);
+// returns whether there were any.
+bool add_packed(std::vector<mx::array>& inputs, const std::vector<mx::array>& packed,
+                const std::vector<mx::array>& ws, const std::vector<int>& bits);
 
 // x's elements in row-major order: x's own data when it is row-contiguous, else a copy in
 // `buf`. Inside an eval_cpu's dispatched work (x evaluated).

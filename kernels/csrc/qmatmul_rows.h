@@ -15,7 +15,16 @@ struct QProblem {
   bool half;              // scales and biases are float16 (else float32)
   float* y;               // [M, N]
   int M, N, K, bits;
+  // Optional: the same W packed by 4-row blocks (kernels/qmatmul.py's pack): for each block
+  // and group, the four rows' codes (4 x 16 or 4 x 32 bytes), then their four float16
+  // scales and four float16 biases, so that a pass over four rows reads one stream.
+  // Null when W is not packed (N not a multiple of 4, or float32 scales); the kernels that
+  // do not read it use the arrays above.
+  const uint8_t* packed = nullptr;
 };
+
+// Bytes of one packed group of four rows.
+constexpr int packed_group_bytes(int bits) { return 4 * 32 * bits / 8 + 16; }
 
 using RowsFn = void (*)(const QProblem&, int n0, int n1);
 

@@ -42,7 +42,7 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from ..errors import UserFacingError
 from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
 from ..kernels.decode_block import Lora, Rope, attention_inputs, layer_tail
-from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights
+from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights, pack
 
 KV_DTYPES = ("float16", "float32")
 DEFAULT_KV_DTYPE = "float16"
@@ -60,7 +60,33 @@ def kv_dtype(requested: str | None = None) -> mx.Dtype:
 
 
 def _matmul(layer, x: mx.array) -> mx.array:
-    return quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"], layer.bits)
+    return quantized_matmul(x, layer["weight"], layer["scales"], layer["biases"], layer.bits,
+                            packed=_packed(layer))
+
+
+def _pack_weights(layer: nn.Module) -> None:
+    """Keep a copy of ``layer``'s W packed for decode steps (:func:`pack`), with the arrays
+    it was made from (not a parameter: saving, LoRA and training see MLX's layout only)."""
+    packed = pack(layer["weight"], layer["scales"], layer["biases"], layer.bits)
+    if packed is not None:
+        object.__setattr__(layer, "_pack",
+                           (layer["weight"], layer["scales"], layer["biases"], packed))
+
+
+def _packed(layer: nn.Module) -> mx.array | None:
+    """``layer``'s packed W while its arrays are still the ones packed (weights updated
+    since leave the stale copy unread)."""
+    got = layer.__dict__.get("_pack")
+    if got is None or got[0] is not layer["weight"] or got[1] is not layer["scales"] \
+            or got[2] is not layer["biases"]:
+        return None
+    return got[3]
+
+
+def _all_packed(layers) -> list[mx.array]:
+    """Every layer's packed W, or none (the kernels take all or nothing)."""
+    packed = [_packed(layer) for layer in layers]
+    return packed if all(p is not None for p in packed) else []
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
@@ -76,13 +102,14 @@ def _plain(*layers: nn.Module) -> bool:
     return all(type(layer) is KernelQuantizedLinear and "bias" not in layer for layer in layers)
 
 
-def _projections(*layers: nn.Module) -> tuple[list[QWeights], list[Lora]] | None:
+def _projections(*layers: nn.Module) -> tuple[list[QWeights], list[Lora], list] | None:
     """The weights of ``layers`` for :func:`~mlx_agent.kernels.decode_block.attention_inputs`,
     each a :class:`KernelQuantizedLinear` without a bias, or mlx-lm's ``LoRALinear`` around
-    one in eval mode (no dropout; ``load`` sets it); None otherwise. A ``LoRALinear`` exists
-    only once mlx-lm's tuner module is imported, so that is where its class is looked up."""
+    one in eval mode (no dropout; ``load`` sets it), with their adapters and packed W's (all
+    or none); None otherwise. A ``LoRALinear`` exists only once mlx-lm's tuner module is
+    imported, so that is where its class is looked up."""
     lora_linear = getattr(sys.modules.get("mlx_lm.tuner.lora"), "LoRALinear", None)
-    weights, adapters = [], []
+    weights, adapters, linears = [], [], []
     for i, layer in enumerate(layers):
         if lora_linear is not None and type(layer) is lora_linear and not layer.training:
             adapters.append(Lora(i, layer["lora_a"], layer["lora_b"], layer.scale))
@@ -90,7 +117,8 @@ def _projections(*layers: nn.Module) -> tuple[list[QWeights], list[Lora]] | None
         if not _plain(layer):
             return None
         weights.append(_weights(layer))
-    return weights, adapters
+        linears.append(layer)
+    return weights, adapters, _all_packed(linears)
 
 
 def _float32_norm(norm: nn.Module) -> bool:
@@ -106,7 +134,8 @@ def project(x: mx.array, *layers: nn.Module) -> list[mx.array]:
     """``[layer(x) for layer in layers]``; as one kernel node when every layer is a
     :class:`KernelQuantizedLinear` without a bias."""
     if _plain(*layers):
-        return quantized_matmuls(x, [_weights(layer) for layer in layers])
+        return quantized_matmuls(x, [_weights(layer) for layer in layers],
+                                 packed=_all_packed(layers))
     return [layer(x) for layer in layers]
 
 
@@ -214,14 +243,15 @@ class KernelLlamaBlock(llama.TransformerBlock):
             q, k, v = attention_inputs(
                 x, norm["weight"], norm.eps, qkv[0], attn.n_heads, attn.n_kv_heads,
                 Rope(rope.dims, rope.traditional, rope.base, rope.scale, offset), attn.kv_dtype,
-                qkv[1])
+                qkv[1], packed=qkv[2])
         else:
             q, k, v = attn.inputs(norm(x), offset)
         out = attn.attend(q, k, v, mask, cache)
         norm = self["post_attention_layernorm"]
         tail = attn["o_proj"], mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
         if _float32_norm(norm) and _plain(*tail):
-            return layer_tail(out, x, norm["weight"], norm.eps, *(_weights(p) for p in tail))
+            return layer_tail(out, x, norm["weight"], norm.eps, *(_weights(p) for p in tail),
+                              packed=_all_packed(tail))
         h = x + attn.o_proj(out)
         return h + mlp(norm(h))
 
@@ -247,7 +277,7 @@ def _retyped(module: nn.Module, cls: type) -> nn.Module:
     """A module of class ``cls`` sharing ``module``'s arrays and settings (no copy)."""
     new = cls.__new__(cls)
     nn.Module.__init__(new)
-    new.__dict__.update(module.__dict__)
+    new.__dict__.update({k: v for k, v in module.__dict__.items() if k != "_pack"})
     for key, value in module.items():
         new[key] = value
     return new
@@ -274,6 +304,9 @@ def use_cpu_kernels(model: nn.Module, kv_cache_dtype: mx.Dtype | None = None) ->
         if replaced:
             model.update_modules(tree_unflatten(replaced))
         count += len(replaced)
+    for _, module in model.named_modules():
+        if type(module) in (KernelQuantizedLinear, KernelQuantizedEmbedding):
+            _pack_weights(module)
     return count
 
 
