@@ -15,7 +15,10 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
 
 For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
 dequantizes each group in registers with the reference's arithmetic and keeps activations in
-float32. For more rows (prefill chunks), where the work is compute-bound, the dequantize
+float32. For one or two rows (a decode step) it reads, where given, a copy of ``W`` that
+:func:`pack` made: four rows' codes, scales and biases side by side per group, one stream
+from memory instead of six, each group's scale and bias factored out of its sum (AVX-512;
+the other instruction sets read MLX's arrays). For more rows (prefill chunks), where the work is compute-bound, the dequantize
 kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than the matmul
 kernel there, and the float32 copy lives for one layer's matmul only. Both run AVX-512,
 AVX2+FMA+F16C or scalar code, chosen at run time, over a small thread pool. Not promised:
