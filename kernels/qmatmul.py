@@ -15,10 +15,11 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
 
 For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
 dequantizes each group in registers with the reference's arithmetic and keeps activations in
-float32. For one or two rows (a decode step) it reads, where given, a copy of ``W`` that
-:func:`pack` made: four rows' codes, scales and biases side by side per group, one stream
-from memory instead of six, each group's scale and bias factored out of its sum (AVX-512;
-the other instruction sets read MLX's arrays). For more rows (prefill chunks), where the work is compute-bound, the dequantize
+float32. On AVX-512 it reads, where given, a copy of ``W`` that :func:`pack` made: four
+rows' codes, scales and biases side by side per group, one stream from memory instead of
+six; for one or two rows of ``x`` (a decode step) each group's scale and bias are factored
+out of its sum, for more each group is dequantized once for four rows of ``x`` (the other
+instruction sets read MLX's arrays). For more rows (prefill chunks), where the work is compute-bound, the dequantize
 kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than the matmul
 kernel there, and the float32 copy lives for one layer's matmul only. Both run AVX-512,
 AVX2+FMA+F16C or scalar code, chosen at run time, over a small thread pool. Not promised:
@@ -62,7 +63,7 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
 
 
 def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array | None:
-    """``W`` packed by blocks of four rows, for the one- and two-row (decode) kernel: for each
+    """``W`` packed by blocks of four rows, for the matmul kernel's decode steps: for each
     block and group of 32, the four rows' codes, then their four float16 scales and four
     float16 biases (``[N / 4, K / 32, 4 * 32 * bits / 8 + 16]`` bytes). One pass of the
     kernel over four rows then reads one stream instead of three arrays' six, about 1.6x

@@ -17,8 +17,8 @@ namespace mx = mlx::core;
 
 // x: [..., K] floating; w: [N, K * bits / 32] uint32; scales, biases: [N, K / 32] float16 or
 // float32. Returns [..., N] in x's dtype. CPU only.
-// `packed`: W also packed by 4-row blocks (kernels/qmatmul.py's pack), which the one- and
-// two-row kernel reads instead when it can.
+// `packed`: W also packed by 4-row blocks (kernels/qmatmul.py's pack), which the AVX-512
+// kernel reads instead.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int bits,
                            const std::optional<mx::array>& packed = std::nullopt,

@@ -293,7 +293,7 @@ AVX512_TARGET inline void group_sums(const float* x, int groups, float* out) {
 // packed layout is what makes this pay: from memory, MLX's three arrays stream at about 6
 // GB/s on one core here, one packed stream at about 10 (scripts/bench_qlayout.cpp).
 template <int BITS, int MB>
-AVX512_TARGET void packed_avx512(const QProblem& p, const float* xsum, int blk) {
+AVX512_TARGET void packed_avx512(const QProblem& p, const float* xsum, int blk, int m0) {
   constexpr int kCodes = 32 * BITS / 8, kBytes = packed_group_bytes(BITS);
   const int groups = p.K / kGroup;
   const uint8_t* at = p.packed + static_cast<size_t>(blk) * groups * kBytes;
@@ -307,13 +307,14 @@ AVX512_TARGET void packed_avx512(const QProblem& p, const float* xsum, int blk) 
   for (int g = 0; g < groups; ++g, at += kBytes) {
     __m512 xv[MB][2];
     for (int i = 0; i < MB; ++i) {
-      const float* xg = p.x + static_cast<size_t>(i) * p.K + g * kGroup;
+      const float* xg = p.x + static_cast<size_t>(m0 + i) * p.K + g * kGroup;
       xv[i][0] = _mm512_loadu_ps(xg);
       xv[i][1] = _mm512_loadu_ps(xg + 16);
     }
     const __m128 b = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes + 8)));
     for (int i = 0; i < MB; ++i)
-      bias[i] = _mm_fmadd_ps(b, _mm_set1_ps(xsum[static_cast<size_t>(i) * groups + g]), bias[i]);
+      bias[i] = _mm_fmadd_ps(b, _mm_set1_ps(xsum[static_cast<size_t>(m0 + i) * groups + g]),
+                             bias[i]);
     alignas(16) float s[4];
     _mm_store_ps(s, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes))));
     for (int r = 0; r < 4; ++r) {
@@ -337,8 +338,51 @@ AVX512_TARGET void packed_avx512(const QProblem& p, const float* xsum, int blk) 
     alignas(16) float bs[4];
     _mm_store_ps(bs, bias[i]);
     for (int r = 0; r < 4; ++r)
-      p.y[static_cast<size_t>(i) * p.N + 4 * blk + r] = _mm512_reduce_add_ps(acc[r][i]) + bs[r];
+      p.y[static_cast<size_t>(m0 + i) * p.N + 4 * blk + r] =
+          _mm512_reduce_add_ps(acc[r][i]) + bs[r];
   }
+}
+
+// Four rows of x (m0 on) against the four rows of packed block `blk`, each group dequantized
+// once for the four: a 4-bit group's sixteen possible values (s * k + b, one FMA) fill a
+// register the codes index (vpermps), an 8-bit group's codes convert and scale. Past two
+// rows of x this costs less than factoring, whose work grows with every row. One
+// accumulator per weight row and x row: sixteen registers (two each would spill).
+template <int BITS>
+AVX512_TARGET void packed4_avx512(const QProblem& p, int blk, int m0) {
+  constexpr int kCodes = 32 * BITS / 8, kBytes = packed_group_bytes(BITS);
+  const int groups = p.K / kGroup;
+  const uint8_t* at = p.packed + static_cast<size_t>(blk) * groups * kBytes;
+  const __m512 codes = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512 acc[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g, at += kBytes) {
+    alignas(16) float s[4], b[4];
+    _mm_store_ps(s, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes))));
+    _mm_store_ps(b, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes + 8))));
+    for (int r = 0; r < 4; ++r) {
+      const __m512 scale = _mm512_set1_ps(s[r]), bias = _mm512_set1_ps(b[r]);
+      __m512 w0, w1;
+      if constexpr (BITS == 4) {
+        const __m512 table = _mm512_fmadd_ps(codes, scale, bias);
+        const __m512i v = widen16(at + 16 * r);
+        w0 = _mm512_permutexvar_ps(v, table);
+        w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+      } else {
+        w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(widen16(at + 32 * r)), scale, bias);
+        w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(widen16(at + 32 * r + 16)), scale, bias);
+      }
+      for (int i = 0; i < 4; ++i) {
+        const float* xg = p.x + static_cast<size_t>(m0 + i) * p.K + g * kGroup;
+        acc[r][i] = _mm512_fmadd_ps(_mm512_loadu_ps(xg), w0, acc[r][i]);
+        acc[r][i] = _mm512_fmadd_ps(_mm512_loadu_ps(xg + 16), w1, acc[r][i]);
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int i = 0; i < 4; ++i)
+      p.y[static_cast<size_t>(m0 + i) * p.N + 4 * blk + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
 template <int BITS>
@@ -348,15 +392,22 @@ AVX512_TARGET void packed_rows_avx512(const QProblem& p, int n0, int n1) {
   xsum.resize(static_cast<size_t>(p.M) * groups);
   for (int m = 0; m < p.M; ++m)
     group_sums(p.x + static_cast<size_t>(m) * p.K, groups, xsum.data() + m * groups);
-  for (int blk = n0 / 4; blk < n1 / 4; ++blk)
-    p.M == 1 ? packed_avx512<BITS, 1>(p, xsum.data(), blk)
-             : packed_avx512<BITS, 2>(p, xsum.data(), blk);
+  for (int blk = n0 / 4; blk < n1 / 4; ++blk) {
+    int m = 0;
+    if (p.M > 2)
+      for (; m + 4 <= p.M; m += 4) packed4_avx512<BITS>(p, blk, m);
+    if (p.M - m >= 2) {
+      packed_avx512<BITS, 2>(p, xsum.data(), blk, m);
+      m += 2;
+    }
+    if (m < p.M) packed_avx512<BITS, 1>(p, xsum.data(), blk, m);
+  }
 }
 
 template <int BITS, bool HALF>
 AVX512_TARGET void rows_avx512_bits(const QProblem& p, int n0, int n1) {
   int n = n0;
-  if (p.packed && p.M <= 2 && n0 % 4 == 0 && n1 % 4 == 0) return packed_rows_avx512<BITS>(p, n0, n1);
+  if (p.packed && n0 % 4 == 0 && n1 % 4 == 0) return packed_rows_avx512<BITS>(p, n0, n1);
   if (p.M == 1) {
     for (; n + 4 <= n1; n += 4) block_avx512<BITS, 1, 4, HALF>(p, 0, n);
     for (; n < n1; ++n) block_avx512<BITS, 1, 1, HALF>(p, 0, n);
