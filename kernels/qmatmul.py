@@ -62,6 +62,16 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
     return ext.dequantize(w, scales, biases, bits)
 
 
+PACKED_ISAS = ("avx512",)  # the instruction sets whose kernel reads a packed W
+
+
+def reads_packed() -> bool:
+    """Whether this process's matmul kernel reads the copies :func:`pack` makes (elsewhere
+    they would only take memory)."""
+    ext = extension()
+    return ext is not None and ext.isa() in PACKED_ISAS
+
+
 def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array | None:
     """``W`` packed by blocks of four rows, for the matmul kernel's decode steps: for each
     block and group of 32, the four rows' codes, then their four float16 scales and four

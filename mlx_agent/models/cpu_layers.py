@@ -6,8 +6,8 @@ and settings:
 - ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` whose layout the kernel reads (affine,
   group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as loaded) compute with
   :func:`~mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small
-  batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too. Each
-  also keeps a copy of its W packed for decode steps
+  batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too. Where
+  the kernel reads it (AVX-512), each also keeps a copy of its W packed for decode steps
   (:func:`~mlx_agent.kernels.qmatmul.pack`; about 80 MB more for the bundled model), which
   is not a parameter and is not read once the layer's weights change;
 - mlx-lm's llama attention and MLP compute their q, k and v (gate and up) projections as
@@ -45,7 +45,7 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from ..errors import UserFacingError
 from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
 from ..kernels.decode_block import Lora, Rope, attention_inputs, layer_tail
-from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights, pack
+from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights, pack, reads_packed
 
 KV_DTYPES = ("float16", "float32")
 DEFAULT_KV_DTYPE = "float16"
@@ -307,9 +307,10 @@ def use_cpu_kernels(model: nn.Module, kv_cache_dtype: mx.Dtype | None = None) ->
         if replaced:
             model.update_modules(tree_unflatten(replaced))
         count += len(replaced)
-    for _, module in model.named_modules():
-        if type(module) in (KernelQuantizedLinear, KernelQuantizedEmbedding):
-            _pack_weights(module)
+    if reads_packed():
+        for _, module in model.named_modules():
+            if type(module) in (KernelQuantizedLinear, KernelQuantizedEmbedding):
+                _pack_weights(module)
     return count
 
 
