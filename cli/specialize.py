@@ -33,6 +33,9 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
               help="Training iterations (batches of 4).")
 @click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop training after this many minutes, whatever --iters says.")
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Train in N processes on this machine, each a share of every batch (on "
+                   "the CPU, 2 on 2 cores train about 1.6x as many rows a minute).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=4, show_default=True,
               help="Assistant steps per held-out task.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
@@ -45,7 +48,7 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
 @load_options
 @ray_options
 def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, iters, minutes,
-               max_steps, max_tokens, batch, protocol, sandbox, allow_network, mcp_commands,
+               processes, max_steps, max_tokens, batch, protocol, sandbox, allow_network, mcp_commands,
                mcp_config, adapter, weights, context_length, ray_address, ray_workers):
     """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
 
@@ -87,9 +90,13 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
             warn(warning)
     if not tools and not served:
         raise UserError("the catalogue has no tools; give at least one")
+    if RECIPE.batch_size % processes:
+        raise UserError(f"--processes must divide the batch of {RECIPE.batch_size} rows "
+                        "(1, 2 or 4)")
     config = SpecializeConfig(
         synth=dataclasses.replace(SYNTH, n_train=n_train, n_heldout=n_heldout, seed=seed),
-        sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed),
+        sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed,
+                                processes=processes),
         protocol=protocol, max_steps=max_steps, max_tokens=max_tokens, sandbox=box,
         fixture=fixture, extra_tools=tuple(served), batch=batch,
         cluster=Cluster(ray_address, ray_workers, model_spec, weights, context_length, sandbox,

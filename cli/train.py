@@ -63,9 +63,12 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
               help="Layers (from the top) that get LoRA.")
 @click.option("--val-fraction", type=click.FloatRange(0, 0.5), default=0.1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Train in N processes on this machine, each a share of every batch (on "
+                   "the CPU, 2 on 2 cores train about 1.6x as many rows a minute).")
 @weight_options
 def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val_fraction,
-        seed, weights, context_length):
+        seed, processes, weights, context_length):
     """LoRA fine-tune BASE on traces-to-data rows (loss only where the model sampled).
 
     \b
@@ -76,15 +79,20 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
     from mlx_agent.models import load
     from mlx_agent.sft import SFTConfig, read_rows, train
 
+    if batch_size % processes:
+        raise UserError(f"--processes {processes} must divide --batch-size {batch_size}")
     try:
         rows = read_rows(data)
     except ValueError as e:
         raise UserError(str(e)) from None
     lm = load(base, weights=weights, context_length=context_length)
-    stats = train(lm, rows, out, SFTConfig(iters=iters, batch_size=batch_size,
-                                           learning_rate=learning_rate, rank=rank,
-                                           num_layers=num_layers, val_fraction=val_fraction,
-                                           seed=seed))
+    try:
+        stats = train(lm, rows, out, SFTConfig(iters=iters, batch_size=batch_size,
+                                               learning_rate=learning_rate, rank=rank,
+                                               num_layers=num_layers, val_fraction=val_fraction,
+                                               seed=seed, processes=processes))
+    except (ValueError, RuntimeError) as e:
+        raise UserError(str(e)) from None
     click.echo(f"trained on {stats['train_rows']} rows ({stats['val_rows']} held out for "
                f"validation); loss {stats['first_loss']:.4f} → {stats['last_loss']:.4f}; "
                f"adapter written to {out}")

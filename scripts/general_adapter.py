@@ -3,7 +3,7 @@
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--raw-chat]
-        [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4]]
+        [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
    domains) and writes each as ``catalogues/NAME/tools.json``. The catalogues of the
@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--learning-rate", type=float, default=2e-4)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--num-layers", type=int, default=16)
+    ap.add_argument("--processes", type=int, default=1,
+                    help="training processes, each a share of every batch")
     args = ap.parse_args()
     out = Path(args.out)
     heldout = set(args.heldout_domains.split(","))
@@ -197,7 +199,7 @@ def main() -> None:
                            batch_size=args.batch,
                            learning_rate=args.learning_rate, rank=args.rank,
                            num_layers=args.num_layers, val_fraction=0.0, seed=args.seed,
-                           minutes=args.minutes)
+                           minutes=args.minutes, processes=args.processes)
         started = time.perf_counter()
         stats = train_adapter(load(args.model), training_rows, args.train, config)
         summary["training"] = {**stats, "minutes": round((time.perf_counter() - started) / 60, 1),

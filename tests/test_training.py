@@ -140,6 +140,28 @@ def test_the_loss_on_scored_positions_equals_the_loss_on_all_logits(tmp_path):
                                    atol=1e-6)
 
 
+def test_two_processes_train_one_adapter(tmp_path):
+    """processes=2: two real processes over MLX's ring backend, each half of every batch;
+    the loss falls, rank 0 writes the adapter, and the caller's model carries it after."""
+    path = tmp_path / "m.tinygpt"
+    fmt.write(path, random_tinygpt_file(seed=7))
+    lm = load(path)
+    text = lm.encode('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"answer": "hello"}')
+    cut = len(lm.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"))
+    rows = [{"input_ids": text, "loss_mask": [0] * cut + [1] * (len(text) - cut)}] * 8
+    config = SFTConfig(iters=30, batch_size=2, learning_rate=3e-3, rank=4, num_layers=2,
+                       keys=("attn.q_proj", "attn.v_proj"), steps_per_report=5, processes=2)
+    stats = train(lm, rows, tmp_path / "adapter", config)
+    assert stats["iters"] == 30 and stats["last_loss"] < stats["first_loss"] * 0.7
+    ids = mx.array([text])
+    adapted = load(path, adapter=tmp_path / "adapter")
+    np.testing.assert_allclose(np.array(adapted.model(ids)), np.array(lm.model(ids)), atol=1e-4)
+    with pytest.raises(ValueError, match="without an adapter"):
+        train(adapted, rows, tmp_path / "again", config)
+    with pytest.raises(ValueError, match="multiple of the processes"):
+        train(load(path), rows, tmp_path / "odd", SFTConfig(batch_size=3, processes=2))
+
+
 def test_bad_rows_are_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\n')
