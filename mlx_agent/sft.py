@@ -4,7 +4,10 @@ Rows carry ``input_ids`` and ``loss_mask``; the loss is the cross-entropy on exa
 the mask marks (the ones the model sampled in its trajectories), so no chat template or
 re-tokenization is involved. LoRA layers come from mlx-lm (``linear_to_lora_layers``) and the
 adapter is written in mlx-lm's format (``adapters.safetensors`` + ``adapter_config.json``),
-so ``--adapter DIR`` loads it everywhere. Not promised: DPO training, full fine-tuning.
+so ``--adapter DIR`` loads it everywhere. The output head runs on the masked positions
+only. With ``processes`` > 1, training runs data-parallel in that many processes on this
+machine (MLX's ring backend on localhost). Not promised: DPO training, full fine-tuning,
+training across machines.
 """
 
 from __future__ import annotations
@@ -249,8 +252,8 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
 def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig) -> dict:
     """:func:`train` in ``config.processes`` processes on this machine, one thread each, over
     MLX's ring backend on localhost: each computes the gradients of its share of every batch
-    and mlx-lm's trainer averages them, so the recipe (batch size, steps) is the one-process
-    one. On the CPU most of a step runs on one thread (only the BLAS matmuls use more), so
+    and mlx-lm's trainer averages them, so the batches and steps are the one-process ones
+    (each share's loss is the mean over its own tokens, and the shares count equally). On the CPU most of a step runs on one thread (only the BLAS matmuls use more), so
     two processes on two cores train about 1.6x as many rows a minute as one. The workers
     load ``lm``'s file, so ``lm`` must carry no adapter (``config.init_adapter`` continues
     one); then ``lm`` gets the trained adapter, as in one process."""
