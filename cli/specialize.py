@@ -35,7 +35,7 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
               help="Stop training after this many minutes, whatever --iters says.")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train in N processes on this machine, each a share of every batch (on "
-                   "the CPU, 2 on 2 cores train about 1.6x as many rows a minute).")
+                   "the CPU, 2 on 2 cores train about 1.4x as many rows a minute).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=4, show_default=True,
               help="Assistant steps per held-out task.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,

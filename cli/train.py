@@ -65,7 +65,7 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train in N processes on this machine, each a share of every batch (on "
-                   "the CPU, 2 on 2 cores train about 1.6x as many rows a minute).")
+                   "the CPU, 2 on 2 cores train about 1.4x as many rows a minute).")
 @weight_options
 def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val_fraction,
         seed, processes, weights, context_length):

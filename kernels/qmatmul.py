@@ -19,9 +19,10 @@ float32. On AVX-512 it reads, where given, a copy of ``W`` that :func:`pack` mad
 rows' codes, scales and biases side by side per group, one stream from memory instead of
 six; for one or two rows of ``x`` (a decode step) each group's scale and bias are factored
 out of its sum, for more each group is dequantized once for four rows of ``x`` (the other
-instruction sets read MLX's arrays). For more rows (prefill chunks), where the work is compute-bound, the dequantize
-kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than the matmul
-kernel there, and the float32 copy lives for one layer's matmul only. Both run AVX-512,
+instruction sets read MLX's arrays). For more rows (prefill chunks), where the work is
+compute-bound, the dequantize kernel writes ``W`` as float32 and the BLAS multiplies: that
+measured faster than the matmul kernel there, and the float32 copy lives for one layer's
+matmul only. Both run AVX-512,
 AVX2+FMA+F16C or scalar code, chosen at run time, over a small thread pool. Not promised:
 bit-identical results to the reference (sums run in another order; they agree to float32
 rounding), or anything on Metal, where MLX's own quantized matmul runs on the GPU.

@@ -253,10 +253,11 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
     """:func:`train` in ``config.processes`` processes on this machine, one thread each, over
     MLX's ring backend on localhost: each computes the gradients of its share of every batch
     and mlx-lm's trainer averages them, so the batches and steps are the one-process ones
-    (each share's loss is the mean over its own tokens, and the shares count equally). On the CPU most of a step runs on one thread (only the BLAS matmuls use more), so
-    two processes on two cores train about 1.6x as many rows a minute as one. The workers
-    load ``lm``'s file, so ``lm`` must carry no adapter (``config.init_adapter`` continues
-    one); then ``lm`` gets the trained adapter, as in one process."""
+    (each share's loss is the mean over its own tokens, and the shares count equally). On
+    the CPU most of a step runs on one thread (only the BLAS matmuls use more), so two
+    processes on two cores train about 1.4x as many rows a minute as one. The workers load
+    ``lm``'s file, so ``lm`` must carry no adapter (``config.init_adapter`` continues one);
+    then ``lm`` gets the trained adapter, as in one process."""
     n = config.processes
     if len(rows) < 2 * config.batch_size:  # too few for a share of every batch: one process
         return train(lm, rows, out_dir, dataclasses.replace(config, processes=1))

@@ -277,6 +277,11 @@ AVX512_TARGET void block_avx512(const QProblem& p, int m0, int n0) {
           _mm512_reduce_add_ps(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
 }
 
+// Four float16 values (a packed group's scales or biases) as float32.
+AVX512_TARGET inline __m128 half4(const uint8_t* p) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
 // x's sum over each group of 32 (the factored bias term's other factor).
 AVX512_TARGET inline void group_sums(const float* x, int groups, float* out) {
   for (int g = 0; g < groups; ++g)
@@ -311,12 +316,12 @@ AVX512_TARGET void packed_avx512(const QProblem& p, const float* xsum, int blk, 
       xv[i][0] = _mm512_loadu_ps(xg);
       xv[i][1] = _mm512_loadu_ps(xg + 16);
     }
-    const __m128 b = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes + 8)));
+    const __m128 b = half4(at + 4 * kCodes + 8);
     for (int i = 0; i < MB; ++i)
       bias[i] = _mm_fmadd_ps(b, _mm_set1_ps(xsum[static_cast<size_t>(m0 + i) * groups + g]),
                              bias[i]);
     alignas(16) float s[4];
-    _mm_store_ps(s, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes))));
+    _mm_store_ps(s, half4(at + 4 * kCodes));
     for (int r = 0; r < 4; ++r) {
       __m512 q0, q1;
       if constexpr (BITS == 4) {
@@ -359,8 +364,8 @@ AVX512_TARGET void packed4_avx512(const QProblem& p, int blk, int m0) {
     for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
   for (int g = 0; g < groups; ++g, at += kBytes) {
     alignas(16) float s[4], b[4];
-    _mm_store_ps(s, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes))));
-    _mm_store_ps(b, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 4 * kCodes + 8))));
+    _mm_store_ps(s, half4(at + 4 * kCodes));
+    _mm_store_ps(b, half4(at + 4 * kCodes + 8));
     for (int r = 0; r < 4; ++r) {
       const __m512 scale = _mm512_set1_ps(s[r]), bias = _mm512_set1_ps(b[r]);
       __m512 w0, w1;
@@ -407,7 +412,8 @@ AVX512_TARGET void packed_rows_avx512(const QProblem& p, int n0, int n1) {
 template <int BITS, bool HALF>
 AVX512_TARGET void rows_avx512_bits(const QProblem& p, int n0, int n1) {
   int n = n0;
-  if (p.packed && n0 % 4 == 0 && n1 % 4 == 0) return packed_rows_avx512<BITS>(p, n0, n1);
+  if (p.packed && n0 % 4 == 0 && n1 % 4 == 0)  // whole blocks: run_matmuls splits by fours
+    return packed_rows_avx512<BITS>(p, n0, n1);
   if (p.M == 1) {
     for (; n + 4 <= n1; n += 4) block_avx512<BITS, 1, 4, HALF>(p, 0, n);
     for (; n < n1; ++n) block_avx512<BITS, 1, 1, HALF>(p, 0, n);
