@@ -191,3 +191,6 @@ def test_cli_traces_to_data_and_usage_errors(tmp_path):
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "needs input_ids and loss_mask" in r.stderr
     assert "Traceback" not in r.stderr
+    odd = subprocess.run([*cli, "sft", "--data", str(bad), "--out", str(tmp_path / "ad"),
+                          "--processes", "3"], capture_output=True, text=True, env=env)
+    assert odd.returncode == 2 and "--processes 3 must divide --batch-size 4" in odd.stderr
