@@ -15,22 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("MLX_AGENT_KERNEL_THREADS", "1")  # before the kernels load
 
 import mlx_agent  # noqa: E402,F401  (fast BLAS before mlx)
+from bench_fused_decode import decode  # noqa: E402  (per CPU-second, the same way)
 from mlx_agent.models import load  # noqa: E402
 
 PROMPT = "Tell me a story about the sea and a boat, with a storm and a lighthouse."
-
-
-def decode(lm, ids, tokens):
-    engine = lm.engine(context_length=len(ids) + tokens + 8)
-    engine.prefill(ids)
-    start = time.process_time()
-    out = list(engine.generate(max_tokens=tokens))
-    return out, len(out) / (time.process_time() - start)
 
 
 def main() -> None:

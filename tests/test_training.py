@@ -76,13 +76,19 @@ def test_dpo_pairs_higher_reward_with_lower(tmp_path):
     assert all(r["prompt_ids"] == rows[0]["prompt_ids"] for r in rows)
 
 
-def test_sft_lowers_the_loss_and_writes_a_loadable_adapter(tmp_path):
+def hello_model(tmp_path):
+    """A tiny random model, one chat's ids, and eight rows that train its answer only."""
     path = tmp_path / "m.tinygpt"
     fmt.write(path, random_tinygpt_file(seed=7))
     lm = load(path)
     text = lm.encode('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"answer": "hello"}')
     cut = len(lm.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"))
-    rows = [{"input_ids": text, "loss_mask": [0] * cut + [1] * (len(text) - cut)}] * 8
+    return path, lm, text, [{"input_ids": text,
+                             "loss_mask": [0] * cut + [1] * (len(text) - cut)}] * 8
+
+
+def test_sft_lowers_the_loss_and_writes_a_loadable_adapter(tmp_path):
+    path, lm, text, rows = hello_model(tmp_path)
     stats = train(lm, rows, tmp_path / "adapter",
                   SFTConfig(iters=30, batch_size=2, learning_rate=3e-3, rank=4, num_layers=2,
                             keys=("attn.q_proj", "attn.v_proj", "mlp.fc_out"),
@@ -143,12 +149,7 @@ def test_the_loss_on_scored_positions_equals_the_loss_on_all_logits(tmp_path):
 def test_two_processes_train_one_adapter(tmp_path):
     """processes=2: two real processes over MLX's ring backend, each half of every batch;
     the loss falls, rank 0 writes the adapter, and the caller's model carries it after."""
-    path = tmp_path / "m.tinygpt"
-    fmt.write(path, random_tinygpt_file(seed=7))
-    lm = load(path)
-    text = lm.encode('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"answer": "hello"}')
-    cut = len(lm.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"))
-    rows = [{"input_ids": text, "loss_mask": [0] * cut + [1] * (len(text) - cut)}] * 8
+    path, lm, text, rows = hello_model(tmp_path)
     config = SFTConfig(iters=30, batch_size=2, learning_rate=3e-3, rank=4, num_layers=2,
                        keys=("attn.q_proj", "attn.v_proj"), steps_per_report=5, processes=2)
     stats = train(lm, rows, tmp_path / "adapter", config)
