@@ -286,7 +286,9 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
                 procs.append(subprocess.Popen(
                     [sys.executable, "-c", code, *args], env={**env, "MLX_RANK": str(rank)},
                     stdout=None if rank == 0 else subprocess.DEVNULL, stderr=err))
-            _wait_all(procs, work)
+            deadline = (time.monotonic() + config.minutes * 60 + FINISH_SECONDS
+                        if config.minutes else None)
+            _wait_all(procs, work, deadline=deadline)
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -301,18 +303,36 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
     return stats
 
 
-def _wait_all(procs: list, work: Path) -> None:
-    """Wait for every worker; the first to fail stops the others, with its error."""
+CONNECT_SECONDS = 180.0  # for every worker to load the model and join the ring
+FINISH_SECONDS = 600.0  # past the minutes, for the last step and the adapter's save
+
+
+def _wait_all(procs: list, work: Path, connect_seconds: float = CONNECT_SECONDS,
+              deadline: float | None = None) -> None:
+    """Wait for every worker; the first to fail stops the others, with its error. So does a
+    ring that never forms (a worker has not written ``ready<rank>`` in ``work`` within
+    ``connect_seconds``: a blocked port, a peer that died before connecting) and a run still
+    going at ``deadline`` (``time.monotonic()``), so no hang outlives them. The caller kills
+    what is left."""
+    n, start = len(procs), time.monotonic()
     while any(p.poll() is None for p in procs):
-        failed = [(r, p) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-        if failed:
+        if any(p.poll() not in (None, 0) for p in procs):
             break
+        now = time.monotonic()
+        ready = sum((work / f"ready{rank}").exists() for rank in range(n))
+        if ready < n and now - start > connect_seconds:
+            raise RuntimeError(f"{n - ready} of {n} training processes did not connect over "
+                               f"MLX's ring backend on 127.0.0.1 within {connect_seconds:.0f} "
+                               "s; train in one process (--processes 1)")
+        if deadline is not None and now > deadline:
+            raise RuntimeError(f"the {n} training processes were still running "
+                               f"{FINISH_SECONDS / 60:.0f} minutes past --minutes; stopped them")
         time.sleep(0.2)
     for rank, p in enumerate(procs):
         if p.poll() not in (None, 0):
             tail = (work / f"rank{rank}.err").read_text(errors="replace").strip()
             last = tail.splitlines()[-1] if tail else f"exit status {p.returncode}"
-            raise RuntimeError(f"training process {rank} of {len(procs)} failed: {last}")
+            raise RuntimeError(f"training process {rank} of {n} failed: {last}")
 
 
 def _free_port() -> int:
@@ -327,6 +347,7 @@ def _worker(argv: list[str]) -> None:
 
     model_path, rows_path, out_dir, config_json, stats_path = argv
     group = mx.distributed.init(strict=True, backend="ring")
+    (Path(stats_path).parent / f"ready{group.rank()}").touch()  # the ring formed
     fields = json.loads(config_json)
     fields["keys"] = tuple(fields["keys"])
     stats = train(load(model_path), read_rows(rows_path), out_dir, SFTConfig(**fields))

@@ -163,6 +163,32 @@ def test_two_processes_train_one_adapter(tmp_path):
         train(load(path), rows, tmp_path / "odd", SFTConfig(batch_size=3, processes=2))
 
 
+def test_workers_that_never_connect_or_never_finish_are_stopped(tmp_path):
+    """A ring that never forms, or a run past its deadline, is an error, not a hang."""
+    import subprocess
+    import time
+
+    from mlx_agent.sft import _wait_all
+
+    def sleepers(n):
+        return [subprocess.Popen(["sleep", "30"]) for _ in range(n)]
+
+    procs = sleepers(2)
+    (tmp_path / "ready0").touch()  # one of two joined
+    start = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="1 of 2 training processes did not connect"):
+            _wait_all(procs, tmp_path, connect_seconds=0.5)
+        (tmp_path / "ready1").touch()
+        with pytest.raises(RuntimeError, match="still running"):
+            _wait_all(procs, tmp_path, deadline=time.monotonic() + 0.5)
+        assert time.monotonic() - start < 10 and all(p.poll() is None for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_bad_rows_are_a_clear_error(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\n')
