@@ -63,7 +63,7 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
     return ext.dequantize(w, scales, biases, bits)
 
 
-PACKED_ISAS = ("avx512",)  # the instruction sets whose kernel reads a packed W
+PACKED_ISAS = ("avx512", "avx2")  # the instruction sets whose kernel reads a packed W
 
 
 def reads_packed() -> bool:

@@ -200,9 +200,58 @@ AVX2_TARGET void block_avx2(const QProblem& p, int m0, int n0) {
           hsum256(_mm256_add_ps(acc[r][i][0], acc[r][i][1]));
 }
 
+// MB rows of x against row r of packed block `blk` (so four calls cover the block, the first
+// bringing it into L1 for the other three), each group dequantized once for the MB rows. One
+// x row keeps four accumulators (independent FMA chains), more keep two each: with the four
+// weight vectors, at most 14 of AVX2's 16 registers.
+template <int BITS, int MB>
+AVX2_TARGET void packed_row_avx2(const QProblem& p, int blk, int r, int m0) {
+  constexpr int kCodes = 32 * BITS / 8, kBytes = packed_group_bytes(BITS);
+  constexpr int A = MB == 1 ? 4 : 2;
+  const int groups = p.K / kGroup;
+  const uint8_t* at = p.packed + static_cast<size_t>(blk) * groups * kBytes;
+  __m256 acc[MB][A];
+  for (int i = 0; i < MB; ++i)
+    for (int a = 0; a < A; ++a) acc[i][a] = _mm256_setzero_ps();
+  for (int g = 0; g < groups; ++g, at += kBytes) {
+    __m256 q[4];
+    load_q8x4<BITS>(at + r * kCodes, 0, q);
+    const uint16_t* params = reinterpret_cast<const uint16_t*>(at + 4 * kCodes);
+    const __m256 s = _mm256_set1_ps(_cvtsh_ss(params[r]));
+    const __m256 b = _mm256_set1_ps(_cvtsh_ss(params[4 + r]));
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_fmadd_ps(q[j], s, b);
+    for (int i = 0; i < MB; ++i) {
+      const float* xg = p.x + static_cast<size_t>(m0 + i) * p.K + g * kGroup;
+      for (int j = 0; j < 4; ++j)
+        acc[i][j % A] = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8 * j), q[j], acc[i][j % A]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    __m256 sum = acc[i][0];
+    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[i][a]);
+    p.y[static_cast<size_t>(m0 + i) * p.N + 4 * blk + r] = hsum256(sum);
+  }
+}
+
+template <int BITS>
+AVX2_TARGET void packed_rows_avx2(const QProblem& p, int n0, int n1) {
+  for (int blk = n0 / 4; blk < n1 / 4; ++blk)
+    for (int r = 0; r < 4; ++r) {
+      int m = 0;
+      for (; m + 4 <= p.M; m += 4) packed_row_avx2<BITS, 4>(p, blk, r, m);
+      if (p.M - m >= 2) {
+        packed_row_avx2<BITS, 2>(p, blk, r, m);
+        m += 2;
+      }
+      if (m < p.M) packed_row_avx2<BITS, 1>(p, blk, r, m);
+    }
+}
+
 template <int BITS, bool HALF>
 AVX2_TARGET void rows_avx2_bits(const QProblem& p, int n0, int n1) {
   int n = n0;
+  if (p.packed && n0 % 4 == 0 && n1 % 4 == 0)  // whole blocks: run_matmuls splits by fours
+    return packed_rows_avx2<BITS>(p, n0, n1);
   if (p.M == 1) {
     for (; n + 2 <= n1; n += 2) block_avx2<BITS, 1, 2, HALF>(p, 0, n);
     for (; n < n1; ++n) block_avx2<BITS, 1, 1, HALF>(p, 0, n);
