@@ -233,8 +233,58 @@ AVX2_TARGET void packed_row_avx2(const QProblem& p, int blk, int r, int m0) {
   }
 }
 
+// One row of x against the four rows of packed block `blk`, each group's scale and bias
+// factored out of its sum as in packed_avx512 below (`xsum`: x's group sums): per group and
+// weight row a multiply, three FMAs and a scaling FMA, where dequantizing first takes eight.
+// x's group stays in four registers for the block's four rows.
+template <int BITS>
+AVX2_TARGET void packed1_avx2(const QProblem& p, const float* xsum, int blk, int m) {
+  constexpr int kCodes = 32 * BITS / 8, kBytes = packed_group_bytes(BITS);
+  const int groups = p.K / kGroup;
+  const uint8_t* at = p.packed + static_cast<size_t>(blk) * groups * kBytes;
+  __m256 acc[4];
+  for (int r = 0; r < 4; ++r) acc[r] = _mm256_setzero_ps();
+  __m128 bias = _mm_setzero_ps();
+  for (int g = 0; g < groups; ++g, at += kBytes) {
+    const float* xg = p.x + static_cast<size_t>(m) * p.K + g * kGroup;
+    const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+    const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 4 * kCodes));
+    bias = _mm_fmadd_ps(_mm_cvtph_ps(_mm_unpackhi_epi64(halves, halves)),
+                        _mm_set1_ps(xsum[static_cast<size_t>(m) * groups + g]), bias);
+    alignas(16) float s[4];
+    _mm_store_ps(s, _mm_cvtph_ps(halves));
+    for (int r = 0; r < 4; ++r) {
+      __m256 q[4];
+      load_q8x4<BITS>(at + r * kCodes, 0, q);
+      __m256 t = _mm256_mul_ps(x0, q[0]);
+      t = _mm256_fmadd_ps(x1, q[1], t);
+      t = _mm256_fmadd_ps(x2, q[2], t);
+      t = _mm256_fmadd_ps(x3, q[3], t);
+      acc[r] = _mm256_fmadd_ps(t, _mm256_set1_ps(s[r]), acc[r]);
+    }
+  }
+  alignas(16) float bs[4];
+  _mm_store_ps(bs, bias);
+  for (int r = 0; r < 4; ++r)
+    p.y[static_cast<size_t>(m) * p.N + 4 * blk + r] = hsum256(acc[r]) + bs[r];
+}
+
 template <int BITS>
 AVX2_TARGET void packed_rows_avx2(const QProblem& p, int n0, int n1) {
+  if (p.M == 1) {  // decode: the factored kernel
+    const int groups = p.K / kGroup;
+    thread_local std::vector<float> xsum;
+    xsum.resize(groups);
+    for (int g = 0; g < groups; ++g) {
+      const float* xg = p.x + g * kGroup;
+      xsum[g] = hsum256(_mm256_add_ps(
+          _mm256_add_ps(_mm256_loadu_ps(xg), _mm256_loadu_ps(xg + 8)),
+          _mm256_add_ps(_mm256_loadu_ps(xg + 16), _mm256_loadu_ps(xg + 24))));
+    }
+    for (int blk = n0 / 4; blk < n1 / 4; ++blk) packed1_avx2<BITS>(p, xsum.data(), blk, 0);
+    return;
+  }
   for (int blk = n0 / 4; blk < n1 / 4; ++blk)
     for (int r = 0; r < 4; ++r) {
       int m = 0;
