@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
-        [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--raw-chat]
+        [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--contrast] [--raw-chat]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
@@ -15,7 +15,8 @@
    gets ``train.jsonl`` and ``heldout.jsonl`` for a training catalogue, ``heldout.jsonl``
    only for a held-out one. ``--outside-share`` of the training tasks ask for a tool of
    another training catalogue (never a held-out one's) that shares no noun with this one
-   (no call is right).
+   (no call is right). With ``--contrast`` each such request is also a call task, word for
+   word, in the first training catalogue that has the tool it asks for.
 3. Prints the corpus's size: tasks by kind, and the tokens a written row of each would have
    (the catalogue's system prompt as the json format renders it, the request, the calls as
    the grammar writes them, a short result and answer: an estimate until the rows are
@@ -39,6 +40,7 @@ each other's values and requests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import time
@@ -59,10 +61,34 @@ from mlx_agent.synth.catalogues import Catalogue, catalogues, write
 from mlx_agent.synth.conversations import Outcomes, rows as written_rows
 from mlx_agent.synth.synthesis import SynthConfig, synthesize
 from mlx_agent.synth.synthesis import write as write_tasks
+from mlx_agent.synth.tasks import SynthTask
+from mlx_agent.synth.values import canonical
 from mlx_agent.tools import declared_tools, load_tools, resolve_sandbox
 from mlx_agent.written_rows import conversation_row
 
 REPLY_OVERHEAD = 12  # tokens of a result turn and a one-sentence answer around the result
+
+
+def contrast(made: list[tuple[list, list[SynthTask]]]) -> int:
+    """Pair every outside request with the same words as a call, in the first training
+    catalogue that has the tool it asks for (appended to that catalogue's tasks, kind
+    ``contrast``): whether to call then depends on the catalogue shown, not on the
+    request's topic. Returns how many were paired."""
+    home = {}
+    for i, (tools, _) in enumerate(made):
+        for tool in tools:
+            home.setdefault(tool.name, i)
+    paired = []
+    for tools, tasks in made:
+        for t in tasks:
+            if t.kind == "outside" and t.asked and t.asked["name"] in home:
+                task = {**t.task, "id": f"{t.task['id']}-contrast",
+                        "check": {"tool_calls": [t.asked]}}
+                paired.append((home[t.asked["name"]], dataclasses.replace(
+                    t, task=task, kind="contrast", calls=(canonical(t.asked),), asked=None)))
+    for i, t in paired:
+        made[i][1].append(t)
+    return len(paired)
 
 
 def split(cats: list[Catalogue], heldout: set[str]) -> tuple[list[Catalogue], list[Catalogue]]:
@@ -119,6 +145,8 @@ def main() -> None:
     ap.add_argument("--mixed", type=int, default=2, help="other domains' tools a catalogue has")
     ap.add_argument("--outside-share", type=float, default=0.0)
     ap.add_argument("--raw-chat", action="store_true")
+    ap.add_argument("--contrast", action="store_true",
+                    help="each outside request also as a call in a catalogue that has its tool")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--seconds-per-iteration", type=float, default=9.0)
     ap.add_argument("--batch", type=int, default=4)
@@ -165,6 +193,10 @@ def main() -> None:
             kinds[t.kind] += 1
             tokens += row_tokens(lm, fmt, tools, t.task)
         made.append((tools, result.train))
+    if args.contrast:
+        kinds["contrast"] = contrast(made)
+        tokens += sum(row_tokens(lm, fmt, tools, t.task) for tools, ts in made for t in ts
+                      if t.kind == "contrast")
     rows = sum(kinds.values())
     iterations = -(-rows // args.batch)
     fits = int(args.minutes * 60 / args.seconds_per_iteration) * args.batch
@@ -172,6 +204,7 @@ def main() -> None:
         "training_catalogues": len(train), "heldout_catalogues": len(held),
         "heldout_domains": args.heldout_domains, "catalogue_size": args.catalogue_size,
         "mixed": args.mixed, "outside_share": args.outside_share, "raw_chat": args.raw_chat,
+        "contrast": args.contrast,
         "rows": rows, "by_kind": dict(kinds),
         "tokens": tokens, "mean_tokens_per_row": round(tokens / max(rows, 1)),
         "iterations_per_epoch": iterations,

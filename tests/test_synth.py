@@ -209,6 +209,7 @@ def test_outside_requests_ask_for_a_tool_the_catalogue_lacks_and_expect_no_call(
             w = words(name)  # past a leading verb, no word of its name is the catalogue's
             assert not {singular(x) for x in (w[1:] if w[0] in phrasing.VERBS else w)} & vocab
             assert t.task["check"] == {"tool_calls": []} and not t.calls
+            assert t.asked["name"] == name and not pool[name].validate(t.asked["arguments"])
             assert phrasing.action_of(name) in t.task["prompt"].lower() or name in t.task[
                 "prompt"] or phrasing.purpose(pool[name]) in t.task["prompt"]
             messages = write_conversation(t, {x.name: x for x in tools}, Outcomes(run=False),

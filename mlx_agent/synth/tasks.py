@@ -51,6 +51,7 @@ class SynthTask:
     templates: tuple[str, ...]
     calls: tuple[str, ...]  # canonical JSON of every call the task involves
     values: frozenset[str]  # the free values of those calls (see values.free_leaves)
+    asked: dict | None = None  # outside: the call the request names ({"name", "arguments"})
 
 
 class Results:
@@ -163,7 +164,8 @@ class Builder:
         values = frozenset(v for tool, args in named for v in free_leaves(tool.parameters, args))
         task = {"prompt": prompt.text, "tools": "tools.json", "check": check}
         return SynthTask(task, kind, tuple(t.name for t, _ in named), prompt.templates,
-                         tuple(canonical(_call(t.name, a)) for t, a in calls), values)
+                         tuple(canonical(_call(t.name, a)) for t, a in calls), values,
+                         _call(asked[0].name, asked[1]) if asked else None)
 
     def call(self, tool: Tool) -> SynthTask:
         args = self.arguments(tool)
