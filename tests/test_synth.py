@@ -236,6 +236,16 @@ def test_flags_read_as_words_of_their_side():
     assert not train & held
 
 
+def test_a_parameter_name_picks_the_most_specific_value_kind():
+    from mlx_agent.synth.values import kind_of
+
+    text = {"type": "string"}
+    kinds = {n: kind_of(n, text).pool for n in ("destination_country", "destination",
+                                                "pickup_city", "user_id", "customer_email")}
+    assert kinds == {"destination_country": "country", "destination": "city",
+                     "pickup_city": "city", "user_id": "id", "customer_email": "email"}
+
+
 def test_an_outside_tool_may_share_only_a_leading_verb_with_the_catalogue():
     def tool(name):
         return declared_tools([fn(name, "Does a thing.", {})])[0]

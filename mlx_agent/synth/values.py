@@ -63,8 +63,8 @@ STRING_KINDS = (
     ("datetime", {"datetime", "timestamp"}),
     ("date", {"date", "day", "birthday", "deadline", "due"}),
     ("time", {"time", "clock"}),
+    ("country", {"country", "nation", "region"}),  # before city: a destination country
     ("city", {"city", "town", "location", "place", "destination", "origin"}),
-    ("country", {"country", "nation", "region"}),
     ("language", {"language", "lang", "locale"}),
     ("currency", {"currency"}),
     ("company", {"company", "organization", "organisation", "org", "employer", "vendor",
