@@ -16,7 +16,8 @@
    only for a held-out one. ``--outside-share`` of the training tasks ask for a tool of
    another training catalogue (never a held-out one's) that shares no noun with this one
    (no call is right). With ``--contrast`` each such request is also a call task, word for
-   word, in the first training catalogue that has the tool it asks for.
+   word, in the first training catalogue that has the tool it asks for (a row of its own;
+   the tasks files keep what synthesis wrote).
 3. Prints the corpus's size: tasks by kind, and the tokens a written row of each would have
    (the catalogue's system prompt as the json format renders it, the request, the calls as
    the grammar writes them, a short result and answer: an estimate until the rows are
