@@ -15,15 +15,15 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
 
 For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
 dequantizes each group in registers with the reference's arithmetic and keeps activations in
-float32. On AVX-512 it reads, where given, a copy of ``W`` that :func:`pack` made: four
-rows' codes, scales and biases side by side per group, one stream from memory instead of
-six; for one or two rows of ``x`` (a decode step) each group's scale and bias are factored
-out of its sum, for more each group is dequantized once for four rows of ``x`` (the other
-instruction sets read MLX's arrays). For more rows (prefill chunks), where the work is
-compute-bound, the dequantize kernel writes ``W`` as float32 and the BLAS multiplies: that
-measured faster than the matmul kernel there, and the float32 copy lives for one layer's
-matmul only. Both run AVX-512,
-AVX2+FMA+F16C or scalar code, chosen at run time, over a small thread pool. Not promised:
+float32. On AVX-512 and AVX2 it reads, where given, a copy of ``W`` that :func:`pack` made:
+four rows' codes, scales and biases side by side per group, one stream from memory instead
+of six. For a decode step's row of ``x`` (AVX-512: one or two) each group's scale and bias
+are factored out of its sum; for more rows each group is dequantized once for up to four
+rows of ``x`` (the scalar code reads MLX's arrays). Past :data:`KERNEL_MAX_ROWS` rows
+(prefill chunks), where the work is compute-bound, the dequantize kernel writes ``W`` as
+float32 and the BLAS multiplies: that measured faster than the matmul kernel there, and the
+float32 copy lives for one layer's matmul only. Both run AVX-512, AVX2+FMA+F16C or scalar
+code, chosen at run time, over a small thread pool. Not promised:
 bit-identical results to the reference (sums run in another order; they agree to float32
 rounding), or anything on Metal, where MLX's own quantized matmul runs on the GPU.
 """

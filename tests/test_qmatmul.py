@@ -103,9 +103,9 @@ def test_several_matrices_in_one_node_match_the_reference(tmp_path):
 
 @needs_kernel
 def test_packed_weights_give_the_reference_results(tmp_path):
-    """W packed by 4-row blocks (what decode steps read): one and two rows of x read it, more
-    rows the arrays; every kind, 5 and 19 groups (every tail), alone and several in a node.
-    W that cannot be packed is left as it is."""
+    """W packed by 4-row blocks (what decode steps and small batches read), at 1, 2, 3 and 16
+    rows of x; every kind, 5 and 19 groups (every tail), alone and several in a node. W that
+    cannot be packed is left as it is."""
     from mlx_agent.kernels.qmatmul import pack, reads_packed
 
     mats, packs = [], []

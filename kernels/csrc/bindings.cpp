@@ -19,7 +19,8 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "bits"_a, "packed"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only. "
-        "packed: W also packed by 4-row blocks, which the AVX-512 kernel reads instead.");
+        "packed: W also packed by 4-row blocks, which the AVX-512 and AVX2 kernels read "
+        "instead.");
   m.def("quantized_matmuls", &mlx_agent::quantized_matmuls, "x"_a, "ws"_a, "scales"_a,
         "biases"_a, "bits"_a, "packed"_a = std::vector<mlx::core::array>{}, nb::kw_only(),
         "stream"_a = nb::none(),

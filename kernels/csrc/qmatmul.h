@@ -18,7 +18,7 @@ namespace mx = mlx::core;
 // x: [..., K] floating; w: [N, K * bits / 32] uint32; scales, biases: [N, K / 32] float16 or
 // float32. Returns [..., N] in x's dtype. CPU only.
 // `packed`: W also packed by 4-row blocks (kernels/qmatmul.py's pack), which the AVX-512
-// kernel reads instead.
+// and AVX2 kernels read instead.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int bits,
                            const std::optional<mx::array>& packed = std::nullopt,
