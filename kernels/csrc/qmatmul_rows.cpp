@@ -492,14 +492,14 @@ AVX512_TARGET void packed4_avx512(const QProblem& p, int blk, int m0) {
 template <int BITS>
 AVX512_TARGET void packed_rows_avx512(const QProblem& p, int n0, int n1) {
   const int groups = p.K / kGroup;
-  thread_local std::vector<float> xsum;
+  const int factored = p.M > 2 ? p.M / 4 * 4 : 0;  // rows before it go four at a time
+  thread_local std::vector<float> xsum;  // x's group sums, for the factored rows only
   xsum.resize(static_cast<size_t>(p.M) * groups);
-  for (int m = 0; m < p.M; ++m)
+  for (int m = factored; m < p.M; ++m)
     group_sums(p.x + static_cast<size_t>(m) * p.K, groups, xsum.data() + m * groups);
   for (int blk = n0 / 4; blk < n1 / 4; ++blk) {
     int m = 0;
-    if (p.M > 2)
-      for (; m + 4 <= p.M; m += 4) packed4_avx512<BITS>(p, blk, m);
+    for (; m < factored; m += 4) packed4_avx512<BITS>(p, blk, m);
     if (p.M - m >= 2) {
       packed_avx512<BITS, 2>(p, xsum.data(), blk, m);
       m += 2;
