@@ -48,8 +48,9 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
 @load_options
 @ray_options
 def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, iters, minutes,
-               processes, max_steps, max_tokens, batch, protocol, sandbox, allow_network, mcp_commands,
-               mcp_config, adapter, weights, context_length, ray_address, ray_workers):
+               processes, max_steps, max_tokens, batch, protocol, sandbox, allow_network,
+               mcp_commands, mcp_config, adapter, weights, context_length, ray_address,
+               ray_workers):
     """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
 
     Synthesises tasks from the catalogue (as `synth`), writes a conversation for each
@@ -76,6 +77,10 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
     if not tools_file and not (mcp_commands or mcp_config):
         raise click.UsageError("give --tools FILE, or --mcp / --mcp-config")
     check_ray_options(ray_address, ray_workers)
+    if RECIPE.batch_size % processes:
+        divisors = [str(d) for d in range(1, RECIPE.batch_size + 1) if RECIPE.batch_size % d == 0]
+        raise UserError(f"--processes must divide the batch of {RECIPE.batch_size} rows "
+                        f"({', '.join(divisors)})")
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
     tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
     for warning in (w for t in tools for w in t.warnings):
@@ -90,9 +95,6 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
             warn(warning)
     if not tools and not served:
         raise UserError("the catalogue has no tools; give at least one")
-    if RECIPE.batch_size % processes:
-        raise UserError(f"--processes must divide the batch of {RECIPE.batch_size} rows "
-                        "(1, 2 or 4)")
     config = SpecializeConfig(
         synth=dataclasses.replace(SYNTH, n_train=n_train, n_heldout=n_heldout, seed=seed),
         sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed,

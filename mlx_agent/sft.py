@@ -282,10 +282,10 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
         procs = []
         try:
             for rank in range(n):
-                err = open(work / f"rank{rank}.err", "wb")
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-c", code, *args], env={**env, "MLX_RANK": str(rank)},
-                    stdout=None if rank == 0 else subprocess.DEVNULL, stderr=err))
+                with open(work / f"rank{rank}.err", "wb") as err:  # the child keeps its own
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-c", code, *args], env={**env, "MLX_RANK": str(rank)},
+                        stdout=None if rank == 0 else subprocess.DEVNULL, stderr=err))
             deadline = (time.monotonic() + config.minutes * 60 + FINISH_SECONDS
                         if config.minutes else None)
             _wait_all(procs, work, deadline=deadline)

@@ -171,6 +171,8 @@ def main() -> None:
                  f"{args.catalogue_size!r}")
     if not 0 <= args.outside_share <= 0.5:
         ap.error("--outside-share takes a share from 0 to 0.5")
+    if args.processes < 1 or args.batch % args.processes:
+        ap.error(f"--processes must divide --batch ({args.batch})")
     _, held = split(catalogues(args.seed), heldout)
     train, _ = split(catalogues(args.seed, size=(low, high), mixed=args.mixed), heldout)
     # what outside requests ask for: training catalogues' tools only, never a held-out one's

@@ -192,7 +192,9 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path):
              (("--tools", str(bad), "--out", str(out)), "not valid JSON"),
              (("--tools", str(never), "--out", str(out)), "no training task that calls"),
              (("--tools", str(CATALOGUE), "--out", str(blocker / "sub")), "cannot write"),
-             (("--tools", str(CATALOGUE), "--out", str(blocker)), "is a file")]
+             (("--tools", str(CATALOGUE), "--out", str(blocker)), "is a file"),
+             (("--tools", str(CATALOGUE), "--out", str(out), "--processes", "3"),
+              "--processes must divide the batch of 4 rows (1, 2, 4)")]
     for args, message in cases:
         r = cli(*args)
         assert r.returncode == 2, (args, r.stderr)
