@@ -14,18 +14,28 @@ with bias ``-8 d`` and ``-128 d``), so weights stay as the file stores them.
   where the matmul kernel runs; one :func:`quantized_matmul` each otherwise.
 
 For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matmul kernel
-dequantizes each group in registers with the reference's arithmetic and keeps activations in
-float32. On AVX-512 and AVX2 it reads, where given, a copy of ``W`` that :func:`pack` made:
-four rows' codes, scales and biases side by side per group, one stream from memory instead
-of six. For a decode step's row of ``x`` (AVX-512: one or two) each group's scale and bias
-are factored out of its sum; for more rows each group is dequantized once for up to four
-rows of ``x`` (the scalar code reads MLX's arrays). Past :data:`KERNEL_MAX_ROWS` rows
-(prefill chunks), where the work is compute-bound, the dequantize kernel writes ``W`` as
-float32 and the BLAS multiplies: that measured faster than the matmul kernel there, and the
-float32 copy lives for one layer's matmul only. Both run AVX-512, AVX2+FMA+F16C or scalar
-code, chosen at run time, over a small thread pool. Not promised:
-bit-identical results to the reference (sums run in another order; they agree to float32
-rounding), or anything on Metal, where MLX's own quantized matmul runs on the GPU.
+reads, where given, a copy of ``W`` that :func:`pack` made, in blocks of rows (one stream from
+memory instead of three arrays):
+
+- with AVX-512 VNNI, blocks of 16 rows, multiplied as integers: ``x`` is rounded to 15 bits
+  per group of 32 (a high and a low signed byte per element) once per call, and each group's
+  dot product with ``W``'s codes is exact in int32 before its scale and bias apply in
+  float32. About twice the float kernel's speed at every row count here
+  (``scripts/bench_matmul_rows.py``); results agree with the reference to about 1e-4
+  relative, not to float32 rounding;
+- otherwise (AVX-512, AVX2) blocks of four rows, dequantized in registers with the
+  reference's arithmetic and activations kept in float32. For a decode step's row of ``x``
+  (AVX-512: one or two) each group's scale and bias are factored out of its sum; for more
+  rows each group is dequantized once for up to four rows of ``x``. The scalar code, and any
+  kernel given no packed copy, reads MLX's arrays.
+
+Past :data:`KERNEL_MAX_ROWS` rows (prefill chunks), where the work is compute-bound, the
+dequantize kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than
+the matmul kernel there, and the float32 copy lives for one layer's matmul only. The code
+(AVX-512 VNNI, AVX-512, AVX2+FMA+F16C or scalar) is chosen at run time and runs over a small
+thread pool. Not promised: bit-identical results to the reference (sums run in another
+order, and the VNNI kernel rounds ``x``), or anything on Metal, where MLX's own quantized
+matmul runs on the GPU.
 """
 
 from __future__ import annotations
@@ -63,34 +73,58 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
     return ext.dequantize(w, scales, biases, bits)
 
 
-PACKED_ISAS = ("avx512", "avx2")  # the instruction sets whose kernel reads a packed W
+def packed_rows() -> int:
+    """Rows per block of the packed ``W`` this process's matmul kernel reads: 16 (AVX-512
+    VNNI), 4 (AVX-512, AVX2), or 0 where it reads none (no kernel, scalar code)."""
+    ext = extension()
+    return ext.packed_rows() if ext is not None else 0
 
 
 def reads_packed() -> bool:
     """Whether this process's matmul kernel reads the copies :func:`pack` makes (elsewhere
     they would only take memory)."""
-    ext = extension()
-    return ext is not None and ext.isa() in PACKED_ISAS
+    return packed_rows() > 0
 
 
 def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array | None:
-    """``W`` packed by blocks of four rows, for the matmul kernel's decode steps: for each
-    block and group of 32, the four rows' codes, then their four float16 scales and four
-    float16 biases (``[N / 4, K / 32, 4 * 32 * bits / 8 + 16]`` bytes). One pass of the
-    kernel over four rows then reads one stream instead of three arrays' six, about 1.6x
-    faster from memory here (``scripts/bench_qlayout.cpp``). None where the kernel does not
-    read a packed ``W``: N not a multiple of 4, or scales and biases not float16."""
-    N = w.shape[0]
-    if N % 4 or bits not in BITS or scales.dtype != mx.float16 or biases.dtype != mx.float16:
+    """``W`` packed for the matmul kernel's decode steps and small batches, in blocks of
+    :func:`packed_rows` rows: for each block and group of 32, the block's codes, then its
+    rows' float16 scales, then their float16 biases. None where the kernel does not read a
+    packed ``W``: no packing kernel, N not a multiple of the block, or scales and biases not
+    float16. Either layout takes as many bytes as ``W``'s three arrays.
+
+    - 4 rows (AVX-512, AVX2): the rows' codes side by side as MLX packs them, so one pass over
+      four rows reads one stream instead of three arrays' six, about 1.6x faster from memory
+      here (``scripts/bench_qlayout.cpp``).
+    - 16 rows (AVX-512 VNNI): codes interleaved four at a time, so that 64 bytes hold codes
+      ``k .. k + 3`` of each of the 16 rows, one 32-bit lane per row (4-bit: the low nibbles
+      hold ``8c .. 8c + 3`` and the high ones ``8c + 4 .. 8c + 7`` of chunk ``c``), as the
+      integer dot product reads them (``kernels/csrc/qmatmul_vnni.cpp``)."""
+    rows, N = packed_rows(), w.shape[0]
+    if (not rows or N % rows or bits not in BITS or scales.dtype != mx.float16
+            or biases.dtype != mx.float16):
         return None
-    groups, width = scales.shape[1], GROUP_SIZE * bits // 8
+    groups = scales.shape[1]
 
-    def blocks(a: np.ndarray, per_row: int) -> np.ndarray:  # [N, groups, per_row] bytes
-        return (a.view(np.uint8).reshape(N // 4, 4, groups, per_row).transpose(0, 2, 1, 3)
-                .reshape(N // 4, groups, 4 * per_row))
+    def blocks(a: np.ndarray, per_row: int) -> np.ndarray:  # [N / rows, groups, rows * per_row]
+        return (a.view(np.uint8).reshape(N // rows, rows, groups, per_row).transpose(0, 2, 1, 3)
+                .reshape(N // rows, groups, rows * per_row))
 
-    return mx.array(np.concatenate([blocks(np.array(w), width), blocks(np.array(scales), 2),
-                                    blocks(np.array(biases), 2)], axis=2))
+    params = [blocks(np.array(scales), 2), blocks(np.array(biases), 2)]
+    if rows == 4:
+        return mx.array(np.concatenate([blocks(np.array(w), GROUP_SIZE * bits // 8), *params],
+                                       axis=2))
+    codes = np.array(w).view(np.uint8)
+    if bits == 4:  # MLX packs the low nibble first: codes 2i and 2i + 1 share byte i
+        codes = np.stack([codes & 0x0F, codes >> 4], axis=-1)
+    codes = codes.reshape(N // 16, 16, groups, GROUP_SIZE)  # [block, row, group, k]
+    if bits == 4:  # [block, group, chunk, row, k in chunk]: nibbles 0-3 low, 4-7 high
+        c = codes.reshape(N // 16, 16, groups, 4, 2, 4).transpose(0, 2, 3, 1, 5, 4)
+        codes = c[..., 0] | (c[..., 1] << 4)
+    else:
+        codes = codes.reshape(N // 16, 16, groups, 8, 4).transpose(0, 2, 3, 1, 4)
+    codes = np.ascontiguousarray(codes).reshape(N // 16, groups, -1)
+    return mx.array(np.concatenate([codes, *params], axis=2))
 
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,

@@ -19,8 +19,8 @@ NB_MODULE(_ext, m) {
   m.def("quantized_matmul", &mlx_agent::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "bits"_a, "packed"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "y = x @ W^T with W in MLX's affine layout (group size 32, 4 or 8 bits); CPU only. "
-        "packed: W also packed by 4-row blocks, which the AVX-512 and AVX2 kernels read "
-        "instead.");
+        "packed: W also packed by blocks of rows (kernels/qmatmul.py's pack), which the "
+        "AVX-512 VNNI, AVX-512 and AVX2 kernels read instead.");
   m.def("quantized_matmuls", &mlx_agent::quantized_matmuls, "x"_a, "ws"_a, "scales"_a,
         "biases"_a, "bits"_a, "packed"_a = std::vector<mlx::core::array>{}, nb::kw_only(),
         "stream"_a = nb::none(),
@@ -70,6 +70,8 @@ NB_MODULE(_ext, m) {
         "h = x + o(attn); h + down(silu(gate(n)) * up(n)) with n = rms_norm(h), as one node "
         "(weights: w, scales, biases of o, gate, up, down).");
   m.def("isa", &mlx_agent::isa, "The instruction set the kernel runs with on this CPU.");
+  m.def("packed_rows", &mlx_agent::packed_rows,
+        "Rows per block of the packed W the kernel reads (16, 4; 0: it reads none).");
   m.def("threads", &mlx_agent::threads, "Threads a matmul is split across.");
   m.attr("mlx_version") = MLX_AGENT_MLX_VERSION;
 }

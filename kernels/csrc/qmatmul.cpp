@@ -1,6 +1,7 @@
 #include "qmatmul.h"
 
 #include <algorithm>
+#include <string>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -32,7 +33,7 @@ int rows_per_task(int N, int M, int threads) {
   int tasks = threads * 4;
   int rows = (N + tasks - 1) / tasks;
   int min_rows = std::max(8, 64 / std::max(1, M));
-  return (std::max(rows, min_rows) + 3) / 4 * 4;  // whole 4-row blocks of a packed W
+  return (std::max(rows, min_rows) + 15) / 16 * 16;  // whole blocks of a packed W (4 or 16)
 }
 
 // x as the kernel for `bits` reads it: 4-bit groups are read (evens, odds), so x is laid out
@@ -61,28 +62,45 @@ const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
 }
 
 void run_matmuls(const float* x, std::vector<QProblem>& problems) {
-  // x for 4-bit and for 8-bit matrices, each staged once; kept per thread, since a decoded
-  // token makes a hundred calls (a call's buffers are used only during the call)
+  // x for 4-bit and for 8-bit matrices, each staged once, and quantized once for the VNNI
+  // kernel; kept per thread, since a decoded token makes a hundred calls (a call's buffers
+  // are used only during the call)
   thread_local std::vector<float> staged[2];
+  thread_local QuantizedX quantized;
   const float* ready[2] = {nullptr, nullptr};
+  bool quantized_ready = false;
+  const bool vnni = rows_kernel().packed_rows == 16;
   Pool& workers = pool();
   std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
   for (auto& p : problems) {
     const int b = p.bits == 8;
     if (!ready[b]) ready[b] = staged_x(x, p.M, p.K, p.bits, staged[b]);
     p.x = ready[b];
+#if defined(__x86_64__)
+    if (vnni && p.packed) {
+      if (!quantized_ready) quantize_x(x, p.M, p.K, quantized);
+      quantized_ready = true;
+      p.x_hi = quantized.hi.data();
+      p.x_lo = quantized.lo.data();
+      p.x_scale = quantized.scale.data();
+      p.x_sum = quantized.sum.data();
+    }
+#endif
     rows.push_back(rows_per_task(p.N, p.M, workers.size()));
     first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
   }
   const RowsFn fn = rows_kernel().fn;
-  workers.run(first.back(), [&](int t) {
+  auto task = [&](int t) {
     const int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
     const int n0 = (t - first[i]) * rows[i];
     fn(problems[i], n0, std::min(problems[i].N, n0 + rows[i]));
-  });
+  };
+  workers.run(first.back(), task);
 }
 
 std::string isa() { return rows_kernel().isa; }
+
+int packed_rows() { return rows_kernel().packed_rows; }
 
 int threads() { return pool().size(); }
 
@@ -214,9 +232,11 @@ bool add_packed(std::vector<mx::array>& inputs, const std::vector<mx::array>& pa
   check(packed.size() == ws.size(), "one packed W per matrix, or none");
   for (size_t i = 0; i < ws.size(); ++i) {
     const size_t N = ws[i].shape(0), groups = ws[i].shape(1) * 32 / bits[i] / kGroup;
-    check(packed[i].dtype() == mx::uint8 && N % 4 == 0 &&
+    const int rows = std::max(packed_rows(), 4);
+    check(packed[i].dtype() == mx::uint8 && N % rows == 0 &&
               packed[i].size() == N / 4 * groups * packed_group_bytes(bits[i]),
-          "a packed W is uint8, N / 4 blocks of K / 32 groups of four rows");
+          "a packed W is uint8, blocks of " + std::to_string(rows) +
+              " rows of K / 32 groups (kernels/qmatmul.py's pack)");
     inputs.push_back(packed[i]);
   }
   return true;

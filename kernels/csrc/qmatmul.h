@@ -17,8 +17,8 @@ namespace mx = mlx::core;
 
 // x: [..., K] floating; w: [N, K * bits / 32] uint32; scales, biases: [N, K / 32] float16 or
 // float32. Returns [..., N] in x's dtype. CPU only.
-// `packed`: W also packed by 4-row blocks (kernels/qmatmul.py's pack), which the AVX-512
-// and AVX2 kernels read instead.
+// `packed`: W also packed by blocks of rows (kernels/qmatmul.py's pack), which the AVX-512
+// (16-row blocks with VNNI, else 4) and AVX2 (4) kernels read instead.
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                            const mx::array& biases, int bits,
                            const std::optional<mx::array>& packed = std::nullopt,
@@ -60,8 +60,11 @@ bool add_packed(std::vector<mx::array>& inputs, const std::vector<mx::array>& pa
 // `buf`. Inside an eval_cpu's dispatched work (x evaluated).
 const float* contiguous_rows(const mx::array& x, std::vector<float>& buf);
 
-// "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
+// "avx512vnni", "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
 std::string isa();
+
+// Rows per block of the packed W the chosen kernel reads: 16 (VNNI), 4, or 0 (none).
+int packed_rows();
 
 // Threads the kernel splits a matmul across (the calling thread included).
 int threads();

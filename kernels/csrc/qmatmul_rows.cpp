@@ -591,12 +591,14 @@ RowsKernel select_rows_kernel() {
   __builtin_cpu_init();
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
               __builtin_cpu_supports("f16c");
-  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
-    usable.push_back({"avx512", rows_avx512, dequant_avx512});
-  if (avx2) usable.push_back({"avx2", rows_avx2, dequant_scalar});
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  if (avx512 && __builtin_cpu_supports("avx512vnni"))
+    usable.push_back({"avx512vnni", rows_vnni, dequant_avx512, 16});
+  if (avx512) usable.push_back({"avx512", rows_avx512, dequant_avx512, 4});
+  if (avx2) usable.push_back({"avx2", rows_avx2, dequant_scalar, 4});
 #endif
-  usable.push_back({"scalar", rows_scalar, dequant_scalar});
+  usable.push_back({"scalar", rows_scalar, dequant_scalar, 0});
   const char* want = std::getenv("MLX_AGENT_KERNEL_ISA");
   for (const auto& k : usable)
     if (want && std::strcmp(want, k.isa) == 0) return k;
