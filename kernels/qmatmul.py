@@ -30,8 +30,9 @@ memory instead of three arrays):
   kernel given no packed copy, reads MLX's arrays.
 
 Past :data:`KERNEL_MAX_ROWS` rows (prefill chunks), where the work is compute-bound, the
-dequantize kernel writes ``W`` as float32 and the BLAS multiplies: that measured faster than
-the matmul kernel there, and the float32 copy lives for one layer's matmul only. The code
+VNNI kernel still multiplies (it measured faster than the BLAS there too); without it the
+dequantize kernel writes ``W`` as float32 and the BLAS multiplies, which measured faster
+than the float kernels, and the float32 copy lives for one layer's matmul only. The code
 (AVX-512 VNNI, AVX-512, AVX2+FMA+F16C or scalar) is chosen at run time and runs over a small
 thread pool. Not promised: bit-identical results to the reference (sums run in another
 order, and the VNNI kernel rounds ``x``), or anything on Metal, where MLX's own quantized
@@ -49,7 +50,7 @@ from .ext import extension
 
 GROUP_SIZE = 32
 BITS = (4, 8)
-KERNEL_MAX_ROWS = 16  # rows of x up to which the matmul kernel beats dequantize + BLAS
+KERNEL_MAX_ROWS = 16  # rows of x up to which the float kernels beat dequantize + BLAS
 
 
 def dequantize_ops(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array:
@@ -127,6 +128,14 @@ def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array
     return mx.array(np.concatenate([codes, *params], axis=2))
 
 
+def _kernel_rows(x: mx.array, packed: bool) -> bool:
+    """Whether the matmul kernel, not dequantize + BLAS, multiplies ``x``'s rows: up to
+    :data:`KERNEL_MAX_ROWS` of them, or any number where the VNNI kernel reads a packed
+    ``W`` (prefill chunks of 128 and 512 rows measured 1.3-1.4x faster through it than
+    through MKL here, ``scripts/bench_generate.py``)."""
+    return x.size // x.shape[-1] <= KERNEL_MAX_ROWS or (packed and packed_rows() == 16)
+
+
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, bits: int,
                      use_kernel: bool = True, packed: mx.array | None = None) -> mx.array:
     """``x @ W^T`` for ``x`` of shape ``[..., K]``; ``W`` as :func:`quantized_matmul_ops`
@@ -134,7 +143,7 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     ext = extension() if use_kernel else None
     if ext is None:
         return quantized_matmul_ops(x, w, scales, biases, bits)
-    if x.size // x.shape[-1] <= KERNEL_MAX_ROWS:
+    if _kernel_rows(x, packed is not None):
         return ext.quantized_matmul(x, w, scales, biases, bits, packed)
     dense = ext.dequantize(w, scales, biases, bits)
     return (x.astype(mx.float32) @ dense.T).astype(x.dtype)
@@ -148,8 +157,9 @@ def quantized_matmuls(x: mx.array, weights: Sequence[QWeights], use_kernel: bool
     """``[x @ W^T for W in weights]``, each as :func:`quantized_matmul` (``packed``: none,
     or every ``W`` packed)."""
     ext = extension() if use_kernel else None
-    if ext is None or x.dtype != mx.float32 or x.size // x.shape[-1] > KERNEL_MAX_ROWS:
-        return [quantized_matmul(x, *w, use_kernel=use_kernel) for w in weights]
+    if ext is None or x.dtype != mx.float32 or not _kernel_rows(x, bool(packed)):
+        return [quantized_matmul(x, *w, use_kernel=use_kernel, packed=p)
+                for w, p in zip(weights, packed or [None] * len(weights))]
     w, scales, biases, bits = zip(*weights)
     return ext.quantized_matmuls(x, list(w), list(scales), list(biases), list(bits),
                                  list(packed))
