@@ -261,6 +261,12 @@ def test_prefill_attention_kernel_reads_batches_and_head_groups_apart():
     k, v = mx.random.normal((2, 2, 2, 50, 32))
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask="causal")
     assert rel_err(extension().prefill_attention(q, k, v, 0.2), ref) < 1e-5
+    # heads of 128 (values weighed 64 features at a time: two passes), float16 cache
+    q = mx.random.normal((1, 4, 21, 128))
+    k, v = mx.random.normal((2, 1, 2, 77, 128)).astype(mx.float16)
+    ref = mx.fast.scaled_dot_product_attention(q, k.astype(mx.float32), v.astype(mx.float32),
+                                               scale=0.1, mask="causal")
+    assert rel_err(extension().prefill_attention(q, k, v, 0.1), ref) < 1e-5
 
 
 @needs_kernel

@@ -1,9 +1,10 @@
 // Causal attention for a prefill chunk (L queries at the end of T keys) as one CPU primitive.
 // On the CPU, mx.fast.scaled_dot_product_attention's fallback runs its softmax with a scalar
-// exp, which dominates long prompts. Here a task takes a few query rows of one kv head's
-// query group: scores sixteen keys at a time from a transposed tile of keys (no horizontal
-// sums), the causal mask, a vectorised exp, then the values, each key and value row read once
-// per task.
+// exp, which dominates long prompts. Here each kv head's keys are first transposed by tiles
+// of 16 and its values widened to float32, once, over the pool; then a task takes a few query
+// rows of one kv head's query group: scores sixteen keys at a time from the transposed tiles
+// (no horizontal sums), the causal mask, a vectorised exp, then the values, four query
+// vectors and 64 features at a time in registers.
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -31,6 +32,8 @@ struct Rows {
   const float* q;  // query row i of group head g at q + g * q_head + i * q_row
   const void* k;   // key row t at k + t * k_row elements
   const void* v;
+  const float* kt;  // the head's keys transposed by tiles of 16 (transpose_tile), D * 16 each
+  const float* vf;  // the head's values as float32 rows of Dv
   float* out;      // output row i of group head g at out + g * out_head + i * Dv
   int64_t q_head, q_row, k_row, v_row, out_head;
   int i0, i1, G, D, Dv;
@@ -38,17 +41,30 @@ struct Rows {
   float scale;
 };
 
-// Scores of the Q = G * rows query vectors against keys [t0, t0 + 16), as S[v][t0 ...].
+// Keys [t0, t0 + 16) of one kv head transposed, zero past n: kt[d * 16 + j] holds feature d
+// of key t0 + j. Done once per head and chunk, before the query rows' tasks read them.
 template <typename T>
-MLX_AGENT_INLINE void score_tile(const Rows& a, const T* k, int t0, int n, float* kt,
-                                 const float* const* qs, int Q, float* S, int np) {
+MLX_AGENT_CLONES void transpose_tile(const T* k, int64_t k_row, int D, int t0, int n,
+                                     float* kt) {
   F16x tile[kLanes];  // keys t0 .. t0 + 15 as rows, converted, zero past n
-  for (int i = 0; i < a.D; i += kLanes) {
+  for (int i = 0; i < D; i += kLanes) {
     for (int j = 0; j < kLanes; ++j)
-      tile[j] = t0 + j < n ? load(k + static_cast<int64_t>(t0 + j) * a.k_row + i) : F16x{};
-    for (int d = 0; d < kLanes; ++d)  // transpose: kt[i + d] holds feature i + d of 16 keys
+      tile[j] = t0 + j < n ? load(k + static_cast<int64_t>(t0 + j) * k_row + i) : F16x{};
+    for (int d = 0; d < kLanes; ++d)
       for (int j = 0; j < kLanes; ++j) kt[(i + d) * kLanes + j] = tile[j][d];
   }
+}
+
+// A row of n values (a multiple of 16) as float32.
+template <typename T>
+MLX_AGENT_CLONES void widen_row(const T* src, int n, float* dst) {
+  for (int i = 0; i < n; i += kLanes) store(dst + i, load(src + i));
+}
+
+// Scores of the Q = G * rows query vectors against keys [t0, t0 + 16) (transposed in kt),
+// as S[v][t0 ...].
+MLX_AGENT_INLINE void score_tile(const Rows& a, int t0, const float* kt,
+                                 const float* const* qs, int Q, float* S, int np) {
   int v = 0;
   for (; v + 4 <= Q; v += 4) {
     F16x acc0{}, acc1{}, acc2{}, acc3{};
@@ -71,22 +87,38 @@ MLX_AGENT_INLINE void score_tile(const Rows& a, const T* k, int t0, int n, float
   }
 }
 
+// acc[v0 .. v0 + NQ)[i0 .. i0 + 16 NC) = the weights S of those query vectors times the
+// values (float32, the head's, a.vf) of keys [0, n).
+template <int NQ, int NC>
+MLX_AGENT_INLINE void weigh_values(const Rows& a, const float* S, int np, int n, int v0, int i0,
+                                   float* acc) {
+  F16x o[NQ][NC] = {};
+  for (int j = 0; j < n; ++j) {
+    const float* vr = a.vf + static_cast<size_t>(j) * a.Dv + i0;
+    F16x vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = load(vr + c * kLanes);
+    for (int q = 0; q < NQ; ++q) {
+      const float w = S[static_cast<size_t>(v0 + q) * np + j];
+      for (int c = 0; c < NC; ++c) o[q][c] += vv[c] * w;
+    }
+  }
+  for (int q = 0; q < NQ; ++q)
+    for (int c = 0; c < NC; ++c) store(acc + static_cast<size_t>(v0 + q) * a.Dv + i0 + c * kLanes, o[q][c]);
+}
+
 template <typename T>
 MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
   const int R = a.i1 - a.i0, Q = a.G * R;
   const int n = a.first + a.i1;  // keys the last row sees
   const int np = (n + kLanes - 1) / kLanes * kLanes;
-  buf.resize(static_cast<size_t>(Q) * np + static_cast<size_t>(Q) * a.Dv +
-             static_cast<size_t>(a.D) * kLanes + std::max(a.D, a.Dv));
+  buf.resize(static_cast<size_t>(Q) * np + static_cast<size_t>(Q) * a.Dv);
   float* S = buf.data();
   float* acc = S + static_cast<size_t>(Q) * np;
-  float* kt = acc + static_cast<size_t>(Q) * a.Dv;
-  float* row = kt + static_cast<size_t>(a.D) * kLanes;
   std::vector<const float*> qs(Q);  // vector v: head v / R, row i0 + v % R
   for (int v = 0; v < Q; ++v)
     qs[v] = a.q + (v / R) * a.q_head + static_cast<int64_t>(a.i0 + v % R) * a.q_row;
-  const T* k = static_cast<const T*>(a.k);
-  for (int t0 = 0; t0 < n; t0 += kLanes) score_tile(a, k, t0, n, kt, qs.data(), Q, S, np);
+  for (int t0 = 0; t0 < n; t0 += kLanes)
+    score_tile(a, t0, a.kt + static_cast<size_t>(t0) * a.D, qs.data(), Q, S, np);
   std::vector<float> total(Q);
   for (int v = 0; v < Q; ++v) {
     float* s = S + static_cast<size_t>(v) * np;
@@ -102,16 +134,17 @@ MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
     for (int j = 0; j < np; j += kLanes) sum16 += load(s + j);
     total[v] = sum(sum16);
   }
-  std::fill(acc, acc + static_cast<size_t>(Q) * a.Dv, 0.0f);
-  const T* vb = static_cast<const T*>(a.v);
-  for (int j = 0; j < n; ++j) {
-    const float* vt = as_float(vb + static_cast<int64_t>(j) * a.v_row, a.Dv, row);
-    for (int v = 0; v < Q; ++v) {
-      const float w = S[static_cast<size_t>(v) * np + j];
-      float* o = acc + static_cast<size_t>(v) * a.Dv;
-      for (int i = 0; i < a.Dv; i += kLanes) store(o + i, load(o + i) + w * load(vt + i));
+  // values: four query vectors and 64 features at a time in registers, over every key
+  for (int v0 = 0; v0 < Q; v0 += 4)
+    for (int i0 = 0; i0 < a.Dv; i0 += 64) {
+      if (Q - v0 >= 4 && a.Dv - i0 >= 64) {
+        weigh_values<4, 4>(a, S, np, n, v0, i0, acc);
+      } else {
+        for (int v = v0; v < std::min(Q, v0 + 4); ++v)
+          for (int i = i0; i < std::min(a.Dv, i0 + 64); i += kLanes)
+            weigh_values<1, 1>(a, S, np, n, v, i, acc);
+      }
     }
-  }
   for (int v = 0; v < Q; ++v) {
     float* dst = a.out + (v / R) * a.out_head + static_cast<int64_t>(a.i0 + v % R) * a.Dv;
     const float* o = acc + static_cast<size_t>(v) * a.Dv;
@@ -152,12 +185,40 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
     const char* kb = static_cast<const char*>(k.data<void>());
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();
+    // every head's keys transposed once, shared by its query rows' tasks
+    const int tiles = (T + kLanes - 1) / kLanes;
+    const size_t head_floats = static_cast<size_t>(tiles) * kLanes * D;
+    // and its values as float32 rows, both shared by its query rows' tasks
+    const size_t value_floats = static_cast<size_t>(T) * Dv;
+    thread_local std::vector<float> kt_buf, vf_buf;  // this (MLX's) thread's; tasks get pointers
+    kt_buf.resize(static_cast<size_t>(B) * Hkv * head_floats);
+    vf_buf.resize(static_cast<size_t>(B) * Hkv * value_floats);
+    float* kt = kt_buf.data();
+    float* vf = vf_buf.data();
+    pool().run(B * Hkv * tiles, [&](int task) {
+      const int head = task / tiles, tile = task % tiles, b = head / Hkv, kvh = head % Hkv;
+      const char* kh = kb + (b * k.strides(0) + kvh * k.strides(1)) * el;
+      const char* vh = vb + (b * v.strides(0) + kvh * v.strides(1)) * el;
+      float* dst = kt + head * head_floats + static_cast<size_t>(tile) * kLanes * D;
+      float* vdst = vf + head * value_floats;
+      const int t1 = std::min(T, (tile + 1) * kLanes);
+      if (half) {
+        transpose_tile(reinterpret_cast<const uint16_t*>(kh), k.strides(2), D, tile * kLanes, T, dst);
+        for (int t = tile * kLanes; t < t1; ++t)
+          widen_row(reinterpret_cast<const uint16_t*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
+      } else {
+        transpose_tile(reinterpret_cast<const float*>(kh), k.strides(2), D, tile * kLanes, T, dst);
+        for (int t = tile * kLanes; t < t1; ++t)
+          widen_row(reinterpret_cast<const float*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
+      }
+    });
     auto run = [&](int task) {
       thread_local std::vector<float> buf;
       const int head = task / blocks, block = task % blocks, b = head / Hkv, kvh = head % Hkv;
       Rows a{q.data<float>() + b * q.strides(0) + kvh * G * q.strides(1),
              kb + (b * k.strides(0) + kvh * k.strides(1)) * el,
              vb + (b * v.strides(0) + kvh * v.strides(1)) * el,
+             kt + head * head_floats, vf + head * value_floats,
              out.data<float>() + (static_cast<int64_t>(b) * Hq + kvh * G) * L * Dv,
              q.strides(1), q.strides(2), k.strides(2), v.strides(2),
              static_cast<int64_t>(L) * Dv,
