@@ -73,19 +73,21 @@ void run_matmuls(const float* x, std::vector<QProblem>& problems) {
   Pool& workers = pool();
   std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
   for (auto& p : problems) {
-    const int b = p.bits == 8;
-    if (!ready[b]) ready[b] = staged_x(x, p.M, p.K, p.bits, staged[b]);
-    p.x = ready[b];
 #if defined(__x86_64__)
-    if (vnni && p.packed) {
+    if (vnni && p.packed) {  // reads x quantized, not x
       if (!quantized_ready) quantize_x(x, p.M, p.K, quantized);
       quantized_ready = true;
       p.x_hi = quantized.hi.data();
       p.x_lo = quantized.lo.data();
       p.x_scale = quantized.scale.data();
       p.x_sum = quantized.sum.data();
-    }
+    } else
 #endif
+    {
+      const int b = p.bits == 8;
+      if (!ready[b]) ready[b] = staged_x(x, p.M, p.K, p.bits, staged[b]);
+      p.x = ready[b];
+    }
     rows.push_back(rows_per_task(p.N, p.M, workers.size()));
     first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
   }
