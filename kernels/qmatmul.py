@@ -88,9 +88,9 @@ def reads_packed() -> bool:
 
 
 def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array | None:
-    """``W`` packed for the matmul kernel's decode steps and small batches, in blocks of
-    :func:`packed_rows` rows: for each block and group of 32, the block's codes, then its
-    rows' float16 scales, then their float16 biases. None where the kernel does not read a
+    """``W`` packed for the matmul kernel (decode steps and small batches; with VNNI, prefill
+    chunks too), in blocks of :func:`packed_rows` rows: for each block and group of 32, the
+    block's codes, then its rows' float16 scales, then their float16 biases. None where the kernel does not read a
     packed ``W``: no packing kernel, N not a multiple of the block, or scales and biases not
     float16. Either layout takes as many bytes as ``W``'s three arrays.
 

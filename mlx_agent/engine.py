@@ -36,10 +36,12 @@ Sampler = Callable[[mx.array], mx.array]
 _HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"})
 
 
-# Tokens per prefill chunk, on Metal and on the CPU. On the CPU kernels a chunk dequantizes
-# every layer's weights once, so larger chunks cost less per token: on SmolLM2-135M's Q4_1
-# weights a 512-token prompt prefilled at 405 tok/s in 512-token chunks against 300 in
-# 128-token ones (2,048 tokens: 320 against 269); on float32 weights 371 against 359.
+# Tokens per prefill chunk, on Metal and on the CPU. On the float CPU kernels a chunk
+# dequantizes every layer's weights once, so larger chunks cost less per token: on
+# SmolLM2-135M's Q4_1 weights a 512-token prompt prefilled at 405 tok/s in 512-token chunks
+# against 300 in 128-token ones (2,048 tokens: 320 against 269); on float32 weights 371
+# against 359. The VNNI kernel multiplies chunks without dequantizing, so the size matters
+# less there (not measured).
 PREFILL_STEP = 512
 
 

@@ -7,6 +7,7 @@
 // vectors and 64 features at a time in registers.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -190,11 +191,11 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
     const size_t head_floats = static_cast<size_t>(tiles) * kLanes * D;
     // and its values as float32 rows, both shared by its query rows' tasks
     const size_t value_floats = static_cast<size_t>(T) * Dv;
-    thread_local std::vector<float> kt_buf, vf_buf;  // this (MLX's) thread's; tasks get pointers
-    kt_buf.resize(static_cast<size_t>(B) * Hkv * head_floats);
-    vf_buf.resize(static_cast<size_t>(B) * Hkv * value_floats);
-    float* kt = kt_buf.data();
-    float* vf = vf_buf.data();
+    // (this call's own: a long prompt's buffers are not kept, and nothing is zeroed first)
+    std::unique_ptr<float[]> kt_buf(new float[static_cast<size_t>(B) * Hkv * head_floats]);
+    std::unique_ptr<float[]> vf_buf(new float[static_cast<size_t>(B) * Hkv * value_floats]);
+    float* kt = kt_buf.get();
+    float* vf = vf_buf.get();
     pool().run(B * Hkv * tiles, [&](int task) {
       const int head = task / tiles, tile = task % tiles, b = head / Hkv, kvh = head % Hkv;
       const char* kh = kb + (b * k.strides(0) + kvh * k.strides(1)) * el;

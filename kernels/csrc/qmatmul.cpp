@@ -235,7 +235,9 @@ bool add_packed(std::vector<mx::array>& inputs, const std::vector<mx::array>& pa
   for (size_t i = 0; i < ws.size(); ++i) {
     const size_t N = ws[i].shape(0), groups = ws[i].shape(1) * 32 / bits[i] / kGroup;
     const int rows = std::max(packed_rows(), 4);
-    check(packed[i].dtype() == mx::uint8 && N % rows == 0 &&
+    // (both layouts take the same bytes: the first dimension tells them apart)
+    check(packed[i].dtype() == mx::uint8 && N % rows == 0 && packed[i].ndim() == 3 &&
+              packed[i].shape(0) == static_cast<int>(N / rows) &&
               packed[i].size() == N / 4 * groups * packed_group_bytes(bits[i]),
           "a packed W is uint8, blocks of " + std::to_string(rows) +
               " rows of K / 32 groups (kernels/qmatmul.py's pack)");

@@ -19,7 +19,7 @@ struct QProblem {
   // (AVX-512, AVX2): for each block and group, the four rows' codes (4 x 16 or 4 x 32
   // bytes), then their four float16 scales and four float16 biases, so that a pass over
   // four rows reads one stream. Sixteen rows (VNNI): see qmatmul_vnni.cpp.
-  // Null when W is not packed (N not a multiple of 4, or float32 scales); the kernels that
+  // Null when W is not packed (N not a multiple of the block, or float32 scales); the kernels that
   // do not read it use the arrays above.
   const uint8_t* packed = nullptr;
   // The AVX-512 VNNI kernel's x (quantize_x), when it reads a packed W: per row and group of

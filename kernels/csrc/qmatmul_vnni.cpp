@@ -5,9 +5,11 @@
 // so each of hi and lo is a signed byte that VPDPBUSD multiplies by W's unsigned codes, four
 // products a lane. A group's dot product is then (128 * sum(q * hi) + sum(q * lo)) * s, exact
 // in int32; W's scale and bias are applied per group in float32, the bias through x's float
-// sum. x keeps 15 bits a group (relative error below 2^-15 of the group's largest element),
+// sum. x keeps 15 bits a group (an element's error is at most 1/32512 of the group's largest),
 // so results agree with the float32 reference to about 1e-4 relative, not to float32
-// rounding as the other kernels do.
+// rounding as the other kernels do. A group whose largest element is below 1e-30 adds only
+// its sum's part; an infinite x gives NaN where the reference gives an infinity (NaN
+// propagates, through the sum).
 //
 // W is read from its packed copy in blocks of 16 rows (kernels/qmatmul.py's pack): per block
 // and group of 32, the codes laid out so that one 64-byte load holds four consecutive codes

@@ -6,10 +6,10 @@ and settings:
 - ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` whose layout the kernel reads (affine,
   group size 32, 4 or 8 bits: GGUF Q4_0, Q4_1 and Q8_0 as loaded) compute with
   :func:`~mlx_agent.kernels.quantized_matmul` (the matmul kernel for decode and small
-  batches, dequantize + BLAS for prefill chunks); a tied embedding's output head too. Where
-  the kernel reads it (AVX-512 VNNI, AVX-512 and AVX2), each also keeps a copy of its W
-  packed for decode steps (:func:`~mlx_agent.kernels.qmatmul.pack`; about 80 MB more for
-  the bundled model),
+  batches, and with VNNI for prefill chunks too; otherwise dequantize + BLAS for those); a
+  tied embedding's output head too. Where the kernel reads it (AVX-512 VNNI, AVX-512 and
+  AVX2), each also keeps a copy of its W packed for it
+  (:func:`~mlx_agent.kernels.qmatmul.pack`; about 80 MB more for the bundled model),
   which is not a parameter and is not read once the layer's weights change;
 - mlx-lm's llama attention and MLP compute their q, k and v (gate and up) projections as
   one kernel node (:func:`~mlx_agent.kernels.quantized_matmuls`);
