@@ -131,8 +131,9 @@ def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array
 def _kernel_rows(x: mx.array, packed: bool) -> bool:
     """Whether the matmul kernel, not dequantize + BLAS, multiplies ``x``'s rows: up to
     :data:`KERNEL_MAX_ROWS` of them, or any number where the VNNI kernel reads a packed
-    ``W`` (prefill chunks of 128 and 512 rows measured 1.3-1.4x faster through it than
-    through MKL here, ``scripts/bench_generate.py``)."""
+    ``W`` (prefill measured 1.1-1.7x faster through it than through MKL here, chunks of 128
+    and 512 rows, ``scripts/bench_prefill_step.py`` with and without
+    ``MLX_AGENT_KERNEL_ISA=avx512``)."""
     return x.size // x.shape[-1] <= KERNEL_MAX_ROWS or (packed and packed_rows() == 16)
 
 

@@ -40,8 +40,8 @@ _HEAD_ON_LAST_ONLY = frozenset({"llama", "mistral", "qwen2", "qwen3", "tinygpt"}
 # dequantizes every layer's weights once, so larger chunks cost less per token: on
 # SmolLM2-135M's Q4_1 weights a 512-token prompt prefilled at 405 tok/s in 512-token chunks
 # against 300 in 128-token ones (2,048 tokens: 320 against 269); on float32 weights 371
-# against 359. The VNNI kernel multiplies chunks without dequantizing, so the size matters
-# less there (not measured).
+# against 359. The VNNI kernel multiplies chunks without dequantizing: there 128-token chunks
+# measured about as fast as 512-token ones (scripts/bench_prefill_step.py, README).
 PREFILL_STEP = 512
 
 

@@ -8,7 +8,9 @@ model's shapes (SmolLM2-135M: q/o 576x576, k/v 192x576, gate/up 1536x576, down 5
 the tied head 49152x576), float16 scales and biases as a GGUF Q4_1 file loads. Prints the
 best of ``--repeats`` runs per shape and row count in GFLOP/s (2·M·N·K per call), summed
 over one of each shape, with the ratios: packed / MLX's layout (what packing buys) and
-packed / ``mx.quantized_matmul`` (the peer).
+packed / ``mx.quantized_matmul`` (the peer). Where the CPU has AVX-512 VNNI, "packed" is the
+integer kernel on its 16-row blocks and "MLX's layout" the float kernel (what it replaced on
+decode); ``MLX_AGENT_KERNEL_ISA=avx512`` gives the float kernel on both.
 """
 
 from __future__ import annotations

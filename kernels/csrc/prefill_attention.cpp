@@ -31,12 +31,10 @@ void check(bool ok, const std::string& what) {
 
 struct Rows {
   const float* q;  // query row i of group head g at q + g * q_head + i * q_row
-  const void* k;   // key row t at k + t * k_row elements
-  const void* v;
   const float* kt;  // the head's keys transposed by tiles of 16 (transpose_tile), D * 16 each
   const float* vf;  // the head's values as float32 rows of Dv
   float* out;      // output row i of group head g at out + g * out_head + i * Dv
-  int64_t q_head, q_row, k_row, v_row, out_head;
+  int64_t q_head, q_row, out_head;
   int i0, i1, G, D, Dv;
   int first;       // keys row i sees: [0, first + i]
   float scale;
@@ -107,7 +105,6 @@ MLX_AGENT_INLINE void weigh_values(const Rows& a, const float* S, int np, int n,
     for (int c = 0; c < NC; ++c) store(acc + static_cast<size_t>(v0 + q) * a.Dv + i0 + c * kLanes, o[q][c]);
 }
 
-template <typename T>
 MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
   const int R = a.i1 - a.i0, Q = a.G * R;
   const int n = a.first + a.i1;  // keys the last row sees
@@ -217,19 +214,12 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
       thread_local std::vector<float> buf;
       const int head = task / blocks, block = task % blocks, b = head / Hkv, kvh = head % Hkv;
       Rows a{q.data<float>() + b * q.strides(0) + kvh * G * q.strides(1),
-             kb + (b * k.strides(0) + kvh * k.strides(1)) * el,
-             vb + (b * v.strides(0) + kvh * v.strides(1)) * el,
              kt + head * head_floats, vf + head * value_floats,
              out.data<float>() + (static_cast<int64_t>(b) * Hq + kvh * G) * L * Dv,
-             q.strides(1), q.strides(2), k.strides(2), v.strides(2),
-             static_cast<int64_t>(L) * Dv,
+             q.strides(1), q.strides(2), static_cast<int64_t>(L) * Dv,
              block * kRowsPerTask, std::min(L, (block + 1) * kRowsPerTask), G, D, Dv,
              T - L, scale};
-      if (half) {
-        attend_rows<uint16_t>(a, buf);
-      } else {
-        attend_rows<float>(a, buf);
-      }
+      attend_rows(a, buf);
     };
     pool().run(B * Hkv * blocks, run);
   });

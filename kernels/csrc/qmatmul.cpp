@@ -92,12 +92,11 @@ void run_matmuls(const float* x, std::vector<QProblem>& problems) {
     first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
   }
   const RowsFn fn = rows_kernel().fn;
-  auto task = [&](int t) {
+  workers.run(first.back(), [&](int t) {
     const int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
     const int n0 = (t - first[i]) * rows[i];
     fn(problems[i], n0, std::min(problems[i].N, n0 + rows[i]));
-  };
-  workers.run(first.back(), task);
+  });
 }
 
 std::string isa() { return rows_kernel().isa; }
