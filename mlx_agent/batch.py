@@ -133,6 +133,9 @@ class BatchDecoder:
         if not rows:
             return []
         y = self._sample(mx.stack([r.logits for r in rows]), rows)
+        # y gets its own evaluation: an array read back waits for the whole graph it was
+        # queued in, and the forward's graph would make reading y wait for the forward.
+        mx.async_eval(y)
         logits = self.model(y[:, None], cache=self.cache)[:, -1, :]
         mx.async_eval(logits)  # the next forward runs while the rows handle their tokens
         tokens = y.tolist()
