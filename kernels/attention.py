@@ -5,7 +5,10 @@ ten graph nodes per layer and token with grouped-query heads. The kernel
 (``csrc/attention.cpp``) is one node. Each key/value head's rows are read once, from memory
 in place (a cache buffer's slice, float32 or float16), for all the query heads that share
 it; its keys are split into ranges over the kernels' thread pool, each range leaving a
-partial softmax (vectorised exp) that the ranges' results are merged from.
+partial softmax (vectorised exp) that the ranges' results are merged from. A range is read
+sixteen rows at a time (float16 rows widened once, with VCVTPH2PS where the CPU has it):
+each query head's sixteen scores from eight-key accumulators, then the values with up to
+four heads' sums of 64 features in registers (``scripts/bench_decode_attention.py``).
 
 A prefill chunk's causal attention (``csrc/prefill_attention.cpp``) is one node too: MLX's
 fallback runs its softmax with a scalar exp, which dominated long prompts. A task takes a few

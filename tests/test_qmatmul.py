@@ -300,6 +300,20 @@ def test_decode_attention_kernel_reads_batches_and_head_groups_apart():
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("keys", [9, 333])
+def test_decode_attention_kernel_takes_any_head_group_and_value_size(keys, dtype):
+    """Six query heads a key/value head (sums for four heads, then two), values of 80
+    features (64 in registers, then 16), keys of 32, a key count that leaves a tail tile."""
+    q = mx.random.normal((2, 12, 1, 32))
+    k = (3 * mx.random.normal((2, 2, keys, 32))).astype(dtype)
+    v = mx.random.normal((2, 2, keys + 50, 80)).astype(dtype)[..., :keys, :]
+    ref = mx.fast.scaled_dot_product_attention(q, k.astype(mx.float32), v.astype(mx.float32),
+                                               scale=0.2)
+    assert rel_err(extension().decode_attention(q, k, v, 0.2), ref) < 1e-5
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 @pytest.mark.parametrize("keys", [5, 700, 3000])
 def test_decode_attention_kernel_with_row_starts_matches_the_padding_mask(keys, dtype):
     """A left-padded batch's step: row b sees keys from starts[b] on (the rest is padding),

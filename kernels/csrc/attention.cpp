@@ -13,6 +13,7 @@
 #include "pool.h"
 #include "primitive.h"
 #include "simd16.h"
+#include "widen.h"
 
 namespace mlx_agent {
 
@@ -41,22 +42,103 @@ struct Task {
   float* out;  // [G, Dv]
 };
 
+typedef float F8x __attribute__((vector_size(32)));
+
+// The sums of eight vectors' lanes, r[j] = sum(a[j]), by halving and pairing: 21 shuffles
+// and adds where eight separate sums take about 56.
+MLX_AGENT_INLINE F8x sum8(const F16x* a) {
+  F8x b[8];
+  for (int j = 0; j < 8; ++j)
+    b[j] = __builtin_shufflevector(a[j], a[j], 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(a[j], a[j], 8, 9, 10, 11, 12, 13, 14, 15);
+  F8x t[4];  // t[p]: four partial sums of b[2p], then four of b[2p + 1]
+  for (int p = 0; p < 4; ++p)
+    t[p] = __builtin_shufflevector(b[2 * p], b[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(b[2 * p], b[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  F8x u[2];  // u[p]: two partial sums each of vectors 4p, 4p + 2, 4p + 1, 4p + 3
+  for (int p = 0; p < 2; ++p)
+    u[p] = __builtin_shufflevector(t[2 * p], t[2 * p + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+           __builtin_shufflevector(t[2 * p], t[2 * p + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+  return __builtin_shufflevector(u[0], u[1], 0, 4, 2, 6, 8, 12, 10, 14) +
+         __builtin_shufflevector(u[0], u[1], 1, 5, 3, 7, 9, 13, 11, 15);
+}
+
+// s[j] = scale * q . k_j for the 16 key rows at k (row stride k_row floats; rows past the
+// tile's end hold zeros).
+MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, int D,
+                                 float scale, float* s) {
+  for (int h = 0; h < 2; ++h) {  // eight keys at a time: eight accumulators
+    const float* kh = k + 8 * h * k_row;
+    F16x acc[8] = {};
+    for (int c = 0; c < D; c += kLanes) {
+      const F16x qc = load(q + c);
+      for (int j = 0; j < 8; ++j) acc[j] += qc * load(kh + j * k_row + c);
+    }
+    const F8x r = sum8(acc) * scale;
+    std::memcpy(s + 8 * h, &r, sizeof r);
+  }
+}
+
+// out[g0 .. g0 + NQ)[i0 .. i0 + 16 NC) += the weights w[g][0 .. n) times the n value rows at
+// v (row stride v_row floats), with the sums in registers across the rows.
+template <int NQ, int NC>
+MLX_AGENT_INLINE void weigh_tile(const float* v, int64_t v_row, int n, const float* w,
+                                 int64_t w_head, float* out, int Dv, int g0, int i0) {
+  F16x o[NQ][NC];
+  for (int g = 0; g < NQ; ++g)
+    for (int c = 0; c < NC; ++c) o[g][c] = load(out + (g0 + g) * Dv + i0 + c * kLanes);
+  for (int j = 0; j < n; ++j) {
+    F16x vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = load(v + j * v_row + i0 + c * kLanes);
+    for (int g = 0; g < NQ; ++g) {
+      const float wg = w[(g0 + g) * w_head + j];
+      for (int c = 0; c < NC; ++c) o[g][c] += vv[c] * wg;
+    }
+  }
+  for (int g = 0; g < NQ; ++g)
+    for (int c = 0; c < NC; ++c) store(out + (g0 + g) * Dv + i0 + c * kLanes, o[g][c]);
+}
+
+template <int NQ>
+MLX_AGENT_INLINE void weigh_heads(const float* v, int64_t v_row, int n, const float* w,
+                                  int64_t w_head, float* out, int Dv, int g0) {
+  int i0 = 0;
+  for (; i0 + 4 * kLanes <= Dv; i0 += 4 * kLanes)
+    weigh_tile<NQ, 4>(v, v_row, n, w, w_head, out, Dv, g0, i0);
+  for (; i0 < Dv; i0 += kLanes) weigh_tile<NQ, 1>(v, v_row, n, w, w_head, out, Dv, g0, i0);
+}
+
+// Scores sixteen keys at a time (eight accumulators, summed by sum8), a vectorised exp, then
+// the values sixteen rows at a time with up to four heads' sums of 64 features in registers.
+// float16 rows are widened once per tile of 16 (widen: VCVTPH2PS where the CPU has it),
+// float32 rows read in place.
 template <typename T>
-MLX_AGENT_CLONES void attend(const Task& a, std::vector<float>& buf) {
+MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& buf) {
+  constexpr bool kHalf = sizeof(T) == 2;
   const int n = a.t1 - a.t0, G = a.G, np = (n + kLanes - 1) / kLanes * kLanes;
-  buf.resize(static_cast<size_t>(G) * np + std::max(a.D, a.Dv));
+  const int width = std::max(a.D, a.Dv);
+  buf.resize(static_cast<size_t>(G) * np + kLanes * static_cast<size_t>(width));
   float* s = buf.data();  // scores [G, np], then their exps (the padding stays 0)
-  float* row = s + static_cast<size_t>(G) * np;
+  float* tile = s + static_cast<size_t>(G) * np;  // 16 rows widened, or a zero-padded tail
   const T* k = static_cast<const T*>(a.k) + a.t0 * a.k_row;
   const T* v = static_cast<const T*>(a.v) + a.t0 * a.v_row;
-  for (int j = 0; j < n; ++j) {
-    const float* kt = as_float(k + j * a.k_row, a.D, row);
-    for (int g = 0; g < G; ++g) {
-      const float* qg = a.q + g * a.q_head;
-      F16x acc = load(qg) * load(kt);
-      for (int i = kLanes; i < a.D; i += kLanes) acc += load(qg + i) * load(kt + i);
-      s[static_cast<size_t>(g) * np + j] = sum(acc) * a.scale;
+  // a tile of 16 rows of keys or values [j0, j0 + 16) as float32, with its row stride
+  auto rows = [&](const T* src, int64_t row, int d, int j0) -> std::pair<const float*, int64_t> {
+    const int m = std::min(kLanes, n - j0);
+    if constexpr (kHalf) {
+      widen(reinterpret_cast<const uint16_t*>(src + j0 * row), row, m, d, tile);
+    } else {
+      if (m == kLanes) return {reinterpret_cast<const float*>(src + j0 * row), row};
+      for (int j = 0; j < m; ++j)
+        std::memcpy(tile + j * d, src + (j0 + j) * row, d * sizeof(float));
     }
+    std::fill(tile + m * d, tile + kLanes * d, 0.0f);
+    return {tile, d};
+  };
+  for (int j0 = 0; j0 < n; j0 += kLanes) {
+    const auto [kt, stride] = rows(k, a.k_row, a.D, j0);
+    for (int g = 0; g < G; ++g)
+      score_tile(a.q + g * a.q_head, kt, stride, a.D, a.scale, s + static_cast<size_t>(g) * np + j0);
   }
   for (int g = 0; g < G; ++g) {
     float* sg = s + static_cast<size_t>(g) * np;
@@ -74,13 +156,16 @@ MLX_AGENT_CLONES void attend(const Task& a, std::vector<float>& buf) {
     a.sum[g] = sum(total);  // the padding adds 1e-38 each to a total of at least 1: nothing
   }
   std::fill(a.out, a.out + static_cast<size_t>(G) * a.Dv, 0.0f);
-  for (int j = 0; j < n; ++j) {
-    const float* vt = as_float(v + j * a.v_row, a.Dv, row);
-    for (int i = 0; i < a.Dv; i += kLanes) {
-      const F16x x = load(vt + i);
-      for (int g = 0; g < G; ++g) {
-        float* o = a.out + static_cast<size_t>(g) * a.Dv + i;
-        store(o, load(o) + s[static_cast<size_t>(g) * np + j] * x);
+  for (int j0 = 0; j0 < n; j0 += kLanes) {
+    const auto [vt, stride] = rows(v, a.v_row, a.Dv, j0);
+    const int m = std::min(kLanes, n - j0);
+    const float* w = s + j0;
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      switch (std::min(4, G - g0)) {
+        case 4: weigh_heads<4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+        case 3: weigh_heads<3>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+        case 2: weigh_heads<2>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+        default: weigh_heads<1>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
       }
     }
   }
@@ -149,7 +234,9 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     // keys are split into parts so that short groups still keep every thread busy.
     const int heads = B * Hkv, threads = pool().size();
     const int want = std::max(1, (4 * threads + heads - 1) / heads);
-    const int parts = std::max(1, std::min(want, T / kMinKeysPerTask));
+    const int most = std::max(1, T / kMinKeysPerTask);
+    int parts = std::min(want, most);
+    while ((heads * parts) % threads != 0 && parts < most) ++parts;  // even shares
     const int per_part = (T + parts - 1) / parts;
     const int64_t part_stride = 2 + static_cast<int64_t>(Dv);  // per query head: max, sum, out
     std::vector<float> partial(static_cast<size_t>(heads) * parts * G * part_stride);
@@ -157,6 +244,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const char* kb = static_cast<const char*>(k.data<void>());
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();
+    const WidenFn widen = widen_half();
     auto slot = [&](int head, int part) {
       return partial.data() + (static_cast<size_t>(head) * parts + part) * G * part_stride;
     };
@@ -177,9 +265,9 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              q.strides(1), k.strides(2), v.strides(2), t0, t1, G, D, Dv, scale,
              p, p + G, p + 2 * G};
       if (half) {
-        attend<uint16_t>(a, buf);
+        attend<uint16_t>(a, widen, buf);
       } else {
-        attend<float>(a, buf);
+        attend<float>(a, widen, buf);
       }
     };
     const int tasks = heads * parts;
