@@ -81,6 +81,7 @@ class BatchDecoder:
         self.rows: list[Row] = []
         self.cache: list[BatchKVCache] | None = None
         self._full_mask: mx.array | None = None
+        self._argmax: mx.array | None = None  # the next tokens, when queued with the forward
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -97,6 +98,7 @@ class BatchDecoder:
             row.logits = row.engine.logits
         if not rows:
             return
+        self._argmax = None  # drawn for the rows before these joined
         layers = len(rows[0].engine.cache)
         new = [BatchKVCache.merge([r.engine.cache[i] for r in rows]) for i in range(layers)]
         if self.cache is None:
@@ -117,6 +119,7 @@ class BatchDecoder:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):
             return
+        self._argmax = None  # drawn for the rows before these left
         self.rows = [self.rows[i] for i in keep]
         if not keep:
             self.cache = None
@@ -132,12 +135,21 @@ class BatchDecoder:
         rows = list(self.rows)
         if not rows:
             return []
-        y = self._sample(mx.stack([r.logits for r in rows]), rows)
-        # y gets its own evaluation: an array read back waits for the whole graph it was
-        # queued in, and the forward's graph would make reading y wait for the forward.
-        mx.async_eval(y)
+        y, self._argmax = self._argmax, None
+        if y is None:
+            y = self._sample(mx.stack([r.logits for r in rows]), rows)
+            # y gets its own evaluation: an array read back waits for the whole graph it
+            # was queued in, and the forward's graph would make reading y wait for it.
+            mx.async_eval(y)
         logits = self.model(y[:, None], cache=self.cache)[:, -1, :]
-        mx.async_eval(logits)  # the next forward runs while the rows handle their tokens
+        if all(r.greedy and r.constraint is None for r in rows):
+            # the next tokens need nothing from the rows' callers: queued with the forward
+            # (an argmax draws nothing, so a row that stops has lost nothing), as mlx-lm's
+            # BatchGenerator queues its sampling
+            self._argmax = mx.argmax(logits, axis=-1)
+            mx.async_eval(self._argmax)
+        else:
+            mx.async_eval(logits)  # the next forward runs while the rows handle their tokens
         tokens = y.tolist()
         for i, (row, token) in enumerate(zip(rows, tokens)):
             row.logits = logits[i]
