@@ -10,7 +10,10 @@ ids, token limit and grammar constraint. Each :meth:`BatchDecoder.step` then
   each sampling row with its own sampler (and so its own seed);
 - feeds the new tokens to the model in one forward pass over mlx-lm's
   :class:`~mlx_lm.models.cache.BatchKVCache` (left-padded rows), queued with
-  ``mx.async_eval`` before the tokens are read back, as the engine queues step n+1;
+  ``mx.async_eval`` before the tokens are read back, as the engine queues step n+1 (the
+  tokens evaluated on their own first: reading back an array waits for everything queued
+  with it). When every row is greedy and unconstrained, the next tokens' argmax is queued
+  with the forward pass, as mlx-lm's ``BatchGenerator`` queues its sampling;
 - retires the rows that finished (a stop id, the grammar's end, their token limit): their
   keys and values go back into their engine's own cache, so ``engine.tokens`` is again
   exactly what that cache holds (the last token included) and the engine goes on alone.
@@ -136,13 +139,15 @@ class BatchDecoder:
         if not rows:
             return []
         y, self._argmax = self._argmax, None
+        if y is not None and not _argmax_only(rows):  # a row's rules changed since
+            y = None
         if y is None:
             y = self._sample(mx.stack([r.logits for r in rows]), rows)
             # y gets its own evaluation: an array read back waits for the whole graph it
             # was queued in, and the forward's graph would make reading y wait for it.
             mx.async_eval(y)
         logits = self.model(y[:, None], cache=self.cache)[:, -1, :]
-        if all(r.greedy and r.constraint is None for r in rows):
+        if _argmax_only(rows):
             # the next tokens need nothing from the rows' callers: queued with the forward
             # (an argmax draws nothing, so a row that stops has lost nothing), as mlx-lm's
             # BatchGenerator queues its sampling
@@ -192,6 +197,11 @@ class BatchDecoder:
                 m = mx.pad(m, [(0, width - m.shape[-1])])
             out.append(m.astype(mx.int32))
         return mx.stack(out)
+
+
+def _argmax_only(rows: list[Row]) -> bool:
+    """Every row's next token is its logits' argmax: greedy, no grammar."""
+    return all(r.greedy and r.constraint is None for r in rows)
 
 
 def _hand_back(engine: Engine, kvs: list[tuple[mx.array, mx.array]], logits) -> None:

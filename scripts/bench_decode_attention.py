@@ -4,8 +4,9 @@
 
 One decode step's attention over all 30 layers (30 independent calls in one evaluation):
 one query position, 9 query heads, 3 key/value heads of 64, float16 keys and values as the
-cache keeps them (a slice of a longer buffer, as the cache hands them over), at batch 1 and 8 and 512 to 4,096 keys (batch 8 with its rows' padding
-mask: every row sees all keys). Timed as ``kernels.decode_attention`` and as
+cache keeps them (a slice of a longer buffer, as the cache hands them over): batch 1 at 512,
+2,048 and 4,096 keys, batch 8 at 512 and 2,048 (with its rows' padding mask: every row sees
+all keys). Timed as ``kernels.decode_attention`` and as
 ``mx.fast.scaled_dot_product_attention`` (MLX's CPU path), best of ``--repeats``, same
 process. Prints milliseconds per step, the key/value bytes read per second, and the
 speed-up.

@@ -94,6 +94,30 @@ def test_grammar_masks_apply_per_row_in_one_batch(tiny_lm):
     assert tiny_lm.tokenizer.decode(rows[0].generated).startswith('{')
 
 
+def test_a_rule_set_between_steps_applies_to_the_next_token(tiny_lm):
+    """A greedy, unconstrained batch queues its next argmax with the forward pass; a grammar
+    given to a row between steps still decides that row's next token."""
+    from mlx_agent.grammar import schema_constraint
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    prompt = tiny_lm.prompt_ids("Hi")
+    e = tiny_lm.engine()
+    e.sync(prompt)
+    alone = list(e.generate(max_tokens=1))
+    alone += list(e.generate(max_tokens=8, constraint=schema_constraint(tiny_lm, schema)))
+    e = tiny_lm.engine()
+    e.sync(prompt)
+    row = Row(e, max_tokens=9)
+    dec = BatchDecoder(tiny_lm.model)
+    dec.join([row])
+    dec.step()
+    row.constraint = schema_constraint(tiny_lm, schema)
+    while len(dec):
+        dec.step()
+    assert row.generated == alone
+    assert tiny_lm.tokenizer.decode(row.generated[1:]).startswith("{")
+
+
 def _conversation(engine, prompt, params):
     """Two generations with a turn between, the second stopped early by its reader."""
     sampler = params.sampler()

@@ -226,6 +226,17 @@ ISA_CHECK = textwrap.dedent("""
     for g, r in zip([*got, layer_tail(attn, x, norm, 1e-5, *mats)],
                     [*ref, layer_tail_ops(attn, x, norm, 1e-5, *mats)]):
         worst = max(worst, float(mx.abs(g - r).max() / mx.abs(r).max()))
+    from mlx_agent.kernels.ext import extension
+    q = mx.random.normal((2, 12, 1, 32), key=mx.random.key(10))  # six heads a kv head
+    for dtype in (mx.float16, mx.float32):  # float16 widened by this instruction set's code
+        k, v = (3 * mx.random.normal((2, 2, 2, 333, 80), key=mx.random.key(11))).astype(dtype)
+        k = k[..., :32]
+        starts = mx.array([0, 101])  # a range that starts inside a tile
+        mask = (mx.arange(333)[None] >= starts[:, None])[:, None, None, :]
+        ref = mx.fast.scaled_dot_product_attention(
+            q, k.astype(mx.float32), v.astype(mx.float32), scale=0.2, mask=mask)
+        got = extension().decode_attention(q, k, v, 0.2, starts)
+        worst = max(worst, float(mx.abs(got - ref).max() / mx.abs(ref).max()))
     print(worst)
 """)
 

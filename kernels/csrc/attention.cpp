@@ -44,8 +44,8 @@ struct Task {
 
 typedef float F8x __attribute__((vector_size(32)));
 
-// The sums of eight vectors' lanes, r[j] = sum(a[j]), by halving and pairing: 21 shuffles
-// and adds where eight separate sums take about 56.
+// The sums of eight vectors' lanes, r[j] = sum(a[j]), by halving and pairing: about 37
+// shuffles and adds where eight separate sums take about 70.
 MLX_AGENT_INLINE F8x sum8(const F16x* a) {
   F8x b[8];
   for (int j = 0; j < 8; ++j)
@@ -64,9 +64,19 @@ MLX_AGENT_INLINE F8x sum8(const F16x* a) {
 }
 
 // s[j] = scale * q . k_j for the 16 key rows at k (row stride k_row floats; rows past the
-// tile's end hold zeros).
+// tile's end hold zeros). Narrow: one key at a time, for registers of fewer than 16 lanes
+// (eight accumulators of 16 floats would spill).
+template <bool kWide>
 MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, int D,
                                  float scale, float* s) {
+  if constexpr (!kWide) {
+    for (int j = 0; j < kLanes; ++j) {
+      F16x acc{};
+      for (int c = 0; c < D; c += kLanes) acc += load(q + c) * load(k + j * k_row + c);
+      s[j] = sum(acc) * scale;
+    }
+    return;
+  }
   for (int h = 0; h < 2; ++h) {  // eight keys at a time: eight accumulators
     const float* kh = k + 8 * h * k_row;
     F16x acc[8] = {};
@@ -111,8 +121,10 @@ MLX_AGENT_INLINE void weigh_heads(const float* v, int64_t v_row, int n, const fl
 // Scores sixteen keys at a time (eight accumulators, summed by sum8), a vectorised exp, then
 // the values sixteen rows at a time with up to four heads' sums of 64 features in registers.
 // float16 rows are widened once per tile of 16 (widen: VCVTPH2PS where the CPU has it),
-// float32 rows read in place.
-template <typename T>
+// float32 rows read in place. kWide false (CPUs without AVX2, whose 16 xmm registers hold
+// four of these vectors): scores a key at a time and values a head and 16 features at a
+// time, so nothing spills.
+template <typename T, bool kWide>
 MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& buf) {
   constexpr bool kHalf = sizeof(T) == 2;
   const int n = a.t1 - a.t0, G = a.G, np = (n + kLanes - 1) / kLanes * kLanes;
@@ -138,7 +150,8 @@ MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& b
   for (int j0 = 0; j0 < n; j0 += kLanes) {
     const auto [kt, stride] = rows(k, a.k_row, a.D, j0);
     for (int g = 0; g < G; ++g)
-      score_tile(a.q + g * a.q_head, kt, stride, a.D, a.scale, s + static_cast<size_t>(g) * np + j0);
+      score_tile<kWide>(a.q + g * a.q_head, kt, stride, a.D, a.scale,
+                        s + static_cast<size_t>(g) * np + j0);
   }
   for (int g = 0; g < G; ++g) {
     float* sg = s + static_cast<size_t>(g) * np;
@@ -160,6 +173,12 @@ MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& b
     const auto [vt, stride] = rows(v, a.v_row, a.Dv, j0);
     const int m = std::min(kLanes, n - j0);
     const float* w = s + j0;
+    if constexpr (!kWide) {
+      for (int g = 0; g < G; ++g)
+        for (int i0 = 0; i0 < a.Dv; i0 += kLanes)
+          weigh_tile<1, 1>(vt, stride, m, w, np, a.out, a.Dv, g, i0);
+      continue;
+    }
     for (int g0 = 0; g0 < G; g0 += 4) {
       switch (std::min(4, G - g0)) {
         case 4: weigh_heads<4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
@@ -245,6 +264,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();
     const WidenFn widen = widen_half();
+    const bool wide = wide_vectors();
     auto slot = [&](int head, int part) {
       return partial.data() + (static_cast<size_t>(head) * parts + part) * G * part_stride;
     };
@@ -265,9 +285,9 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              q.strides(1), k.strides(2), v.strides(2), t0, t1, G, D, Dv, scale,
              p, p + G, p + 2 * G};
       if (half) {
-        attend<uint16_t>(a, widen, buf);
+        wide ? attend<uint16_t, true>(a, widen, buf) : attend<uint16_t, false>(a, widen, buf);
       } else {
-        attend<float>(a, widen, buf);
+        wide ? attend<float, true>(a, widen, buf) : attend<float, false>(a, widen, buf);
       }
     };
     const int tasks = heads * parts;

@@ -69,12 +69,4 @@ MLX_AGENT_INLINE F16x exp_nonpositive(F16x x) {
   return p * reinterpret_cast<F16x>((n + 127) << 23);
 }
 
-// A row of keys or values as float32: in place, or converted once into `scratch`.
-MLX_AGENT_INLINE const float* as_float(const float* row, int, float*) { return row; }
-
-MLX_AGENT_INLINE const float* as_float(const uint16_t* row, int n, float* scratch) {
-  for (int i = 0; i < n; i += kLanes) store(scratch + i, load(row + i));
-  return scratch;
-}
-
 }  // namespace mlx_agent::simd16

@@ -50,4 +50,9 @@ WidenFn widen_half() {
   return chosen;
 }
 
+bool wide_vectors() {
+  static const bool wide = std::strcmp(select_rows_kernel().isa, "scalar") != 0;
+  return wide;
+}
+
 }  // namespace mlx_agent

@@ -11,7 +11,12 @@ namespace mlx_agent {
 using WidenFn = void (*)(const uint16_t* src, int64_t stride, int rows, int n, float* dst);
 
 // The widening this CPU runs best, following the quantized matmul's choice of instruction
-// set (so MLX_AGENT_KERNEL_ISA=avx2|scalar picks the slower ones for tests too).
+// set (so MLX_AGENT_KERNEL_ISA=avx2|scalar picks the slower ones, as the tests do).
 WidenFn widen_half();
+
+// Whether the attention kernels may keep eight or more 16-float vectors in registers: the
+// CPU has AVX2 or AVX-512 (16 or 32 registers of 8 or 16 floats). Follows the same choice:
+// MLX_AGENT_KERNEL_ISA=scalar gives false.
+bool wide_vectors();
 
 }  // namespace mlx_agent
