@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 
 from mlx_agent.kernels import (attention, dequantize, dequantize_ops, kernel_status,
                                quantized_matmul, quantized_matmul_ops, quantized_matmuls,
-                               rms_norm, rope)
+                               rms_norm, rope, swiglu, swiglu_ops)
 from mlx_agent.kernels.decode_block import (Lora, Rope, attention_inputs, attention_inputs_ops,
                                             layer_tail, layer_tail_ops)
 from mlx_agent.kernels.ext import extension
@@ -239,6 +239,22 @@ ISA_CHECK = textwrap.dedent("""
         worst = max(worst, float(mx.abs(got - ref).max() / mx.abs(ref).max()))
     print(worst)
 """)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(1, 512, 1536), (2, 1, 576), (3, 7), (17,)])
+def test_swiglu_kernel_matches_mlx_lm(shape):
+    """Every tail length, a transposed view (made contiguous first), and the exponential's
+    extremes: silu(g) is g for large g, -0 to tiny for very negative g, NaN stays NaN."""
+    g = 8 * mx.random.normal(shape)
+    u = mx.random.normal(shape)
+    assert rel_err(swiglu(g, u), swiglu_ops(g, u)) < 1e-6
+    assert rel_err(extension().swiglu(g.T, u.T), swiglu_ops(g.T, u.T)) < 1e-6
+    edge = mx.array([-1e4, -100.0, -87.0, -20.0, -1e-30, 0.0, 1e-30, 20.0, 88.0, 1e4, 3.0,
+                     -3.0, 0.5, -0.5, 7.0, -7.0, float("nan")])
+    got, ref = swiglu(edge, mx.ones_like(edge)), swiglu_ops(edge, mx.ones_like(edge))
+    assert mx.allclose(got, ref, rtol=1e-6, atol=1e-30, equal_nan=True).item()
+    assert swiglu(g.astype(mx.float16), u.astype(mx.float16)).dtype == mx.float16  # reference
 
 
 @needs_kernel

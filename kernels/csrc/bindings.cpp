@@ -6,6 +6,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "activation.h"
 #include "attention.h"
 #include "decode_block.h"
 #include "norm_rope.h"
@@ -33,6 +34,8 @@ NB_MODULE(_ext, m) {
   m.def("rope", &mlx_agent::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
         "offset"_a, nb::kw_only(), "stream"_a = nb::none(),
         "mx.fast.rope as one CPU primitive (float32, integer offset).");
+  m.def("swiglu", &mlx_agent::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "silu(gate) * up as one CPU primitive (float32), split over the kernels' threads.");
   m.def("decode_attention", &mlx_agent::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         "starts"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "softmax(scale q k^T) v for one query position (float32 q, float32 or float16 k "

@@ -7,6 +7,7 @@
 
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "activation.h"
 #include "norm_rope.h"
 #include "qmatmul.h"
 #include "qmatmul_rows.h"
@@ -31,20 +32,6 @@ void rms_norm_rows(const float* x, const float* w, float eps, int M, int E, floa
 // rope_row for each of `rows` vectors of D features.
 void rope_rows(float* x, int rows, int D, bool traditional, const RopeTable& t) {
   for (int r = 0; r < rows; ++r) rope_row(x + static_cast<size_t>(r) * D, traditional, t);
-}
-
-// out = silu(g) * u = g * sigmoid(g) * u, sixteen at a time: sigmoid from exp(-|g|), so the
-// exponential never overflows.
-MLX_AGENT_CLONES void swiglu(const float* g, const float* u, float* out, size_t n) {
-  using namespace simd16;
-  size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const F16x gv = load(g + i);
-    const F16x e = exp_nonpositive(gv < 0.0f ? gv : -gv);
-    const F16x sig = gv < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
-    store(out + i, gv * sig * load(u + i));
-  }
-  for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 // A LoRA adapter on one projection: y += scale * (n @ A) @ B.
@@ -268,7 +255,7 @@ void LayerTail::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     gate_up[0].y = gate.data();
     gate_up[1].y = up.data();
     run_matmuls(normed.data(), gate_up);
-    swiglu(gate.data(), up.data(), act.data(), MI);
+    swiglu_span(gate.data(), up.data(), act.data(), MI);
     float* y = out.data<float>();
     down[0].y = y;
     run_matmuls(act.data(), down);

@@ -1,11 +1,11 @@
 // The quantized matmul on AVX-512 VNNI: integer dot products for W's codes.
 //
 // x is quantized per group of 32, once per call (quantize_x): code = round(x / s) with
-// s = max|x| / 16256, split as code = 128 * hi + lo (hi in [-127, 127], lo in [-64, 63]),
+// s = max|x| / 32512, split as code = 256 * hi + lo (hi in [-127, 127], lo in [-128, 127]),
 // so each of hi and lo is a signed byte that VPDPBUSD multiplies by W's unsigned codes, four
-// products a lane. A group's dot product is then (128 * sum(q * hi) + sum(q * lo)) * s, exact
+// products a lane. A group's dot product is then (256 * sum(q * hi) + sum(q * lo)) * s, exact
 // in int32; W's scale and bias are applied per group in float32, the bias through x's float
-// sum. x keeps 15 bits a group (an element's error is at most 1/32512 of the group's largest),
+// sum. x keeps 16 bits a group (an element's error is at most 1/65024 of the group's largest),
 // so results agree with the float32 reference to about 1e-4 relative, not to float32
 // rounding as the other kernels do. A group whose largest element is below 1e-30 adds only
 // its sum's part; an infinite x gives NaN where the reference gives an infinity (NaN
@@ -33,7 +33,8 @@ namespace mlx_agent {
 namespace {
 
 constexpr int kGroup = 32, kBlock = 16;
-constexpr float kCodeMax = 127.0f * 128.0f;  // |code| of x, so that hi fits a signed byte
+constexpr float kCodeMax = 127.0f * 256.0f;  // |code| of x, so that hi fits a signed byte
+// (|sum(q * hi)| is at most 32 * 255 * 127 a group, so 256 times it still fits int32)
 
 inline int32_t word(const int8_t* p) {
   int32_t v;
@@ -74,7 +75,7 @@ VNNI_TARGET void block_rows(const QProblem& p, int nb, int m0, int mb) {
         sum_lo = _mm512_dpbusd_epi32(sum_lo, w[j], _mm512_set1_epi32(word(lo + 4 * j)));
       }
       const __m512 dot =
-          _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(sum_hi, 7), sum_lo));
+          _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(sum_hi, 8), sum_lo));
       acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(scale, _mm512_set1_ps(p.x_scale[at])), acc[i]);
       acc[i] = _mm512_fmadd_ps(bias, _mm512_set1_ps(p.x_sum[at]), acc[i]);
     }
@@ -111,7 +112,7 @@ VNNI_TARGET void quantize_x(const float* x, int M, int K, QuantizedX& out) {
   out.lo.resize(n);
   out.scale.resize(ng);
   out.sum.resize(ng);
-  const __m512i half = _mm512_set1_epi32(64);
+  const __m512i half = _mm512_set1_epi32(128);
   for (size_t at = 0; at < ng; ++at) {
     const float* xg = x + at * kGroup;
     const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
@@ -123,8 +124,8 @@ VNNI_TARGET void quantize_x(const float* x, int M, int K, QuantizedX& out) {
     const __m512 inv = _mm512_set1_ps(tiny ? 0.0f : kCodeMax / amax);
     for (int h = 0; h < 2; ++h) {
       const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(h ? b : a, inv));  // nearest
-      const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(code, half), 7);
-      const __m512i lo = _mm512_sub_epi32(code, _mm512_slli_epi32(hi, 7));
+      const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(code, half), 8);
+      const __m512i lo = _mm512_sub_epi32(code, _mm512_slli_epi32(hi, 8));
       _mm_storeu_si128((__m128i*)(out.hi.data() + at * kGroup + 16 * h), _mm512_cvtepi32_epi8(hi));
       _mm_storeu_si128((__m128i*)(out.lo.data() + at * kGroup + 16 * h), _mm512_cvtepi32_epi8(lo));
     }

@@ -40,11 +40,11 @@ import sys
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
-from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from ..errors import UserFacingError
-from ..kernels import attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm, rope
+from ..kernels import (attention, kernel_status, quantized_matmul, quantized_matmuls, rms_norm,
+                       rope, swiglu)
 from ..kernels.decode_block import Lora, Rope, attention_inputs, layer_tail
 from ..kernels.qmatmul import BITS, GROUP_SIZE, KERNEL_MAX_ROWS, QWeights, pack, reads_packed
 
@@ -214,7 +214,8 @@ class KernelLlamaAttention(llama.Attention):
 
 
 class KernelLlamaMLP(llama.MLP):
-    """mlx-lm's llama MLP whose gate and up projections run as one kernel node."""
+    """mlx-lm's llama MLP whose gate and up projections run as one kernel node, and its
+    SwiGLU as another (mlx-lm's compiled one is a scalar loop on one thread on the CPU)."""
 
     def __call__(self, x: mx.array) -> mx.array:
         gate, up = project(x, self.gate_proj, self.up_proj)
