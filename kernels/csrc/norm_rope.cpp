@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mlx/backend/common/utils.h"
+#include "pool.h"
 #include "primitive.h"
 
 namespace mlx_agent {
@@ -79,8 +80,11 @@ void RMSNormCPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     const size_t D = x.shape(-1), rows = D ? x.size() / D : 0;
     const float* src = x.data<float>();
     float* dst = out.data<float>();
-    for (size_t r = 0; r < rows; ++r)
-      rms_norm_row(src + row_start(x, r), w.data<float>(), eps, D, dst + r * D);
+    constexpr size_t kRowsPerTask = 64;  // a prefill chunk's rows split over the pool
+    pool().run(static_cast<int>((rows + kRowsPerTask - 1) / kRowsPerTask), [&](int t) {
+      for (size_t r = t * kRowsPerTask; r < std::min(rows, (t + 1) * kRowsPerTask); ++r)
+        rms_norm_row(src + row_start(x, r), w.data<float>(), eps, D, dst + r * D);
+    });
   });
 }
 

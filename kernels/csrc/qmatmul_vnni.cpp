@@ -17,9 +17,11 @@
 // float16 biases. One VPDPBUSD with four bytes of x broadcast then adds four products to each
 // of 16 outputs, and a block's 16 outputs stay in one register across all of K.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "pool.h"
 #include "qmatmul_rows.h"
 
 #if defined(__x86_64__)
@@ -105,15 +107,12 @@ void rows_bits(const QProblem& p, int n0, int n1) {
 
 }  // namespace
 
-VNNI_TARGET void quantize_x(const float* x, int M, int K, QuantizedX& out) {
-  const int groups = K / kGroup;
-  const size_t n = static_cast<size_t>(M) * K, ng = static_cast<size_t>(M) * groups;
-  out.hi.resize(n);
-  out.lo.resize(n);
-  out.scale.resize(ng);
-  out.sum.resize(ng);
+namespace {
+
+// Groups [g0, g1) of x quantized into out (sized by quantize_x).
+VNNI_TARGET void quantize_groups(const float* x, QuantizedX& out, size_t g0, size_t g1) {
   const __m512i half = _mm512_set1_epi32(128);
-  for (size_t at = 0; at < ng; ++at) {
+  for (size_t at = g0; at < g1; ++at) {
     const float* xg = x + at * kGroup;
     const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
@@ -130,6 +129,24 @@ VNNI_TARGET void quantize_x(const float* x, int M, int K, QuantizedX& out) {
       _mm_storeu_si128((__m128i*)(out.lo.data() + at * kGroup + 16 * h), _mm512_cvtepi32_epi8(lo));
     }
   }
+}
+
+constexpr size_t kGroupsPerTask = 1024;  // a prefill chunk's x splits over the pool
+
+}  // namespace
+
+void quantize_x(const float* x, int M, int K, QuantizedX& out) {
+  const int groups = K / kGroup;
+  const size_t n = static_cast<size_t>(M) * K, ng = static_cast<size_t>(M) * groups;
+  out.hi.resize(n);
+  out.lo.resize(n);
+  out.scale.resize(ng);
+  out.sum.resize(ng);
+  const int tasks = static_cast<int>((ng + kGroupsPerTask - 1) / kGroupsPerTask);
+  pool().run(tasks, [&](int t) {
+    const size_t g0 = static_cast<size_t>(t) * kGroupsPerTask;
+    quantize_groups(x, out, g0, std::min(ng, g0 + kGroupsPerTask));
+  });
 }
 
 void rows_vnni(const QProblem& p, int n0, int n1) {
