@@ -17,11 +17,11 @@ For up to :data:`KERNEL_MAX_ROWS` rows of ``x`` (decode, small batches) the matm
 reads, where given, a copy of ``W`` that :func:`pack` made, in blocks of rows (one stream from
 memory instead of three arrays):
 
-- with AVX-512 VNNI, blocks of 16 rows, multiplied as integers: ``x`` is rounded to 15 bits
+- with AVX-512 VNNI, blocks of 16 rows, multiplied as integers: ``x`` is rounded to 16 bits
   per group of 32 (a high and a low signed byte per element) once per call, and each group's
   dot product with ``W``'s codes is exact in int32 before its scale and bias apply in
   float32. About twice the float kernel's speed at every row count here
-  (``scripts/bench_matmul_rows.py``); results agree with the reference to about 1e-4
+  (``scripts/bench_matmul_rows.py``); results agree with the reference to about 5e-5
   relative, not to float32 rounding;
 - otherwise (AVX-512, AVX2) blocks of four rows, dequantized in registers with the
   reference's arithmetic and activations kept in float32. For a decode step's row of ``x``

@@ -37,7 +37,7 @@ needs_kernel = pytest.mark.skipif(not KERNEL.available, reason=f"CPU kernel: {KE
 TOL = 1e-3
 # Two kernel paths that compute the same thing agree to float32 rounding (under AVX2 a fused
 # decode step measured 2e-5 from the same layers a node at a time), except with the VNNI
-# kernel: it rounds x to 15 bits a group, and a last-bit difference in x (a norm fused or
+# kernel: it rounds x to 16 bits a group, and a last-bit difference in x (a norm fused or
 # not) can move a code by one.
 SAME = {"avx512vnni": 3e-4, "avx2": 5e-5}.get(KERNEL.isa, 1e-5)
 
