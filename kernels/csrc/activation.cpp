@@ -49,7 +49,7 @@ void SwiGLU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& g = inputs[0];
   const auto& u = inputs[1];
   check(g.flags().row_contiguous && u.flags().row_contiguous, "inputs must be contiguous");
-  begin_eval(stream(), inputs, out).dispatch([g, u, out]() mutable {
+  begin_eval(stream(), inputs, out).dispatch([g = mx::array::unsafe_weak_copy(g), u = mx::array::unsafe_weak_copy(u), out = mx::array::unsafe_weak_copy(out)]() mutable {
     const size_t n = out.size();
     const int tasks = static_cast<int>((n + kPerTask - 1) / kPerTask);
     const float* gp = g.data<float>();

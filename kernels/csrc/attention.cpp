@@ -242,10 +242,16 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   const auto& q = inputs[0];
   const auto& k = inputs[1];
   const auto& v = inputs[2];
-  const bool has_starts = inputs.size() > 3;
-  const mx::array starts = has_starts ? inputs[3] : mx::array(0);
+  using mx::array;
+  std::optional<array> starts;
+  if (inputs.size() > 3) starts = array::unsafe_weak_copy(inputs[3]);
   for (const auto& a : inputs) check(a.strides().back() == 1, "head dimensions must be contiguous");
-  begin_eval(stream(), inputs, out).dispatch([q, k, v, starts, has_starts, out, scale = scale_]() mutable {
+  // Weak copies, as MLX's own kernels take (and primitive.h's note says why)
+  begin_eval(stream(), inputs, out).dispatch([q = array::unsafe_weak_copy(q),
+                                              k = array::unsafe_weak_copy(k),
+                                              v = array::unsafe_weak_copy(v), starts,
+                                              out = array::unsafe_weak_copy(out),
+                                              scale = scale_]() mutable {
     const int B = q.shape(0), Hq = q.shape(1), Hkv = k.shape(1), G = Hq / Hkv;
     const int T = k.shape(2), D = q.shape(3), Dv = v.shape(3);
     const bool half = k.dtype() == mx::float16;
@@ -259,7 +265,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const int per_part = (T + parts - 1) / parts;
     const int64_t part_stride = 2 + static_cast<int64_t>(Dv);  // per query head: max, sum, out
     std::vector<float> partial(static_cast<size_t>(heads) * parts * G * part_stride);
-    const int32_t* first = has_starts ? starts.data<int32_t>() : nullptr;  // [B] or none
+    const int32_t* first = starts ? starts->data<int32_t>() : nullptr;  // [B] or none
     const char* kb = static_cast<const char*>(k.data<void>());
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();

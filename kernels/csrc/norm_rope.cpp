@@ -76,7 +76,7 @@ void RMSNormCPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   check(inputs[1].flags().row_contiguous, "the weight must be contiguous");
   const auto& x = inputs[0];
   const auto& w = inputs[1];
-  setup(stream(), inputs, out).dispatch([x, w, out, eps = eps_]() mutable {
+  setup(stream(), inputs, out).dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w), out = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
     const size_t D = x.shape(-1), rows = D ? x.size() / D : 0;
     const float* src = x.data<float>();
     float* dst = out.data<float>();
@@ -107,7 +107,7 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 void RoPECPU::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[0];
   setup(stream(), inputs, out).dispatch(
-      [x, out, dims = dims_, trad = traditional_, base = base_, scale = scale_,
+      [x = mx::array::unsafe_weak_copy(x), out = mx::array::unsafe_weak_copy(out), dims = dims_, trad = traditional_, base = base_, scale = scale_,
        offset = offset_]() mutable {
         const size_t D = x.shape(-1), L = x.shape(-2), rows = x.size() / D;
         std::vector<RopeTable> tables;  // one per position of the L

@@ -41,13 +41,18 @@ Pool::~Pool() {
   for (auto& t : workers_) t.join();
 }
 
-void Pool::drain(uint32_t job) {
+// Runs tasks of `job` (whose count and function the caller read with its number, under
+// mutex_) until none are left. Reading tasks_ and fn_ here instead would race with the next
+// job's run(): a worker that found this job's tasks exhausted could read the next job's
+// larger count before the job number changed, claim a task index past this job's end, and
+// call a function that no longer exists (or count a task the next job never gave it).
+void Pool::drain(uint32_t job, int tasks, const std::function<void(int)>* fn) {
   for (;;) {
     uint64_t s = state_.load(std::memory_order_acquire);
     int t = static_cast<int>(s & 0xffffffffu);
-    if (job_of(s) != job || t >= tasks_) return;
+    if (job_of(s) != job || t >= tasks) return;
     if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) continue;
-    (*fn_)(t);
+    (*fn)(t);
     done_.fetch_add(1, std::memory_order_release);
   }
 }
@@ -68,7 +73,7 @@ void Pool::run(int tasks, const std::function<void(int)>& fn) {
     state_.store(uint64_t{job} << 32, std::memory_order_release);
   }
   if (sleeping_.load() > 0) wake_.notify_all();
-  drain(job);
+  drain(job, tasks, &fn);
   // A worker still holding a task may have lost its core (the machine may be shared):
   // yield now and then instead of spinning against it.
   for (int i = 1; done_.load(std::memory_order_acquire) < tasks; ++i) {
@@ -94,9 +99,11 @@ void Pool::work() {
     }
     std::unique_lock<std::mutex> lock(mutex_);
     if (stop_) return;
-    seen = job_of(state_.load());
+    seen = job_of(state_.load());  // with its count and function: run() sets all three
+    const int tasks = tasks_;      // under mutex_
+    const std::function<void(int)>* fn = fn_;
     lock.unlock();
-    drain(seen);
+    drain(seen, tasks, fn);
   }
 }
 

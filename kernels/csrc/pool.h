@@ -24,7 +24,7 @@ class Pool {
 
  private:
   void work();
-  void drain(uint32_t job);
+  void drain(uint32_t job, int tasks, const std::function<void(int)>* fn);
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one job at a time, whichever stream asks

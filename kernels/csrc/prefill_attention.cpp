@@ -175,7 +175,8 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
   const auto& k = inputs[1];
   const auto& v = inputs[2];
   for (const auto& a : inputs) check(a.strides().back() == 1, "head dimensions must be contiguous");
-  begin_eval(stream(), inputs, out).dispatch([q, k, v, out, scale = scale_]() mutable {
+  begin_eval(stream(), inputs, out).dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k), v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
+                                               scale = scale_]() mutable {
     const int B = q.shape(0), Hq = q.shape(1), Hkv = k.shape(1), G = Hq / Hkv;
     const int L = q.shape(2), T = k.shape(2), D = q.shape(3), Dv = v.shape(3);
     const int blocks = (L + kRowsPerTask - 1) / kRowsPerTask;

@@ -1,6 +1,13 @@
 // What every kernel primitive's eval_cpu does before its work: allocate the output and hand
 // the inputs and the output to the stream's command encoder (which keeps them alive until
 // the dispatched work has run). Returns the encoder to dispatch on.
+//
+// The work dispatched captures its arrays as array::unsafe_weak_copy, as MLX's own CPU
+// kernels do, never as plain copies: a plain copy is a reference to the array's graph node,
+// dropped on the stream's thread when the work has run, and when it is the last one the node
+// (with its inputs) is destroyed there while the evaluating thread may still be detaching or
+// reading the same nodes (a BFCL run segfaulted once in fourteen processes with plain copies,
+// never in fifteen since; the README's kernels section).
 #pragma once
 
 #include <vector>
