@@ -6,8 +6,7 @@
 // kernels do, never as plain copies: a plain copy is a reference to the array's graph node,
 // dropped on the stream's thread when the work has run, and when it is the last one the node
 // (with its inputs) is destroyed there while the evaluating thread may still be detaching or
-// reading the same nodes (a BFCL run segfaulted once in fourteen processes with plain copies,
-// never in fifteen since; the README's kernels section).
+// reading the same nodes.
 #pragma once
 
 #include <vector>
