@@ -15,34 +15,20 @@ speed-up.
 from __future__ import annotations
 
 import argparse
-import time
 
-import mlx_agent  # noqa: F401  (the fast BLAS before mlx)
-import mlx.core as mx
+from kernel_timing import best_ms, require_extension  # scripts/; first: the fast BLAS before mlx
 
-from mlx_agent.kernels import kernel_status
-from mlx_agent.kernels.ext import extension
+import mlx.core as mx  # noqa: E402
+from mlx_agent.kernels import kernel_status  # noqa: E402
 
 LAYERS = 30
-
-
-def best_ms(fn, repeats: int) -> float:
-    mx.eval(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(fn())
-        times.append(time.perf_counter() - start)
-    return min(times) * 1000
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    ext = extension()
-    if ext is None:
-        raise SystemExit(f"the CPU kernels do not run here: {kernel_status().reason}")
+    ext = require_extension()
     print(f"kernel: {kernel_status().describe()}; {LAYERS} layers a step")
     print(f"{'batch':>5} {'keys':>5} {'kernel ms':>10} {'GB/s':>6} {'mx.fast ms':>11} "
           f"{'GB/s':>6} {'speed-up':>9}")

@@ -12,32 +12,18 @@ and GFLOP/s (4 * 64 flops per query-key pair seen) and the speed-up.
 from __future__ import annotations
 
 import argparse
-import time
 
-import mlx_agent  # noqa: F401  (the fast BLAS before mlx)
-import mlx.core as mx
+from kernel_timing import best_ms, require_extension  # scripts/; first: the fast BLAS before mlx
 
-from mlx_agent.kernels import kernel_status
-from mlx_agent.kernels.ext import extension
-
-
-def best_ms(fn, repeats: int) -> float:
-    mx.eval(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(fn())
-        times.append(time.perf_counter() - start)
-    return min(times) * 1000
+import mlx.core as mx  # noqa: E402
+from mlx_agent.kernels import kernel_status  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    ext = extension()
-    if ext is None:
-        raise SystemExit(f"the CPU kernels do not run here: {kernel_status().reason}")
+    ext = require_extension()
     print(f"kernel: {kernel_status().describe()}")
     print(f"{'queries':>7} {'keys':>5} {'kernel ms':>10} {'GFLOP/s':>8} {'mx.fast ms':>11} "
           f"{'GFLOP/s':>8} {'speed-up':>9}")
