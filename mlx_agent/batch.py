@@ -138,8 +138,9 @@ class BatchDecoder:
         rows = list(self.rows)
         if not rows:
             return []
+        argmax_only = _argmax_only(rows)
         y, self._argmax = self._argmax, None
-        if y is not None and not _argmax_only(rows):  # a row's rules changed since
+        if not argmax_only:  # no queued argmax, or a row's rules changed since it was queued
             y = None
         if y is None:
             y = self._sample(mx.stack([r.logits for r in rows]), rows)
@@ -147,7 +148,7 @@ class BatchDecoder:
             # was queued in, and the forward's graph would make reading y wait for it.
             mx.async_eval(y)
         logits = self.model(y[:, None], cache=self.cache)[:, -1, :]
-        if _argmax_only(rows):
+        if argmax_only:
             # the next tokens need nothing from the rows' callers: queued with the forward
             # (an argmax draws nothing, so a row that stops has lost nothing), as mlx-lm's
             # BatchGenerator queues its sampling
