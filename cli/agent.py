@@ -91,13 +91,17 @@ def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout
 
 
 def repl(turn) -> None:
-    """Read user turns until end of input or ``:quit``."""
+    """Read user turns until end of input or ``:quit``. Ctrl-C at the prompt drops the line
+    and asks again, as Python's REPL and Ollama do: it stops a reply, never the session."""
     while True:
         try:
             text = input("you> ")
         except EOFError:
             click.echo()
             return
+        except KeyboardInterrupt:
+            click.echo("\n(:quit or Ctrl-D to leave)", err=True)
+            continue
         if text.strip() in (":quit", ":q"):
             return
         if text.strip():

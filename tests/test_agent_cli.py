@@ -103,9 +103,9 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def interrupted_session(prompt: str, max_tokens: int, wait: float):
-    """Start a REPL, send ``prompt``, press Ctrl-C after ``wait`` s, then quit: the
-    process's exit code, stdout and stderr."""
+def interrupted_session(prompt: str | None, max_tokens: int, wait: float):
+    """Start a REPL, send ``prompt`` (none: leave it at the prompt), press Ctrl-C after
+    ``wait`` s, then quit: the process's exit code, stdout and stderr."""
     import signal
     import time
 
@@ -117,8 +117,9 @@ def interrupted_session(prompt: str, max_tokens: int, wait: float):
     # the banner comes once the model is loaded (after a warning, where there is no sandbox)
     banner = next(line for line in iter(proc.stderr.readline, "") if "protocol" in line)
     assert "json protocol" in banner
-    proc.stdin.write(prompt + "\n")
-    proc.stdin.flush()
+    if prompt is not None:
+        proc.stdin.write(prompt + "\n")
+        proc.stdin.flush()
     time.sleep(wait)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
@@ -128,12 +129,21 @@ def interrupted_session(prompt: str, max_tokens: int, wait: float):
     return proc.returncode, out, err
 
 
+# Lengths no CPU gets through before the Ctrl-C: 2,000 tokens of reply (the raw model is still
+# writing at its cap), a 5,000-token prompt (seconds of prefill even at 1,500 tok/s).
 @pytest.mark.parametrize("prompt, max_tokens, wait", [
-    ("Tell me a very long story about the sea.", 400, 2.5),  # Ctrl-C while it replies
-    ("sea " * 1500, 8, 1.0),  # Ctrl-C during seconds of prefill, before any reply
+    ("Tell me a very long story about the sea.", 2000, 2.5),  # Ctrl-C while it replies
+    ("sea " * 5000, 8, 1.0),  # Ctrl-C during prefill, before any reply
 ], ids=["reply", "prefill"])
 def test_ctrl_c_stops_the_turn_not_the_session(prompt, max_tokens, wait):
     code, out, err = interrupted_session(prompt, max_tokens, wait)
     assert code == 0, err
     assert "(interrupted)" in err and "Traceback" not in err
     assert out.count("you> ") == 2  # the session asked for the next message
+
+
+def test_ctrl_c_at_the_prompt_asks_again():
+    code, out, err = interrupted_session(None, 8, 0.5)
+    assert code == 0, err
+    assert ":quit or Ctrl-D" in err and "Traceback" not in err
+    assert out.count("you> ") == 2
