@@ -64,12 +64,12 @@ MLX_AGENT_INLINE F8x sum8(const F16x* a) {
 }
 
 // s[j] = scale * q . k_j for the 16 key rows at k (row stride k_row floats; rows past the
-// tile's end hold zeros). Narrow: one key at a time, for registers of fewer than 16 lanes
-// (eight accumulators of 16 floats would spill).
-template <bool kWide>
+// tile's end hold zeros), KEYS keys' accumulators at a time: eight in zmm, four in ymm
+// (eight would take all sixteen), one in xmm, summed by sum8 or alone.
+template <Regs R>
 MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, int D,
                                  float scale, float* s) {
-  if constexpr (!kWide) {
+  if constexpr (R == Regs::kXmm) {
     for (int j = 0; j < kLanes; ++j) {
       F16x acc{};
       for (int c = 0; c < D; c += kLanes) acc += load(q + c) * load(k + j * k_row + c);
@@ -77,12 +77,17 @@ MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, 
     }
     return;
   }
-  for (int h = 0; h < 2; ++h) {  // eight keys at a time: eight accumulators
+  constexpr int KEYS = R == Regs::kZmm ? 8 : 4;
+  for (int h = 0; h < 2; ++h) {  // eight keys' sums at a time, KEYS in registers
     const float* kh = k + 8 * h * k_row;
-    F16x acc[8] = {};
-    for (int c = 0; c < D; c += kLanes) {
-      const F16x qc = load(q + c);
-      for (int j = 0; j < 8; ++j) acc[j] += qc * load(kh + j * k_row + c);
+    F16x acc[8];
+    for (int j0 = 0; j0 < 8; j0 += KEYS) {
+      F16x part[KEYS] = {};
+      for (int c = 0; c < D; c += kLanes) {
+        const F16x qc = load(q + c);
+        for (int j = 0; j < KEYS; ++j) part[j] += qc * load(kh + (j0 + j) * k_row + c);
+      }
+      for (int j = 0; j < KEYS; ++j) acc[j0 + j] = part[j];
     }
     const F8x r = sum8(acc) * scale;
     std::memcpy(s + 8 * h, &r, sizeof r);
@@ -109,22 +114,24 @@ MLX_AGENT_INLINE void weigh_tile(const float* v, int64_t v_row, int n, const flo
     for (int c = 0; c < NC; ++c) store(out + (g0 + g) * Dv + i0 + c * kLanes, o[g][c]);
 }
 
-template <int NQ>
+// NC: 64 features (4 vectors) a tile in zmm, where four heads' sums take 16 of 32
+// registers; 32 in ymm (two heads, 8 of 16).
+template <int NQ, int NC>
 MLX_AGENT_INLINE void weigh_heads(const float* v, int64_t v_row, int n, const float* w,
                                   int64_t w_head, float* out, int Dv, int g0) {
   int i0 = 0;
-  for (; i0 + 4 * kLanes <= Dv; i0 += 4 * kLanes)
-    weigh_tile<NQ, 4>(v, v_row, n, w, w_head, out, Dv, g0, i0);
+  for (; i0 + NC * kLanes <= Dv; i0 += NC * kLanes)
+    weigh_tile<NQ, NC>(v, v_row, n, w, w_head, out, Dv, g0, i0);
   for (; i0 < Dv; i0 += kLanes) weigh_tile<NQ, 1>(v, v_row, n, w, w_head, out, Dv, g0, i0);
 }
 
 // Scores sixteen keys at a time (eight accumulators, summed by sum8), a vectorised exp, then
-// the values sixteen rows at a time with up to four heads' sums of 64 features in registers.
-// float16 rows are widened once per tile of 16 (widen: VCVTPH2PS where the CPU has it),
-// float32 rows read in place. kWide false (CPUs without AVX2, whose 16 xmm registers hold
-// four of these vectors): scores a key at a time and values a head and 16 features at a
-// time, so nothing spills.
-template <typename T, bool kWide>
+// the values sixteen rows at a time with up to four heads' sums of 64 features in registers
+// (zmm; two heads and 32 features in ymm). float16 rows are widened once per tile of 16
+// (widen: VCVTPH2PS where the CPU has it), float32 rows read in place. In xmm (CPUs without
+// AVX2, whose 16 registers hold four of these vectors): scores a key at a time and values a
+// head and 16 features at a time, so nothing spills.
+template <typename T, Regs R>
 MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& buf) {
   constexpr bool kHalf = sizeof(T) == 2;
   const int n = a.t1 - a.t0, G = a.G, np = (n + kLanes - 1) / kLanes * kLanes;
@@ -150,7 +157,7 @@ MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& b
   for (int j0 = 0; j0 < n; j0 += kLanes) {
     const auto [kt, stride] = rows(k, a.k_row, a.D, j0);
     for (int g = 0; g < G; ++g)
-      score_tile<kWide>(a.q + g * a.q_head, kt, stride, a.D, a.scale,
+      score_tile<R>(a.q + g * a.q_head, kt, stride, a.D, a.scale,
                         s + static_cast<size_t>(g) * np + j0);
   }
   for (int g = 0; g < G; ++g) {
@@ -173,18 +180,23 @@ MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& b
     const auto [vt, stride] = rows(v, a.v_row, a.Dv, j0);
     const int m = std::min(kLanes, n - j0);
     const float* w = s + j0;
-    if constexpr (!kWide) {
+    if constexpr (R == Regs::kXmm) {
       for (int g = 0; g < G; ++g)
         for (int i0 = 0; i0 < a.Dv; i0 += kLanes)
           weigh_tile<1, 1>(vt, stride, m, w, np, a.out, a.Dv, g, i0);
-      continue;
-    }
-    for (int g0 = 0; g0 < G; g0 += 4) {
-      switch (std::min(4, G - g0)) {
-        case 4: weigh_heads<4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
-        case 3: weigh_heads<3>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
-        case 2: weigh_heads<2>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
-        default: weigh_heads<1>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+    } else if constexpr (R == Regs::kYmm) {
+      for (int g0 = 0; g0 < G; g0 += 2) {
+        if (G - g0 >= 2) weigh_heads<2, 2>(vt, stride, m, w, np, a.out, a.Dv, g0);
+        else weigh_heads<1, 2>(vt, stride, m, w, np, a.out, a.Dv, g0);
+      }
+    } else {
+      for (int g0 = 0; g0 < G; g0 += 4) {
+        switch (std::min(4, G - g0)) {
+          case 4: weigh_heads<4, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          case 3: weigh_heads<3, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          case 2: weigh_heads<2, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          default: weigh_heads<1, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+        }
       }
     }
   }
@@ -270,7 +282,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();
     const WidenFn widen = widen_half();
-    const bool wide = wide_vectors();
+    const Regs regs = registers();
     auto slot = [&](int head, int part) {
       return partial.data() + (static_cast<size_t>(head) * parts + part) * G * part_stride;
     };
@@ -290,10 +302,16 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              vb + (b * v.strides(0) + kvh * v.strides(1)) * el,
              q.strides(1), k.strides(2), v.strides(2), t0, t1, G, D, Dv, scale,
              p, p + G, p + 2 * G};
-      if (half) {
-        wide ? attend<uint16_t, true>(a, widen, buf) : attend<uint16_t, false>(a, widen, buf);
-      } else {
-        wide ? attend<float, true>(a, widen, buf) : attend<float, false>(a, widen, buf);
+      switch (regs) {
+        case Regs::kZmm:
+          return half ? attend<uint16_t, Regs::kZmm>(a, widen, buf)
+                      : attend<float, Regs::kZmm>(a, widen, buf);
+        case Regs::kYmm:
+          return half ? attend<uint16_t, Regs::kYmm>(a, widen, buf)
+                      : attend<float, Regs::kYmm>(a, widen, buf);
+        default:
+          return half ? attend<uint16_t, Regs::kXmm>(a, widen, buf)
+                      : attend<float, Regs::kXmm>(a, widen, buf);
       }
     };
     const int tasks = heads * parts;

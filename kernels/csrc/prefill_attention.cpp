@@ -16,6 +16,7 @@
 #include "pool.h"
 #include "primitive.h"
 #include "simd16.h"
+#include "widen.h"
 
 namespace mlx_agent {
 
@@ -105,7 +106,12 @@ MLX_AGENT_INLINE void weigh_values(const Rows& a, const float* S, int np, int n,
     for (int c = 0; c < NC; ++c) store(acc + static_cast<size_t>(v0 + q) * a.Dv + i0 + c * kLanes, o[q][c]);
 }
 
+// REGS: the registers (simd16.h) the values' tiles are sized for: four query vectors and 64
+// features in zmm (16 of 32 registers), two and 32 in ymm, one and 16 in xmm.
+template <Regs REGS>
 MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
+  constexpr int NQ = REGS == Regs::kZmm ? 4 : REGS == Regs::kYmm ? 2 : 1;
+  constexpr int NC = NQ;  // 16-float vectors of features
   const int R = a.i1 - a.i0, Q = a.G * R;
   const int n = a.first + a.i1;  // keys the last row sees
   const int np = (n + kLanes - 1) / kLanes * kLanes;
@@ -132,14 +138,14 @@ MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
     for (int j = 0; j < np; j += kLanes) sum16 += load(s + j);
     total[v] = sum(sum16);
   }
-  // values: four query vectors and 64 features at a time in registers, over every key
-  for (int v0 = 0; v0 < Q; v0 += 4)
-    for (int i0 = 0; i0 < a.Dv; i0 += 64) {
-      if (Q - v0 >= 4 && a.Dv - i0 >= 64) {
-        weigh_values<4, 4>(a, S, np, n, v0, i0, acc);
+  // values: NQ query vectors and NC vectors of features at a time in registers, over every key
+  for (int v0 = 0; v0 < Q; v0 += NQ)
+    for (int i0 = 0; i0 < a.Dv; i0 += NC * kLanes) {
+      if (Q - v0 >= NQ && a.Dv - i0 >= NC * kLanes) {
+        weigh_values<NQ, NC>(a, S, np, n, v0, i0, acc);
       } else {
-        for (int v = v0; v < std::min(Q, v0 + 4); ++v)
-          for (int i = i0; i < std::min(a.Dv, i0 + 64); i += kLanes)
+        for (int v = v0; v < std::min(Q, v0 + NQ); ++v)
+          for (int i = i0; i < std::min(a.Dv, i0 + NC * kLanes); i += kLanes)
             weigh_values<1, 1>(a, S, np, n, v, i, acc);
       }
     }
@@ -211,6 +217,7 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
           widen_row(reinterpret_cast<const float*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
       }
     });
+    const Regs regs = registers();
     auto run = [&](int task) {
       thread_local std::vector<float> buf;
       const int head = task / blocks, block = task % blocks, b = head / Hkv, kvh = head % Hkv;
@@ -220,7 +227,11 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
              q.strides(1), q.strides(2), static_cast<int64_t>(L) * Dv,
              block * kRowsPerTask, std::min(L, (block + 1) * kRowsPerTask), G, D, Dv,
              T - L, scale};
-      attend_rows(a, buf);
+      switch (regs) {
+        case Regs::kZmm: return attend_rows<Regs::kZmm>(a, buf);
+        case Regs::kYmm: return attend_rows<Regs::kYmm>(a, buf);
+        default: return attend_rows<Regs::kXmm>(a, buf);
+      }
     };
     pool().run(B * Hkv * blocks, run);
   });

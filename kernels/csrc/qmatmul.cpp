@@ -62,20 +62,20 @@ const float* contiguous_rows(const mx::array& x, std::vector<float>& buf) {
 }
 
 void run_matmuls(const float* x, std::vector<QProblem>& problems) {
-  // x for 4-bit and for 8-bit matrices, each staged once, and quantized once for the VNNI
+  // x for 4-bit and for 8-bit matrices, each staged once, and quantized once for an integer
   // kernel; kept per thread, since a decoded token makes a hundred calls (a call's buffers
   // are used only during the call)
   thread_local std::vector<float> staged[2];
   thread_local QuantizedX quantized;
   const float* ready[2] = {nullptr, nullptr};
   bool quantized_ready = false;
-  const bool vnni = rows_kernel().packed_rows == 16;
+  const QuantizeFn quantize = rows_kernel().quantize;
   Pool& workers = pool();
   std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
   for (auto& p : problems) {
 #if defined(__x86_64__)
-    if (vnni && p.packed) {  // reads x quantized, not x
-      if (!quantized_ready) quantize_x(x, p.M, p.K, quantized);
+    if (quantize && p.packed) {  // reads x quantized, not x
+      if (!quantized_ready) quantize(x, p.M, p.K, quantized);
       quantized_ready = true;
       p.x_hi = quantized.hi.data();
       p.x_lo = quantized.lo.data();

@@ -60,7 +60,7 @@ bool add_packed(std::vector<mx::array>& inputs, const std::vector<mx::array>& pa
 // `buf`. Inside an eval_cpu's dispatched work (x evaluated).
 const float* contiguous_rows(const mx::array& x, std::vector<float>& buf);
 
-// "avx512vnni", "avx512", "avx2" or "scalar": the code path chosen for this CPU at load time.
+// "avx512vnni", "avx512", "avx2int", "avx2" or "scalar": the code path chosen for this CPU at load time.
 std::string isa();
 
 // Rows per block of the packed W the chosen kernel reads: 16 (VNNI), 4, or 0 (none).

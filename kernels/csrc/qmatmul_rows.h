@@ -18,19 +18,19 @@ struct QProblem {
   // Optional: the same W packed by blocks of rows (kernels/qmatmul.py's pack). Four rows
   // (AVX-512, AVX2): for each block and group, the four rows' codes (4 x 16 or 4 x 32
   // bytes), then their four float16 scales and four float16 biases, so that a pass over
-  // four rows reads one stream. Sixteen rows (VNNI): see qmatmul_vnni.cpp.
+  // four rows reads one stream. Sixteen rows (the integer kernels): see qmatmul_vnni.cpp.
   // Null when W is not packed (N not a multiple of the block, or float32 scales); the kernels that
   // do not read it use the arrays above.
   const uint8_t* packed = nullptr;
-  // The AVX-512 VNNI kernel's x (quantize_x), when it reads a packed W: per row and group of
-  // 32, the codes' high and low signed bytes ([M, K] each), the scale and x's float sum.
+  // The integer kernels' x (RowsKernel::quantize), when they read a packed W: per row and
+  // group of 32, the codes' high and low signed bytes ([M, K] each), the scale and x's float sum.
   const int8_t* x_hi = nullptr;
   const int8_t* x_lo = nullptr;
   const float* x_scale = nullptr;
   const float* x_sum = nullptr;
 };
 
-// x quantized for the VNNI kernel (see qmatmul_vnni.cpp).
+// x quantized for the integer kernels (see qmatmul_vnni.cpp).
 struct QuantizedX {
   std::vector<int8_t> hi, lo;
   std::vector<float> scale, sum;
@@ -39,17 +39,19 @@ struct QuantizedX {
 // Bytes of one packed group of four rows.
 constexpr int packed_group_bytes(int bits) { return 4 * 32 * bits / 8 + 16; }
 
-// Bytes of one group of a 16-row block of the VNNI kernel's packed W: the codes, then 16
+// Bytes of one group of a 16-row block of the integer kernels' packed W: the codes, then 16
 // float16 scales and 16 float16 biases. A W takes as many bytes packed either way.
 constexpr int vnni_group_bytes(int bits) { return 16 * 32 * bits / 8 + 64; }
 
 using RowsFn = void (*)(const QProblem&, int n0, int n1);
+using QuantizeFn = void (*)(const float* x, int M, int K, QuantizedX& out);
 
 struct RowsKernel {
   const char* isa;
   RowsFn fn;       // y[:, n0:n1] = x @ W[n0:n1]^T
   RowsFn dequant;  // y[n0:n1] = W[n0:n1] as float32 ([N, K]; x and M unused)
-  int packed_rows;  // rows per block of the packed W it reads: 4, 16 (VNNI), 0 (none)
+  int packed_rows;  // rows per block of the packed W it reads: 4, 16 (integer), 0 (none)
+  QuantizeFn quantize = nullptr;  // the integer kernels' x, for a packed W (else x itself)
 };
 
 // y_i = x @ W_i^T for each problem (x: M rows of K, contiguous, float32; each problem's x is
@@ -57,8 +59,9 @@ struct RowsKernel {
 // the kernels' pool as one job. Runs on the calling thread and the pool; no graph node.
 void run_matmuls(const float* x, std::vector<QProblem>& problems);
 
-// The fastest kernel this CPU runs: "avx512vnni", "avx512", "avx2" or "scalar".
-// MLX_AGENT_KERNEL_ISA=avx512|avx2|scalar asks for a slower one (tests compare them all).
+// The fastest kernel this CPU runs: "avx512vnni", "avx512", "avx2int", "avx2" or "scalar"
+// (the integer kernels first, each before its float one). MLX_AGENT_KERNEL_ISA names a slower
+// one (tests compare them all).
 RowsKernel select_rows_kernel();
 
 void rows_scalar(const QProblem& p, int n0, int n1);
@@ -70,6 +73,9 @@ void dequant_avx512(const QProblem& p, int n0, int n1);
 // n0 and n1 multiples of 16 where W is packed; x_* filled in by quantize_x.
 void rows_vnni(const QProblem& p, int n0, int n1);
 void quantize_x(const float* x, int M, int K, QuantizedX& out);
+// The same on AVX2 (qmatmul_avx2int.cpp).
+void rows_avx2int(const QProblem& p, int n0, int n1);
+void quantize_x_avx2(const float* x, int M, int K, QuantizedX& out);
 #endif
 
 }  // namespace mlx_agent

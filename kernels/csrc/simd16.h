@@ -1,13 +1,18 @@
 // Sixteen-float vectors for the attention kernels, as GCC/Clang vector extensions: each
 // target clone (MLX_AGENT_CLONES) lowers them to its own registers (one zmm, two ymm or four
-// xmm), so one source serves every instruction set.
+// xmm), so one source serves every instruction set. The AVX2 clone is x86-64-v3 (AVX2 with
+// FMA and F16C): GCC's plain "avx2" clone has no FMA, and multiplies and adds separately.
+// How many of these vectors a loop may keep in registers differs by a factor of eight
+// between the clones, so kernels take a Regs template argument (registers()) and size their
+// tiles by it; a clone cannot tell which it is.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__linux__)
-#define MLX_AGENT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define MLX_AGENT_CLONES \
+  __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #else
 #define MLX_AGENT_CLONES
 #endif
@@ -16,6 +21,9 @@
 #define MLX_AGENT_INLINE inline __attribute__((always_inline))
 
 namespace mlx_agent::simd16 {
+
+// Registers for 16-float vectors: 32 zmm hold 32 (AVX-512), 16 ymm hold 8 (AVX2), 16 xmm 4.
+enum class Regs { kXmm, kYmm, kZmm };
 
 typedef float F16x __attribute__((vector_size(64)));
 typedef int32_t I16x __attribute__((vector_size(64)));

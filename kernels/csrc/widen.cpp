@@ -38,7 +38,7 @@ WidenFn choose() {
 #if defined(__x86_64__)
   const char* isa = select_rows_kernel().isa;
   if (std::strncmp(isa, "avx512", 6) == 0) return widen_avx512;
-  if (std::strcmp(isa, "avx2") == 0) return widen_f16c;  // the AVX2 kernels require F16C
+  if (std::strncmp(isa, "avx2", 4) == 0) return widen_f16c;  // the AVX2 kernels require F16C
 #endif
   return widen_portable;
 }
@@ -50,9 +50,14 @@ WidenFn widen_half() {
   return chosen;
 }
 
-bool wide_vectors() {
-  static const bool wide = std::strcmp(select_rows_kernel().isa, "scalar") != 0;
-  return wide;
+simd16::Regs registers() {
+  static const simd16::Regs regs = [] {
+    const char* isa = select_rows_kernel().isa;
+    if (std::strncmp(isa, "avx512", 6) == 0) return simd16::Regs::kZmm;
+    if (std::strncmp(isa, "avx2", 4) == 0) return simd16::Regs::kYmm;
+    return simd16::Regs::kXmm;
+  }();
+  return regs;
 }
 
 }  // namespace mlx_agent

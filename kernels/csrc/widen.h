@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "simd16.h"
+
 namespace mlx_agent {
 
 // dst[r * n + i] = src[r * stride + i] for r < rows, i < n (n a multiple of 16).
@@ -14,9 +16,8 @@ using WidenFn = void (*)(const uint16_t* src, int64_t stride, int rows, int n, f
 // set (so MLX_AGENT_KERNEL_ISA=avx2|scalar picks the slower ones, as the tests do).
 WidenFn widen_half();
 
-// Whether the attention kernels may keep eight or more 16-float vectors in registers: the
-// CPU has AVX2 or AVX-512 (16 or 32 registers of 8 or 16 floats). Follows the same choice:
-// MLX_AGENT_KERNEL_ISA=scalar gives false.
-bool wide_vectors();
+// The registers the attention kernels size their tiles for (simd16.h): zmm with AVX-512,
+// ymm with AVX2, else xmm. Follows the same choice: MLX_AGENT_KERNEL_ISA=scalar gives xmm.
+simd16::Regs registers();
 
 }  // namespace mlx_agent
