@@ -8,6 +8,7 @@
 #include "pool.h"
 #include "primitive.h"
 #include "simd16.h"
+#include "widen.h"
 
 namespace mlx_agent {
 
@@ -19,14 +20,21 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("[mlx_agent.swiglu] " + what);
 }
 
+template <simd16::Regs R>
 MLX_AGENT_CLONES void swiglu_clones(const float* g, const float* u, float* out, size_t n) {
   using namespace simd16;
+  using Vt = V<R>;
+  using F = typename Vt::F;
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    const F16x gv = load(g + i);
-    const F16x e = exp_nonpositive(gv < 0.0f ? gv : -gv);
-    const F16x sig = gv < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e);
-    store(out + i, gv * sig * load(u + i));
+    Vt gv = load<Vt>(g + i);
+    const Vt uv = load<Vt>(u + i);
+    for (int k = 0; k < Vt::P; ++k) {  // sigmoid(x) from exp(-|x|), which cannot overflow
+      const F x = gv.p[k];
+      const F e = exp_native<F, typename Vt::N::I>(x < 0.0f ? x : -x);
+      gv.p[k] = x * (x < 0.0f ? e / (1.0f + e) : 1.0f / (1.0f + e)) * uv.p[k];
+    }
+    store(out + i, gv);
   }
   for (; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
@@ -34,7 +42,7 @@ MLX_AGENT_CLONES void swiglu_clones(const float* g, const float* u, float* out, 
 }  // namespace
 
 void swiglu_span(const float* g, const float* u, float* out, size_t n) {
-  swiglu_clones(g, u, out, n);
+  with_regs([&]<simd16::Regs R>() { swiglu_clones<R>(g, u, out, n); });
 }
 
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {

@@ -42,15 +42,12 @@ struct Task {
   float* out;  // [G, Dv]
 };
 
-typedef float F8x __attribute__((vector_size(32)));
-
 // The sums of eight vectors' lanes, r[j] = sum(a[j]), by halving and pairing: about 37
 // shuffles and adds where eight separate sums take about 70.
-MLX_AGENT_INLINE F8x sum8(const F16x* a) {
+template <int W>
+MLX_AGENT_INLINE F8x sum8(const Vec<W>* a) {
   F8x b[8];
-  for (int j = 0; j < 8; ++j)
-    b[j] = __builtin_shufflevector(a[j], a[j], 0, 1, 2, 3, 4, 5, 6, 7) +
-           __builtin_shufflevector(a[j], a[j], 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int j = 0; j < 8; ++j) b[j] = fold8(a[j]);
   F8x t[4];  // t[p]: four partial sums of b[2p], then four of b[2p + 1]
   for (int p = 0; p < 4; ++p)
     t[p] = __builtin_shufflevector(b[2 * p], b[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
@@ -69,10 +66,11 @@ MLX_AGENT_INLINE F8x sum8(const F16x* a) {
 template <Regs R>
 MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, int D,
                                  float scale, float* s) {
+  using Vt = V<R>;
   if constexpr (R == Regs::kXmm) {
     for (int j = 0; j < kLanes; ++j) {
-      F16x acc{};
-      for (int c = 0; c < D; c += kLanes) acc += load(q + c) * load(k + j * k_row + c);
+      Vt acc{};
+      for (int c = 0; c < D; c += kLanes) acc += load<Vt>(q + c) * load<Vt>(k + j * k_row + c);
       s[j] = sum(acc) * scale;
     }
     return;
@@ -80,12 +78,12 @@ MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, 
   constexpr int KEYS = R == Regs::kZmm ? 8 : 4;
   for (int h = 0; h < 2; ++h) {  // eight keys' sums at a time, KEYS in registers
     const float* kh = k + 8 * h * k_row;
-    F16x acc[8];
+    Vt acc[8];
     for (int j0 = 0; j0 < 8; j0 += KEYS) {
-      F16x part[KEYS] = {};
+      Vt part[KEYS] = {};
       for (int c = 0; c < D; c += kLanes) {
-        const F16x qc = load(q + c);
-        for (int j = 0; j < KEYS; ++j) part[j] += qc * load(kh + (j0 + j) * k_row + c);
+        const Vt qc = load<Vt>(q + c);
+        for (int j = 0; j < KEYS; ++j) part[j] += qc * load<Vt>(kh + (j0 + j) * k_row + c);
       }
       for (int j = 0; j < KEYS; ++j) acc[j0 + j] = part[j];
     }
@@ -96,15 +94,15 @@ MLX_AGENT_INLINE void score_tile(const float* q, const float* k, int64_t k_row, 
 
 // out[g0 .. g0 + NQ)[i0 .. i0 + 16 NC) += the weights w[g][0 .. n) times the n value rows at
 // v (row stride v_row floats), with the sums in registers across the rows.
-template <int NQ, int NC>
+template <typename Vt, int NQ, int NC>
 MLX_AGENT_INLINE void weigh_tile(const float* v, int64_t v_row, int n, const float* w,
                                  int64_t w_head, float* out, int Dv, int g0, int i0) {
-  F16x o[NQ][NC];
+  Vt o[NQ][NC];
   for (int g = 0; g < NQ; ++g)
-    for (int c = 0; c < NC; ++c) o[g][c] = load(out + (g0 + g) * Dv + i0 + c * kLanes);
+    for (int c = 0; c < NC; ++c) o[g][c] = load<Vt>(out + (g0 + g) * Dv + i0 + c * kLanes);
   for (int j = 0; j < n; ++j) {
-    F16x vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load(v + j * v_row + i0 + c * kLanes);
+    Vt vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = load<Vt>(v + j * v_row + i0 + c * kLanes);
     for (int g = 0; g < NQ; ++g) {
       const float wg = w[(g0 + g) * w_head + j];
       for (int c = 0; c < NC; ++c) o[g][c] += vv[c] * wg;
@@ -116,13 +114,13 @@ MLX_AGENT_INLINE void weigh_tile(const float* v, int64_t v_row, int n, const flo
 
 // NC: 64 features (4 vectors) a tile in zmm, where four heads' sums take 16 of 32
 // registers; 32 in ymm (two heads, 8 of 16).
-template <int NQ, int NC>
+template <typename Vt, int NQ, int NC>
 MLX_AGENT_INLINE void weigh_heads(const float* v, int64_t v_row, int n, const float* w,
                                   int64_t w_head, float* out, int Dv, int g0) {
   int i0 = 0;
   for (; i0 + NC * kLanes <= Dv; i0 += NC * kLanes)
-    weigh_tile<NQ, NC>(v, v_row, n, w, w_head, out, Dv, g0, i0);
-  for (; i0 < Dv; i0 += kLanes) weigh_tile<NQ, 1>(v, v_row, n, w, w_head, out, Dv, g0, i0);
+    weigh_tile<Vt, NQ, NC>(v, v_row, n, w, w_head, out, Dv, g0, i0);
+  for (; i0 < Dv; i0 += kLanes) weigh_tile<Vt, NQ, 1>(v, v_row, n, w, w_head, out, Dv, g0, i0);
 }
 
 // Scores sixteen keys at a time (eight accumulators, summed by sum8), a vectorised exp, then
@@ -133,6 +131,7 @@ MLX_AGENT_INLINE void weigh_heads(const float* v, int64_t v_row, int n, const fl
 // head and 16 features at a time, so nothing spills.
 template <typename T, Regs R>
 MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& buf) {
+  using Vt = V<R>;
   constexpr bool kHalf = sizeof(T) == 2;
   const int n = a.t1 - a.t0, G = a.G, np = (n + kLanes - 1) / kLanes * kLanes;
   const int width = std::max(a.D, a.Dv);
@@ -165,9 +164,9 @@ MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& b
     float top = -INFINITY;
     for (int j = 0; j < n; ++j) top = std::max(top, sg[j]);
     for (int j = n; j < np; ++j) sg[j] = -INFINITY;
-    F16x total{};
+    Vt total{};
     for (int j = 0; j < np; j += kLanes) {
-      const F16x e = exp_nonpositive(load(sg + j) - top);
+      const Vt e = exp_nonpositive(load<Vt>(sg + j) - top);
       total += e;
       store(sg + j, e);
     }
@@ -183,19 +182,19 @@ MLX_AGENT_CLONES void attend(const Task& a, WidenFn widen, std::vector<float>& b
     if constexpr (R == Regs::kXmm) {
       for (int g = 0; g < G; ++g)
         for (int i0 = 0; i0 < a.Dv; i0 += kLanes)
-          weigh_tile<1, 1>(vt, stride, m, w, np, a.out, a.Dv, g, i0);
+          weigh_tile<Vt, 1, 1>(vt, stride, m, w, np, a.out, a.Dv, g, i0);
     } else if constexpr (R == Regs::kYmm) {
       for (int g0 = 0; g0 < G; g0 += 2) {
-        if (G - g0 >= 2) weigh_heads<2, 2>(vt, stride, m, w, np, a.out, a.Dv, g0);
-        else weigh_heads<1, 2>(vt, stride, m, w, np, a.out, a.Dv, g0);
+        if (G - g0 >= 2) weigh_heads<Vt, 2, 2>(vt, stride, m, w, np, a.out, a.Dv, g0);
+        else weigh_heads<Vt, 1, 2>(vt, stride, m, w, np, a.out, a.Dv, g0);
       }
     } else {
       for (int g0 = 0; g0 < G; g0 += 4) {
         switch (std::min(4, G - g0)) {
-          case 4: weigh_heads<4, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
-          case 3: weigh_heads<3, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
-          case 2: weigh_heads<2, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
-          default: weigh_heads<1, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          case 4: weigh_heads<Vt, 4, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          case 3: weigh_heads<Vt, 3, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          case 2: weigh_heads<Vt, 2, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
+          default: weigh_heads<Vt, 1, 4>(vt, stride, m, w, np, a.out, a.Dv, g0); break;
         }
       }
     }
@@ -282,7 +281,6 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
     const char* vb = static_cast<const char*>(v.data<void>());
     const size_t el = k.itemsize();
     const WidenFn widen = widen_half();
-    const Regs regs = registers();
     auto slot = [&](int head, int part) {
       return partial.data() + (static_cast<size_t>(head) * parts + part) * G * part_stride;
     };
@@ -302,17 +300,9 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
              vb + (b * v.strides(0) + kvh * v.strides(1)) * el,
              q.strides(1), k.strides(2), v.strides(2), t0, t1, G, D, Dv, scale,
              p, p + G, p + 2 * G};
-      switch (regs) {
-        case Regs::kZmm:
-          return half ? attend<uint16_t, Regs::kZmm>(a, widen, buf)
-                      : attend<float, Regs::kZmm>(a, widen, buf);
-        case Regs::kYmm:
-          return half ? attend<uint16_t, Regs::kYmm>(a, widen, buf)
-                      : attend<float, Regs::kYmm>(a, widen, buf);
-        default:
-          return half ? attend<uint16_t, Regs::kXmm>(a, widen, buf)
-                      : attend<float, Regs::kXmm>(a, widen, buf);
-      }
+      with_regs([&]<Regs R>() {
+        half ? attend<uint16_t, R>(a, widen, buf) : attend<float, R>(a, widen, buf);
+      });
     };
     const int tasks = heads * parts;
     if (static_cast<int64_t>(T) * D * B * Hq < (1 << 16)) {

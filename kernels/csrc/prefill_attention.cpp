@@ -43,33 +43,35 @@ struct Rows {
 
 // Keys [t0, t0 + 16) of one kv head transposed, zero past n: kt[d * 16 + j] holds feature d
 // of key t0 + j. Done once per head and chunk, before the query rows' tasks read them.
-template <typename T>
+template <Regs R, typename T>
 MLX_AGENT_CLONES void transpose_tile(const T* k, int64_t k_row, int D, int t0, int n,
                                      float* kt) {
-  F16x tile[kLanes];  // keys t0 .. t0 + 15 as rows, converted, zero past n
+  using Vt = V<R>;
+  Vt tile[kLanes];  // keys t0 .. t0 + 15 as rows, converted, zero past n
   for (int i = 0; i < D; i += kLanes) {
     for (int j = 0; j < kLanes; ++j)
-      tile[j] = t0 + j < n ? load(k + static_cast<int64_t>(t0 + j) * k_row + i) : F16x{};
+      tile[j] = t0 + j < n ? load<Vt>(k + static_cast<int64_t>(t0 + j) * k_row + i) : Vt{};
     for (int d = 0; d < kLanes; ++d)
       for (int j = 0; j < kLanes; ++j) kt[(i + d) * kLanes + j] = tile[j][d];
   }
 }
 
 // A row of n values (a multiple of 16) as float32.
-template <typename T>
+template <Regs R, typename T>
 MLX_AGENT_CLONES void widen_row(const T* src, int n, float* dst) {
-  for (int i = 0; i < n; i += kLanes) store(dst + i, load(src + i));
+  for (int i = 0; i < n; i += kLanes) store(dst + i, load<V<R>>(src + i));
 }
 
 // Scores of the Q = G * rows query vectors against keys [t0, t0 + 16) (transposed in kt),
 // as S[v][t0 ...].
+template <typename Vt>
 MLX_AGENT_INLINE void score_tile(const Rows& a, int t0, const float* kt,
                                  const float* const* qs, int Q, float* S, int np) {
   int v = 0;
   for (; v + 4 <= Q; v += 4) {
-    F16x acc0{}, acc1{}, acc2{}, acc3{};
+    Vt acc0{}, acc1{}, acc2{}, acc3{};
     for (int d = 0; d < a.D; ++d) {
-      const F16x kd = load(kt + d * kLanes);
+      const Vt kd = load<Vt>(kt + d * kLanes);
       acc0 += kd * qs[v][d];
       acc1 += kd * qs[v + 1][d];
       acc2 += kd * qs[v + 2][d];
@@ -81,22 +83,22 @@ MLX_AGENT_INLINE void score_tile(const Rows& a, int t0, const float* kt,
     store(S + static_cast<size_t>(v + 3) * np + t0, acc3 * a.scale);
   }
   for (; v < Q; ++v) {
-    F16x acc{};
-    for (int d = 0; d < a.D; ++d) acc += load(kt + d * kLanes) * qs[v][d];
+    Vt acc{};
+    for (int d = 0; d < a.D; ++d) acc += load<Vt>(kt + d * kLanes) * qs[v][d];
     store(S + static_cast<size_t>(v) * np + t0, acc * a.scale);
   }
 }
 
 // acc[v0 .. v0 + NQ)[i0 .. i0 + 16 NC) = the weights S of those query vectors times the
 // values (float32, the head's, a.vf) of keys [0, n).
-template <int NQ, int NC>
+template <typename Vt, int NQ, int NC>
 MLX_AGENT_INLINE void weigh_values(const Rows& a, const float* S, int np, int n, int v0, int i0,
                                    float* acc) {
-  F16x o[NQ][NC] = {};
+  Vt o[NQ][NC] = {};
   for (int j = 0; j < n; ++j) {
     const float* vr = a.vf + static_cast<size_t>(j) * a.Dv + i0;
-    F16x vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load(vr + c * kLanes);
+    Vt vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = load<Vt>(vr + c * kLanes);
     for (int q = 0; q < NQ; ++q) {
       const float w = S[static_cast<size_t>(v0 + q) * np + j];
       for (int c = 0; c < NC; ++c) o[q][c] += vv[c] * w;
@@ -112,6 +114,7 @@ template <Regs REGS>
 MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
   constexpr int NQ = REGS == Regs::kZmm ? 4 : REGS == Regs::kYmm ? 2 : 1;
   constexpr int NC = NQ;  // 16-float vectors of features
+  using Vt = V<REGS>;
   const int R = a.i1 - a.i0, Q = a.G * R;
   const int n = a.first + a.i1;  // keys the last row sees
   const int np = (n + kLanes - 1) / kLanes * kLanes;
@@ -122,31 +125,31 @@ MLX_AGENT_CLONES void attend_rows(const Rows& a, std::vector<float>& buf) {
   for (int v = 0; v < Q; ++v)
     qs[v] = a.q + (v / R) * a.q_head + static_cast<int64_t>(a.i0 + v % R) * a.q_row;
   for (int t0 = 0; t0 < n; t0 += kLanes)
-    score_tile(a, t0, a.kt + static_cast<size_t>(t0) * a.D, qs.data(), Q, S, np);
+    score_tile<Vt>(a, t0, a.kt + static_cast<size_t>(t0) * a.D, qs.data(), Q, S, np);
   std::vector<float> total(Q);
   for (int v = 0; v < Q; ++v) {
     float* s = S + static_cast<size_t>(v) * np;
     const int seen = a.first + a.i0 + v % R + 1;
     float top = -INFINITY;
     for (int j = 0; j < seen; ++j) top = std::max(top, s[j]);
-    F16x sum16{};
+    Vt sum16{};
     for (int j = 0; j < np; j += kLanes) {
-      const F16x e = exp_nonpositive(load(s + j) - top);
+      const Vt e = exp_nonpositive(load<Vt>(s + j) - top);
       store(s + j, e);
     }
     std::fill(s + seen, s + np, 0.0f);  // masked and padding: no weight
-    for (int j = 0; j < np; j += kLanes) sum16 += load(s + j);
+    for (int j = 0; j < np; j += kLanes) sum16 += load<Vt>(s + j);
     total[v] = sum(sum16);
   }
   // values: NQ query vectors and NC vectors of features at a time in registers, over every key
   for (int v0 = 0; v0 < Q; v0 += NQ)
     for (int i0 = 0; i0 < a.Dv; i0 += NC * kLanes) {
       if (Q - v0 >= NQ && a.Dv - i0 >= NC * kLanes) {
-        weigh_values<NQ, NC>(a, S, np, n, v0, i0, acc);
+        weigh_values<Vt, NQ, NC>(a, S, np, n, v0, i0, acc);
       } else {
         for (int v = v0; v < std::min(Q, v0 + NQ); ++v)
           for (int i = i0; i < std::min(a.Dv, i0 + NC * kLanes); i += kLanes)
-            weigh_values<1, 1>(a, S, np, n, v, i, acc);
+            weigh_values<Vt, 1, 1>(a, S, np, n, v, i, acc);
       }
     }
   for (int v = 0; v < Q; ++v) {
@@ -207,17 +210,18 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
       float* dst = kt + head * head_floats + static_cast<size_t>(tile) * kLanes * D;
       float* vdst = vf + head * value_floats;
       const int t1 = std::min(T, (tile + 1) * kLanes);
-      if (half) {
-        transpose_tile(reinterpret_cast<const uint16_t*>(kh), k.strides(2), D, tile * kLanes, T, dst);
-        for (int t = tile * kLanes; t < t1; ++t)
-          widen_row(reinterpret_cast<const uint16_t*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
-      } else {
-        transpose_tile(reinterpret_cast<const float*>(kh), k.strides(2), D, tile * kLanes, T, dst);
-        for (int t = tile * kLanes; t < t1; ++t)
-          widen_row(reinterpret_cast<const float*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
-      }
+      with_regs([&]<Regs R>() {
+        if (half) {
+          transpose_tile<R>(reinterpret_cast<const uint16_t*>(kh), k.strides(2), D, tile * kLanes, T, dst);
+          for (int t = tile * kLanes; t < t1; ++t)
+            widen_row<R>(reinterpret_cast<const uint16_t*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
+        } else {
+          transpose_tile<R>(reinterpret_cast<const float*>(kh), k.strides(2), D, tile * kLanes, T, dst);
+          for (int t = tile * kLanes; t < t1; ++t)
+            widen_row<R>(reinterpret_cast<const float*>(vh) + t * v.strides(2), Dv, vdst + static_cast<size_t>(t) * Dv);
+        }
+      });
     });
-    const Regs regs = registers();
     auto run = [&](int task) {
       thread_local std::vector<float> buf;
       const int head = task / blocks, block = task % blocks, b = head / Hkv, kvh = head % Hkv;
@@ -227,11 +231,7 @@ void PrefillAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array&
              q.strides(1), q.strides(2), static_cast<int64_t>(L) * Dv,
              block * kRowsPerTask, std::min(L, (block + 1) * kRowsPerTask), G, D, Dv,
              T - L, scale};
-      switch (regs) {
-        case Regs::kZmm: return attend_rows<Regs::kZmm>(a, buf);
-        case Regs::kYmm: return attend_rows<Regs::kYmm>(a, buf);
-        default: return attend_rows<Regs::kXmm>(a, buf);
-      }
+      with_regs([&]<Regs R>() { attend_rows<R>(a, buf); });
     };
     pool().run(B * Hkv * blocks, run);
   });

@@ -15,7 +15,8 @@ namespace {
 
 void widen_portable(const uint16_t* src, int64_t stride, int rows, int n, float* dst) {
   for (int r = 0; r < rows; ++r, src += stride, dst += n)
-    for (int i = 0; i < n; i += simd16::kLanes) simd16::store(dst + i, simd16::load(src + i));
+    for (int i = 0; i < n; i += simd16::kLanes)
+      simd16::store(dst + i, simd16::load<simd16::Vec<4>>(src + i));
 }
 
 #if defined(__x86_64__)

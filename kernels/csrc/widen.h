@@ -20,4 +20,15 @@ WidenFn widen_half();
 // ymm with AVX2, else xmm. Follows the same choice: MLX_AGENT_KERNEL_ISA=scalar gives xmm.
 simd16::Regs registers();
 
+// fn.template operator()<R>() for R = registers(): a kernel templated on its registers,
+// called as with_regs([&]<simd16::Regs R>() { kernel<R>(...); }).
+template <typename Fn>
+void with_regs(Fn&& fn) {
+  switch (registers()) {
+    case simd16::Regs::kZmm: return fn.template operator()<simd16::Regs::kZmm>();
+    case simd16::Regs::kYmm: return fn.template operator()<simd16::Regs::kYmm>();
+    default: return fn.template operator()<simd16::Regs::kXmm>();
+  }
+}
+
 }  // namespace mlx_agent
