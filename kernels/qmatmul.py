@@ -75,8 +75,9 @@ def dequantize(w: mx.array, scales: mx.array, biases: mx.array, bits: int,
 
 
 def packed_rows() -> int:
-    """Rows per block of the packed ``W`` this process's matmul kernel reads: 16 (AVX-512
-    VNNI), 4 (AVX-512, AVX2), or 0 where it reads none (no kernel, scalar code)."""
+    """Rows per block of the packed ``W`` this process's matmul kernel reads: 16 (the
+    integer kernels, AVX-512 VNNI and ``avx2int``), 4 (the float kernels, AVX-512 and AVX2),
+    or 0 where it reads none (no kernel, scalar code)."""
     ext = extension()
     return ext.packed_rows() if ext is not None else 0
 
@@ -88,8 +89,8 @@ def reads_packed() -> bool:
 
 
 def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array | None:
-    """``W`` packed for the matmul kernel (decode steps and small batches; with VNNI, prefill
-    chunks too), in blocks of :func:`packed_rows` rows: for each block and group of 32, the
+    """``W`` packed for the matmul kernel (decode steps and small batches; with an integer
+    kernel, prefill chunks too), in blocks of :func:`packed_rows` rows: for each block and group of 32, the
     block's codes, then its rows' float16 scales, then their float16 biases. None where the kernel does not read a
     packed ``W``: no packing kernel, N not a multiple of the block, or scales and biases not
     float16. Either layout takes as many bytes as ``W``'s three arrays.
@@ -97,10 +98,12 @@ def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array
     - 4 rows (AVX-512, AVX2): the rows' codes side by side as MLX packs them, so one pass over
       four rows reads one stream instead of three arrays' six, about 1.6x faster from memory
       here (``scripts/bench_qlayout.cpp``).
-    - 16 rows (AVX-512 VNNI): codes interleaved four at a time, so that 64 bytes hold codes
+    - 16 rows (the integer kernels, AVX-512 VNNI and AVX2's ``avx2int``): codes interleaved
+      four at a time, so that 64 bytes hold codes
       ``k .. k + 3`` of each of the 16 rows, one 32-bit lane per row (4-bit: the low nibbles
       hold ``8c .. 8c + 3`` and the high ones ``8c + 4 .. 8c + 7`` of chunk ``c``), as the
-      integer dot product reads them (``kernels/csrc/qmatmul_vnni.cpp``)."""
+      integer dot products read them (``kernels/csrc/qmatmul_vnni.cpp``,
+      ``qmatmul_avx2int.cpp``)."""
     rows, N = packed_rows(), w.shape[0]
     if (not rows or N % rows or bits not in BITS or scales.dtype != mx.float16
             or biases.dtype != mx.float16):
@@ -130,7 +133,7 @@ def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array
 
 def _kernel_rows(x: mx.array, packed: bool) -> bool:
     """Whether the matmul kernel, not dequantize + BLAS, multiplies ``x``'s rows: up to
-    :data:`KERNEL_MAX_ROWS` of them, or any number where the VNNI kernel reads a packed
+    :data:`KERNEL_MAX_ROWS` of them, or any number where an integer kernel reads a packed
     ``W`` (prefill measured 1.1-1.7x faster through it than through MKL here, chunks of 128
     and 512 rows, ``scripts/bench_prefill_step.py`` with and without
     ``MLX_AGENT_KERNEL_ISA=avx512``)."""
