@@ -134,9 +134,10 @@ def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array
 def _kernel_rows(x: mx.array, packed: bool) -> bool:
     """Whether the matmul kernel, not dequantize + BLAS, multiplies ``x``'s rows: up to
     :data:`KERNEL_MAX_ROWS` of them, or any number where an integer kernel reads a packed
-    ``W`` (prefill measured 1.1-1.7x faster through it than through MKL here, chunks of 128
-    and 512 rows, ``scripts/bench_prefill_step.py`` with and without
-    ``MLX_AGENT_KERNEL_ISA=avx512``)."""
+    ``W`` (with VNNI, prefill measured 1.1-1.7x faster through it than through MKL, chunks
+    of 128 and 512 rows, ``scripts/bench_prefill_step.py`` with and without
+    ``MLX_AGENT_KERNEL_ISA=avx512``; with ``avx2int`` on an AVX2 EPYC, 1.56x in chunks of 128
+    and within the runs' noise in chunks of 512, against ``MLX_AGENT_KERNEL_ISA=avx2``)."""
     return x.size // x.shape[-1] <= KERNEL_MAX_ROWS or (packed and packed_rows() == 16)
 
 
