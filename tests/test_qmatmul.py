@@ -237,6 +237,19 @@ ISA_CHECK = textwrap.dedent("""
             q, k.astype(mx.float32), v.astype(mx.float32), scale=0.2, mask=mask)
         got = extension().decode_attention(q, k, v, 0.2, starts)
         worst = max(worst, float(mx.abs(got - ref).max() / mx.abs(ref).max()))
+    # prefill attention and SwiGLU, each instantiated for this instruction set's registers:
+    # 37 query rows (a partial task), 50 keys (a partial tile), heads of 80 (a partial tile
+    # of values), float16 and float32
+    q = mx.random.normal((1, 6, 37, 80), key=mx.random.key(12))
+    for dtype in (mx.float16, mx.float32):
+        k, v = (3 * mx.random.normal((2, 1, 3, 50, 80), key=mx.random.key(13))).astype(dtype)
+        ref = mx.fast.scaled_dot_product_attention(
+            q, k.astype(mx.float32), v.astype(mx.float32), scale=0.2, mask="causal")
+        got = extension().prefill_attention(q, k, v, 0.2)
+        worst = max(worst, float(mx.abs(got - ref).max() / mx.abs(ref).max()))
+    g, u = 8 * mx.random.normal((2, 3, 77), key=mx.random.key(14))
+    ref = g * mx.sigmoid(g) * u
+    worst = max(worst, float(mx.abs(extension().swiglu(g, u) - ref).max() / mx.abs(ref).max()))
     print(worst)
 """)
 
