@@ -106,6 +106,50 @@ def test_several_matrices_in_one_node_match_the_reference(tmp_path):
         assert rel_err(y, quantized_matmul_ops(big, w, s, b, bits)) < TOL
 
 
+def pack_reference(w, scales, biases, bits, rows):
+    """kernels/qmatmul.py's pack layouts in numpy (the extension's pack is checked against
+    it): per block of ``rows`` rows and group of 32, the codes, the float16 scales, the
+    float16 biases. 4 rows: each row's group as MLX packs it, side by side. 16 rows: 64-byte
+    chunks holding four consecutive codes of each row (4-bit: low nibbles ``8c .. 8c + 3``,
+    high nibbles ``8c + 4 .. 8c + 7``)."""
+    N, groups = w.shape[0], scales.shape[1]
+
+    def blocks(a, per_row):  # [N / rows, groups, rows * per_row]
+        return (a.view(np.uint8).reshape(N // rows, rows, groups, per_row).transpose(0, 2, 1, 3)
+                .reshape(N // rows, groups, rows * per_row))
+
+    params = [blocks(np.array(scales), 2), blocks(np.array(biases), 2)]
+    if rows == 4:
+        return np.concatenate([blocks(np.array(w), 32 * bits // 8), *params], axis=2)
+    codes = np.array(w).view(np.uint8)
+    if bits == 4:  # MLX packs the low nibble first: codes 2i and 2i + 1 share byte i
+        codes = np.stack([codes & 0x0F, codes >> 4], axis=-1)
+    codes = codes.reshape(N // 16, 16, groups, 32)  # [block, row, group, k]
+    if bits == 4:  # [block, group, chunk, row, k in chunk]: nibbles 0-3 low, 4-7 high
+        c = codes.reshape(N // 16, 16, groups, 4, 2, 4).transpose(0, 2, 3, 1, 5, 4)
+        codes = c[..., 0] | (c[..., 1] << 4)
+    else:
+        codes = codes.reshape(N // 16, 16, groups, 8, 4).transpose(0, 2, 3, 1, 4)
+    codes = np.ascontiguousarray(codes).reshape(N // 16, groups, -1)
+    return np.concatenate([codes, *params], axis=2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [4, 16])
+def test_pack_is_the_documented_layout(bits, rows):
+    w, s, b = mx.quantize(mx.random.normal((48, 96), key=mx.random.key(bits)), group_size=32,
+                          bits=bits)
+    s, b = s.astype(mx.float16), b.astype(mx.float16)
+    got = np.array(extension().pack(w, s, b, bits, rows))
+    assert np.array_equal(got, pack_reference(w, s, b, bits, rows))
+    assert np.array_equal(np.array(extension().pack(w.T.T, s[:, ::1], b, bits, rows)), got)
+    with pytest.raises(ValueError, match="multiple of the block"):
+        extension().pack(w[:40], s[:40], b[:40], bits, 16)
+    with pytest.raises(ValueError, match="float16"):
+        extension().pack(w, s.astype(mx.float32), b, bits, rows)
+
+
 @needs_kernel
 def test_packed_weights_give_the_reference_results(tmp_path):
     """W packed by blocks of rows (what decode steps and small batches read: 16 rows for

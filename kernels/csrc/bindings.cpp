@@ -26,6 +26,9 @@ NB_MODULE(_ext, m) {
         "biases"_a, "bits"_a, "packed"_a = std::vector<mlx::core::array>{}, nb::kw_only(),
         "stream"_a = nb::none(),
         "[x @ W^T for each W] for float32 x, one graph node; W as quantized_matmul's.");
+  m.def("pack", &mlx_agent::pack_weights, "w"_a, "scales"_a, "biases"_a, "bits"_a, "rows"_a,
+        "W packed in blocks of `rows` rows (4 or 16) as the kernels read it (float16 scales "
+        "and biases): uint8 [N / rows, K / 32, bytes of a group], computed now.");
   m.def("dequantize", &mlx_agent::dequantize, "w"_a, "scales"_a, "biases"_a, "bits"_a,
         nb::kw_only(), "stream"_a = nb::none(),
         "W in MLX's affine layout (group size 32, 4 or 8 bits) as float32 [N, K]; CPU only.");

@@ -1,12 +1,15 @@
 #include "qmatmul.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include "mlx/backend/common/utils.h"
+#include "mlx/transforms.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "primitive.h"
@@ -121,6 +124,60 @@ int check_weights(const mx::array& w, const mx::array& scales, const mx::array& 
 mx::array as_param(const mx::array& a, mx::Stream stream) {
   bool keep = a.dtype() == mx::float16 || a.dtype() == mx::float32;
   return keep ? a : mx::astype(a, mx::float32, stream);
+}
+
+mx::array pack_weights(const mx::array& w_in, const mx::array& scales_in,
+                       const mx::array& biases_in, int bits, int rows) {
+  const int K = check_weights(w_in, scales_in, biases_in, bits);
+  check(rows == 4 || rows == 16, "rows must be 4 or 16");
+  check(scales_in.dtype() == mx::float16 && biases_in.dtype() == mx::float16,
+        "packing takes float16 scales and biases");
+  const int N = w_in.shape(0), G = K / kGroup;
+  check(N % rows == 0, "N must be a multiple of the block's rows");
+  const auto cpu = mx::Device::cpu;
+  auto w = mx::contiguous(w_in, false, cpu), s = mx::contiguous(scales_in, false, cpu),
+       b = mx::contiguous(biases_in, false, cpu);
+  mx::eval({w, s, b});
+  const uint8_t* codes = w.data<uint8_t>();  // MLX's packing: 4-bit code k in byte k / 2,
+  const uint16_t* sp = s.data<uint16_t>();   // the low nibble first
+  const uint16_t* bp = b.data<uint16_t>();
+  const size_t row_bytes = static_cast<size_t>(K) * bits / 8, per_row = kGroup * bits / 8;
+  const size_t code_bytes = rows * per_row, group_bytes = code_bytes + 4 * rows;
+  const size_t total = static_cast<size_t>(N / rows) * G * group_bytes;
+  auto* out = static_cast<uint8_t*>(std::malloc(std::max<size_t>(total, 1)));
+  check(out != nullptr, "out of memory packing W");
+  auto code = [&](size_t n, int k) -> uint8_t {
+    const uint8_t* row = codes + n * row_bytes;
+    return bits == 8 ? row[k] : (row[k / 2] >> (4 * (k & 1))) & 15;
+  };
+  pool().run(N / rows, [&](int blk) {
+    for (int g = 0; g < G; ++g) {
+      uint8_t* dst = out + (static_cast<size_t>(blk) * G + g) * group_bytes;
+      const size_t n0 = static_cast<size_t>(blk) * rows;
+      if (rows == 4) {  // each row's group as MLX packs it, side by side
+        for (int r = 0; r < 4; ++r)
+          std::memcpy(dst + r * per_row, codes + (n0 + r) * row_bytes + g * per_row, per_row);
+      } else if (bits == 4) {  // chunk c: codes 8c .. 8c + 3 low, 8c + 4 .. 8c + 7 high
+        for (int c = 0; c < 4; ++c)
+          for (int r = 0; r < 16; ++r)
+            for (int i = 0; i < 4; ++i) {
+              const int k = g * kGroup + 8 * c + i;
+              dst[(c * 16 + r) * 4 + i] = code(n0 + r, k) | code(n0 + r, k + 4) << 4;
+            }
+      } else {  // chunk c: codes 4c .. 4c + 3
+        for (int c = 0; c < 8; ++c)
+          for (int r = 0; r < 16; ++r)
+            for (int i = 0; i < 4; ++i) dst[(c * 16 + r) * 4 + i] = code(n0 + r, g * kGroup + 4 * c + i);
+      }
+      for (int r = 0; r < rows; ++r) {
+        const size_t at = (n0 + r) * G + g;
+        std::memcpy(dst + code_bytes + 2 * r, sp + at, 2);
+        std::memcpy(dst + code_bytes + 2 * (rows + r), bp + at, 2);
+      }
+    }
+  });
+  return mx::array(out, {N / rows, G, static_cast<int>(group_bytes)}, mx::uint8,
+                   [](void* p) { std::free(p); });
 }
 
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,

@@ -34,6 +34,13 @@ std::vector<mx::array> quantized_matmuls(const mx::array& x, const std::vector<m
                                          const std::vector<mx::array>& packed = {},
                                          mx::StreamOrDevice s = {});
 
+// W packed for the kernels in blocks of `rows` rows (4: the float kernels, 16: the integer
+// ones), as kernels/qmatmul.py's pack describes the layouts: uint8 [N / rows, K / 32, bytes of
+// a group]. Computed now (the inputs are evaluated), on the kernels' pool; float16 scales
+// and biases only.
+mx::array pack_weights(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                       int bits, int rows);
+
 // W as float32 [N, K] (the prefill path dequantizes a layer at a time for the BLAS matmul).
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases,
                      int bits, mx::StreamOrDevice s = {});
