@@ -52,6 +52,22 @@ const float* staged_x(const float* x, size_t M, size_t K, int bits, std::vector<
   return buf.data();
 }
 
+constexpr size_t kGroupsPerTask = 1024;  // a prefill chunk's x splits over the pool
+
+// x ([M, K]) rounded for an integer kernel into out, its groups split over the pool.
+void quantize_x(QuantizeFn quantize, const float* x, int M, int K, QuantizedX& out) {
+  const size_t n = static_cast<size_t>(M) * K, groups = n / kGroup;
+  out.hi.resize(n);
+  out.lo.resize(n);
+  out.scale.resize(groups);
+  out.sum.resize(groups);
+  const int tasks = static_cast<int>((groups + kGroupsPerTask - 1) / kGroupsPerTask);
+  pool().run(tasks, [&](int t) {
+    const size_t g0 = static_cast<size_t>(t) * kGroupsPerTask;
+    quantize(x, out, g0, std::min(groups, g0 + kGroupsPerTask));
+  });
+}
+
 }  // namespace
 
 // x's M rows of K as one contiguous buffer: x itself when it is row-contiguous, else a copy in
@@ -72,13 +88,13 @@ void run_matmuls(const float* x, std::vector<QProblem>& problems) {
   thread_local QuantizedX quantized;
   const float* ready[2] = {nullptr, nullptr};
   bool quantized_ready = false;
-  const QuantizeFn quantize = rows_kernel().quantize;
+  const RowsKernel& kernel = rows_kernel();
   Pool& workers = pool();
   std::vector<int> first{0}, rows;  // each matrix's first task and rows per task
   for (auto& p : problems) {
 #if defined(__x86_64__)
-    if (quantize && p.packed) {  // reads x quantized, not x
-      if (!quantized_ready) quantize(x, p.M, p.K, quantized);
+    if (kernel.quantize && p.packed) {  // reads x quantized, not x
+      if (!quantized_ready) quantize_x(kernel.quantize, x, p.M, p.K, quantized);
       quantized_ready = true;
       p.x_hi = quantized.hi.data();
       p.x_lo = quantized.lo.data();
@@ -94,11 +110,12 @@ void run_matmuls(const float* x, std::vector<QProblem>& problems) {
     rows.push_back(rows_per_task(p.N, p.M, workers.size()));
     first.push_back(first.back() + (p.N + rows.back() - 1) / rows.back());
   }
-  const RowsFn fn = rows_kernel().fn;
   workers.run(first.back(), [&](int t) {
     const int i = static_cast<int>(std::upper_bound(first.begin(), first.end(), t) - first.begin()) - 1;
     const int n0 = (t - first[i]) * rows[i];
-    fn(problems[i], n0, std::min(problems[i].N, n0 + rows[i]));
+    const QProblem& p = problems[i];
+    const RowsFn fn = kernel.quantize && !p.packed ? kernel.unpacked : kernel.fn;
+    fn(p, n0, std::min(p.N, n0 + rows[i]));
   });
 }
 

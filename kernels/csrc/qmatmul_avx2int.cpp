@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "pool.h"
 #include "qmatmul_rows.h"
 
 #if defined(__x86_64__)
@@ -126,8 +125,10 @@ AVX2_INT_TARGET inline __m256i narrow(const __m256i q[4]) {
   return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// Groups [g0, g1) of x quantized into out, as the VNNI kernel's quantize_x.
-AVX2_INT_TARGET void quantize_groups(const float* x, QuantizedX& out, size_t g0, size_t g1) {
+}  // namespace
+
+// As the VNNI kernel's quantize_x_vnni.
+AVX2_INT_TARGET void quantize_x_avx2(const float* x, QuantizedX& out, size_t g0, size_t g1) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i half = _mm256_set1_epi32(128);
   for (size_t at = g0; at < g1; ++at) {
@@ -159,30 +160,7 @@ AVX2_INT_TARGET void quantize_groups(const float* x, QuantizedX& out, size_t g0,
   }
 }
 
-constexpr size_t kGroupsPerTask = 1024;  // a prefill chunk's x splits over the pool
-
-}  // namespace
-
-void quantize_x_avx2(const float* x, int M, int K, QuantizedX& out) {
-  const size_t ng = static_cast<size_t>(M) * (K / kGroup);
-  out.hi.resize(ng * kGroup);
-  out.lo.resize(ng * kGroup);
-  out.scale.resize(ng);
-  out.sum.resize(ng);
-  const int tasks = static_cast<int>((ng + kGroupsPerTask - 1) / kGroupsPerTask);
-  pool().run(tasks, [&](int t) {
-    const size_t g0 = static_cast<size_t>(t) * kGroupsPerTask;
-    quantize_groups(x, out, g0, std::min(ng, g0 + kGroupsPerTask));
-  });
-}
-
 void rows_avx2int(const QProblem& p, int n0, int n1) {
-  if (!p.packed || !p.x_hi) {  // W not packed (N not a multiple of 16, float32 scales)
-    QProblem plain = p;
-    plain.packed = nullptr;
-    rows_avx2(plain, n0, n1);
-    return;
-  }
   p.bits == 4 ? rows_bits<4>(p, n0, n1) : rows_bits<8>(p, n0, n1);
 }
 

@@ -594,9 +594,9 @@ RowsKernel select_rows_kernel() {
   bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   if (avx512 && __builtin_cpu_supports("avx512vnni"))
-    usable.push_back({"avx512vnni", rows_vnni, dequant_avx512, 16, quantize_x});
+    usable.push_back({"avx512vnni", rows_vnni, dequant_avx512, 16, quantize_x_vnni, rows_avx512});
   if (avx512) usable.push_back({"avx512", rows_avx512, dequant_avx512, 4});
-  if (avx2) usable.push_back({"avx2int", rows_avx2int, dequant_scalar, 16, quantize_x_avx2});
+  if (avx2) usable.push_back({"avx2int", rows_avx2int, dequant_scalar, 16, quantize_x_avx2, rows_avx2});
   if (avx2) usable.push_back({"avx2", rows_avx2, dequant_scalar, 4});
 #endif
   usable.push_back({"scalar", rows_scalar, dequant_scalar, 0});

@@ -1,6 +1,7 @@
 // The inner loops of the quantized matmul, one per instruction set, chosen at run time.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -44,14 +45,19 @@ constexpr int packed_group_bytes(int bits) { return 4 * 32 * bits / 8 + 16; }
 constexpr int vnni_group_bytes(int bits) { return 16 * 32 * bits / 8 + 64; }
 
 using RowsFn = void (*)(const QProblem&, int n0, int n1);
-using QuantizeFn = void (*)(const float* x, int M, int K, QuantizedX& out);
+// x's groups of 32 [g0, g1) (counted over all its rows) rounded into out, which is sized for
+// all of x (run_matmuls sizes it and splits the groups over the pool).
+using QuantizeFn = void (*)(const float* x, QuantizedX& out, size_t g0, size_t g1);
 
 struct RowsKernel {
   const char* isa;
   RowsFn fn;       // y[:, n0:n1] = x @ W[n0:n1]^T
   RowsFn dequant;  // y[n0:n1] = W[n0:n1] as float32 ([N, K]; x and M unused)
   int packed_rows;  // rows per block of the packed W it reads: 4, 16 (integer), 0 (none)
-  QuantizeFn quantize = nullptr;  // the integer kernels' x, for a packed W (else x itself)
+  // The integer kernels only: fn reads x rounded by `quantize` and W packed; a W that is not
+  // packed (N not a multiple of 16, float32 scales) goes to the float kernel `unpacked`.
+  QuantizeFn quantize = nullptr;
+  RowsFn unpacked = nullptr;
 };
 
 // y_i = x @ W_i^T for each problem (x: M rows of K, contiguous, float32; each problem's x is
@@ -70,12 +76,12 @@ void dequant_scalar(const QProblem& p, int n0, int n1);
 void rows_avx2(const QProblem& p, int n0, int n1);
 void rows_avx512(const QProblem& p, int n0, int n1);
 void dequant_avx512(const QProblem& p, int n0, int n1);
-// n0 and n1 multiples of 16 where W is packed; x_* filled in by quantize_x.
+// The integer kernels: W packed, n0 and n1 multiples of 16, x_* filled in from quantize_x_*.
 void rows_vnni(const QProblem& p, int n0, int n1);
-void quantize_x(const float* x, int M, int K, QuantizedX& out);
+void quantize_x_vnni(const float* x, QuantizedX& out, size_t g0, size_t g1);
 // The same on AVX2 (qmatmul_avx2int.cpp).
 void rows_avx2int(const QProblem& p, int n0, int n1);
-void quantize_x_avx2(const float* x, int M, int K, QuantizedX& out);
+void quantize_x_avx2(const float* x, QuantizedX& out, size_t g0, size_t g1);
 #endif
 
 }  // namespace mlx_agent

@@ -1,6 +1,6 @@
 // The quantized matmul on AVX-512 VNNI: integer dot products for W's codes.
 //
-// x is quantized per group of 32, once per call (quantize_x): code = round(x / s) with
+// x is quantized per group of 32, once per call (quantize_x_vnni): code = round(x / s) with
 // s = max|x| / 32512, split as code = 256 * hi + lo (hi in [-127, 127], lo in [-128, 127]),
 // so each of hi and lo is a signed byte that VPDPBUSD multiplies by W's unsigned codes, four
 // products a lane. A group's dot product is then (256 * sum(q * hi) + sum(q * lo)) * s, exact
@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "pool.h"
 #include "qmatmul_rows.h"
 
 #if defined(__x86_64__)
@@ -107,10 +106,7 @@ void rows_bits(const QProblem& p, int n0, int n1) {
 
 }  // namespace
 
-namespace {
-
-// Groups [g0, g1) of x quantized into out (sized by quantize_x).
-VNNI_TARGET void quantize_groups(const float* x, QuantizedX& out, size_t g0, size_t g1) {
+VNNI_TARGET void quantize_x_vnni(const float* x, QuantizedX& out, size_t g0, size_t g1) {
   const __m512i half = _mm512_set1_epi32(128);
   for (size_t at = g0; at < g1; ++at) {
     const float* xg = x + at * kGroup;
@@ -131,31 +127,7 @@ VNNI_TARGET void quantize_groups(const float* x, QuantizedX& out, size_t g0, siz
   }
 }
 
-constexpr size_t kGroupsPerTask = 1024;  // a prefill chunk's x splits over the pool
-
-}  // namespace
-
-void quantize_x(const float* x, int M, int K, QuantizedX& out) {
-  const int groups = K / kGroup;
-  const size_t n = static_cast<size_t>(M) * K, ng = static_cast<size_t>(M) * groups;
-  out.hi.resize(n);
-  out.lo.resize(n);
-  out.scale.resize(ng);
-  out.sum.resize(ng);
-  const int tasks = static_cast<int>((ng + kGroupsPerTask - 1) / kGroupsPerTask);
-  pool().run(tasks, [&](int t) {
-    const size_t g0 = static_cast<size_t>(t) * kGroupsPerTask;
-    quantize_groups(x, out, g0, std::min(ng, g0 + kGroupsPerTask));
-  });
-}
-
 void rows_vnni(const QProblem& p, int n0, int n1) {
-  if (!p.packed || !p.x_hi) {  // W not packed (N not a multiple of 16, float32 scales)
-    QProblem plain = p;
-    plain.packed = nullptr;
-    rows_avx512(plain, n0, n1);
-    return;
-  }
   p.bits == 4 ? rows_bits<4>(p, n0, n1) : rows_bits<8>(p, n0, n1);
 }
 

@@ -124,11 +124,6 @@ struct Vec {
 template <Regs R>
 using V = Vec<R == Regs::kZmm ? 16 : R == Regs::kYmm ? 8 : 4>;
 
-template <typename Vt>
-MLX_AGENT_INLINE Vt zero() {
-  return Vt{};
-}
-
 // (a native vector at a time: one memcpy of the whole went through the stack, a 16-byte
 // piece at a time, and stalled the wide loads after it)
 template <typename Vt>
