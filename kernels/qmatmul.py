@@ -107,7 +107,7 @@ def pack(w: mx.array, scales: mx.array, biases: mx.array, bits: int) -> mx.array
     if (not rows or N % rows or bits not in BITS or scales.dtype != mx.float16
             or biases.dtype != mx.float16):
         return None
-    # in C++ on the kernels' pool: numpy's transposes took 0.7 s of a 2 s model load here
+    # in C++ on the kernels' pool: a model load took 1.0-1.3 s against 1.4-2.0 s with numpy
     return extension().pack(w, scales, biases, bits, rows)
 
 
