@@ -3,6 +3,7 @@
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--contrast] [--raw-chat]
+        [--tasks-per-row 1]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
@@ -28,7 +29,9 @@
    conversation writer of ``mlx_agent specialize``: request -> call -> the tool's real
    result, run in the sandbox -> an answer), ``rows.jsonl`` in ``--out``, and trains a LoRA
    adapter on them into ``DIR`` within ``--minutes`` (mlx_agent.sft; the adapter is written
-   when the time runs out). With ``--raw-chat`` a no-tool request's answer is the raw
+   when the time runs out). ``--tasks-per-row K`` asks K tasks of a catalogue in turn in
+   one conversation, so a row pays for the catalogue's system prompt once for K replies
+   (the estimate in 3 is per task, as if K were 1). With ``--raw-chat`` a no-tool request's answer is the raw
    model's own reply to it (greedy, without tools), and each such request is also a row with
    no tools shown: the adapter learns to keep the raw model's plain chat. Without
    ``--train`` the script stops at the tasks and says what the rows will cost.
@@ -141,6 +144,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-catalogue", type=int, default=16, help="training tasks each")
     ap.add_argument("--heldout-per-catalogue", type=int, default=10)
+    ap.add_argument("--tasks-per-row", type=int, default=1,
+                    help="tasks of one catalogue asked in turn in one conversation (row)")
     ap.add_argument("--heldout-domains", default="pets,vehicles")
     ap.add_argument("--catalogue-size", default="4,8", help="MIN,MAX own-domain tools")
     ap.add_argument("--mixed", type=int, default=2, help="other domains' tools a catalogue has")
@@ -169,6 +174,8 @@ def main() -> None:
     except ValueError:
         ap.error(f"--catalogue-size takes MIN,MAX with 1 <= MIN <= MAX, not "
                  f"{args.catalogue_size!r}")
+    if args.tasks_per_row < 1:
+        ap.error("--tasks-per-row takes a count of at least 1")
     if not 0 <= args.outside_share <= 0.5:
         ap.error("--outside-share takes a share from 0 to 0.5")
     if args.processes < 1 or args.batch % args.processes:
@@ -207,7 +214,7 @@ def main() -> None:
         "training_catalogues": len(train), "heldout_catalogues": len(held),
         "heldout_domains": args.heldout_domains, "catalogue_size": args.catalogue_size,
         "mixed": args.mixed, "outside_share": args.outside_share, "raw_chat": args.raw_chat,
-        "contrast": args.contrast,
+        "contrast": args.contrast, "tasks_per_row": args.tasks_per_row,
         "rows": rows, "by_kind": dict(kinds),
         "tokens": tokens, "mean_tokens_per_row": round(tokens / max(rows, 1)),
         "iterations_per_epoch": iterations,
@@ -220,7 +227,7 @@ def main() -> None:
         training_rows = []
         for tools, tasks in made:
             training_rows += written_rows(lm, fmt, tools, tasks, outcomes, seed=args.seed,
-                                          replies=replies)
+                                          replies=replies, per_row=args.tasks_per_row)
         plain = make_format("plain", lm)  # the same chat with no tools, as chat shows it
         for prompt, reply in replies.items():
             row = conversation_row(lm, plain, [], [{"role": "user", "content": prompt},
@@ -228,6 +235,7 @@ def main() -> None:
             training_rows.append({**row, "task": "chat", "kind": "chat"})
         write_jsonl(out / "rows.jsonl", training_rows)
         summary["chat_rows"] = len(replies)
+        summary["written_rows"] = len(training_rows)
         summary["written_tokens"] = sum(len(r["input_ids"]) for r in training_rows)
         summary["tool_results"] = dict(outcomes.counts)
         print(json.dumps(summary, indent=1), flush=True)

@@ -124,6 +124,31 @@ def test_rows_are_deterministic_under_a_seed(tiny_lm, made):
     assert a == b and a != c
 
 
+def test_tasks_asked_in_turn_share_a_row_and_every_reply_is_trained(tiny_lm, made):
+    """``per_row``: one conversation asks several tasks in turn; the system prompt is paid
+    once, every task is in exactly one row, and the mask covers each reply and nothing else."""
+    tools, s = made
+    fmt = agent_format("json", tiny_lm)
+    tasks = s.train[:10]
+    single = rows(tiny_lm, fmt, tools, tasks, Outcomes())
+    packed = rows(tiny_lm, fmt, tools, tasks, Outcomes(), per_row=4)
+    assert [len(r["task"].split(",")) for r in packed] == [4, 4, 2]
+    assert sorted(i for r in packed for i in r["task"].split(",")) == sorted(
+        r["task"] for r in single)
+    assert sum(len(r["input_ids"]) for r in packed) < 0.6 * sum(
+        len(r["input_ids"]) for r in single)
+    prompts = {t.task["id"]: t.task["prompt"] for t in tasks}
+    end = min(tiny_lm.stop_ids)
+    for r in packed:
+        asked = [m["content"] for m in r["messages"] if m["role"] == "user"]
+        assert asked == [prompts[i] for i in r["task"].split(",")]
+        replies = [m for m in r["messages"] if m["role"] == "assistant"]
+        learned = [t for t, m in zip(r["input_ids"], r["loss_mask"]) if m]
+        assert learned == [t for m in replies
+                           for t in tiny_lm.encode_text(fmt.reply_text(m)) + [end]]
+        assert tiny_lm.decode(r["input_ids"]).count("<|im_start|>system") == 1
+
+
 def test_arguments_keep_the_schema_order_in_nested_objects():
     tools = parse_tools(json.dumps([{
         "name": "book", "description": "Book a room.", "_exec": "echo booked",

@@ -195,14 +195,28 @@ def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcom
 
 
 def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
-         seed: int = 0, replies: Mapping[str, str] | None = None) -> list[dict]:
-    """One training row per task (``conversation_row``'s, plus ``task`` and ``kind``);
-    ``replies`` as :func:`write_conversation` takes them."""
+         seed: int = 0, replies: Mapping[str, str] | None = None, per_row: int = 1
+         ) -> list[dict]:
+    """Training rows (``conversation_row``'s, plus ``task`` and ``kind``); ``replies`` as
+    :func:`write_conversation` takes them.
+
+    ``per_row`` tasks make one row: one conversation in which the user asks for each in
+    turn, as a session in the agent's REPL does, in an order drawn from ``seed``. The
+    catalogue's system prompt, most of a row's tokens, is then paid once for ``per_row``
+    replies instead of once for each. Every reply is trained, the first on a fresh
+    conversation and the rest after unrelated earlier requests."""
     rng = random.Random(f"{seed}:answers")
     by_name = {t.name: t for t in tools}
+    order = list(tasks)
+    if per_row > 1:
+        random.Random(f"{seed}:rows").shuffle(order)
     out = []
-    for task in tasks:
-        messages = write_conversation(task, by_name, outcomes, rng, replies)
-        out.append({**conversation_row(lm, fmt, tools, messages), "task": task.task["id"],
-                    "kind": task.kind})
+    for start in range(0, len(order), per_row):
+        group = order[start:start + per_row]
+        messages = []
+        for task in group:
+            messages += write_conversation(task, by_name, outcomes, rng, replies)
+        out.append({**conversation_row(lm, fmt, tools, messages),
+                    "task": ",".join(t.task["id"] for t in group),
+                    "kind": "+".join(t.kind for t in group)})
     return out
