@@ -112,14 +112,23 @@ def batches(rows: list[dict], batch_size: int, max_len: int, seed: int | None = 
             loop: bool = True, part: tuple[int, int] = (0, 1)):
     """(tokens, scored, weights) batches (see :func:`masked_loss`), right-padded; loops
     forever when ``loop``. With ``part`` (index, count), this process's share of each
-    batch: every process draws the same batches and keeps rows index, index + count, ..."""
+    batch: every process draws the same batches and keeps rows index, index + count, ...
+
+    Rows of about the same length make a batch, as in mlx-lm's own ``iterate_batches``:
+    each pass draws which rows are left over (fewer than a batch), sorts the rest by
+    length, cuts them into batches and shuffles the batches, so a batch is padded to a
+    length near each of its rows' rather than to the longest of a random draw."""
     rng = random.Random(seed)
     order = list(range(len(rows)))
+    size = min(batch_size, len(rows))
     while True:
         rng.shuffle(order)
-        for start in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1,
-                           batch_size):
-            chosen = [rows[i] for i in order[start : start + batch_size]][part[0]::part[1]]
+        kept = sorted(order[:len(order) - len(order) % size] if size else [],
+                      key=lambda i: len(rows[i]["input_ids"]))
+        cuts = [kept[k:k + size] for k in range(0, len(kept), size)]
+        rng.shuffle(cuts)
+        for cut in cuts:
+            chosen = [rows[i] for i in cut][part[0]::part[1]]
             if not chosen:  # a batch smaller than the processes (validation's last)
                 continue
             width = min(max(len(r["input_ids"]) for r in chosen), max_len)

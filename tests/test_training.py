@@ -146,6 +146,26 @@ def test_the_loss_on_scored_positions_equals_the_loss_on_all_logits(tmp_path):
                                    atol=1e-6)
 
 
+def test_batches_are_rows_of_about_one_length_and_each_pass_takes_every_row_once():
+    from mlx_agent.sft import batches
+
+    lengths = [int(n) for n in np.random.default_rng(0).permutation(np.arange(20, 120))]
+    rows = [{"input_ids": [i + 1] * n, "loss_mask": [1] * n} for i, n in enumerate(lengths)]
+    passes = batches(rows, 4, 2048, seed=3)
+    for _ in range(2):  # 100 rows: 25 full batches a pass
+        seen, padding = [], 0
+        for tokens, _, weights in (next(passes) for _ in range(25)):
+            ids = [t[0] - 1 for t in tokens.tolist()]
+            seen += ids
+            padding += tokens.shape[1] * 4 - sum(lengths[i] for i in ids)
+            assert weights.sum().item() == sum(lengths[i] - 1 for i in ids)
+        assert sorted(seen) == list(range(100))
+        assert padding < 100 * 4  # a random draw of 4 pads about 24 tokens a row
+    # the two processes of a step split one batch
+    a, b = (next(batches(rows, 4, 2048, seed=5, part=(k, 2)))[0] for k in (0, 1))
+    assert a.shape[0] == b.shape[0] == 2 and not set(a[:, 0].tolist()) & set(b[:, 0].tolist())
+
+
 def test_two_processes_train_one_adapter(tmp_path):
     """processes=2: two real processes over MLX's ring backend, each half of every batch;
     the loss falls, rank 0 writes the adapter, and the caller's model carries it after."""
