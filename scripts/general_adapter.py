@@ -4,7 +4,8 @@
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--contrast] [--raw-chat]
         [--tasks-per-row 1]
-        [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]]
+        [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]
+         [--lora-keys self_attn.q_proj,self_attn.v_proj]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
    domains) and writes each as ``catalogues/NAME/tools.json``. The catalogues of the
@@ -162,6 +163,8 @@ def main() -> None:
     ap.add_argument("--learning-rate", type=float, default=2e-4)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--num-layers", type=int, default=16)
+    ap.add_argument("--lora-keys", default=",".join(SFTConfig.keys),
+                    help="the linear layers LoRA trains, comma-separated (last names match)")
     ap.add_argument("--processes", type=int, default=1,
                     help="training processes, each a share of every batch")
     args = ap.parse_args()
@@ -242,13 +245,15 @@ def main() -> None:
         config = SFTConfig(iters=args.iters or -(-len(training_rows) // args.batch),
                            batch_size=args.batch,
                            learning_rate=args.learning_rate, rank=args.rank,
-                           num_layers=args.num_layers, val_fraction=0.0, seed=args.seed,
+                           num_layers=args.num_layers, keys=tuple(args.lora_keys.split(",")),
+                           val_fraction=0.0, seed=args.seed,
                            minutes=args.minutes, processes=args.processes)
         started = time.perf_counter()
         stats = train_adapter(load(args.model), training_rows, args.train, config)
         summary["training"] = {**stats, "minutes": round((time.perf_counter() - started) / 60, 1),
                                "learning_rate": args.learning_rate, "rank": args.rank,
-                               "num_layers": args.num_layers, "batch": args.batch}
+                               "num_layers": args.num_layers, "lora_keys": args.lora_keys,
+                               "batch": args.batch}
     (out / "corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
