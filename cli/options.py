@@ -103,7 +103,8 @@ def weight_options(f):
     return _compose(
         click.option("--weights", type=click.Choice(WEIGHT_FORMATS), envvar=WEIGHTS_ENV,
                      default="auto", show_default=True,
-                     help="Weight format: auto = float32 on CPU, quantized on Metal."),
+                     help="Weight format: auto = quantized on Metal and where the CPU kernels "
+                          "run (see `mlx_agent models`), else float32."),
         click.option("--context-length", type=int, default=None,
                      help="Tokens the KV cache holds [default: the model's context length]."),
     )(f)
