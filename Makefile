@@ -27,8 +27,14 @@ demo: $(STAMP)
 	    --tools examples/specialist/tools.json --builtin-tools --root examples/specialist/fixture \
 	    --single "What is 17 times 23?"
 
+# Test files run in TEST_WORKERS processes, each file's tests in one (their module fixtures,
+# such as the Ray cluster, start once): most of the suite's time is CLI subprocesses
+# importing mlx-lm and loading the model, one core each: on this project's 2-core Linux
+# machine two workers took 477 s, one process 724-779 s. TEST_WORKERS=0 runs everything in
+# one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(PY) scripts/bench_generate.py
