@@ -12,7 +12,8 @@ reason. A worker that dies is replaced by a new one (workers that die while star
 many times as there are workers). An exception raised by ``make_runner`` or the runner is
 not retried: it stops the run and is raised in the driver, as in a run without Ray. Ctrl-C (or any exception) in the driver kills
 the actors; the results already in are handed to ``on_result`` first (in task order, with
-gaps where tasks were unfinished), so whatever the caller writes from them is complete.
+gaps where tasks were unfinished), each once: a Ctrl-C that arrives while a result is being
+handed over waits until it is, so whatever the caller writes from them is complete.
 
 With ``slots`` > 1 a worker takes that many tasks at once, each on a thread of its own
 (a threaded actor): its runner must take concurrent calls (eval's batched runner decodes
@@ -27,9 +28,12 @@ files at the same paths), or placement (Ray puts actors where CPUs are free).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -287,8 +291,28 @@ class _Run:
     def _deliver(self, gaps: bool = False) -> None:
         while self.delivered < len(self.tasks):
             i = self.delivered
-            if self.results[i] is not _PENDING:
-                self.on_result(i, self.results[i], self.ran_on[i])
-            elif not gaps:
+            if self.results[i] is _PENDING and not gaps:
                 return
-            self.delivered += 1
+            with _whole():  # a Ctrl-C inside would hand this result over again
+                if self.results[i] is not _PENDING:
+                    self.on_result(i, self.results[i], self.ran_on[i])
+                self.delivered += 1
+
+
+@contextlib.contextmanager
+def _whole():
+    """Holds SIGINT back until the block is done, then acts on it as it would have (in the
+    main thread; elsewhere no signal arrives), so a result is handed over once, whole."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held and callable(previous):
+            previous(signal.SIGINT, held[0])
+        elif held and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)

@@ -186,6 +186,31 @@ def test_specialize_on_ray_ships_its_tasks_and_adapter_and_gives_the_local_figur
     assert figures[0] == figures[1] and figures[0][0]["runs"] == 4
 
 
+def test_a_ctrl_c_during_a_hand_over_never_hands_a_result_over_twice():
+    """The race CI hit: Ctrl-C while ``on_result`` writes a row. The interrupt waits for the
+    hand-over to finish, and the hand-over of what is in after it starts at the next one."""
+    from types import SimpleNamespace
+
+    from mlx_agent.fanout import _PENDING, _Run
+
+    handed = []
+
+    def on_result(i, result, worker):
+        handed.append(i)
+        if i == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of the hand-over
+            time.sleep(0.05)
+            handed.append("rest of 0")
+
+    run = _Run(SimpleNamespace(), ["a", "b", "c"], on_result)
+    run.results = ["A", "B", _PENDING]
+    with pytest.raises(KeyboardInterrupt):
+        run._deliver()
+    assert handed == [0, "rest of 0"]
+    run._deliver(gaps=True)  # what run() does on the way out
+    assert handed == [0, "rest of 0", 1] and run.delivered == 3
+
+
 def test_packed_files_unpack_whole_and_links_or_escapes_are_refused(tmp_path):
     import io
     import tarfile
