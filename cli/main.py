@@ -4,7 +4,7 @@ Every user error (a bad path, a corrupt file, a prompt that does not fit) ends w
 on stderr and exit code 2, never a traceback. Commands import most of the runtime in their
 bodies, but the shared options (:mod:`.options`) read their defaults from the agent, format
 and model packages, which import mlx-lm: ``--help`` and usage errors take about as long as
-that import (3.6 s on the 2-core Linux machine), and moving those defaults into modules that
+that import (2.6-2.8 s on the 2-core Linux machine), and moving those defaults into modules that
 import nothing is open work.
 """
 

@@ -129,7 +129,7 @@ def batches(rows: list[dict], batch_size: int, max_len: int, seed: int | None = 
         rng.shuffle(cuts)
         for cut in cuts:
             chosen = [rows[i] for i in cut][part[0]::part[1]]
-            if not chosen:  # a batch smaller than the processes (validation's last)
+            if not chosen:  # a batch smaller than the processes (a one-row validation set)
                 continue
             width = min(max(len(r["input_ids"]) for r in chosen), max_len)
             toks = [r["input_ids"][:width] + [0] * (width - len(r["input_ids"][:width]))

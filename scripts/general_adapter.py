@@ -32,8 +32,9 @@
    adapter on them into ``DIR`` within ``--minutes`` (mlx_agent.sft; the adapter is written
    when the time runs out). ``--tasks-per-row K`` asks K tasks of a catalogue in turn in
    one conversation, so a row pays for the catalogue's system prompt once for K replies
-   (the estimate in 3 is per task, as if K were 1). With ``--raw-chat`` a no-tool request's answer is the raw
-   model's own reply to it (greedy, without tools), and each such request is also a row with
+   (the estimate in 3 is per task, as if K were 1; ``written_rows`` and ``written_tokens``
+   are the rows'). With ``--raw-chat`` a no-tool request's answer is the raw model's own
+   reply to it (greedy, without tools), and each such request is also a row with
    no tools shown: the adapter learns to keep the raw model's plain chat. Without
    ``--train`` the script stops at the tasks and says what the rows will cost.
 

@@ -198,8 +198,7 @@ def test_a_ctrl_c_during_a_hand_over_never_hands_a_result_over_twice():
     def on_result(i, result, worker):
         handed.append(i)
         if i == 0:
-            os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of the hand-over
-            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)  # delivered before kill returns: mid-hand-over
             handed.append("rest of 0")
 
     run = _Run(SimpleNamespace(), ["a", "b", "c"], on_result)
