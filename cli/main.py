@@ -1,11 +1,10 @@
 """The ``mlx_agent`` command line.
 
 Every user error (a bad path, a corrupt file, a prompt that does not fit) ends with one line
-on stderr and exit code 2, never a traceback. Commands import most of the runtime in their
-bodies, but the shared options (:mod:`.options`) read their defaults from the agent, format
-and model packages, which import mlx-lm: ``--help`` and usage errors take about as long as
-that import (2.6-2.8 s on the 2-core Linux machine), and moving those defaults into modules that
-import nothing is open work.
+on stderr and exit code 2, never a traceback. Commands import the runtime in their bodies,
+and the shared options (:mod:`.options`) read their defaults from modules that import no
+model code, so ``--help`` and usage errors answer without loading MLX, mlx-lm or
+transformers (0.26 s against 2.6-2.8 s before, on the 2-core Linux machine).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Arguments and option groups shared by commands, each default defined once."""
+"""Arguments and option groups shared by commands, each default defined once.
+
+Imports only the light modules that define those defaults, so ``--help`` and usage errors
+answer without loading MLX or mlx-lm."""
 
 from __future__ import annotations
 
@@ -6,14 +9,11 @@ import functools
 
 import click
 
-from mlx_agent.agent import AgentConfig
+from mlx_agent.agent.limits import MAX_STEPS, MAX_TOKENS
 from mlx_agent.formats import NAMES as PROTOCOLS
-from mlx_agent.models import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV, default_adapter
+from mlx_agent.models.registry import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV, default_adapter
 
 from .errors import UserError, warn
-
-MAX_STEPS = AgentConfig.max_steps  # assistant steps (tool rounds) per user turn
-MAX_TOKENS = AgentConfig.max_tokens  # tokens per assistant step
 
 
 def _compose(*decorators):

@@ -94,8 +94,8 @@ def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(monkeypat
     import click
     from click.testing import CliRunner
 
-    from mlx_agent import models
     from mlx_agent.cli import options
+    from mlx_agent.models import registry as models
 
     shipped = tmp_path / "smollm2-135m-general"
     shipped.mkdir()
@@ -121,3 +121,27 @@ def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(monkeypat
     assert out("--adapter", str(tmp_path)) == (0, f"adapter={tmp_path}")
     code, text = out("--adapter", str(tmp_path), "--no-adapter")
     assert code == 2 and "give --adapter DIR or --no-adapter, not both" in text
+
+
+# Prints, at exit, which of the heavy packages the command imported.
+_IMPORT_PROBE = """
+import atexit, sys
+atexit.register(lambda: print("loaded:", *[m for m in ("mlx.core", "mlx_lm", "transformers")
+                                           if m in sys.modules], file=sys.stderr))
+sys.argv = ["mlx_agent", *sys.argv[1:]]
+from mlx_agent.cli.main import main
+main()
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["agent", "--help"], ["serve", "--help"],
+                                  ["eval-bfcl", "--help"], ["agent", "--max-steps", "0"],
+                                  ["generate", "--weights", "int3", "hi"]])
+def test_help_and_usage_errors_load_no_model_code(args):
+    """--help and usage errors answer before MLX, mlx-lm or transformers load (mlx-lm with
+    transformers alone takes about 2.5 s to import): the shared options read their defaults
+    from light modules."""
+    r = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *args], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == (0 if "--help" in args else 2), r.stderr
+    assert r.stderr.splitlines()[-1] == "loaded:", r.stderr

@@ -31,6 +31,7 @@ from ..tokenizer import special_tokens
 from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
 from . import events as ev
 from .conversation import Conversation
+from .limits import MAX_STEPS, MAX_TOKENS
 from .recording import TrajectoryLog
 
 Confirm = Callable[[str, dict], bool]
@@ -38,8 +39,8 @@ Confirm = Callable[[str, dict], bool]
 
 @dataclass
 class AgentConfig:
-    max_steps: int = 8
-    max_tokens: int = 256
+    max_steps: int = MAX_STEPS
+    max_tokens: int = MAX_TOKENS
     tool_timeout: float = 30.0
     tool_env: Sequence[str] = ()
     tool_cwd: str | None = None

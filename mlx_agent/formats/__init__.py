@@ -13,20 +13,24 @@ A format is stateless apart from its :class:`ReplyMemo` of sampled ids. It rende
 (:meth:`Format.prompt_ids`), parses (:meth:`Format.parse`), says when a turn is over
 (:meth:`Format.scanner`) and what a stream shows (:meth:`Format.stream_filter`); the grammar
 for a reply comes from :func:`mlx_agent.grammar.tool_constraint` with the format's name.
-It runs no model and no tool.
+It runs no model and no tool. The names are imported on first use (:mod:`mlx_agent._lazy`),
+so reading :data:`NAMES` loads no model code.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
-from ..chat import ChatFormat
-from ..tools import Tool
-from .deferred import GET_TOOL_INFO, get_tool_info_tool, tool_index, tool_info
-from .json_format import DEFAULT_PERSONA, JsonFormat, system_prompt
-from .messages import (Call, MessageError, Reply, ReplyMemo, Scanner, StreamFilter,
-                       arguments_of, compact, text_of)
-from .template import DEFAULT_HERMES_SYSTEM, HermesFormat, TemplateFormat
+from .._lazy import exports
+
+if TYPE_CHECKING:
+    from ..chat import ChatFormat
+    from ..tools import Tool
+    from .deferred import GET_TOOL_INFO, get_tool_info_tool, tool_index, tool_info
+    from .json_format import DEFAULT_PERSONA, JsonFormat, system_prompt
+    from .messages import (Call, MessageError, Reply, ReplyMemo, Scanner, StreamFilter,
+                           arguments_of, compact, text_of)
+    from .template import DEFAULT_HERMES_SYSTEM, HermesFormat, TemplateFormat
 
 NAMES = ("auto", "json", "hermes")
 
@@ -67,6 +71,9 @@ def make_format(name: str, lm, memo: ReplyMemo | None = None,
                 persona: str | None = None) -> Format:
     """The format ``name`` (``auto`` resolved for ``lm``); ``persona`` is the agent's
     identity line (json) or its system message when a conversation has none (hermes)."""
+    from .json_format import JsonFormat
+    from .template import HermesFormat, TemplateFormat
+
     cls = {"json": JsonFormat, "hermes": HermesFormat, "plain": TemplateFormat}[choose(name, lm.chat)]
     return cls(lm, memo, persona)
 
@@ -75,3 +82,9 @@ __all__ = ["Call", "DEFAULT_HERMES_SYSTEM", "DEFAULT_PERSONA", "Format", "GET_TO
            "MessageError", "NAMES", "Reply", "ReplyMemo", "Scanner", "StreamFilter",
            "arguments_of", "choose", "compact", "get_tool_info_tool", "make_format",
            "system_prompt", "text_of", "tool_index", "tool_info"]
+__getattr__, __dir__ = exports(__name__, {
+    **dict.fromkeys(["GET_TOOL_INFO", "get_tool_info_tool", "tool_index", "tool_info"], ".deferred"),
+    **dict.fromkeys(["DEFAULT_PERSONA", "JsonFormat", "system_prompt"], ".json_format"),
+    **dict.fromkeys(["Call", "MessageError", "Reply", "ReplyMemo", "Scanner", "StreamFilter",
+                     "arguments_of", "compact", "text_of"], ".messages"),
+    **dict.fromkeys(["DEFAULT_HERMES_SYSTEM", "HermesFormat", "TemplateFormat"], ".template")})

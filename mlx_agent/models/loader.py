@@ -1,0 +1,283 @@
+"""Load a model from any spec: a GGUF file, a Hugging Face directory, a ``.tinygpt`` file or a
+name (:mod:`.registry` resolves names). See :mod:`mlx_agent.models`."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .. import blas
+from .. import tokenizer as tok
+from ..chat import CHATML, ChatFormat
+from ..engine import Engine
+from ..kernels import kernel_status
+from . import gguf, tinygpt, tinygpt_format
+from .cpu_layers import use_cpu_kernels
+from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
+from .registry import NAMED_MODELS, WEIGHT_FORMATS, WEIGHTS_ENV, ModelError, default_spec, resolve
+
+# transformers passes split_special_tokens by setting a flag on the shared Rust tokenizer for
+# the call: encodes in two threads at once (eval --batch) must not interleave.
+_ENCODING = threading.Lock()
+
+
+class _Parts(NamedTuple):
+    """What each format's loader hands to :func:`load`."""
+
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    template: str
+    context_length: int
+    name: str
+    bos_id: int | None = None  # set when the file says prompts start with BOS
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    chat: ChatFormat
+    stop_ids: frozenset[int]
+    context_length: int
+    identity: ModelIdentity
+    path: Path
+    bos_id: int | None = None  # prepended to prompts when the model asks for it
+    vocab_size: int = 0  # width of the logits (may exceed the tokenizer's vocabulary)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special tokens written in the text are matched."""
+        with _ENCODING:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of message text: special tokens written in it are plain text."""
+        with _ENCODING:
+            return self.tokenizer.encode(text, add_special_tokens=False,
+                                         split_special_tokens=True)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Ids to feed for a prompt: ``encode(text)`` with the BOS token in front when the
+        model wants one and the text (say, a chat template) did not already write it."""
+        ids = self.encode(text)
+        if self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def engine(self, **options) -> Engine:
+        """An :class:`~mlx_agent.engine.Engine` for this model; ``options`` as Engine takes."""
+        ident = self.identity
+        options.setdefault("context_length", self.context_length)
+        kv_spec = (ident.kv_heads, ident.head_dim, getattr(mx, ident.kv_dtype))
+        return Engine(self.model, kv_spec=kv_spec, **options)
+
+
+def _format_of(path: Path) -> str:
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return "hf"
+        raise ModelError(f"{path} is a directory without config.json (not a Hugging Face model)")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return "gguf"
+    if magic == b"TGPT":
+        return "tinygpt"
+    raise ModelError(
+        f"{path}: unknown model format (expected a GGUF file, a .tinygpt file,"
+        " or a Hugging Face directory)"
+    )
+
+
+def resolve_weight_format(requested: str | None, quantized_model: bool = True) -> str:
+    """The weight format to use: an explicit choice, $MLX_AGENT_WEIGHTS, or auto for this
+    device and model (a float model on a CPU computes in float32)."""
+    choice = requested or os.environ.get(WEIGHTS_ENV) or "auto"
+    if choice not in WEIGHT_FORMATS:
+        raise ModelError(f"unknown weight format {choice!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+    if choice == "auto":
+        fast = mx.metal.is_available() or (quantized_model and kernel_status().available)
+        return "quantized" if fast else "float32"
+    return choice
+
+
+def weight_path(requested: str | None = None) -> str:
+    """One line: the weight format in use, the code that computes with it, and why."""
+    choice = resolve_weight_format(requested)
+    if mx.metal.is_available():
+        return f"{choice} on Metal"
+    status = kernel_status()
+    if choice == "quantized":
+        if status.available:
+            return f"quantized on the {status.describe()}"
+        return f"quantized on MLX's quantized matmul (CPU kernel not used: {status.reason})"
+    if status.available:
+        return f"float32 on the BLAS (as asked; the {status.describe()} takes quantized)"
+    return f"float32 on the BLAS (CPU kernel not used: {status.reason})"
+
+
+def _apply_weight_format(model: nn.Module, requested: str | None) -> str:
+    """Dequantize to float32 when asked (or when that is the fast path here); returns the
+    format now in use."""
+    quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                    for _, m in model.named_modules())
+    choice = resolve_weight_format(requested, quantized_model=quantized)
+    if choice == "float32":
+        model.set_dtype(mx.float32)  # first: float32 scales dequantize exactly, not via float16
+        if quantized:
+            from mlx_lm.utils import dequantize_model
+
+            dequantize_model(model)
+    if not mx.metal.is_available():  # float32 weights keep a float32 KV cache too
+        use_cpu_kernels(model, kv_cache_dtype=mx.float32 if choice == "float32" else None)
+    if choice == "float32":
+        return "float32"
+    return "quantized" if quantized else str(_first_float_dtype(model))
+
+
+def _first_float_dtype(model: nn.Module):
+    for _, p in tree_flatten(model.parameters()):
+        if mx.issubdtype(p.dtype, mx.floating):
+            return str(p.dtype).removeprefix("mlx.core.")
+    return "unknown"
+
+
+def _load_gguf(path: Path):
+    try:
+        weights, meta = gguf.read(path)
+        model, args = gguf.build(weights, meta)
+        tokenizer = tok.from_gguf(meta)
+    except (gguf.GGUFError, ValueError) as e:
+        raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    template = meta.get("tokenizer.chat_template") or CHATML
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    bos_id = int(bos.item()) if add_bos is not None and bool(add_bos.item()) and bos is not None \
+        else None
+    return _Parts(model, tokenizer, template, args.max_position_embeddings, path.stem, bos_id)
+
+
+def _load_tinygpt(path: Path):
+    try:
+        f = tinygpt_format.read(path)
+        args = tinygpt.ModelArgs.from_config(f.config, embed_norm=tuple(f.weights))
+    except ValueError as e:
+        raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    model = tinygpt.Model(args)
+    weights = model.sanitize({k: mx.array(v) for k, v in f.weights.items()})
+    model.load_weights(list(weights.items()), strict=True)
+    if f.sentencepiece is not None:
+        tokenizer = tok.from_sentencepiece(f.sentencepiece)
+    elif f.config.get("tokenizerSource"):
+        source = Path(f.config["tokenizerSource"]).expanduser()
+        if not source.is_absolute():
+            source = path.parent / source
+        if not source.is_dir():
+            raise ModelError(f"{path}: tokenizerSource {source} is not a directory")
+        tokenizer = tok.from_hf_dir(source)
+    else:
+        if args.vocab_size != 256:
+            raise ModelError(
+                f"{path}: vocabSize {args.vocab_size} needs a tokenizer (tokenizerSource or an"
+                " embedded SentencePiece model)"
+            )
+        tokenizer = tok.byte_level()
+    template = getattr(tokenizer, "chat_template", None) or CHATML
+    return _Parts(model, tokenizer, template, args.ctx, f.header.get("name") or path.stem)
+
+
+def _load_hf(path: Path, adapter: Path | None):
+    from mlx_lm.utils import load as mlx_lm_load  # lazy: mlx_lm.utils takes seconds
+
+    try:
+        model, tokenizer, config = mlx_lm_load(
+            str(path), adapter_path=str(adapter) if adapter else None, return_config=True
+        )
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise ModelError(f"{path}: {e}") from None
+    template = getattr(tokenizer, "chat_template", None) or CHATML
+    ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    inner = tokenizer._tokenizer
+    bos_id = getattr(inner, "bos_token_id", None)
+    if bos_id is not None and inner.encode("a", add_special_tokens=True)[:1] != [bos_id]:
+        bos_id = None  # the tokenizer itself does not start prompts with BOS
+    return _Parts(model, tokenizer, template, int(ctx), path.name, bos_id)
+
+
+def _probe(model: nn.Module) -> tuple[str, int, int, int]:
+    """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass."""
+    cache = [KVCache() for _ in model.layers]
+    logits = model(mx.array([[0]]), cache=cache)
+    keys = cache[0].keys
+    mx.eval(keys, logits)
+    return str(keys.dtype).removeprefix("mlx.core."), keys.shape[1], keys.shape[3], logits.shape[-1]
+
+
+def load(
+    spec: str | os.PathLike | None = None,
+    *,
+    adapter: str | os.PathLike | None = None,
+    weights: str | None = None,
+    context_length: int | None = None,
+) -> LoadedModel:
+    """Load ``spec`` (default: ``$MLX_AGENT_MODEL`` or ``smollm2-135m``)."""
+    blas.activate()
+    spec = str(spec) if spec is not None else default_spec()
+    path = resolve(spec)
+    fmt = _format_of(path)
+    adapter_path = Path(adapter).expanduser() if adapter else None
+    if adapter_path is not None and not (adapter_path / "adapter_config.json").is_file():
+        raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
+    if fmt == "gguf":
+        parts = _load_gguf(path)
+    elif fmt == "tinygpt":
+        parts = _load_tinygpt(path)
+    else:
+        parts = _load_hf(path, adapter_path)
+    model, tokenizer, template, max_ctx, name, bos_id = parts
+    weight_format = _apply_weight_format(model, weights)
+    if adapter_path is not None and fmt != "hf":  # mlx_lm.load applied it for "hf"
+        from mlx_lm.tuner.utils import load_adapters  # lazy: mlx_lm.tuner takes seconds
+
+        try:
+            load_adapters(model, str(adapter_path))
+        except (ValueError, FileNotFoundError, KeyError) as e:
+            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {e}") from None
+    model.eval()
+    mx.eval(model.parameters())  # dequantize and cast now, not inside the first prefill
+
+    if context_length is not None:
+        if context_length <= 0:
+            raise ModelError(f"context length must be a positive number of tokens, got {context_length}")
+        if fmt == "tinygpt" and context_length > max_ctx:
+            raise ModelError(f"{path.name} has learned positions for {max_ctx} tokens; "
+                             f"context length {context_length} is too long")
+        max_ctx = context_length
+
+    if spec in NAMED_MODELS:
+        name = spec
+    inner = tokenizer._tokenizer
+    chat = ChatFormat(template=template, bos_token=getattr(inner, "bos_token", None) or "",
+                      eos_token=getattr(inner, "eos_token", None) or "")
+    kv_dtype, kv_heads, head_dim, vocab_size = _probe(model)
+    identity = ModelIdentity(
+        name=name, format=fmt,
+        fingerprint=dir_fingerprint(path) if path.is_dir() else file_fingerprint(path),
+        adapter_fingerprint=dir_fingerprint(adapter_path) if adapter_path else "",
+        vocab_hash=tok.vocab_hash(tokenizer), num_layers=len(model.layers),
+        kv_dtype=kv_dtype, kv_heads=kv_heads, head_dim=head_dim, weight_format=weight_format,
+    )
+    return LoadedModel(model=model, tokenizer=tokenizer, chat=chat,
+                       stop_ids=frozenset(tokenizer.eos_token_ids), context_length=max_ctx,
+                       identity=identity, path=path, bos_id=bos_id, vocab_size=vocab_size)
