@@ -203,8 +203,13 @@ def test_a_ctrl_c_during_a_hand_over_never_hands_a_result_over_twice():
 
     run = _Run(SimpleNamespace(), ["a", "b", "c"], on_result)
     run.results = ["A", "B", _PENDING]
-    with pytest.raises(KeyboardInterrupt):
-        run._deliver()
+    # Python's own Ctrl-C handler, which a background job (SIGINT ignored) starts without
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run._deliver()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert handed == [0, "rest of 0"]
     run._deliver(gaps=True)  # what run() does on the way out
     assert handed == [0, "rest of 0", 1] and run.delivered == 3
