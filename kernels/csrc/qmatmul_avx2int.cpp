@@ -2,14 +2,15 @@
 // (qmatmul_vnni.cpp: the same 16-row packed W, the same x rounded to 16 bits a group and
 // split into two signed bytes), each VPDPBUSD done as VPMADDUBSW (W's unsigned codes times
 // x's signed bytes, adjacent pairs summed to int16) and one VPMADDWD by ones per group (pairs
-// of int16 summed to int32), eight rows a 256-bit register.
+// of int16 summed to int32), eight rows a 256-bit register. An 8-bit W (the output head)
+// takes another route (block_rows8): 8-bit codes times a byte of x would overflow
+// VPMADDUBSW's int16 pairs (255 * 128 * 2), so each code is widened to int16 and multiplied
+// by x's whole 16-bit code with VPMADDWD.
 //
 // Exactness: as the VNNI kernel's, results agree with the float32 reference to about 1e-4
 // relative (x keeps 16 bits a group), and the integer sums are exact: VPMADDUBSW saturates
 // at 32,767, which no sum here reaches. A 4-bit code times a byte of x is at most 15 * 128,
-// a pair 3,840, and a group's eight pairs summed in int16 30,720. 8-bit codes would overflow
-// a pair (255 * 128 * 2), so an 8-bit W is split into its two nibbles, each a 4-bit pass
-// (q = 16 * high + low): twice the work, for the output head.
+// a pair 3,840, and a group's eight pairs summed in int16 30,720.
 //
 // Why not floats: AVX2's float kernel (qmatmul_rows.cpp) widens each code to float32 before
 // its FMA, four instructions per eight weights, and reached about 9 GFLOP/s a core on an
@@ -44,61 +45,117 @@ AVX2_INT_TARGET inline __m256i dot_add(__m256i sum, __m256i codes, __m256i x) {
   return _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes, x));
 }
 
-// y[m0 : m0 + MB, block nb's 16 columns]: the block's two halves of eight rows, each group's
-// codes unpacked once for the MB rows of x. P is the number of 4-bit passes (1, or 2 for an
-// 8-bit W's high and low nibbles).
-template <int BITS, int MB>
+// y[m0 : m0 + MB, block nb's 16 columns] for a 4-bit W: the block's two halves of eight
+// rows, each group's codes unpacked once for the MB rows of x.
+template <int MB>
 AVX2_INT_TARGET void block_rows(const QProblem& p, int nb, int m0) {
-  constexpr int P = BITS == 4 ? 1 : 2;
   const int groups = p.K / kGroup;
-  const size_t stride = vnni_group_bytes(BITS);
+  const size_t stride = vnni_group_bytes(4);
   const uint8_t* wb = p.packed + static_cast<size_t>(nb) * groups * stride;
   const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   __m256 acc[MB][2];
   for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int g = 0; g < groups; ++g, wb += stride) {
-    // sums[i][h][pass][plane]: x row i, half h, nibble pass, x's high (0) or low (1) byte
-    __m256i sums[MB][2][P][2];
+    // sums[i][h][plane]: x row i, half h, x's high (0) or low (1) byte
+    __m256i sums[MB][2][2];
     for (int i = 0; i < MB; ++i)
-      for (int h = 0; h < 2; ++h)
-        for (int q = 0; q < P; ++q) sums[i][h][q][0] = sums[i][h][q][1] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) sums[i][h][0] = sums[i][h][1] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {  // codes 4j .. 4j + 3 of each row
-      __m256i w[2][P];
-      for (int h = 0; h < 2; ++h) {
-        if constexpr (BITS == 4) {  // chunk j / 2: low nibbles hold 4j.., high ones 4j + 4..
-          const __m256i v = _mm256_loadu_si256((const __m256i*)(wb + 64 * (j / 2) + 32 * h));
-          w[h][0] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low);
-        } else {
-          const __m256i v = _mm256_loadu_si256((const __m256i*)(wb + 64 * j + 32 * h));
-          w[h][0] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-          w[h][1] = _mm256_and_si256(v, low);
-        }
+      __m256i w[2];
+      for (int h = 0; h < 2; ++h) {  // chunk j / 2: low nibbles hold 4j.., high ones 4j + 4..
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(wb + 64 * (j / 2) + 32 * h));
+        w[h] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low);
       }
       for (int i = 0; i < MB; ++i) {
         const size_t at = (static_cast<size_t>(m0 + i) * groups + g) * kGroup + 4 * j;
         const __m256i xh = broadcast_word(p.x_hi + at), xl = broadcast_word(p.x_lo + at);
-        for (int h = 0; h < 2; ++h)
-          for (int q = 0; q < P; ++q) {
-            sums[i][h][q][0] = dot_add(sums[i][h][q][0], w[h][q], xh);
-            sums[i][h][q][1] = dot_add(sums[i][h][q][1], w[h][q], xl);
-          }
+        for (int h = 0; h < 2; ++h) {
+          sums[i][h][0] = dot_add(sums[i][h][0], w[h], xh);
+          sums[i][h][1] = dot_add(sums[i][h][1], w[h], xl);
+        }
       }
     }
-    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 64 * BITS))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 64 * BITS + 16)))};
-    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 64 * BITS + 32))),
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 64 * BITS + 48)))};
+    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256))),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256 + 16)))};
+    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256 + 32))),
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256 + 48)))};
     for (int i = 0; i < MB; ++i) {
       const size_t at = static_cast<size_t>(m0 + i) * groups + g;
       const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);
       for (int h = 0; h < 2; ++h) {
-        __m256i dot = _mm256_setzero_si256();
-        for (int q = 0; q < P; ++q) {  // (256 * hi + lo), the high nibble's pass times 16
-          const __m256i part =
-              _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sums[i][h][q][0], ones), 8),
-                               _mm256_madd_epi16(sums[i][h][q][1], ones));
-          dot = _mm256_add_epi32(P == 2 && q == 0 ? _mm256_slli_epi32(part, 4) : part, dot);
+        const __m256i dot =  // 256 * hi + lo
+            _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sums[i][h][0], ones), 8),
+                             _mm256_madd_epi16(sums[i][h][1], ones));
+        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[h], xs), acc[i][h]);
+        acc[i][h] = _mm256_fmadd_ps(bias[h], xsum, acc[i][h]);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(p.y + static_cast<size_t>(m0 + i) * p.N + nb * kBlock + 8 * h, acc[i][h]);
+}
+
+// An 8-bit W (the output head) in one pass: each code widened to int16 and multiplied by x's
+// whole 16-bit code with VPMADDWD (pairs of products summed to int32: 255 * 32,512 * 2 fits
+// easily, and so do a group's eight such pairs a lane). Per 32 codes of a row of x that is 2
+// VPMADDWD and 2 adds, against the nibble passes' 8 VPMADDUBSW and 8 adds; each code is
+// widened once for the MB rows of x. The integer sums are the same as two nibble passes'
+// (the route before this one: the same logits, bit for bit, on the bundled model).
+//
+// The block's group holds, for each chunk j of four codes and half h, 32 bytes: eight rows of
+// W (columns of y) by four codes. Widened, the low 16 bytes are columns 0-3 (four codes each)
+// and the high 16 columns 4-7; VPMADDWD against x's four 16-bit codes (broadcast) leaves two
+// partial sums a column, which VPHADDD adds at the end of the group.
+template <int MB>
+AVX2_INT_TARGET void block_rows8(const QProblem& p, int nb, int m0) {
+  const int groups = p.K / kGroup;
+  const size_t stride = vnni_group_bytes(8);
+  const uint8_t* wb = p.packed + static_cast<size_t>(nb) * groups * stride;
+  // VPHADDD of columns 0-3 (a) and 4-7 (b) leaves a0 a1 b0 b1 | a2 a3 b2 b3 (in columns)
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  __m256 acc[MB][2];
+  for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int g = 0; g < groups; ++g, wb += stride) {
+    alignas(32) int16_t code[MB][kGroup];  // x's 16-bit codes: 256 * hi + lo
+    for (int i = 0; i < MB; ++i) {
+      const size_t at = (static_cast<size_t>(m0 + i) * groups + g) * kGroup;
+      for (int c = 0; c < 2; ++c) {
+        const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.x_hi + at + 16 * c)));
+        const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p.x_lo + at + 16 * c)));
+        _mm256_store_si256((__m256i*)(code[i] + 16 * c), _mm256_add_epi16(_mm256_slli_epi16(hi, 8), lo));
+      }
+    }
+    __m256i sums[MB][2][2];  // row i, half h, columns 0-3 (0) or 4-7 (1): two partial sums each
+    for (int i = 0; i < MB; ++i)
+      for (int h = 0; h < 2; ++h) sums[i][h][0] = sums[i][h][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i x[MB];
+      for (int i = 0; i < MB; ++i) {
+        int64_t four;
+        std::memcpy(&four, code[i] + 4 * j, sizeof four);
+        x[i] = _mm256_set1_epi64x(four);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m128i* w = (const __m128i*)(wb + 64 * j + 32 * h);
+        const __m256i w03 = _mm256_cvtepu8_epi16(_mm_loadu_si128(w));
+        const __m256i w47 = _mm256_cvtepu8_epi16(_mm_loadu_si128(w + 1));
+        for (int i = 0; i < MB; ++i) {
+          sums[i][h][0] = _mm256_add_epi32(sums[i][h][0], _mm256_madd_epi16(w03, x[i]));
+          sums[i][h][1] = _mm256_add_epi32(sums[i][h][1], _mm256_madd_epi16(w47, x[i]));
         }
+      }
+    }
+    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512))),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512 + 16)))};
+    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512 + 32))),
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512 + 48)))};
+    for (int i = 0; i < MB; ++i) {
+      const size_t at = static_cast<size_t>(m0 + i) * groups + g;
+      const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i dot = _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(sums[i][h][0], sums[i][h][1]), order);
         acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[h], xs), acc[i][h]);
         acc[i][h] = _mm256_fmadd_ps(bias[h], xsum, acc[i][h]);
       }
@@ -113,8 +170,13 @@ template <int BITS>
 void rows_bits(const QProblem& p, int n0, int n1) {
   for (int nb = n0 / kBlock; nb < n1 / kBlock; ++nb) {
     int m0 = 0;
-    for (; m0 + 2 <= p.M; m0 += 2) block_rows<BITS, 2>(p, nb, m0);
-    if (m0 < p.M) block_rows<BITS, 1>(p, nb, m0);
+    if constexpr (BITS == 8) {
+      for (; m0 + 2 <= p.M; m0 += 2) block_rows8<2>(p, nb, m0);
+      if (m0 < p.M) block_rows8<1>(p, nb, m0);
+    } else {
+      for (; m0 + 2 <= p.M; m0 += 2) block_rows<2>(p, nb, m0);
+      if (m0 < p.M) block_rows<1>(p, nb, m0);
+    }
   }
 }
 
