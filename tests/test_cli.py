@@ -145,3 +145,17 @@ def test_help_and_usage_errors_load_no_model_code(args):
                        text=True, timeout=60)
     assert r.returncode == (0 if "--help" in args else 2), r.stderr
     assert r.stderr.splitlines()[-1] == "loaded:", r.stderr
+
+
+@pytest.mark.parametrize("package", ["mlx_agent.agent", "mlx_agent.formats", "mlx_agent.models"])
+def test_every_name_a_lazy_package_exports_resolves(package):
+    """The packages that import their parts on first use (mlx_agent._lazy) still hand over
+    every name of their __all__, and say which attribute is missing otherwise."""
+    import importlib
+
+    module = importlib.import_module(package)
+    assert set(module.__all__) <= set(dir(module))
+    for name in dir(module):  # the lazy names among them: each from its submodule
+        getattr(module, name)
+    with pytest.raises(AttributeError, match=f"module '{package}' has no attribute 'nope'"):
+        module.nope  # noqa: B018
