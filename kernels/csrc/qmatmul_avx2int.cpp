@@ -75,10 +75,11 @@ AVX2_INT_TARGET void block_rows(const QProblem& p, int nb, int m0) {
         }
       }
     }
-    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256 + 16)))};
-    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256 + 32))),
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 256 + 48)))};
+    // the group's last 64 bytes: 16 float16 scales, then 16 biases
+    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 64))),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 48)))};
+    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 32))),
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 16)))};
     for (int i = 0; i < MB; ++i) {
       const size_t at = static_cast<size_t>(m0 + i) * groups + g;
       const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);
@@ -98,9 +99,9 @@ AVX2_INT_TARGET void block_rows(const QProblem& p, int nb, int m0) {
 
 // An 8-bit W (the output head) in one pass: each code widened to int16 and multiplied by x's
 // whole 16-bit code with VPMADDWD (pairs of products summed to int32: 255 * 32,512 * 2 fits
-// easily, and so do a group's eight such pairs a lane). Per 32 codes of a row of x that is 2
-// VPMADDWD and 2 adds, against the nibble passes' 8 VPMADDUBSW and 8 adds; each code is
-// widened once for the MB rows of x. The integer sums are the same as two nibble passes'
+// easily, and so do a group's eight such pairs a lane). Per 32 codes (a chunk's half) and
+// row of x that is 2 VPMADDWD and 2 adds, against the nibble passes' 4 VPMADDUBSW and 4 adds
+// (and their 4-bit unpacking); each code is widened once for the MB rows of x. The integer sums are the same as two nibble passes'
 // (the route before this one: the same logits, bit for bit, on the bundled model).
 //
 // The block's group holds, for each chunk j of four codes and half h, 32 bytes: eight rows of
@@ -146,10 +147,11 @@ AVX2_INT_TARGET void block_rows8(const QProblem& p, int nb, int m0) {
         }
       }
     }
-    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512 + 16)))};
-    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512 + 32))),
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + 512 + 48)))};
+    // the group's last 64 bytes: 16 float16 scales, then 16 biases
+    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 64))),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 48)))};
+    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 32))),
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 16)))};
     for (int i = 0; i < MB; ++i) {
       const size_t at = static_cast<size_t>(m0 + i) * groups + g;
       const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);

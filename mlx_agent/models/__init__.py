@@ -12,9 +12,10 @@ where it does not, they are dequantized to float32 by default: with an optimized
 README). ``weights=`` forces either; :func:`weight_path` says which path runs and why.
 
 Names resolve through :mod:`.registry`, which imports nothing heavy (the command line reads
-its defaults for ``--help``); the loader (:mod:`.loader`) is imported when :func:`load` is
-first read. Not promised: downloading anything. A name resolves only to files already
-installed.
+its defaults for ``--help``; settings such as the shipped adapters' directory are patched
+there); the loader (:mod:`.loader`) is imported when :func:`load`, :class:`LoadedModel` or
+:func:`weight_path` is first read. Not promised: downloading anything. A name resolves only
+to files already installed.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from typing import TYPE_CHECKING
 
 from .._lazy import exports
 from .identity import ModelIdentity
-from .registry import (ADAPTERS_DIR, DEFAULT_ADAPTERS, DEFAULT_MODEL, MODEL_ENV, NAMED_MODELS,
-                       WEIGHT_FORMATS, WEIGHTS_ENV, ModelError, default_adapter, default_spec,
-                       resolve)
+from .registry import (DEFAULT_MODEL, MODEL_ENV, NAMED_MODELS, WEIGHT_FORMATS, WEIGHTS_ENV,
+                       ModelError, default_adapter, default_spec, resolve)
 
 if TYPE_CHECKING:
     from .loader import LoadedModel, load, resolve_weight_format, weight_path

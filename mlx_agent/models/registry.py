@@ -45,7 +45,7 @@ def default_spec() -> str:
 
 def default_adapter(spec: str | os.PathLike | None) -> Path | None:
     """The adapter the command line loads with ``spec`` when none is named: a named
-    model's shipped one (:data:`DEFAULT_ADAPTERS`), else none. :func:`load` itself never
+    model's shipped one (:data:`DEFAULT_ADAPTERS`), else none. :func:`.loader.load` never
     adds one."""
     name = DEFAULT_ADAPTERS.get(str(spec) if spec is not None else default_spec())
     path = ADAPTERS_DIR / name if name else None
