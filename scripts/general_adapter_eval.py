@@ -14,7 +14,10 @@ so a second invocation with ``--only`` reuses the other's files. Prints one tabl
 
 - synthetic ``right calls``: the call and chain tasks whose calls were all right;
   ``answered``: runs that ended in an answer; ``states result``: answer tasks whose answer
-  states the tool's result; ``no tool``: no-tool tasks answered without a call;
+  states the result the right call returns (so the call must be right too);
+  ``states what it got``: answer tasks whose answer states what its last tool call
+  returned, whatever the call (read from the runs' trajectories, ``traj-LABEL/``);
+  ``no tool``: no-tool tasks answered without a call;
 - BFCL: the accuracy of each category.
 """
 
@@ -22,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from mlx_agent.trajectory import iter_dir
 
 HERE = Path(__file__).resolve().parent
 CLI = [str(Path(sys.executable).parent / "mlx_agent")]
@@ -52,6 +58,21 @@ def run(argv: list[str]) -> None:
     subprocess.run(CLI + argv, check=True, cwd=HERE.parent)
 
 
+def states_what_it_got(traj_dir: Path) -> str:
+    """The share of answer tasks whose final answer contains the last tool result's output
+    (as written, or as JSON escapes it inside the json protocol's answer)."""
+    hits = []
+    for _, traj in iter_dir(traj_dir):
+        if not (traj.task or "").endswith("-answer"):
+            continue
+        results = [s.tool_result.stdout.strip() for s in traj.steps if s.tool_result]
+        answer = traj.steps[-1].content if traj.steps and traj.steps[-1].role == "assistant" \
+            else ""
+        got = results[-1] if results else ""
+        hits.append(bool(got) and (got in answer or json.dumps(got)[1:-1] in answer))
+    return f"{sum(hits) / len(hits):.0%} ({len(hits)})" if hits else "-"
+
+
 def synth_row(path: Path) -> dict:
     by_kind: dict[str, list[dict]] = defaultdict(list)
     for line in path.read_text().splitlines():
@@ -62,9 +83,12 @@ def synth_row(path: Path) -> dict:
     def share(rs, key="reward"):
         return f"{sum(bool(r[key]) for r in rs) / len(rs):.0%} ({len(rs)})" if rs else "-"
 
-    return {"right calls": share(by_kind["call"] + by_kind["chain"]),
-            "answered": share(runs, "answered"), "states result": share(by_kind["answer"]),
-            "no tool": share(by_kind["none"]), "all": share(runs)}
+    row = {"right calls": share(by_kind["call"] + by_kind["chain"]),
+           "answered": share(runs, "answered"), "states result": share(by_kind["answer"])}
+    traj_dir = path.parent / f"traj-{path.stem.removeprefix('synth-')}"
+    if traj_dir.is_dir():
+        row["states what it got"] = states_what_it_got(traj_dir)
+    return row | {"no tool": share(by_kind["none"]), "all": share(runs)}
 
 
 def main() -> None:
@@ -92,8 +116,11 @@ def main() -> None:
         if args.table or (args.only and label != args.only):
             continue
         if args.skip != "synth":
+            traj_dir = out / f"traj-{label}"
+            shutil.rmtree(traj_dir, ignore_errors=True)  # a run's files, not an earlier run's
             run(["eval", *extra, "--tasks", str(tasks), "--max-steps", "4", "--max-tokens",
-                 "128", "--batch", str(args.batch), "--out", str(out / f"synth-{label}.jsonl")])
+                 "128", "--batch", str(args.batch), "--out", str(out / f"synth-{label}.jsonl"),
+                 "--trajectory-dir", str(traj_dir)])
         if args.skip != "bfcl":
             run(["eval-bfcl", *extra, "--categories", args.categories, "--limit",
                  str(args.bfcl_limit), "--batch", str(args.batch),
