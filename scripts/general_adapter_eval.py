@@ -66,10 +66,12 @@ def states_what_it_got(traj_dir: Path) -> str:
         if not (traj.task or "").endswith("-answer"):
             continue
         results = [s.tool_result.stdout.strip() for s in traj.steps if s.tool_result]
-        answer = traj.steps[-1].content if traj.steps and traj.steps[-1].role == "assistant" \
-            else ""
+        last = traj.steps[-1] if traj.steps else None
+        answer = last.content if last and last.role == "assistant" and last.tool_call is None \
+            else ""  # a run cut off after a call has no answer
         got = results[-1] if results else ""
-        hits.append(bool(got) and (got in answer or json.dumps(got)[1:-1] in answer))
+        escaped = json.dumps(got, ensure_ascii=False)[1:-1]  # as inside the json answer
+        hits.append(bool(got) and (got in answer or escaped in answer))
     return f"{sum(hits) / len(hits):.0%} ({len(hits)})" if hits else "-"
 
 
