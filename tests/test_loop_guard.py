@@ -122,3 +122,44 @@ def test_calls_that_share_a_path_are_refused_together(tiny_lm):
     assert [e.stdout.strip() for e in rec.of(ev.ToolCall)] == ["c", "f"]
     # the guard also masked "c" while the model wrote "f": that step counts too
     assert out.answer == "set" and out.stats.guarded_steps == 2
+
+
+def test_a_value_written_with_the_prompts_space_runs_without_it_and_is_not_repeated(tiny_lm):
+    """A value copied with the space its token had in the prompt (" Perth") runs as "Perth";
+    the guard then refuses the call however the space is written."""
+    def call(text):
+        return '{"tool":"echo","arguments":{"text":"%s"}}' % text
+
+    # each refused form moves to the script that shares what it wrote: "Perth!", " Perth?"
+    out, rec = run(tiny_lm, ECHO, "json", [call(" Perth"), call("Perth"), call("Perth!"),
+                                          call(" Perth"), call(" Perth?"), '{"answer":"ok"}'])
+    assert [c.arguments["text"] for c in rec.of(ev.ToolCall)] == ["Perth", "Perth!", "Perth?"]
+    assert out.answer == "ok" and out.stats.guarded_steps == 2
+
+
+def test_only_one_space_before_a_word_is_taken_off():
+    from mlx_agent.formats import spaced_forms, unspaced
+
+    assert unspaced({"a": " Perth", "b": "  two", "c": " ", "d": [" x", {"e": " y z"}], "n": 3}) \
+        == {"a": "Perth", "b": "  two", "c": " ", "d": ["x", {"e": "y z"}], "n": 3}
+    forms = spaced_forms({"a": "P", "b": ["q", 1]})
+    assert len(forms) == 4 and {"a": " P", "b": [" q", 1]} in forms
+    assert all(unspaced(f) == {"a": "P", "b": ["q", 1]} for f in forms)
+    many = spaced_forms({f"k{i}": "v" for i in range(6)})  # beyond 16: each alone, and all
+    assert len(many) == 8 and {f"k{i}": " v" for i in range(6)} in many
+
+
+def test_the_server_returns_the_value_without_the_space_and_refuses_it_spaced(tiny_lm, serve):  # noqa: F811
+    def call(text):
+        return '{"tool":"echo","arguments":{"text":"%s"}}' % text
+
+    s = serve(sampler_for=lambda sampling: Obliging(tiny_lm, call(" Perth"), call(" Perth?")))
+    tools = [t.openai() for t in ECHO]
+    r = s.client.chat.completions.create(model="tiny", messages=user("echo"), tools=tools)
+    (tc,) = r.choices[0].message.tool_calls
+    assert json.loads(tc.function.arguments) == {"text": "Perth"}
+    messages = user("echo") + [r.choices[0].message.model_dump(exclude_none=True),
+                               {"role": "tool", "tool_call_id": tc.id, "content": "Perth"}]
+    r = s.client.chat.completions.create(model="tiny", messages=messages, tools=tools)
+    (tc,) = r.choices[0].message.tool_calls  # " Perth" again is refused: " Perth?" instead
+    assert json.loads(tc.function.arguments) == {"text": "Perth?"}

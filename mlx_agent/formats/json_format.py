@@ -16,7 +16,8 @@ from typing import Any, Sequence
 from ..grammar import SEPARATORS
 from ..tools import Tool
 from .deferred import INDEX_HEADER, get_tool_info_tool, tool_index
-from .messages import Call, Reply, ReplyMemo, arguments_of, compact, text_of, valid_json_text
+from .messages import (Call, Reply, ReplyMemo, arguments_of, compact, text_of, unspaced,
+                       valid_json_text)
 from .scanner import JsonObjectScanner, RepeatedLineScanner
 from .streams import JsonAnswerStream
 
@@ -137,10 +138,11 @@ class JsonFormat:
         calls, seen = [], set()
         for o in objs:
             if isinstance(o, dict) and isinstance(o.get("tool"), str):
-                key = compact(o)
+                call = Call(o["tool"], unspaced(o.get("arguments", {})))
+                key = compact([call.name, call.arguments])
                 if key not in seen:
                     seen.add(key)
-                    calls.append(Call(o["tool"], o.get("arguments", {})))
+                    calls.append(call)
         if calls:
             return Reply(calls=calls)
         if len(objs) == 1 and isinstance(objs[0], dict) and "answer" in objs[0]:

@@ -2,7 +2,9 @@
 
 A conversation is a list of OpenAI-shaped message dicts (``role``, ``content``, and for
 assistant turns optionally ``tool_calls``); the agent keeps its own conversation this way and
-the server gets one per request. A parsed reply is a :class:`Reply`: calls, or an answer.
+the server gets one per request. A parsed reply is a :class:`Reply`: calls, or an answer;
+a call's string values lose the one leading space a model copies from the prompt's tokens
+(:func:`unspaced`; :func:`spaced_forms` gives the loop guard both forms).
 
 :class:`ReplyMemo` keeps the ids the model sampled for a reply, keyed by the text that reply
 renders to, so a conversation rendered again puts back exactly the ids in the KV cache
@@ -22,6 +24,63 @@ from ..errors import UserFacingError
 
 class MessageError(UserFacingError):
     """A message that cannot be rendered (the text says what to change)."""
+
+
+def unspaced(value: Any) -> Any:
+    """``value`` (a call's arguments) with one leading space taken off each string that
+    starts with a space and then a character that is not one.
+
+    A prompt holds " Perth" as one token, space included; a value in a call starts right
+    after its quote, where "Perth" is another token, and a small model copying the prompt
+    writes the token it saw. On the held-out synthetic tasks, taking that space off turned
+    2 of 100 runs from a wrong call into a right one and none the other way (README). A
+    string that starts with two spaces, or is one space, is left as written."""
+    if isinstance(value, str):
+        return value[1:] if value[:1] == " " and value[1:2].strip() else value
+    if isinstance(value, dict):
+        return {k: unspaced(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unspaced(v) for v in value]
+    return value
+
+
+MAX_SPACED = 16  # written forms the loop guard is given per call
+
+
+def spaced_forms(arguments: Any) -> list[Any]:
+    """The arguments a model may write that :func:`unspaced` reads as ``arguments``, for the
+    loop guard (which refuses a call by the text the grammar writes): each string that
+    starts with a character other than a space, with and without one in front. Every
+    combination while there are at most :data:`MAX_SPACED` of them (four strings); beyond,
+    as given, each string spaced alone, and all spaced."""
+    paths: list[tuple] = []
+
+    def find(v: Any, path: tuple) -> None:
+        if isinstance(v, str) and v[:1].strip():
+            paths.append(path)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                find(x, path + (k,))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                find(x, path + (i,))
+
+    def spaced(chosen: set) -> Any:
+        def walk(v: Any, path: tuple) -> Any:
+            if isinstance(v, dict):
+                return {k: walk(x, path + (k,)) for k, x in v.items()}
+            if isinstance(v, list):
+                return [walk(x, path + (i,)) for i, x in enumerate(v)]
+            return " " + v if path in chosen else v
+        return walk(arguments, ())
+
+    find(arguments, ())
+    if 2 ** len(paths) <= MAX_SPACED:
+        choices = [{p for i, p in enumerate(paths) if mask >> i & 1}
+                   for mask in range(2 ** len(paths))]
+    else:
+        choices = [set(), *({p} for p in paths), set(paths)]
+    return [spaced(c) for c in choices]
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .messages import Call, valid_json_text
+from .messages import Call, unspaced, valid_json_text
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -35,5 +35,5 @@ def tool_call_blocks(text: str) -> list[Call]:
         if not isinstance(args, dict):
             calls.append(Call(obj["name"], args, "tool call arguments must be a JSON object"))
             continue
-        calls.append(Call(obj["name"], args))
+        calls.append(Call(obj["name"], unspaced(args)))
     return calls

@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 from ..engine import Constraint, Engine, SamplingParams
 from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMemo,
                        StreamFilter, arguments_of, choose, get_tool_info_tool, make_format,
-                       text_of, tool_info)
+                       spaced_forms, text_of, tool_info)
 from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import call_text, ll_tokenizer, schema_constraint, tool_constraint
@@ -275,8 +275,8 @@ class ChatService:
                 return constraint
             ll = ll_tokenizer(self.lm)
             return LoopGuard(constraint, token_bytes(ll, self.lm.vocab_size),
-                             [call_bytes(self.lm, ll, call_text(prep.fmt.name, t, args))
-                              for t, args in made], ll)
+                             [call_bytes(self.lm, ll, call_text(prep.fmt.name, t, form))
+                              for t, args in made for form in spaced_forms(args)], ll)
         if call.json_schema is not None:
             return schema_constraint(self.lm, call.json_schema)
         return None
