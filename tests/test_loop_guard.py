@@ -138,7 +138,8 @@ def test_a_value_written_with_the_prompts_space_runs_without_it_and_is_not_repea
 
 
 def test_only_one_space_before_a_word_is_taken_off():
-    from mlx_agent.formats import spaced_forms, unspaced
+    from mlx_agent.formats import unspaced
+    from mlx_agent.loop_guard import spaced_forms
 
     assert unspaced({"a": " Perth", "b": "  two", "c": " ", "d": [" x", {"e": " y z"}], "n": 3}) \
         == {"a": "Perth", "b": "  two", "c": " ", "d": ["x", {"e": "y z"}], "n": 3}

@@ -22,9 +22,9 @@ from typing import Callable, Sequence
 
 from ..cache import ContextFull
 from ..engine import Constraint, Engine, PrefillStats, SamplingParams
-from ..formats import Call, Format, Reply, spaced_forms
-from ..grammar import call_text, forced_call, ll_tokenizer, tool_constraint
-from ..loop_guard import LoopGuard, call_bytes, token_bytes
+from ..formats import Call, Format, Reply
+from ..grammar import forced_call, ll_tokenizer, tool_constraint
+from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..text import TextStream
 from ..tokenizer import special_tokens
@@ -284,8 +284,7 @@ class Agent:
                     tool, call.arguments, timeout=self.config.tool_timeout,
                     env_names=self.config.tool_env, cwd=self.config.tool_cwd,
                     sandbox=self.config.sandbox))
-                self._made += [call_text(self.fmt.name, tool, form)  # as it may be written
-                               for form in spaced_forms(call.arguments)]
+                self._made += refused_texts(self.fmt.name, tool, call.arguments)
         self.emit(ev.ToolCall(tool=result.tool, arguments=call.arguments, stdout=result.stdout,
                               stderr=result.stderr, exit_code=result.exit_code,
                               timed_out=result.timed_out, duration_sec=result.duration_sec))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .deferred import GET_TOOL_INFO, get_tool_info_tool, tool_index, tool_info
     from .json_format import DEFAULT_PERSONA, JsonFormat, system_prompt
     from .messages import (Call, MessageError, Reply, ReplyMemo, Scanner, StreamFilter,
-                           arguments_of, compact, spaced_forms, text_of, unspaced)
+                           arguments_of, compact, text_of, unspaced)
     from .template import DEFAULT_HERMES_SYSTEM, HermesFormat, TemplateFormat
 
 NAMES = ("auto", "json", "hermes")
@@ -81,11 +81,11 @@ def make_format(name: str, lm, memo: ReplyMemo | None = None,
 __all__ = ["Call", "DEFAULT_HERMES_SYSTEM", "DEFAULT_PERSONA", "Format", "GET_TOOL_INFO",
            "MessageError", "NAMES", "Reply", "ReplyMemo", "Scanner", "StreamFilter",
            "arguments_of", "choose", "compact", "get_tool_info_tool", "make_format",
-           "spaced_forms", "system_prompt", "text_of", "tool_index", "tool_info", "unspaced"]
+           "system_prompt", "text_of", "tool_index", "tool_info", "unspaced"]
 __getattr__, __dir__ = exports(__name__, {
     **dict.fromkeys(["GET_TOOL_INFO", "get_tool_info_tool", "tool_index", "tool_info"], ".deferred"),
     **dict.fromkeys(["DEFAULT_PERSONA", "JsonFormat", "system_prompt"], ".json_format"),
     **dict.fromkeys(["Call", "MessageError", "Reply", "ReplyMemo", "Scanner", "StreamFilter",
-                     "arguments_of", "compact", "spaced_forms", "text_of", "unspaced"],
+                     "arguments_of", "compact", "text_of", "unspaced"],
                     ".messages"),
     **dict.fromkeys(["DEFAULT_HERMES_SYSTEM", "HermesFormat", "TemplateFormat"], ".template")})

@@ -40,11 +40,11 @@ from typing import Callable, Sequence
 from ..engine import Constraint, Engine, SamplingParams
 from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMemo,
                        StreamFilter, arguments_of, choose, get_tool_info_tool, make_format,
-                       spaced_forms, text_of, tool_info)
+                       text_of, tool_info)
 from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
-from ..grammar import call_text, ll_tokenizer, schema_constraint, tool_constraint
-from ..loop_guard import LoopGuard, call_bytes, token_bytes
+from ..grammar import ll_tokenizer, schema_constraint, tool_constraint
+from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..text import TextStream
 from ..tools import Tool
 from .slots import Lanes
@@ -275,8 +275,8 @@ class ChatService:
                 return constraint
             ll = ll_tokenizer(self.lm)
             return LoopGuard(constraint, token_bytes(ll, self.lm.vocab_size),
-                             [call_bytes(self.lm, ll, call_text(prep.fmt.name, t, form))
-                              for t, args in made for form in spaced_forms(args)], ll)
+                             [call_bytes(self.lm, ll, text) for t, args in made
+                              for text in refused_texts(prep.fmt.name, t, args)], ll)
         if call.json_schema is not None:
             return schema_constraint(self.lm, call.json_schema)
         return None
