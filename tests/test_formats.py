@@ -158,3 +158,16 @@ def test_a_lone_surrogate_the_model_wrote_without_the_grammar_cannot_crash_the_a
     for event in rec:
         ev.encode(event)  # every event can be written as JSON
     assert out.answer in ("x\ufffdy", "xy")
+
+
+def test_a_reply_nested_too_deeply_is_an_incomplete_reply_not_a_crash():
+    """Without the grammar a model may nest arguments past Python's recursion limit: the
+    json reply is incomplete and the hermes call an error, never a RecursionError."""
+    from mlx_agent.formats.json_format import JsonFormat
+    from mlx_agent.formats.tool_calls import tool_call_blocks
+
+    deep = "[" * 800 + "]" * 800
+    reply = JsonFormat.parse(None, '{"tool":"x","arguments":{"a":%s}}' % deep)
+    assert not reply.complete and not reply.calls
+    (call,) = tool_call_blocks('<tool_call>{"name":"x","arguments":{"a":%s}}</tool_call>' % deep)
+    assert call.error == "tool call is nested too deeply"

@@ -130,15 +130,15 @@ class JsonFormat:
         while 0 <= pos < len(stripped):
             try:
                 obj, pos = decoder.raw_decode(stripped, pos)
-            except (json.JSONDecodeError, RecursionError):
+                objs.append(unspaced_call(valid_json_text(obj)))
+            except (json.JSONDecodeError, RecursionError):  # nested too deeply: cut off here
                 break
-            objs.append(valid_json_text(obj))
             while pos < len(stripped) and stripped[pos].isspace():
                 pos += 1
         calls, seen = [], set()
         for o in objs:
             if isinstance(o, dict) and isinstance(o.get("tool"), str):
-                call = Call(o["tool"], unspaced(o.get("arguments", {})))
+                call = Call(o["tool"], o.get("arguments", {}))
                 key = compact([call.name, call.arguments])
                 if key not in seen:
                     seen.add(key)
@@ -156,3 +156,10 @@ class JsonFormat:
 
     def stream_filter(self):
         return JsonAnswerStream()
+
+
+def unspaced_call(obj: Any) -> Any:
+    """A ``{"tool", "arguments"}`` object with its arguments :func:`unspaced`; else ``obj``."""
+    if isinstance(obj, dict) and isinstance(obj.get("tool"), str) and "arguments" in obj:
+        return {**obj, "arguments": unspaced(obj["arguments"])}
+    return obj

@@ -35,5 +35,8 @@ def tool_call_blocks(text: str) -> list[Call]:
         if not isinstance(args, dict):
             calls.append(Call(obj["name"], args, "tool call arguments must be a JSON object"))
             continue
-        calls.append(Call(obj["name"], unspaced(args)))
+        try:
+            calls.append(Call(obj["name"], unspaced(args)))
+        except RecursionError:
+            calls.append(Call("?", None, "tool call is nested too deeply"))
     return calls
