@@ -16,9 +16,12 @@
 - ``choice`` narrows either grammar the way OpenAI's ``tool_choice`` does: ``"auto"`` (calls
   or an answer), ``"required"`` (calls only), ``"none"`` (an answer only) or a tool's name
   (a call of that tool only). :func:`tool_constraint` builds the constraint for a protocol.
+  The json protocol's answer may not end on white space or an opening bracket (a model
+  that starts a quotation there, ``got: "``, would close its answer with that quote).
 - :class:`Constraint` is what the engine consults: ``mask()`` for the next token (an int32
-  bitmask, applied with :mod:`mlx_agent.kernels`), ``consume(token)``, and ``done`` once the
-  grammar has reached its end state, which ends the turn.
+  bitmask, applied with :mod:`mlx_agent.kernels`; no word right after a lone space, see
+  :mod:`mlx_agent.lone_space`), ``consume(token)``, and ``done`` once the grammar has
+  reached its end state, which ends the turn.
 
 A schema llguidance cannot compile is a :class:`GrammarError` naming the tool, raised when the
 grammar is built (at start-up), not mid-conversation.
@@ -37,6 +40,7 @@ from jsonschema import Draft202012Validator
 from llguidance import LLMatcher
 
 from .errors import UserFacingError
+from .lone_space import lone_space_rule
 from .tokenizer import special_tokens
 from .tools import Tool
 
@@ -155,6 +159,8 @@ def ll_tokenizer(lm):
 _NUMBER_BOUND = 10**12  # integers beyond a trillion are not what a tool call needs
 _VALUE_KEYS = frozenset({"const", "enum", "default", "examples"})
 NO_NUL = "^[^\\x00]*$"  # anchored: llguidance, like JSON Schema, otherwise searches
+ANSWER_END = "^([^\\x00]*[^\\x00\\s{\\[(])?$"  # no answer ends on a space or an opening
+# bracket: the model's ' "' or ' {"' meant a quotation's start, and its quote closed the string
 
 
 def _bound_strings(schema: Any, max_len: int) -> Any:
@@ -268,7 +274,8 @@ def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto",
         "required": ["tool", "arguments"], "additionalProperties": False,
     } for name, params in pairs]
     if may_answer:
-        answer = {"type": "string", **({"maxLength": max_len} if bound_answer else {})}
+        answer = {"type": "string", "pattern": ANSWER_END,
+                  **({"maxLength": max_len} if bound_answer else {})}
         shapes.append({"type": "object", "properties": {"answer": answer},
                        "required": ["answer"], "additionalProperties": False})
     return {"anyOf": shapes}
@@ -394,17 +401,28 @@ class Constraint:
         self.matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
+        self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32  # int32 words in a mask
         self._buf = np.full(self.words, -1, dtype=np.int32)
+        self._after_space: np.ndarray | None = None  # lone_space_rule's mask, when due
 
     def reset(self) -> None:
         self.matcher.reset()
+        self._after_space = None
 
     def mask_words(self) -> np.ndarray:
         """The allowed-token bitmask for the next token as int32 words (computed on the
-        CPU, into a buffer reused by the next call)."""
+        CPU, into a buffer reused by the next call). After a lone space, tokens that start
+        with a letter are masked too, unless nothing else would be left
+        (:mod:`mlx_agent.lone_space`)."""
         self.matcher.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
+        allowed = self._after_space
+        if allowed is not None:
+            n = min(len(allowed), self.words)
+            joined = self._buf[:n] & allowed[:n]
+            if joined.any() or self._buf[n:].any():
+                self._buf[:n] = joined
         return self._buf
 
     def mask(self) -> mx.array:
@@ -412,6 +430,12 @@ class Constraint:
 
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)
+        text = self.tokenizer.decode_bytes([token])
+        self._after_space = None
+        if text.endswith(b" ") and not text.strip():
+            ends, allowed = lone_space_rule(self.tokenizer)
+            if token in ends:
+                self._after_space = allowed
 
     @property
     def done(self) -> bool:

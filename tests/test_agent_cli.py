@@ -27,8 +27,12 @@ def test_single_json_out_with_echo_tool_is_a_valid_event_stream(tmp_path):
     r = run("--tools", str(ROOT / "examples/echo.json"),
             "--single", "Echo hello.", "--json-out", "--max-tokens", "24", "--max-steps", "2",
             "--transcript", str(transcript))
-    assert r.returncode in (0, 1), r.stderr
+    assert r.returncode == 0, r.stderr
     events = [ev.decode(line) for line in r.stdout.splitlines()]
+    # the README's first example: echo("hello"), then an answer that says it (it used to
+    # copy the result's JSON and stop at its first quote: "Here is what I got: {")
+    answers = [e.text for e in events if isinstance(e, ev.Answer)]
+    assert len(answers) == 1 and "hello" in answers[0], answers
     assert isinstance(events[0], ev.User) and events[0].text == "Echo hello."
     assert isinstance(events[-1], ev.Stats) and events[-1].turns >= 1
     assert events[-1].generated_tokens > 0 and events[-1].rendered_tokens > 0

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from llguidance import LLMatcher
 
 from mlx_agent.formats import make_format
 from mlx_agent.engine import SamplingParams
@@ -298,3 +299,47 @@ def test_the_grammar_writes_arguments_in_the_order_the_prompt_lists_them(smol):
     declared = json.dumps({"tool": "book_room", "arguments": args},
                           separators=SEPARATORS["json"])  # the schema's own order
     assert declared != written and not accepts(lm, tok, grammar, declared)
+
+
+@pytest.mark.parametrize("text,ok", [
+    ('{"answer":"Here is what I got: {"}', False),  # a copied JSON object's first byte
+    ('{"answer":"Here is what I got: "}', False),  # the opening quote of a quotation
+    ('{"answer":"Items: ["}', False),
+    ('{"answer":"done\\n"}', False),
+    ('{"answer":"a {b} (c) [d]"}', True),
+    ('{"answer":"She said \\"hi\\""}', True),
+])
+def test_an_answer_cannot_end_on_white_space_or_an_opening_bracket(smol, text, ok):
+    # the model writes ' {"' or ' "' meaning the start of a quotation; in a JSON string
+    # that quote closes the answer, which would end as "Here is what I got: {"
+    assert accepts(*smol, text) is ok
+
+
+def _allowed(words, token: int) -> bool:
+    return bool(words.view("uint32")[token >> 5] >> (token & 31) & 1)
+
+
+def test_after_a_lone_space_the_mask_offers_no_word_but_digits_and_spaced_tokens(smol):
+    lm, tok, grammar = smol
+    (space,), (word,), (spaced,), (digit,) = (lm.encode(t) for t in (" ", "urns", " hello", "4"))
+    assert lm.encode(" urns") == [space, word]  # a pair the tokenizer itself writes
+    c = Constraint(tok, grammar, lm.vocab_size)
+    for t in lm.encode('{"answer":"Here is what I got:'):
+        c.consume(t)
+    assert _allowed(c.mask_words(), word) and _allowed(c.mask_words(), space)
+    c.consume(space)  # what the bundled model wrote next, then "urns" (its first choice)
+    words = c.mask_words()
+    assert not _allowed(words, word)
+    assert _allowed(words, spaced) and _allowed(words, digit)  # " 42" is ' ', '4', '2'
+    c.consume(digit)
+    assert _allowed(c.mask_words(), word)
+
+
+def test_the_space_rule_never_leaves_no_token(smol):
+    lm, tok, _ = smol
+    grammar = LLMatcher.grammar_from_lark('start: "a" " " "hello"')
+    c = Constraint(tok, grammar, lm.vocab_size)
+    for t in lm.encode("a") + lm.encode(" "):
+        c.consume(t)
+    (hello,) = lm.encode("hello")
+    assert _allowed(c.mask_words(), hello)  # the grammar's only way on
