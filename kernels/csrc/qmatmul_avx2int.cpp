@@ -45,6 +45,36 @@ AVX2_INT_TARGET inline __m256i dot_add(__m256i sum, __m256i codes, __m256i x) {
   return _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes, x));
 }
 
+// Group g's integer dot products (dot[i][h]: x row m0 + i, the block's half h) scaled into
+// acc: dot * scale * x's scale + bias * x's sum, W's 16 float16 scales and then 16 biases
+// being the last 64 bytes before `group_end`.
+template <int MB>
+AVX2_INT_TARGET __attribute__((always_inline)) inline void add_group(
+    const QProblem& p, const uint8_t* group_end, int m0, int groups, int g,
+    const __m256i (&dot)[MB][2], __m256 (&acc)[MB][2]) {
+  __m256 scale[2], bias[2];
+  for (int h = 0; h < 2; ++h) {
+    scale[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(group_end - 64 + 16 * h)));
+    bias[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(group_end - 32 + 16 * h)));
+  }
+  for (int i = 0; i < MB; ++i) {
+    const size_t at = static_cast<size_t>(m0 + i) * groups + g;
+    const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);
+    for (int h = 0; h < 2; ++h) {
+      acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_mul_ps(scale[h], xs),
+                                  acc[i][h]);
+      acc[i][h] = _mm256_fmadd_ps(bias[h], xsum, acc[i][h]);
+    }
+  }
+}
+
+template <int MB>
+AVX2_INT_TARGET inline void store_rows(const QProblem& p, int nb, int m0, const __m256 (&acc)[MB][2]) {
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(p.y + static_cast<size_t>(m0 + i) * p.N + nb * kBlock + 8 * h, acc[i][h]);
+}
+
 // y[m0 : m0 + MB, block nb's 16 columns] for a 4-bit W: the block's two halves of eight
 // rows, each group's codes unpacked once for the MB rows of x.
 template <int MB>
@@ -75,26 +105,14 @@ AVX2_INT_TARGET void block_rows(const QProblem& p, int nb, int m0) {
         }
       }
     }
-    // the group's last 64 bytes: 16 float16 scales, then 16 biases
-    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 64))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 48)))};
-    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 32))),
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 16)))};
-    for (int i = 0; i < MB; ++i) {
-      const size_t at = static_cast<size_t>(m0 + i) * groups + g;
-      const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i dot =  // 256 * hi + lo
-            _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sums[i][h][0], ones), 8),
-                             _mm256_madd_epi16(sums[i][h][1], ones));
-        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[h], xs), acc[i][h]);
-        acc[i][h] = _mm256_fmadd_ps(bias[h], xsum, acc[i][h]);
-      }
-    }
+    __m256i dot[MB][2];
+    for (int i = 0; i < MB; ++i)
+      for (int h = 0; h < 2; ++h)  // 256 * hi + lo
+        dot[i][h] = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(sums[i][h][0], ones), 8),
+                                     _mm256_madd_epi16(sums[i][h][1], ones));
+    add_group<MB>(p, wb + stride, m0, groups, g, dot, acc);
   }
-  for (int i = 0; i < MB; ++i)
-    for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(p.y + static_cast<size_t>(m0 + i) * p.N + nb * kBlock + 8 * h, acc[i][h]);
+  store_rows<MB>(p, nb, m0, acc);
 }
 
 // An 8-bit W (the output head) in one pass: each code widened to int16 and multiplied by x's
@@ -147,25 +165,14 @@ AVX2_INT_TARGET void block_rows8(const QProblem& p, int nb, int m0) {
         }
       }
     }
-    // the group's last 64 bytes: 16 float16 scales, then 16 biases
-    const __m256 scale[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 64))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 48)))};
-    const __m256 bias[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 32))),
-                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wb + stride - 16)))};
-    for (int i = 0; i < MB; ++i) {
-      const size_t at = static_cast<size_t>(m0 + i) * groups + g;
-      const __m256 xs = _mm256_set1_ps(p.x_scale[at]), xsum = _mm256_set1_ps(p.x_sum[at]);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i dot = _mm256_permutevar8x32_epi32(
+    __m256i dot[MB][2];
+    for (int i = 0; i < MB; ++i)
+      for (int h = 0; h < 2; ++h)
+        dot[i][h] = _mm256_permutevar8x32_epi32(
             _mm256_hadd_epi32(sums[i][h][0], sums[i][h][1]), order);
-        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale[h], xs), acc[i][h]);
-        acc[i][h] = _mm256_fmadd_ps(bias[h], xsum, acc[i][h]);
-      }
-    }
+    add_group<MB>(p, wb + stride, m0, groups, g, dot, acc);
   }
-  for (int i = 0; i < MB; ++i)
-    for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(p.y + static_cast<size_t>(m0 + i) * p.N + nb * kBlock + 8 * h, acc[i][h]);
+  store_rows<MB>(p, nb, m0, acc);
 }
 
 template <int BITS>
