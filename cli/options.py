@@ -65,12 +65,25 @@ def loop_options(f):
 
 
 def model_options(f):
-    """-m MODEL, adapter, weight format and context length."""
+    """-m MODEL, adapter, weight format and context length, for a command that calls no
+    tools (``generate``): no adapter unless --adapter names one, as the one a named model
+    ships with is a tool-calling adapter, which puts filler in plain chat."""
+
+    @functools.wraps(f)
+    def without_shipped(*args, no_adapter: bool = False, **kwargs):
+        if no_adapter and kwargs.get("adapter"):
+            raise click.UsageError("give --adapter DIR or --no-adapter, not both")
+        return f(*args, **kwargs)
+
     return _compose(
         click.option("-m", "--model", "model_spec", envvar=MODEL_ENV, metavar="MODEL",
                      help=MODEL_HELP),
-        load_options,
-    )(f)
+        click.option("--adapter", type=click.Path(file_okay=False), default=None,
+                     help="LoRA adapter directory (mlx-lm format) [default: none; the "
+                          "adapter a model ships with is for calling tools]."),
+        click.option("--no-adapter", is_flag=True, hidden=True),  # the default here
+        weight_options,
+    )(without_shipped)
 
 
 def load_options(f):

@@ -123,6 +123,36 @@ def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(monkeypat
     assert code == 2 and "give --adapter DIR or --no-adapter, not both" in text
 
 
+def test_generate_loads_no_shipped_adapter(monkeypatch, tmp_path):
+    """model_options (generate: plain text, no tools) leaves the tool-calling adapter a
+    named model ships with unloaded; --adapter DIR still loads one."""
+    import click
+    from click.testing import CliRunner
+
+    from mlx_agent.cli import options
+    from mlx_agent.models import registry as models
+
+    shipped = tmp_path / "smollm2-135m-general"
+    shipped.mkdir()
+    (shipped / "adapter_config.json").write_text("{}")
+    monkeypatch.setattr(models, "ADAPTERS_DIR", tmp_path)
+
+    @click.command()
+    @options.model_options
+    def show(model_spec, adapter, weights, context_length):
+        click.echo(f"adapter={adapter}")
+
+    def out(*args):
+        r = CliRunner().invoke(show, list(args), env={"MLX_AGENT_MODEL": ""})
+        return r.exit_code, r.output.strip()
+
+    assert out() == (0, "adapter=None")
+    assert out("--no-adapter") == (0, "adapter=None")
+    assert out("--adapter", str(tmp_path)) == (0, f"adapter={tmp_path}")
+    code, text = out("--adapter", str(tmp_path), "--no-adapter")
+    assert code == 2 and "not both" in text
+
+
 # Prints, at exit, which of the heavy packages the command imported.
 _IMPORT_PROBE = """
 import atexit, sys
