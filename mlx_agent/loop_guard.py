@@ -40,9 +40,9 @@ def spaced_forms(arguments: Any) -> list[Any]:
     starts with a character other than a space, with and without one in front. Every
     combination while there are at most :data:`MAX_SPACED` of them; beyond, as given, each
     string spaced alone, and all spaced (a model copies one value with its space, or all
-    of them). Each form costs the guard about 80 us a token: for one call of four strings,
-    1.0-1.1 ms a token with these 6 forms, 1.6-1.9 with all 16 combinations, 0.6 with one
-    form (the grammar's own mask: 0.35-0.5), hence the bound."""
+    of them). Each form costs the guard time a token (``scripts/bench_loop_guard.py``: for
+    a call of four strings, 1.0-1.3 ms a token with these 6 forms, 1.6-2.2 with all 16
+    combinations, 0.6-0.7 with one, the grammar's own mask 0.3-0.5), hence the bound."""
     paths: list[tuple] = []
 
     def find(v: Any, path: tuple) -> None:
