@@ -40,7 +40,7 @@ from jsonschema import Draft202012Validator
 from llguidance import LLMatcher
 
 from .errors import UserFacingError
-from .lone_space import lone_space_rule
+from .lone_space import Rule, lone_space_rule
 from .tokenizer import special_tokens
 from .tools import Tool
 
@@ -405,7 +405,7 @@ class Constraint:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32  # int32 words in a mask
         self._buf = np.full(self.words, -1, dtype=np.int32)
-        self._after_space: np.ndarray | None = None  # lone_space_rule's mask, when due
+        self._after_space: Rule | None = None  # lone_space_rule's, after a lone space
 
     def reset(self) -> None:
         self.matcher.reset()
@@ -414,15 +414,14 @@ class Constraint:
     def mask_words(self) -> np.ndarray:
         """The allowed-token bitmask for the next token as int32 words (computed on the
         CPU, into a buffer reused by the next call). After a lone space, tokens that start
-        with a letter are masked too, unless nothing else would be left
-        (:mod:`mlx_agent.lone_space`)."""
+        with a letter are masked too, where the grammar would take a token that starts with
+        a space instead (:mod:`mlx_agent.lone_space`)."""
         self.matcher.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
-        allowed = self._after_space
-        if allowed is not None:
-            n = min(len(allowed), self.words)
-            joined = self._buf[:n] & allowed[:n]
-            if joined.any() or self._buf[n:].any():
-                self._buf[:n] = joined
+        rule = self._after_space
+        if rule is not None:
+            n = min(len(rule.allowed), self.words)
+            if (self._buf[:n] & rule.space_led[:n]).any():
+                self._buf[:n] &= rule.allowed[:n]
         return self._buf
 
     def mask(self) -> mx.array:
@@ -433,9 +432,9 @@ class Constraint:
         text = self.tokenizer.decode_bytes([token])
         self._after_space = None
         if text.endswith(b" ") and not text.strip():
-            ends, allowed = lone_space_rule(self.tokenizer)
-            if token in ends:
-                self._after_space = allowed
+            rule = lone_space_rule(self.tokenizer)
+            if rule is not None and token in rule.ends:
+                self._after_space = rule
 
     @property
     def done(self) -> bool:

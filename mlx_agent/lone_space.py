@@ -5,11 +5,14 @@ space token before a word only for rare words; a model that samples one (because
 shut the way it wanted, say the quotation mark after ``got:``) is off its usual path, and
 what it writes next is rarely a word: after ``"Here is what I got: "`` the bundled model's
 first choice is ``urns``. :func:`lone_space_rule` finds, once per tokenizer, the tokens that
-end in a space (white space only) and the mask of tokens allowed after them: all but those
-that start with a letter. Digits stay allowed (``" 42"`` is a space, then ``4``, ``2``, for
-tokenizers that split digits off), as do punctuation and tokens that start with a space.
-:class:`~mlx_agent.grammar.Constraint` applies the mask after such a token whenever the
-grammar leaves some token open under it.
+end in a space (white space only), the mask of tokens allowed after them (all but those that
+start with a letter: digits stay, as ``" 42"`` is a space, then ``4``, ``2`` for tokenizers
+that split digits off, and so do punctuation and tokens that start with a space), and the
+mask of tokens that start with a space. :class:`~mlx_agent.grammar.Constraint` applies the
+rule after such a token where the grammar would let a space-led token come next (free text,
+a JSON string): the model can still write the word with its own space (`` hello``, after
+which the text holds two spaces). Where the grammar allows no space there (``"a " /[a-z]+/``
+after its literal space), nothing is masked.
 
 What it does not promise: that constrained text is tokenized the way the tokenizer would
 write it (only this one pair is ruled out), or that a rare word can follow a lone space
@@ -19,25 +22,34 @@ write it (only this one pair is ruled out), or that a rare word can follow a lon
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
 
+class Rule(NamedTuple):
+    ends: frozenset[int]  # white-space tokens that end in a space
+    allowed: np.ndarray  # int32 bitmask: the tokens that may follow one (no letter first)
+    space_led: np.ndarray  # int32 bitmask: the tokens that start with a space
+
+
 @functools.lru_cache(maxsize=8)
-def lone_space_rule(tokenizer) -> tuple[frozenset[int], np.ndarray | None]:
-    """For an llguidance tokenizer: the ids of white-space tokens that end in a space, and
-    the int32 bitmask of the tokens allowed after one (``None`` where the tokenizer does not
-    join a space to a word, so a lone space before one is ordinary)."""
+def lone_space_rule(tokenizer) -> Rule | None:
+    """The :class:`Rule` for an llguidance tokenizer; ``None`` where the tokenizer does not
+    join a space to a word, so a lone space before one is ordinary."""
     if len(tokenizer.tokenize_bytes(b" the")) != 1:
-        return frozenset(), None
+        return None
     n = tokenizer.vocab_size
     texts = [tokenizer.decode_bytes([i]) for i in range(n)]
     special = {i for i in range(n) if tokenizer.is_special_token(i)}
     ends = frozenset(i for i, b in enumerate(texts)
                      if b.endswith(b" ") and not b.strip() and i not in special)
-    allowed = np.full((n + 31) // 32, -1, dtype=np.int32)
-    bits = allowed.view(np.uint32)
+    words = (n + 31) // 32
+    allowed, space_led = np.full(words, -1, dtype=np.int32), np.zeros(words, dtype=np.int32)
     for i, b in enumerate(texts):
+        bit = np.uint32(1 << (i & 31))
         if b[:1].isalpha() and i not in special:
-            bits[i >> 5] &= ~np.uint32(1 << (i & 31))
-    return ends, allowed
+            allowed.view(np.uint32)[i >> 5] &= ~bit
+        elif b[:1] == b" " and i not in special:
+            space_led.view(np.uint32)[i >> 5] |= bit
+    return Rule(ends, allowed, space_led)

@@ -335,11 +335,13 @@ def test_after_a_lone_space_the_mask_offers_no_word_but_digits_and_spaced_tokens
     assert _allowed(c.mask_words(), word)
 
 
-def test_the_space_rule_never_leaves_no_token(smol):
+@pytest.mark.parametrize("lark", ['start: "a" " " "hello"', 'start: "a" " " /[a-z0-9]+/'])
+def test_the_space_rule_stands_aside_where_no_space_could_come_next(smol, lark):
+    # a user's grammar that puts a word right after its literal space: the word stays
+    # allowed (the rule would otherwise leave no token, or only digits)
     lm, tok, _ = smol
-    grammar = LLMatcher.grammar_from_lark('start: "a" " " "hello"')
-    c = Constraint(tok, grammar, lm.vocab_size)
+    c = Constraint(tok, LLMatcher.grammar_from_lark(lark), lm.vocab_size)
     for t in lm.encode("a") + lm.encode(" "):
         c.consume(t)
     (hello,) = lm.encode("hello")
-    assert _allowed(c.mask_words(), hello)  # the grammar's only way on
+    assert _allowed(c.mask_words(), hello)
