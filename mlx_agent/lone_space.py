@@ -44,12 +44,14 @@ def lone_space_rule(tokenizer) -> Rule | None:
     special = {i for i in range(n) if tokenizer.is_special_token(i)}
     ends = frozenset(i for i, b in enumerate(texts)
                      if b.endswith(b" ") and not b.strip() and i not in special)
-    words = (n + 31) // 32
-    allowed, space_led = np.full(words, -1, dtype=np.int32), np.zeros(words, dtype=np.int32)
-    for i, b in enumerate(texts):
-        bit = np.uint32(1 << (i & 31))
-        if b[:1].isalpha() and i not in special:
-            allowed.view(np.uint32)[i >> 5] &= ~bit
-        elif b[:1] == b" " and i not in special:
-            space_led.view(np.uint32)[i >> 5] |= bit
-    return Rule(ends, allowed, space_led)
+    ordinary = np.array([i not in special for i in range(n)])
+    letter = ordinary & np.array([b[:1].isalpha() for b in texts])
+    space = ordinary & np.array([b[:1] == b" " for b in texts])
+    return Rule(ends, _bitmask(~letter), _bitmask(space))
+
+
+def _bitmask(flags: np.ndarray) -> np.ndarray:
+    """Per-token flags as llguidance's int32 bitmask (token i: bit i % 32 of word i // 32)."""
+    padded = np.zeros(-(-len(flags) // 32) * 32, dtype=bool)
+    padded[:len(flags)] = flags
+    return np.packbits(padded, bitorder="little").view(np.int32)
