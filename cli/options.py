@@ -6,6 +6,7 @@ answer without loading MLX or mlx-lm."""
 from __future__ import annotations
 
 import functools
+import math
 
 import click
 
@@ -143,17 +144,28 @@ def cache_options(f):
     )(f)
 
 
+class _Finite(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (Python's float() reads both)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
 def sampling_options(f):
     return _compose(
-        click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0,
+        click.option("-t", "--temperature", type=_Finite(min=0), default=0.0,
                      show_default=True, help="0 = greedy."),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+        click.option("--top-p", type=_Finite(0, 1, min_open=True), default=1.0,
                      show_default=True),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
                      help="0 = off."),
-        click.option("--min-p", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+        click.option("--min-p", type=_Finite(0, 1, max_open=True), default=0.0,
                      show_default=True),
-        click.option("--seed", type=int, default=None, help="Same seed, same tokens."),
+        click.option("--seed", type=int, default=None,
+                     help="Same seed, same tokens (any integer; taken modulo 2**64)."),
     )(f)
 
 

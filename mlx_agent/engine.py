@@ -16,6 +16,7 @@ A grammar reaches it only as a :class:`Constraint` (see :mod:`mlx_agent.grammar`
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence, TypeVar
@@ -106,14 +107,16 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0 or math.isinf(self.temperature):  # NaN fails >= too
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 <= self.min_p < 1:
             raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+        if self.seed is not None:  # any integer: MLX's keys take 64 bits, as requests' do
+            object.__setattr__(self, "seed", self.seed % 2**64)
 
     def sampler(self) -> Sampler:
         """A new sampler for these settings (mlx-lm's filters, in ``make_sampler``'s order).
@@ -129,8 +132,9 @@ class SamplingParams:
             filters.append(lambda x: apply_top_p(x, self.top_p))
         if self.min_p:
             filters.append(lambda x: apply_min_p(x, self.min_p))
-        if self.top_k > 0:
-            filters.append(lambda x: apply_top_k(x, self.top_k))
+        if self.top_k > 0:  # k at or past the vocabulary keeps every token (mlx-lm raises,
+            # inside a compiled function whose random state it then leaves broken)
+            filters.append(lambda x: x if self.top_k >= x.shape[-1] else apply_top_k(x, self.top_k))
         return _categorical(self.temperature, filters, self.seed)
 
 

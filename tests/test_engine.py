@@ -165,8 +165,9 @@ def test_same_seed_same_tokens(tiny_model):
 def test_sampling_params_reject_nonsense():
     with pytest.raises(ValueError, match="top-p"):
         SamplingParams(top_p=0)
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingParams(temperature=-1)
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            SamplingParams(temperature=bad)
     with pytest.raises(ValueError, match="context length"):
         Engine(None, context_length=0)
 
@@ -198,3 +199,25 @@ def test_an_interrupted_step_leaves_the_cache_consistent(tiny_model, mode, where
                                atol=ATOL)
     engine.prefill(ids[10:])
     np.testing.assert_allclose(np.array(engine.logits), full_logits(tiny_model, ids)[-1], atol=ATOL)
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token_and_breaks_nothing():
+    # mlx-lm's top-k raised here, inside a compiled function, and left MLX's global random
+    # state unusable: every later unseeded draw failed (a server's, until restarted)
+    logprobs = mx.log(mx.softmax(mx.array([[0.0, 1.0, 2.0, 3.0]]), axis=-1))
+    for k in (4, 5, 10**6):
+        draws = {SamplingParams(temperature=1.0, top_k=k, seed=s).sampler()(logprobs).item()
+                 for s in range(40)}
+        assert draws == {0, 1, 2, 3}
+        assert SamplingParams(temperature=1.0, top_k=k).sampler()(logprobs).item() in range(4)
+    assert SamplingParams(temperature=1.0).sampler()(logprobs).item() in range(4)
+
+
+def test_any_integer_seed_is_a_seed():
+    logprobs = mx.log(mx.softmax(mx.arange(8, dtype=mx.float32)[None], axis=-1))
+
+    def draws(seed):
+        sample = SamplingParams(temperature=1.0, seed=seed).sampler()
+        return [sample(logprobs).item() for _ in range(6)]
+
+    assert draws(-1) == draws(2**64 - 1) and draws(2**70) == draws(0)
