@@ -39,6 +39,7 @@ from .agent import events as ev
 from .batch_runner import BatchRunner, run_pool
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
+from .fileio import read_regular
 from .tools import Tool, builtin_tools, load_tools
 from .tools.executor import run_process
 from .tools.sandbox import Sandbox
@@ -113,7 +114,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     path = Path(path)
     tasks = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TaskError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     for i, line in enumerate(text.splitlines(), 1):
@@ -133,8 +134,16 @@ def load_tasks(path: str | Path) -> list[Task]:
                 re.compile(task.check.answer_pattern)
             except re.error as e:
                 raise TaskError(f"{path}:{i}: answer_pattern is not a regex ({e})") from None
+        for want in task.check.tool_calls or ():
+            if not (isinstance(want.get("name"), str)
+                    and isinstance(want.get("arguments", {}), dict)):
+                raise TaskError(f"{path}:{i}: each expected tool call needs "
+                                 '{"name": "...", "arguments": {...}}')
         if not task.tools and not task.builtin_tools:
             raise TaskError(f"{path}:{i}: a task needs tools or builtin_tools")
+        if task.fixture is not None and not (path.parent / task.fixture).is_dir():
+            raise TaskError(f"{path}:{i}: fixture {task.fixture!r} is not a directory "
+                             f"(it is read relative to {path.parent})")
         choices = task.tool_choice if isinstance(task.tool_choice, list) else [task.tool_choice]
         for c in choices:
             if isinstance(c, dict) and not (isinstance(c.get("name"), str)

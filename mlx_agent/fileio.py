@@ -1,16 +1,22 @@
-"""Atomic file writes: a temporary file in the target's directory, fsync, then rename.
+"""Atomic file writes, and reads that only read regular files.
 
-A reader (or a crashed process) sees the old file or the new one, never half of one; with
-``durable`` (the default) the data is also on disk before the rename, so a crashed machine
-does too. New files get the usual permissions (0666 less the umask), not mkstemp's 0600.
-Not promised: durability of the directory entry itself (no fsync of the directory).
+A write goes to a temporary file in the target's directory, then fsync, then rename: a reader
+(or a crashed process) sees the old file or the new one, never half of one; with ``durable``
+(the default) the data is also on disk before the rename, so a crashed machine does too. New
+files get the usual permissions (0666 less the umask), not mkstemp's 0600. Not promised:
+durability of the directory entry itself (no fsync of the directory).
+
+:func:`read_regular` reads a file a user names (tools, tasks, trajectories) and refuses
+anything but a regular file: a FIFO would block the reader forever, a device never end.
 """
 
 from __future__ import annotations
 
-import json
 import contextlib
+import errno
+import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -65,3 +71,15 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 def write_jsonl(path: str | os.PathLike, rows) -> None:
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_regular(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file at ``path`` (links followed). Anything else (a FIFO,
+    a device, a directory) is an OSError whose ``strerror`` says so, raised without
+    waiting: the file is opened non-blocking and checked before it is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return f.read()

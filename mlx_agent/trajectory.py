@@ -27,7 +27,7 @@ from typing import Iterator
 import msgspec
 
 from .errors import UserFacingError
-from .fileio import write_bytes
+from .fileio import read_regular, write_bytes
 
 VERSION = 1
 SUFFIX = ".atraj"
@@ -105,11 +105,14 @@ def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> No
 
 def read(path: str | os.PathLike) -> Trajectory:
     try:
-        traj = _decoder.decode(Path(path).read_bytes())
+        traj = _decoder.decode(read_regular(path))
     except OSError as e:
         raise TrajectoryError(f"cannot read {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
         raise TrajectoryError(f"{path} is not a valid .atraj file: {e}") from None
+    except RecursionError:
+        raise TrajectoryError(f"{path} is not a valid .atraj file: JSON nested too deeply "
+                              "to read") from None
     if traj.version not in (None, VERSION):
         raise TrajectoryError(f"{path}: .atraj version {traj.version} is not supported (only 1)")
     return traj

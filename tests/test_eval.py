@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from mlx_agent import trajectory as tj
 from mlx_agent.evaluate import load_tasks, run
@@ -59,6 +60,22 @@ def test_task_file_errors(tmp_path):
     bad.write_text(json.dumps({"prompt": "x", "check": {"shell": "true"}}))
     with pytest.raises(ValueError, match="needs tools or builtin_tools"):
         load_tasks(bad)
+    # found when the file is read, not after the model ran every task
+    for arguments in ("x", [1]):
+        bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "check": {
+            "tool_calls": [{"name": "echo", "arguments": arguments}]}}))
+        with pytest.raises(ValueError, match="each expected tool call needs"):
+            load_tasks(bad)
+    (tmp_path / "a_file").write_text("")
+    for fixture in ("missing", "a_file"):
+        bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "fixture": fixture,
+                                   "check": {"answer_pattern": "x"}}))
+        with pytest.raises(ValueError, match=f"fixture '{fixture}' is not a directory"):
+            load_tasks(bad)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_tasks(fifo)  # refused at once: reading it would wait for a writer
 
 
 def test_a_rerun_of_the_same_prompt_records_its_whole_prompt(tiny_lm, tmp_path):

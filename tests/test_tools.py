@@ -214,3 +214,26 @@ def test_tool_choice_words_are_not_tool_names():
 
     with pytest.raises(ToolSchemaError, match="'none' is reserved"):
         declared_tools([{"name": "none", "parameters": {"type": "object"}}])
+
+
+def test_boolean_property_schemas_are_schemas(tmp_path):
+    # JSON Schema allows true (anything) and false (nothing) for a property: the prompt's
+    # signature used to call .get on them
+    (tool,) = parse_tools(json.dumps([{"name": "t", "description": "d", "_exec": "true",
+        "parameters": {"type": "object", "properties": {"x": False, "y": True}}}]))
+    assert tool.signature() == "t(x?: any, y?: any)"
+
+
+def test_a_tools_file_that_is_no_regular_file_or_nests_too_deeply_is_one_error(tmp_path):
+    from mlx_agent.tools import load_tools
+
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(ToolSchemaError, match="not a regular file"):
+        load_tools(tmp_path / "fifo.json")  # at once: reading it would wait for a writer
+    schema = '{"type":"object"}'
+    for _ in range(3000):
+        schema = '{"type":"object","properties":{"x":' + schema + '}}'
+    (tmp_path / "deep.json").write_text(
+        '[{"name":"t","description":"d","_exec":"true","parameters":' + schema + '}]')
+    with pytest.raises(ToolSchemaError, match="nested too deeply"):
+        load_tools(tmp_path / "deep.json")

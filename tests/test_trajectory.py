@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -98,3 +99,10 @@ def test_reader_api_and_the_original_fields(tmp_path):
     (tmp_path / "bad.atraj").write_text("{nope")
     with pytest.raises(tj.TrajectoryError, match="not a valid .atraj"):
         tj.read(tmp_path / "bad.atraj")
+    deep = dict(original, extra="@")  # a field nested past any recursion limit
+    (tmp_path / "deep.atraj").write_text(json.dumps(deep).replace('"@"', "[" * 100_000 + "]" * 100_000))
+    with pytest.raises(tj.TrajectoryError, match="nested too deeply"):
+        tj.read(tmp_path / "deep.atraj")
+    os.mkfifo(tmp_path / "fifo.atraj")
+    with pytest.raises(tj.TrajectoryError, match="not a regular file"):
+        tj.read(tmp_path / "fifo.atraj")

@@ -27,6 +27,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from ..errors import UserFacingError
+from ..fileio import read_regular
 from .exec_checks import special_variable, unquoted_references
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -86,8 +87,9 @@ class Tool(msgspec.Struct, frozen=True):
         props = self.properties
 
         def typ(name):
-            t = props.get(name, {}).get("type", "string")
-            return "|".join(t) if isinstance(t, list) else str(t)
+            schema = props.get(name, {})  # JSON Schema allows true (anything) and false
+            t = schema.get("type", "string") if isinstance(schema, dict) else "any"
+            return "|".join(map(str, t)) if isinstance(t, list) else str(t)
 
         required = set(self.required)
         args = [f"{a}{'' if a in required else '?'}: {typ(a)}" for a in self.argument_order()]
@@ -192,9 +194,11 @@ def parse_tools(data: bytes | str, source: str = "<tools>") -> list[Tool]:
     """Tools from the text of a tools file; ``source`` names it in errors."""
     try:
         raw = msgspec.json.decode(data)
+        return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source)
     except msgspec.DecodeError as e:
         raise ToolSchemaError(f"{source}: not valid JSON ({e})") from None
-    return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source)
+    except RecursionError:
+        raise ToolSchemaError(f"{source}: JSON nested too deeply to read") from None
 
 
 def declared_tools(entries: Any, source: str = "tools") -> list[Tool]:
@@ -243,7 +247,7 @@ def _field_message(e: msgspec.ValidationError) -> str:
 def load_tools(path: str | Path) -> list[Tool]:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except OSError as e:
         raise ToolSchemaError(f"cannot read tools file {path}: {e.strerror}") from None
     return parse_tools(data, source=str(path))
