@@ -229,6 +229,9 @@ def test_ollama_endpoints(serve, tiny_lm):
     assert r["done_reason"] == "length"
     status, r = s.post("/api/show", {"model": "tiny"})
     assert status == 200 and "tools" in r["capabilities"]
+    for name in ([1], {"a": 1}, None):  # a list was a 500 (unhashable)
+        status, r = s.post("/api/show", {"model": name})
+        assert status == 400 and "model" in r["error"]
     assert s.get("/api/tags")["models"][0]["name"] == "tiny"
     assert "version" in s.get("/api/version") and s.get("/health")["status"] == "ok"
     status, r = s.post("/api/chat", {"model": "llama3", "messages": user("hi")})
@@ -313,6 +316,11 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
     ({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
       "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not a tool"),
     ({"messages": [{"role": "user", "content": "hi " * 3000}]}, "context holds"),
+    ({"tools": TOOLS, "messages": [  # JSON's \ud800 escape, inside the arguments string
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "\\ud800"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "lone surrogate"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
     s = serve(context_length=1024)
@@ -641,3 +649,22 @@ def test_serve_command_takes_max_batch():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_requests_that_once_broke_the_server_for_everyone_after_them(serve):
+    s = serve()
+    # a top_k past the vocabulary: mlx-lm's filter raised inside a compiled function and
+    # left MLX's random state broken, so every later unseeded sampled request was a 500
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "hi", "stream": False,
+                                         "options": {"top_k": 10**6, "temperature": 1,
+                                                     "num_predict": 2}})
+    assert status == 200, r
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                                "temperature": 1.0})
+    assert status == 200, r
+    # a property schema of true or false (JSON Schema allows both) was an AttributeError
+    tools = [{"type": "function", "function": {"name": "t", "description": "d", "parameters": {
+        "type": "object", "properties": {"x": True, "y": False}}}}]
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 4,
+                                                "tools": tools})
+    assert status == 200, r

@@ -125,6 +125,12 @@ def arguments_of(call: dict) -> dict:
                                "that are not valid JSON") from None
     if not isinstance(args, dict):
         raise MessageError("tool call arguments must be a JSON object")
+    try:  # a \ud800 escape parses to a lone surrogate, which no tokenizer takes
+        json.dumps(args, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise MessageError(f"tool call {call['function'].get('name')!r} has arguments that "
+                           "hold a lone surrogate (an unpaired \\ud800-\\udfff escape), "
+                           "which is not text") from None
     return args
 
 

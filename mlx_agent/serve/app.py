@@ -260,6 +260,9 @@ class Server:
             return JSONResponse({"error": "the body is not valid JSON (or is nested too "
                                           "deeply)"}, status_code=400)
         name = body.get("model") or body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            return JSONResponse({"error": "the body needs \"model\": a model's name"},
+                                status_code=400)
         if name not in self.names:
             return JSONResponse({"error": f"model {name!r} not found"}, status_code=404)
         return JSONResponse(ollama_api.show(self.service))
