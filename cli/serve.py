@@ -59,6 +59,11 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     from mlx_agent.serve import ChatService, make_app
     from mlx_agent.tools import load_tools
 
+    if tool_metrics_out:  # before the model loads, as the port
+        try:
+            open(tool_metrics_out, "a").close()
+        except OSError as e:
+            raise UserError(f"--tool-metrics-out {tool_metrics_out}: {e.strerror}") from None
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file) if tools_file else []
     for warning in (w for t in tools for w in t.warnings):

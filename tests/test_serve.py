@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -668,3 +670,20 @@ def test_requests_that_once_broke_the_server_for_everyone_after_them(serve):
     status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 4,
                                                 "tools": tools})
     assert status == 200, r
+
+
+def test_a_metrics_file_that_cannot_be_written_never_fails_a_request(serve, tmp_path, capfd):
+    s = serve(metrics_out=tmp_path)  # a directory: every append fails
+    for _ in range(2):
+        status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+        assert status == 200, r
+    err = capfd.readouterr().err
+    assert err.count("cannot append to") == 1  # said once
+
+
+def test_serve_refuses_a_metrics_path_it_cannot_write_before_loading(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
+                        "--tool-metrics-out", str(tmp_path / "missing" / "m.jsonl")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "--tool-metrics-out" in r.stderr and "No such file" in r.stderr

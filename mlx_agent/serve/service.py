@@ -30,6 +30,7 @@ decoding while it runs (the batch waits for it).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import uuid
@@ -152,6 +153,7 @@ class ChatService:
         self.formats = {name: make_format(name, lm, memo) for name in (self.protocol, "plain")}
         self.default_max_tokens = default_max_tokens
         self.metrics_out = Path(metrics_out) if metrics_out else None
+        self._metrics_failed = False  # said once on stderr, then quiet
         self.model_name = model_name or lm.identity.name
         self.sampler_for = sampler_for or (lambda s: s.sampler())
         self.created = int(time.time())
@@ -377,8 +379,15 @@ class ChatService:
                "prompt_tokens": result.usage.prompt_tokens,
                "cached_tokens": result.usage.cached_tokens,
                "completion_tokens": result.usage.completion_tokens, "streaming": streaming}
-        with self._count, open(self.metrics_out, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        with self._count:
+            try:
+                with open(self.metrics_out, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+            except OSError as e:  # metrics never fail the request they describe
+                if not self._metrics_failed:
+                    print(f"mlx_agent: warning: cannot append to {self.metrics_out}: "
+                          f"{e.strerror}; tool metrics are not written", file=sys.stderr)
+                self._metrics_failed = True
 
 
 def _info_turns(calls: list[Call], tools: list[Tool]) -> list[dict]:
