@@ -20,18 +20,36 @@ class UserError(click.ClickException):
         click.echo(f"mlx_agent: error: {self.format_message()}", err=True)
 
 
+# a group run with no arguments shows its help through a UsageError (click >= 8.2)
+_NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def warn(message: str) -> None:
     click.secho(f"warning: {message}", err=True, fg="yellow")
 
 
 class Group(click.Group):
-    """Turns the runtime's user-facing errors into one-line messages with exit code 2."""
+    """Turns the runtime's user-facing errors and click's usage errors (a subcommand's
+    options and arguments) into one-line messages with exit code 2."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except _NoArgsIsHelp:
+            raise
+        except click.UsageError as e:  # the group's own options
+            raise UserError(f"{e.format_message()} (see {ctx.command_path} --help)") from None
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except UserFacingError as e:
             raise UserError(str(e)) from None
+        except _NoArgsIsHelp:
+            raise
+        except click.UsageError as e:  # click's own: usage, a hint and the error, 4 lines
+            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
+            raise UserError(f"{e.format_message()} (see {where} --help)") from None
         except KeyboardInterrupt:
             click.echo("", err=True)
             ctx.exit(130)

@@ -160,4 +160,4 @@ main.add_command(specialize)
 main.add_command(tools)
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="mlx_agent")  # as the installed command names itself

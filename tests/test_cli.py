@@ -189,3 +189,24 @@ def test_every_name_a_lazy_package_exports_resolves(package):
         getattr(module, name)
     with pytest.raises(AttributeError, match=f"module '{package}' has no attribute 'nope'"):
         module.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--bogus"], "No such option '--bogus'. (see mlx_agent --help)"),
+    (["nosuch"], "No such command 'nosuch'."),
+    (["generate"], "Missing argument 'PROMPT'. (see mlx_agent generate --help)"),
+    (["generate", "-t", "nan", "hi"], "'nan' is not a finite number"),
+    (["eval", "--out", "x.jsonl"], "Missing option '--tasks'."),
+])
+def test_usage_errors_are_one_line(args, message):
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("mlx_agent: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr
+
+
+def test_a_group_with_no_arguments_still_shows_its_help():
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "cache"],
+                       capture_output=True, text=True, timeout=60)
+    assert "Usage: mlx_agent cache" in r.stdout + r.stderr and "Commands:" in r.stdout + r.stderr
