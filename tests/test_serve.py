@@ -687,3 +687,15 @@ def test_serve_refuses_a_metrics_path_it_cannot_write_before_loading(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "--tool-metrics-out" in r.stderr and "No such file" in r.stderr
+
+
+def test_a_client_that_leaves_mid_body_is_no_traceback(serve, capfd):
+    s = serve()
+    with socket.create_connection(("127.0.0.1", s.port)) as c:
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"messages\"")
+    time.sleep(0.5)
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    assert status == 200, r
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -70,10 +70,13 @@ class Server:
         if declared.isdigit() and int(declared) > limit:
             raise too_big
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_big
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_big
+        except ClientDisconnect:  # gone mid-body: nobody to answer, nothing to log
+            raise BadRequest("the client left before the whole body came") from None
         return bytes(body)
 
     async def _body(self, request: Request, kind: type) -> Any:
