@@ -13,6 +13,7 @@ import sys
 import click
 
 from .errors import UserError, warn
+from .terminal import for_terminal
 from .options import (cache_mode, cache_options, load_options, loop_options, make_sandbox,
                       mcp_options, model_argument, prompt_cache_dtype_option,
                       sampling_options, sandbox_options, start_mcp)
@@ -47,13 +48,14 @@ class Sink:
             args = args[:117] + "..."
         status = "timed out" if event.timed_out else f"exit {event.exit_code}"
         stderr = event.stderr.strip()
-        detail = f": {stderr.splitlines()[0]}" if event.exit_code and stderr else ""
+        detail = f": {for_terminal(stderr.splitlines()[0])}" if event.exit_code and stderr else ""
         click.secho(f"  ↳ {event.tool}({args}) → {status} ({event.duration_sec:.2f} s){detail}",
                     err=True, fg="cyan")
 
     def _answer(self, event) -> None:
         mark = "(fallback: the reply had no valid shape)" if event.fallback else ""
-        click.echo(event.text if self.single else f"agent> {event.text}")
+        text = for_terminal(event.text)
+        click.echo(text if self.single else f"agent> {text}")
         if mark:
             click.secho(f"note {mark}" if self.single else f"      {mark}", err=True,
                         fg="yellow")

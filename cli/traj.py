@@ -25,26 +25,28 @@ def show(path, ids):
     from mlx_agent.trajectory import TrajectoryError, read
 
     from .errors import UserError
+    from .terminal import for_terminal
 
     try:
         t = read(path)
     except TrajectoryError as e:
         raise UserError(str(e)) from None
     head = f"trajectory {t.id}" + (f"  task {t.task}" if t.task else "")
-    click.secho(head, bold=True)
+    click.secho(for_terminal(head), bold=True)  # every string in the file is the file's
     if t.summary:
-        click.echo("  " + ", ".join(f"{k}={v}" for k, v in t.summary.items()))
+        click.echo(for_terminal("  " + ", ".join(f"{k}={v}" for k, v in t.summary.items())))
     for i, step in enumerate(t.steps):
         fed = len(step.input_ids or [])
         sampled = len(step.output_ids or [])
         counts = ", ".join(x for x in (f"{fed} fed" if fed else "",
                                         f"{sampled} sampled" if sampled else "") if x)
-        click.secho(f"[{i}] {step.role}" + (f" ({counts})" if counts else ""),
+        click.secho(for_terminal(f"[{i}] {step.role}") + (f" ({counts})" if counts else ""),
                     fg=_COLOURS.get(step.role), bold=True)
         text = step.content if len(step.content) < 2000 else step.content[:2000] + " …"
-        click.echo("    " + text.replace("\n", "\n    "))
+        click.echo("    " + for_terminal(text).replace("\n", "\n    "))
         if step.tool_call:
-            click.secho(f"    → {step.tool_call.name}({step.tool_call.arguments_json})", fg="cyan")
+            call = f"{step.tool_call.name}({step.tool_call.arguments_json})"
+            click.secho(f"    → {for_terminal(call)}", fg="cyan")
         if step.reward is not None:
             click.secho(f"    reward {step.reward}", fg="red")
         if ids:

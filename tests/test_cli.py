@@ -210,3 +210,19 @@ def test_a_group_with_no_arguments_still_shows_its_help():
     r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "cache"],
                        capture_output=True, text=True, timeout=60)
     assert "Usage: mlx_agent cache" in r.stdout + r.stderr and "Commands:" in r.stdout + r.stderr
+
+
+def test_text_from_files_and_models_reaches_the_terminal_escaped(tmp_path):
+    import json
+
+    from mlx_agent.cli.terminal import for_terminal
+
+    assert for_terminal("a\x1b]0;title\x07b\r\u202ec\td\ne") == \
+        "a\\x1b]0;title\\x07b\\x0d\\u202ec\td\ne"
+    t = {"version": 1, "id": "t\x1b]0;pwned\x07", "summary": {}, "steps": [
+        {"role": "user", "content": "hi \x1b[2J there", "input_ids": [5]}]}
+    (tmp_path / "t.atraj").write_text(json.dumps(t))
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "traj", "show",
+                        str(tmp_path / "t.atraj")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "\x1b" not in r.stdout and "\x07" not in r.stdout
+    assert "hi \\x1b[2J there" in r.stdout
