@@ -305,16 +305,16 @@ class BatchedEngine(Engine):
     def snapshot(self):
         return self.call(lambda: Engine.snapshot(self))
 
-    def prefill(self, ids: Sequence[int]) -> PrefillStats:
-        return self.call(lambda: Engine.prefill(self, ids))
+    def prefill(self, ids: Sequence[int], stop=None) -> PrefillStats:
+        return self.call(lambda: Engine.prefill(self, ids, stop))
 
-    def sync(self, ids: Sequence[int]) -> PrefillStats:
+    def sync(self, ids: Sequence[int], stop=None) -> PrefillStats:
         """As :meth:`Engine.sync`, starting from a shared prefix where one is stored."""
         def work() -> PrefillStats:
             ids_ = list(ids)
             if ids_:
                 self.runner.prefixes.seed(self, ids_)
-            stats = Engine.sync(self, ids_)
+            stats = Engine.sync(self, ids_, stop)
             self.runner.prefixes.keep(self, stats.prefilled)
             return stats
 

@@ -138,6 +138,10 @@ class SamplingParams:
         return _categorical(self.temperature, filters, self.seed)
 
 
+class PrefillStopped(Exception):
+    """A prefill its caller's ``stop`` ended early; the engine holds what it held before."""
+
+
 @dataclass(frozen=True)
 class PrefillStats:
     reused: int  # prompt tokens whose KV state was already in the cache
@@ -277,8 +281,12 @@ class Engine:
                 " (raise --context-length, or use a rotating --kv-window)"
             )
 
-    def prefill(self, ids: Sequence[int]) -> PrefillStats:
-        """Append ``ids`` to the cache in chunks; keep the logits after the last one."""
+    def prefill(self, ids: Sequence[int], stop: Callable[[], bool] | None = None) -> PrefillStats:
+        """Append ``ids`` to the cache in chunks; keep the logits after the last one.
+
+        ``stop`` is asked before every chunk after the first: when it says so (a client
+        that left), the chunks fed are dropped again and :class:`PrefillStopped` raised, so
+        the engine holds what it held before."""
         ids = list(ids)
         start = time.perf_counter()
         if not ids:
@@ -288,6 +296,11 @@ class Engine:
         starts = range(0, len(ids), self.prefill_step)
         try:
             for start_at in starts:
+                if start_at and stop is not None and stop():
+                    held = len(self.tokens)
+                    if self._truncate(held) < held:  # emptied: the old logits are stale
+                        self._logits = None
+                    raise PrefillStopped(f"stopped after {start_at} of {len(ids)} tokens")
                 chunk = arr[start_at : start_at + self.prefill_step]
                 if start_at == starts[-1]:  # the last chunk also yields the next logits
                     self._logits = self._forward(chunk, want_logits=True)
@@ -302,12 +315,12 @@ class Engine:
         self.tokens.extend(ids)
         return PrefillStats(0, len(ids), time.perf_counter() - start)
 
-    def sync(self, ids: Sequence[int]) -> PrefillStats:
+    def sync(self, ids: Sequence[int], stop: Callable[[], bool] | None = None) -> PrefillStats:
         """Make the cache hold exactly ``ids``, reusing the longest common prefix.
 
         Tokens after the common prefix are trimmed and only the new suffix is prefilled.
         At least the last token is re-fed when nothing new follows the prefix, so that
-        logits for the next position exist.
+        logits for the next position exist. ``stop`` as for :meth:`prefill`.
         """
         ids = list(ids)
         if not ids:
@@ -319,7 +332,7 @@ class Engine:
         common = min(common, len(ids) - 1)
         if common < len(self.tokens):
             common = self._truncate(common)
-        stats = self.prefill(ids[common:])
+        stats = self.prefill(ids[common:], stop)
         return PrefillStats(common, stats.prefilled, time.perf_counter() - start)
 
     def _repair(self) -> None:

@@ -221,3 +221,27 @@ def test_any_integer_seed_is_a_seed():
         return [sample(logprobs).item() for _ in range(6)]
 
     assert draws(-1) == draws(2**64 - 1) and draws(2**70) == draws(0)
+
+
+@pytest.mark.parametrize("mode", ["preallocated", "growing"])
+def test_a_stopped_prefill_leaves_the_engine_as_it_was(tiny_model, mode):
+    from mlx_agent.engine import PrefillStopped
+
+    ids = ids_for(tiny_model, 40, 21)
+    engine = Engine(tiny_model, context_length=64, cache_mode=mode, prefill_step=8)
+    engine.prefill(ids[:10])
+    before = np.array(engine.logits)
+    asked = []
+
+    def stop():  # the client leaves after the second chunk
+        asked.append(1)
+        return len(asked) >= 2
+
+    with pytest.raises(PrefillStopped):
+        engine.sync(ids, stop=stop)
+    assert engine.tokens == ids[:10] and all(c.offset == 10 for c in engine.cache)
+    assert np.array_equal(np.array(engine.logits), before)
+    engine.sync(ids)  # and it goes on as if nothing happened
+    fresh = Engine(tiny_model, context_length=64, cache_mode=mode, prefill_step=8)
+    fresh.prefill(ids)
+    assert np.allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)

@@ -699,3 +699,19 @@ def test_a_client_that_leaves_mid_body_is_no_traceback(serve, capfd):
     assert status == 200, r
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in ASGI application" not in err, err
+
+
+def test_a_long_prompt_stops_prefilling_when_its_client_leaves(tiny_lm):
+    service = ChatService(tiny_lm, model_name="tiny")
+    prep = service.prepare(ChatCall(messages=user("tell me more " * 500), max_tokens=4))
+    asked = []
+
+    def cancelled():  # the client is there when the request starts, gone a chunk later
+        asked.append(1)
+        return len(asked) > 1
+
+    r = service.chat(prep, cancelled=cancelled)
+    assert r.finish_reason == "cancelled" and service.cancelled == 1
+    assert r.usage.completion_tokens == 0 and len(asked) == 2  # one chunk, not three
+    r = service.chat(service.prepare(ChatCall(messages=user("hi"), max_tokens=4)))
+    assert r.finish_reason in ("stop", "length")

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..engine import Constraint, Engine, SamplingParams
+from ..engine import Constraint, Engine, PrefillStopped, SamplingParams
 from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMemo,
                        StreamFilter, arguments_of, choose, get_tool_info_tool, make_format,
                        text_of, tool_info)
@@ -337,7 +337,10 @@ class ChatService:
         if constraint is not None:
             constraint.reset()
         slots.select(prompt)
-        cached = engine.sync(prompt).reused
+        try:  # a long prompt's prefill stops between chunks when the client leaves
+            cached = engine.sync(prompt, stop=cancelled).reused
+        except PrefillStopped:
+            return Generated("", shown, [], "cancelled", 0)
         stream = TextStream(engine, self.lm.tokenizer, self.sampler_for(call.sampling),
                             max_tokens=max_tokens, stop_ids=self.lm.stop_ids,
                             constraint=constraint)
