@@ -22,8 +22,7 @@ def tools():
 @mcp_options
 @sandbox_options
 def ls(tools_file, builtin_tools, root, mcp_commands, mcp_config, sandbox, allow_network):
-    """Print each tool as the model sees it (signature, description, parameters'
-    descriptions) and its source.
+    """Print each tool as the model sees it (signature and description) and its source.
 
     \b
     Examples:
@@ -31,8 +30,6 @@ def ls(tools_file, builtin_tools, root, mcp_commands, mcp_config, sandbox, allow
       mlx_agent tools ls --mcp "npx -y @modelcontextprotocol/server-filesystem ."
       mlx_agent tools ls --mcp-config ~/.config/mcp.json --builtin-tools --root .
     """
-    from mlx_agent.formats.json_format import tool_lines
-
     box = make_sandbox(sandbox, allow_network, root)
     servers = start_mcp(mcp_commands, mcp_config, box, 30.0, root)
     catalogue = build_tools(tools_file, builtin_tools, root, 30.0, (), box, servers)
@@ -41,7 +38,4 @@ def ls(tools_file, builtin_tools, root, mcp_commands, mcp_config, sandbox, allow
             source = f"mcp:{servers.origin[tool.name]}"
         else:
             source = "built-in" if tool.builtin is not None else tools_file
-        first, *notes = tool_lines(tool)  # as the json protocol's system turn lists it
-        click.echo(f"{first[2:]}  [{source}]")
-        for line in notes:
-            click.echo(line)
+        click.echo(f"{tool.signature()}  {tool.description}".rstrip() + f"  [{source}]")

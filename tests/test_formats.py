@@ -171,25 +171,3 @@ def test_a_reply_nested_too_deeply_is_an_incomplete_reply_not_a_crash():
     assert not reply.complete and not reply.calls
     (call,) = tool_call_blocks('<tool_call>{"name":"x","arguments":{"a":%s}}</tool_call>' % deep)
     assert call.error == "tool call is nested too deeply"
-
-
-def test_the_json_prompt_shows_enum_values_and_parameter_descriptions():
-    from mlx_agent.formats.json_format import system_prompt
-    from mlx_agent.tools import parse_tools
-
-    long = "The city and state,   e.g.\nSan Francisco, CA. " + "More words here. " * 12
-    (tool,) = parse_tools(json.dumps([{"name": "weather", "description": "Current weather.",
-        "_exec": "true", "parameters": {"type": "object", "required": ["city"], "properties": {
-            "city": {"type": "string", "description": long},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
-                     "description": "Temperature unit."},
-            "days": {"type": "integer"},
-            "code": {"type": "string", "enum": [str(i) for i in range(9)]}}}}]))
-    lines = system_prompt([tool]).splitlines()
-    at = lines.index('- weather(city: string, code?: string, days?: integer, '
-                     'unit?: "celsius"|"fahrenheit")  Current weather.')
-    city, unit = lines[at + 1], lines[at + 2]
-    assert city.startswith("    city: The city and state, e.g. San Francisco, CA. More words")
-    assert city.endswith("...") and len(city) <= 4 + len("city: ") + 120
-    assert unit == "    unit: Temperature unit."
-    assert lines[at + 3].startswith("To call a tool")  # no line for what has no description

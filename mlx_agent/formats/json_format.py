@@ -1,7 +1,6 @@
 """The ``json`` format (the original ``posttrainllm`` protocol), over ChatML.
 
-The system turn lists the tools as ``- name(req: type, opt?: type)  description`` (an enum's
-values for its type), each followed by its parameters' descriptions a line each, under a
+The system turn lists the tools as ``- name(req: type, opt?: type)  description`` under a
 persona line, then says how to reply; the conversation's own system messages follow that
 block, so every conversation over the same tools shares its KV state. The model replies with
 ``{"tool": ..., "arguments": {...}}`` (with parallel calls: one object a line) or
@@ -45,17 +44,10 @@ def instructions() -> list[str]:
     return [line.format(call=call, answer=answer) for line in INSTRUCTIONS]
 
 
-def tool_lines(tool: Tool) -> list[str]:
-    """How the system turn lists ``tool``: its signature and description, then a line for
-    each parameter that has a description (what a value means: a unit, a format)."""
-    return [f"- {tool.signature()}  {tool.description}".rstrip(),
-            *(f"    {name}: {note}" for name, note in tool.parameter_notes())]
-
-
 def system_prompt(tools: Sequence[Tool], persona: str | None = None,
                   header: str = TOOLS_HEADER) -> str:
     lines = [persona or DEFAULT_PERSONA, header]
-    lines += [line for t in tools for line in tool_lines(t)]
+    lines += [f"- {t.signature()}  {t.description}".rstrip() for t in tools]
     return "\n".join([*lines, *instructions()])
 
 

@@ -18,7 +18,6 @@ runs. This module runs nothing and knows nothing of models.
 from __future__ import annotations
 
 import importlib
-import json
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -35,8 +34,6 @@ IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
 RESERVED = frozenset({"auto", "none", "required"})  # tool_choice's own words
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
-MAX_ENUM_SHOWN = 8  # an enum's values in a signature, up to this many
-MAX_NOTE = 120  # characters of a parameter's description in the json protocol's prompt
 
 
 class ToolSchemaError(UserFacingError, ValueError):
@@ -86,40 +83,18 @@ class Tool(msgspec.Struct, frozen=True):
 
     def signature(self) -> str:
         """``name(req: type, opt?: type)`` in :meth:`argument_order`, optional ones marked
-        ``?``; an enum of at most :data:`MAX_ENUM_SHOWN` values shows them as JSON
-        (``unit?: "c"|"f"``); a missing type shows as ``string``; a required name with no
-        property last."""
+        ``?``; a missing type shows as ``string``; a required name with no property last."""
         props = self.properties
 
         def typ(name):
             schema = props.get(name, {})  # JSON Schema allows true (anything) and false
-            if not isinstance(schema, dict):
-                return "any"
-            enum = schema.get("enum")
-            if isinstance(enum, list) and 0 < len(enum) <= MAX_ENUM_SHOWN and all(
-                    isinstance(v, (str, int, float, bool)) or v is None for v in enum):
-                return "|".join(json.dumps(v, ensure_ascii=False) for v in enum)
-            t = schema.get("type", "string")
+            t = schema.get("type", "string") if isinstance(schema, dict) else "any"
             return "|".join(map(str, t)) if isinstance(t, list) else str(t)
 
         required = set(self.required)
         args = [f"{a}{'' if a in required else '?'}: {typ(a)}" for a in self.argument_order()]
         args += [f"{r}: string" for r in self.required if r not in props]
         return f"{self.name}({', '.join(args)})"
-
-    def parameter_notes(self) -> list[tuple[str, str]]:
-        """``(name, description)`` for each parameter that has a description, in
-        :meth:`argument_order`: on one line, cut at a word to :data:`MAX_NOTE` characters."""
-        notes = []
-        for name in self.argument_order():
-            schema = self.properties.get(name)
-            text = schema.get("description") if isinstance(schema, dict) else None
-            text = " ".join(text.split()) if isinstance(text, str) else ""
-            if len(text) > MAX_NOTE:
-                text = text[:MAX_NOTE - 3].rsplit(" ", 1)[0] + "..."
-            if text:
-                notes.append((name, text))
-        return notes
 
     def validate(self, arguments: Any) -> list[str]:
         """Why ``arguments`` do not satisfy the schema (empty when they do)."""
