@@ -264,7 +264,7 @@ def test_options_ray_does_not_take_yet_are_usage_errors(task_set, tmp_path, comm
     r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", command, *args,
                         "--ray", "auto", *extra], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"Error: {option} does not work with --ray yet; drop one of them" in r.stderr
+    assert f"mlx_agent: error: {option} does not work with --ray yet; drop one of them" in r.stderr
 
 
 def test_ctrl_c_stops_the_run_and_leaves_complete_files(cluster, task_set, tmp_path):
