@@ -143,7 +143,8 @@ def _file_constraint(lm, json_schema: str | None, grammar: str | None):
     tokenizer = ll_tokenizer(lm)
     compiled = grammar_from_file(json_schema or grammar,
                                  "json-schema" if json_schema else "lark", tokenizer)
-    return Constraint(tokenizer, compiled, lm.vocab_size)
+    return Constraint(tokenizer, compiled, lm.vocab_size).admitting(
+        json_schema or grammar, "JSON value" if json_schema else "text")
 
 
 main.add_command(agent)

@@ -427,6 +427,15 @@ class Constraint:
     def mask(self) -> mx.array:
         return mx.array(self.mask_words())
 
+    def admitting(self, what: str, kind: str = "text") -> "Constraint":
+        """``self``, or a GrammarError when ``what`` admits no ``kind`` at all: its grammar
+        is over before the first token (say, a JSON schema ``$ref`` that only refers to
+        itself), where generating would return nothing and call it done."""
+        self.mask_words()
+        if self.done:
+            raise GrammarError(f"{what} admits no {kind}")
+        return self
+
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)
         text = self.tokenizer.decode_bytes([token])
@@ -460,4 +469,5 @@ def schema_constraint(lm, schema: dict) -> Constraint:
         key = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
         raise GrammarError("the response_format schema is not JSON a grammar can use") from None
-    return Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)
+    constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)
+    return constraint.admitting("the response_format schema", "JSON value")

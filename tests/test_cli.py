@@ -226,3 +226,13 @@ def test_text_from_files_and_models_reaches_the_terminal_escaped(tmp_path):
                         str(tmp_path / "t.atraj")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "\x1b" not in r.stdout and "\x07" not in r.stdout
     assert "hi \\x1b[2J there" in r.stdout
+
+
+def test_a_schema_that_admits_nothing_is_an_error_not_an_empty_answer(tmp_path):
+    schema = tmp_path / "loop.json"  # a $ref that only refers to itself
+    schema.write_text('{"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}')
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate",
+                        "--json-schema", str(schema), "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"mlx_agent: error: {schema} admits no JSON value\n"

@@ -484,6 +484,10 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "tools": TOOLS,
                                                 "response_format": {"type": "json_object"}})
     assert status == 400 and "response_format with tools" in r["error"]["message"]
+    nothing = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # was a 200, ""
+    status, r = s.post("/v1/chat/completions", {"messages": user("x"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": nothing}}})
+    assert status == 400 and "admits no JSON value" in r["error"]["message"], r
 
 
 def test_a_bad_streaming_request_is_a_400_before_the_stream(serve):
