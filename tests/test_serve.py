@@ -484,6 +484,13 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "tools": TOOLS,
                                                 "response_format": {"type": "json_object"}})
     assert status == 400 and "response_format with tools" in r["error"]["message"]
+    # a server with a --tools catalogue: a request asking for JSON is not offered it
+    with_tools = serve(tools=declared_tools(TOOLS))
+    status, r = with_tools.post("/v1/chat/completions", {
+        "messages": user("Pick"), "max_tokens": 64, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    assert status == 200, r
+    jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
     nothing = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # was a 200, ""
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": nothing}}})

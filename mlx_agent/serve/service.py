@@ -181,7 +181,10 @@ class ChatService:
         """Check ``call`` and build its first prompt and constraint; raises a
         UserFacingError for what the client must change. Uses no model state, so the HTTP
         layer can answer 400 before a stream starts."""
-        tools = self.tools if call.tools is None else call.tools
+        # the server's --tools catalogue serves requests that bring no tools of their own,
+        # except one asking for JSON of a schema: that is what it wants instead
+        default = self.tools if call.json_schema is None else []
+        tools = default if call.tools is None else call.tools
         self._check_size(sum(len(text_of(m.get("content"))) for m in call.messages))
         if call.tool_choice not in ("auto", "none") and not tools:
             raise RequestError(f"tool_choice {call.tool_choice!r} needs tools")
