@@ -61,6 +61,9 @@ def models():
         click.echo(f"{mark} {name:<18} {where}{with_adapter}")
     if default not in NAMED_MODELS:
         click.echo(f"* {default:<18} (from ${MODEL_ENV})")
+    if any(default_adapter(name) for name in NAMED_MODELS):
+        click.echo("adapter: a tool-calling adapter, loaded by the commands that call tools "
+                   "(--no-adapter: without it); generate runs without it")
     device = "metal" if mx.metal.is_available() else "cpu"
     click.echo(f"device: {device}; BLAS: {blas.status().describe()}; "
                f"weights: {weight_path()}")

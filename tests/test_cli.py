@@ -32,6 +32,7 @@ def test_models_lists_the_default_and_its_file():
     assert r.returncode == 0, r.stderr
     assert "* smollm2-135m" in r.stdout and ".gguf" in r.stdout
     assert "BLAS:" in r.stdout
+    assert "adapter: a tool-calling adapter, loaded by the commands that call tools" in r.stdout
 
 
 def test_generate_on_a_tinygpt_from_stdin(tmp_path):
