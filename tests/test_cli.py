@@ -89,33 +89,48 @@ def test_the_package_list_names_every_package_in_the_tree():
     assert found == set(config["packages"])
 
 
-def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(monkeypatch, tmp_path):
-    """load_options fills --adapter with the model's shipped adapter; --adapter DIR and
-    --no-adapter win, both at once is a usage error, and a -base name has none."""
+@pytest.fixture
+def adapter_of(monkeypatch, tmp_path):
+    """``adapter_of(options)(*args)``: (exit code, the adapter a command decorated with
+    ``options`` gets for ``args``), with a shipped adapter for ``smollm2-135m`` in
+    ``tmp_path``."""
     import click
     from click.testing import CliRunner
 
-    from mlx_agent.cli import options
     from mlx_agent.models import registry as models
 
     shipped = tmp_path / "smollm2-135m-general"
     shipped.mkdir()
     (shipped / "adapter_config.json").write_text("{}")
     monkeypatch.setattr(models, "ADAPTERS_DIR", tmp_path)
+
+    def with_options(*decorators):
+        def show(model_spec, adapter, weights, context_length):
+            click.echo(f"adapter={adapter}")
+
+        for decorate in reversed(decorators):  # as if stacked over the function
+            show = decorate(show)
+        show = click.command()(show)
+
+        def out(*args):
+            r = CliRunner().invoke(show, list(args), env={"MLX_AGENT_MODEL": ""})
+            return r.exit_code, r.output.strip()
+        return out
+
+    return with_options
+
+
+def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(adapter_of, tmp_path):
+    """load_options fills --adapter with the model's shipped adapter; --adapter DIR and
+    --no-adapter win, both at once is a usage error, and a -base name has none."""
+    from mlx_agent.cli import options
+    from mlx_agent.models import registry as models
+
+    shipped = tmp_path / "smollm2-135m-general"
+    out = adapter_of(options.model_argument(), options.load_options)
     assert models.default_adapter("smollm2-135m") == shipped
     assert models.default_adapter("smollm2-135m-base") is None
     assert models.default_adapter(str(tmp_path / "other.gguf")) is None
-
-    @click.command()
-    @options.model_argument()
-    @options.load_options
-    def show(model_spec, adapter, weights, context_length):
-        click.echo(f"adapter={adapter}")
-
-    def out(*args):
-        r = CliRunner().invoke(show, list(args), env={"MLX_AGENT_MODEL": ""})
-        return r.exit_code, r.output.strip()
-
     assert out() == (0, f"adapter={shipped}")
     assert out("smollm2-135m-base") == (0, "adapter=None")
     assert out("--no-adapter") == (0, "adapter=None")
@@ -124,29 +139,12 @@ def test_a_models_shipped_adapter_is_the_default_unless_told_otherwise(monkeypat
     assert code == 2 and "give --adapter DIR or --no-adapter, not both" in text
 
 
-def test_generate_loads_no_shipped_adapter(monkeypatch, tmp_path):
+def test_generate_loads_no_shipped_adapter(adapter_of, tmp_path):
     """model_options (generate: plain text, no tools) leaves the tool-calling adapter a
     named model ships with unloaded; --adapter DIR still loads one."""
-    import click
-    from click.testing import CliRunner
-
     from mlx_agent.cli import options
-    from mlx_agent.models import registry as models
 
-    shipped = tmp_path / "smollm2-135m-general"
-    shipped.mkdir()
-    (shipped / "adapter_config.json").write_text("{}")
-    monkeypatch.setattr(models, "ADAPTERS_DIR", tmp_path)
-
-    @click.command()
-    @options.model_options
-    def show(model_spec, adapter, weights, context_length):
-        click.echo(f"adapter={adapter}")
-
-    def out(*args):
-        r = CliRunner().invoke(show, list(args), env={"MLX_AGENT_MODEL": ""})
-        return r.exit_code, r.output.strip()
-
+    out = adapter_of(options.model_options)
     assert out() == (0, "adapter=None")
     assert out("--no-adapter") == (0, "adapter=None")
     assert out("--adapter", str(tmp_path)) == (0, f"adapter={tmp_path}")
