@@ -92,3 +92,12 @@ def test_a_rerun_of_the_same_prompt_records_its_whole_prompt(tiny_lm, tmp_path):
     assert summary.runs[1].reused > len(second.steps[0].input_ids)  # the cache held more
     assert second.replay() == first.replay()  # greedy: the same tokens, the same mask
     assert tiny_lm.decode(second.token_sequence()).count("echo hi") == 1
+
+
+def test_the_example_task_sets_load():
+    from pathlib import Path
+
+    files = Path(__file__).resolve().parent.parent / "examples" / "files" / "tasks.jsonl"
+    tasks = load_tasks(files)
+    assert len(tasks) == 10 and all(t.builtin_tools and t.fixture == "fixture" for t in tasks)
+    assert len({t.id for t in tasks}) == 10
