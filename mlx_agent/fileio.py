@@ -78,8 +78,15 @@ def read_regular(path: str | os.PathLike) -> bytes:
     a device, a directory) is an OSError whose ``strerror`` says so, raised without
     waiting: the file is opened non-blocking and checked before it is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        os.set_blocking(fd, True)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        if regular:
+            os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with open(fd, "rb") as f:  # the file object owns fd from here
         return f.read()
