@@ -12,7 +12,7 @@ from .options import (load_options, make_sandbox, mcp_options, model_argument,
                       protocol_option, sandbox_options, start_mcp)
 
 SYNTH = SynthConfig()
-NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is an MCP server's
+NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a file's
 
 
 @click.command()
@@ -24,6 +24,9 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
                    "(written whole at the end; a previous result there is replaced).")
 @click.option("--fixture", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory the tools run in (a fresh copy for every call and task).")
+@click.option("--builtin-tools", is_flag=True,
+              help="Add read_file, list_files, grep, write_file, run_tests, each call and "
+                   "task over a fresh copy of --fixture (as `agent --builtin-tools`).")
 @click.option("--n-train", type=click.IntRange(min=1), default=SYNTH.n_train,
               show_default=True, help="Training tasks (one written conversation each).")
 @click.option("--n-heldout", type=click.IntRange(min=1), default=60, show_default=True,
@@ -47,7 +50,7 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when every tool is a
 @mcp_options
 @load_options
 @ray_options
-def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, iters, minutes,
+def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_heldout, seed, iters, minutes,
                processes, max_steps, max_tokens, batch, protocol, sandbox, allow_network,
                mcp_commands, mcp_config, adapter, weights, context_length, ray_address,
                ray_workers):
@@ -61,6 +64,7 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
     \b
     Example:
       mlx_agent specialize --tools examples/everyday.json --out build/everyday --minutes 20
+      mlx_agent specialize --builtin-tools --fixture my/repo --out build/files
       mlx_agent specialize --tools tools.json --out build/mine --batch 8   # faster evals
       mlx_agent specialize --tools tools.json --out build/mine --ray auto  # evals on Ray
       mlx_agent agent --adapter build/everyday --tools examples/everyday.json
@@ -74,8 +78,8 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
     from mlx_agent.specialize import specialize as run_specialize
     from mlx_agent.tools import load_tools
 
-    if not tools_file and not (mcp_commands or mcp_config):
-        raise click.UsageError("give --tools FILE, or --mcp / --mcp-config")
+    if not tools_file and not (mcp_commands or mcp_config or builtin_tools):
+        raise click.UsageError("give --tools FILE, --builtin-tools, or --mcp / --mcp-config")
     check_ray_options(ray_address, ray_workers)
     if RECIPE.batch_size % processes:
         divisors = [str(d) for d in range(1, RECIPE.batch_size + 1) if RECIPE.batch_size % d == 0]
@@ -93,14 +97,14 @@ def specialize(model_spec, tools_file, out, fixture, n_train, n_heldout, seed, i
         served, warnings = servers.tools(taken=[t.name for t in tools])
         for warning in warnings:
             warn(warning)
-    if not tools and not served:
+    if not tools and not served and not builtin_tools:
         raise UserError("the catalogue has no tools; give at least one")
     config = SpecializeConfig(
         synth=dataclasses.replace(SYNTH, n_train=n_train, n_heldout=n_heldout, seed=seed),
         sft=dataclasses.replace(RECIPE, iters=iters, minutes=minutes, seed=seed,
                                 processes=processes),
         protocol=protocol, max_steps=max_steps, max_tokens=max_tokens, sandbox=box,
-        fixture=fixture, extra_tools=tuple(served), batch=batch,
+        fixture=fixture, builtin=builtin_tools, extra_tools=tuple(served), batch=batch,
         cluster=Cluster(ray_address, ray_workers, model_spec, weights, context_length, sandbox,
                         allow_network, batch) if ray_address else None)
 

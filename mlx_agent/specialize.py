@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from .synth.config import SynthConfig
 from .synth.conversations import Outcomes, rows
 from .synth.synthesis import report_lines, synthesize, write
 from .synth.values import files_under
-from .tools import Tool
+from .tools import Tool, builtin_tools
 from .tools.sandbox import Sandbox
 
 RESULTS = "results.json"
@@ -68,6 +69,7 @@ class SpecializeConfig:
     max_tokens: int = 128
     sandbox: Sandbox | None = None
     fixture: str | None = None  # the tools' working directory, copied fresh for every run
+    builtin: bool = False  # the built-in file tools too, over each run's copy of the fixture
     extra_tools: Sequence[Tool] = field(default=())  # tools no file holds (MCP servers')
     batch: int = 1  # held-out runs decoded together (evaluate.run's batch)
     cluster: "Cluster | None" = None  # held-out runs on Ray instead
@@ -169,8 +171,13 @@ def specialize(models: Models, tools: Sequence[Tool], tools_data: bytes, out: st
     out, start = Path(out), time.perf_counter()
     tmp = prepare_out(out)
     try:
-        results = _steps(models, list(tools) + list(config.extra_tools), tools_data, tmp,
-                         config, lambda msg: log(f"[{time.perf_counter() - start:6.0f} s] {msg}"))
+        with tempfile.TemporaryDirectory(prefix="mlx-agent-builtin-") as nowhere:
+            # as eval lists them: the file's, the built-ins (made over an empty directory,
+            # run over a fresh copy of the fixture, synthesis and eval alike), the servers'
+            builtins = builtin_tools(nowhere, sandbox=config.sandbox) if config.builtin else []
+            catalogue = [*tools, *builtins, *config.extra_tools]
+            results = _steps(models, catalogue, tools_data, tmp, config,
+                             lambda msg: log(f"[{time.perf_counter() - start:6.0f} s] {msg}"))
         results["minutes"] = round((time.perf_counter() - start) / 60, 1)
         write_text(tmp / RESULTS, json.dumps(results, indent=1) + "\n")
         _publish(tmp, out)
@@ -192,11 +199,15 @@ def _steps(models: Models, tools: list[Tool], tools_data: bytes, tmp: Path,
                 f"synthesis made no {side} task that calls a tool"
                 + (f" (skipped {skipped})" if skipped else "")
                 + "; give tools whose parameters can be sampled, with distinct calls")
+    held = {}
     if config.fixture:  # the tasks run in fresh copies of it, as the rows' tools did
         shutil.copytree(config.fixture, tmp / "tasks" / "fixture", symlinks=True)
+        held["fixture"] = "fixture"
+    if config.builtin:
+        held["builtin_tools"] = True
+    if held:
         synthesis = dataclasses.replace(synthesis, heldout=[
-            dataclasses.replace(t, task={**t.task, "fixture": "fixture"})
-            for t in synthesis.heldout])
+            dataclasses.replace(t, task={**t.task, **held}) for t in synthesis.heldout])
     write(synthesis, tools_data, tmp / "tasks")
     for line in report_lines(synthesis.report):
         log(f"synth: {line}")

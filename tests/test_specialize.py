@@ -203,3 +203,29 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json", "file", "never.json"]
     r = cli("--out", str(out))
     assert r.returncode == 2 and "give --tools FILE" in r.stderr and not out.exists()
+
+
+def test_the_built_in_tools_run_over_a_fresh_copy_of_the_fixture(tiny_models, tmp_path):
+    """specialize --builtin-tools: the rows' results are the built-ins' own, run over a copy
+    of the fixture (never the fixture itself), and the held-out tasks run with them too."""
+    models, _ = tiny_models
+    fixture = tmp_path / "fixture"
+    (fixture / "docs").mkdir(parents=True)
+    (fixture / "notes.txt").write_text("launch on March 3\n")
+    (fixture / "docs" / "agenda.md").write_text("meet Dana\n")
+    before = sorted(p.relative_to(fixture) for p in fixture.rglob("*"))
+    config = replace(FAST, synth=SynthConfig(n_train=12, n_heldout=3), builtin=True,
+                     fixture=str(fixture))
+    results = specialize(models, [], b'{"tools": []}\n', tmp_path / "out", config,
+                         log=lambda m: None)
+    assert sorted(p.relative_to(fixture) for p in fixture.rglob("*")) == before  # untouched
+    assert (fixture / "notes.txt").read_text() == "launch on March 3\n"
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    text = json.dumps([r["messages"] for r in rows])
+    assert "read_file" in text and results["tool_results"].get("real", 0) > 0
+    results_seen = [m["content"] for r in rows for m in r["messages"] if m["role"] == "tool"]
+    assert any("launch on March 3" in c or "meet Dana" in c for c in results_seen)  # real
+    held = [json.loads(line) for line in
+            (tmp_path / "out" / "tasks" / "heldout.jsonl").read_text().splitlines()]
+    assert held and all(t["builtin_tools"] and t["fixture"] == "fixture" for t in held)
+    assert results["before"]["runs"] == results["after"]["runs"] == 3

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..tools import Tool, ToolResult, run_tool
+from ..tools.builtin import rebound
 from ..tools.sandbox import Sandbox
 from ..written_rows import conversation_row
 from . import pools as P
@@ -109,7 +110,7 @@ class Outcomes:
                 shutil.copytree(self.fixture, cwd, symlinks=True)
             else:
                 cwd.mkdir()
-            result = run_tool(tool, arguments, timeout=self.timeout, cwd=cwd,
+            result = run_tool(rebound(tool, cwd), arguments, timeout=self.timeout, cwd=cwd,
                               sandbox=self.sandbox)
         said = result.stdout.strip().split("\n")[0].strip()
         if result.exit_code != 0 or result.timed_out or not said:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..tools import Sandbox, Tool, run_tool
+from ..tools.builtin import rebound
 from .phrasing import VERBS, Phrase, Phraser
 from .values import (Sampler, Unsatisfiable, as_schema, canonical, free_leaves, kind_of,
                      singular, words)
@@ -69,7 +70,8 @@ class Results:
 
     def _run(self, tool: Tool, arguments: dict) -> str | None:
         with tempfile.TemporaryDirectory(prefix="mlx-agent-synth-") as cwd:
-            r = run_tool(tool, arguments, timeout=self.timeout, cwd=cwd, sandbox=self.sandbox)
+            r = run_tool(rebound(tool, cwd), arguments, timeout=self.timeout, cwd=cwd,
+                         sandbox=self.sandbox)
         out = r.stdout.strip()
         if r.exit_code != 0 or r.timed_out or not out or "\n" in out or len(out) > MAX_RESULT:
             return None

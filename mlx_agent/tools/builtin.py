@@ -21,13 +21,15 @@ import shutil
 import sys
 from pathlib import Path
 
+import msgspec
+
 from . import rootfs
 from .executor import DEFAULT_CAP, ToolResult, _Capped, run_process, tool_env
 from .rootfs import OutsideRoot
 from .sandbox import Sandbox
 from .schema import Tool
 
-__all__ = ["OutsideRoot", "builtin_tools"]
+__all__ = ["OutsideRoot", "builtin_tools", "rebound"]
 
 _MAX_LIST = 500
 _MAX_MATCHES = 200
@@ -133,3 +135,18 @@ def builtin_tools(root: str | os.PathLike, *, timeout: float = 30.0, env_names=(
              parameters=obj({}, []),
              builtin=functools.partial(run_tests, root, timeout, tuple(env_names), sandbox)),
     ]
+
+
+def rebound(tool: Tool, root: str | os.PathLike) -> Tool:
+    """``tool``, if it is one of :func:`builtin_tools`, working over ``root`` instead of the
+    directory it was made for (a built-in tool's root is bound when it is made: synthesis
+    runs each call in a fresh copy of a fixture); any other tool as it is."""
+    fn = tool.builtin
+    if not (isinstance(fn, functools.partial) and fn.func in _ROOTED):
+        return tool
+    new_root = str(Path(root).resolve())
+    return msgspec.structs.replace(
+        tool, builtin=functools.partial(fn.func, new_root, *fn.args[1:], **fn.keywords))
+
+
+_ROOTED = frozenset({read_file, list_files, grep, write_file, run_tests})  # root: argument 1
