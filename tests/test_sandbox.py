@@ -114,6 +114,28 @@ def test_write_to_home(mode, area, monkeypatch):
     escaped(mode, (home / ".bashrc").exists(), r)
 
 
+def test_write_a_global_sysctl(mode, area):
+    # as root, root inside the sandbox writes kernel.core_pattern with no capability, and
+    # the kernel then runs the program it names on the host; the test writes back the
+    # current value, so even a breach changes nothing
+    if os.geteuid() != 0:
+        pytest.skip("only root may write sysctls: the runtime is not root here")
+    pattern = "/proc/sys/kernel/core_pattern"
+    r = run(mode, f'v=$(cat {pattern}) && printf "%s\\n" "$v" > {pattern}', area / "root")
+    escaped(mode, r.exit_code == 0, r)
+
+
+def test_write_a_repositorys_git_config(mode, area):
+    # git runs core.fsmonitor and hooks from .git later, unconfined, when the user runs it
+    git = area / "root" / ".git"
+    git.mkdir()
+    (git / "config").write_text("[core]\n")
+    r = run(mode, 'printf "\\tfsmonitor = touch /tmp/owned\\n" >> .git/config', area / "root")
+    escaped(mode, "fsmonitor" in (git / "config").read_text(), r)
+    r = run(mode, "echo fine > work.txt", area / "root")  # the rest of the root stays writable
+    assert r.exit_code == 0 and (area / "root" / "work.txt").read_text() == "fine\n"
+
+
 # -- the network ----------------------------------------------------------------------------
 
 @pytest.fixture

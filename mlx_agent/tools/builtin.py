@@ -5,7 +5,8 @@ descriptor at a time (``openat`` with ``O_NOFOLLOW``): ``..`` above the root, ab
 elsewhere and symlinks that lead out are refused, and a symlink swapped in mid-call cannot
 redirect a read or a write. ``read_file`` reads at most the output cap (head and tail of a big
 file); ``grep`` runs Python's ``re`` in a child process, so the tool timeout ends a pattern that
-backtracks; ``write_file`` replaces the file atomically and leaves nothing behind if it fails.
+backtracks; ``write_file`` replaces the file atomically and leaves nothing behind if it fails,
+and never writes inside a ``.git`` directory (git runs its config and hooks later, unconfined).
 ``run_tests`` runs the root's pytest suite (or unittest when pytest is absent) in its own
 process group with the tool timeout, confined by the ``sandbox`` given to
 :func:`builtin_tools` (it executes whatever code is in the root); the other four run
@@ -75,6 +76,13 @@ def grep(root: str, timeout: float, cap: int, pattern: str, path: str = ".") -> 
 
 
 def write_file(root: str, path: str, content: str) -> str:
+    try:
+        components = rootfs.parts(root, path)
+    except ValueError:  # OutsideRoot, a NUL: write_atomic refuses it with the reason
+        components = []
+    if any(part.lower() == ".git" for part in components):
+        # git runs a repository's config and hooks later, outside any sandbox
+        raise PermissionError(f"{path!r} is inside a .git directory, which tools may not write")
     data = content.encode("utf-8")  # before any file exists: a lone surrogate fails here
     rel = rootfs.write_atomic(root, path, data)
     return f"wrote {len(data)} bytes to {rel}"

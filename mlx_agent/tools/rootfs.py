@@ -44,7 +44,9 @@ class OutsideRoot(ValueError):
     pass
 
 
-def _parts(root: str, path: str) -> list[str]:
+def parts(root: str, path: str) -> list[str]:
+    """``path``'s components below ``root`` as the walk takes them (``..`` kept); an absolute
+    path outside ``root`` is :class:`OutsideRoot`."""
     if "\0" in path:
         raise ValueError(f"the path {path!r} contains a NUL character")
     if path.startswith("/"):
@@ -94,7 +96,7 @@ class _Walk:
         if target.startswith("/"):
             while len(self.fds) > 1:
                 self.up()
-        todo.extendleft(reversed(_parts(self.root, target)))
+        todo.extendleft(reversed(parts(self.root, target)))
 
     def up(self) -> None:
         if len(self.fds) == 1:
@@ -144,7 +146,7 @@ def located(root: str, path: str, create: bool = False) -> Iterator[tuple[_Walk,
     walk = _Walk(root)
     try:
         try:
-            name = walk.down(_parts(root, path or "."), create=create)
+            name = walk.down(parts(root, path or "."), create=create)
         except OutsideRoot:
             raise OutsideRoot(f"{path!r} is outside the tool root") from None
         except FileNotFoundError:

@@ -7,7 +7,10 @@ temporary directory, use the network or not, and see only a reduced environment 
 one object for each backend. Under bubblewrap the process also gets new PID, IPC, UTS and
 (unless the network is allowed) network namespaces, no capabilities, no new privileges, a
 new session, and dies with its parent, so nothing it starts outlives it; ``/run`` (where
-daemons keep their sockets: Docker, D-Bus) is hidden. bwrap is started with the reduced
+daemons keep their sockets: Docker, D-Bus) is hidden; ``/proc/sys`` and
+``/proc/sysrq-trigger`` are read-only (a runtime running as root is root inside too, and
+root may write global sysctls without any capability); a writable root's ``.git`` is
+read-only (git runs its config and hooks later, outside any sandbox). bwrap is started with the reduced
 environment, so its own init process shows nothing more in ``/proc/1/environ``.
 
 :class:`Sandbox` is what callers hold (a backend and its options); :func:`resolve` turns
@@ -64,6 +67,10 @@ def bwrap_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
     """``argv`` under bubblewrap with ``policy``; start it with ``policy.environ()``."""
     args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            # a runtime running as root is root inside too, and root writes global sysctls
+            # without any capability: kernel.core_pattern runs a program on the host
+            "--ro-bind", "/proc/sys", "/proc/sys",
+            "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger",
             "--tmpfs", "/tmp", "--dir", policy.home, "--tmpfs", "/run"]
     if policy.network:
         # --share-net undoes --unshare-all's network namespace; DNS may live under /run
@@ -72,6 +79,9 @@ def bwrap_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
         args += ["--ro-bind", path, path]
     for root in policy.writable:
         args += ["--bind", root, root]
+        # a repository's .git stays read-only: its config and hooks run later, unconfined,
+        # when the user runs git (core.fsmonitor, hooks/pre-commit)
+        args += ["--ro-bind-try", os.path.join(root, ".git"), os.path.join(root, ".git")]
     return [*args, "--chdir", policy.cwd, "--", *argv]
 
 
