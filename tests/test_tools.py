@@ -248,3 +248,14 @@ def test_write_file_never_writes_inside_a_git_directory(tmp_path):
     assert not any((tmp_path / ".git").iterdir())
     r = run_tool(tools["write_file"], {"path": "sub/.gitignore", "content": "x"})
     assert r.exit_code == 0
+
+
+def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):
+    # one 5 GB file used to take grep's whole timeout and hide every file after it
+    with open(tmp_path / "a_big", "wb") as f:
+        f.truncate(5 << 30)  # sparse: no disk used
+    (tmp_path / "b.txt").write_text("hello Dana\n")
+    tools = {t.name: t for t in builtin_tools(tmp_path)}
+    r = run_tool(tools["grep"], {"pattern": "Dana"})
+    assert r.exit_code == 0 and not r.timed_out
+    assert r.stdout.splitlines() == ["b.txt:1: hello Dana", "(not searched, over 256 MB: a_big)"]

@@ -34,6 +34,7 @@ from typing import Iterator
 
 SKIP_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".pytest_cache"})
 MAX_LINE = 64 * 1024  # grep searches (and shows) this much of a line
+GREP_MAX_FILE = 256 << 20  # grep skips (and names) files larger than this
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _IS_LINK = {errno.ELOOP, errno.ENOTDIR, errno.EMLINK}  # what O_NOFOLLOW meets on a link
@@ -280,19 +281,31 @@ def _lines(fd: int) -> Iterator[str]:
             yield from text.splitlines() or [""]
 
 
-def grep(root: str, pattern: str, path: str, max_matches: int) -> str:
+def grep(root: str, pattern: str, path: str, max_matches: int) -> Iterator[str]:
+    """The output's lines, a file's matches at a time (so a timeout keeps what was found):
+    ``path:line: text``, then a note for files over :data:`GREP_MAX_FILE` bytes, which are
+    skipped (one such file could take the whole timeout and hide every file after it)."""
     regex = re.compile(pattern)
-    hits: list[str] = []
+    hits, big = 0, []
     for rel, fd in files(root, path):
+        if os.fstat(fd).st_size > GREP_MAX_FILE:
+            big.append(rel)
+            continue
         try:
             found = [f"{rel}:{i}: {line}" for i, line in enumerate(_lines(fd), 1)
                      if regex.search(line)]
         except (UnicodeDecodeError, OSError):  # not text: skipped, as a whole
             continue
-        hits += found
-        if len(hits) >= max_matches:
-            return "\n".join(hits[:max_matches] + ["…[more matches]"])
-    return "\n".join(hits) if hits else "no matches"
+        yield from found[:max_matches - hits]
+        hits += len(found)
+        if hits >= max_matches:
+            yield "…[more matches]"
+            return
+    if not hits:
+        yield "no matches"
+    if big:
+        shown = ", ".join(big[:5]) + (f" and {len(big) - 5} more" if len(big) > 5 else "")
+        yield f"(not searched, over {GREP_MAX_FILE >> 20} MB: {shown})"
 
 
 def _main(argv: list[str]) -> int:
@@ -305,7 +318,9 @@ def _main(argv: list[str]) -> int:
         print(f"error: bad regular expression: {e}", file=sys.stderr)
         return 1
     try:
-        print(grep(job["root"], job["pattern"], job["path"], job["max_matches"]), end="")
+        lines = grep(job["root"], job["pattern"], job["path"], job["max_matches"])
+        for i, line in enumerate(lines):
+            print(("\n" if i else "") + line, end="", flush=True)
     except Exception as e:  # reported like any built-in's failure
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1
