@@ -48,9 +48,9 @@ class Sink:
             args = args[:117] + "..."
         status = "timed out" if event.timed_out else f"exit {event.exit_code}"
         stderr = event.stderr.strip()
-        detail = f": {for_terminal(stderr.splitlines()[0])}" if event.exit_code and stderr else ""
-        click.secho(f"  ↳ {event.tool}({args}) → {status} ({event.duration_sec:.2f} s){detail}",
-                    err=True, fg="cyan")
+        detail = f": {stderr.splitlines()[0]}" if event.exit_code and stderr else ""
+        click.secho(for_terminal(f"  ↳ {event.tool}({args}) → {status} "
+                                 f"({event.duration_sec:.2f} s){detail}"), err=True, fg="cyan")
 
     def _answer(self, event) -> None:
         mark = "(fallback: the reply had no valid shape)" if event.fallback else ""
