@@ -320,7 +320,8 @@ class Engine:
 
         Tokens after the common prefix are trimmed and only the new suffix is prefilled.
         At least the last token is re-fed when nothing new follows the prefix, so that
-        logits for the next position exist. ``stop`` as for :meth:`prefill`.
+        logits for the next position exist. ``stop`` as for :meth:`prefill`: a stopped
+        sync leaves the common prefix (and no logits, if it trimmed anything).
         """
         ids = list(ids)
         if not ids:
@@ -332,6 +333,8 @@ class Engine:
         common = min(common, len(ids) - 1)
         if common < len(self.tokens):
             common = self._truncate(common)
+            self._logits = None  # they followed a token no longer held (a stopped prefill
+            # would otherwise leave them in place for the next sync to reuse)
         stats = self.prefill(ids[common:], stop)
         return PrefillStats(common, stats.prefilled, time.perf_counter() - start)
 

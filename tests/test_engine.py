@@ -245,3 +245,19 @@ def test_a_stopped_prefill_leaves_the_engine_as_it_was(tiny_model, mode):
     fresh = Engine(tiny_model, context_length=64, cache_mode=mode, prefill_step=8)
     fresh.prefill(ids)
     assert np.allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)
+
+
+def test_a_stopped_sync_that_trimmed_keeps_no_stale_logits(tiny_model):
+    from mlx_agent.engine import PrefillStopped
+
+    a, b = ids_for(tiny_model, 12, 3), ids_for(tiny_model, 30, 4)
+    b[:6] = a[:6]  # six tokens in common
+    engine = Engine(tiny_model, context_length=64, prefill_step=8)
+    engine.prefill(a)
+    with pytest.raises(PrefillStopped):
+        engine.sync(b, stop=lambda: True)  # trims to the common six, then stops
+    assert engine.tokens == a[:6] and engine.logits is None
+    engine.sync(a[:6])  # the logits after a[:6], not the ones left after a[:12]
+    fresh = Engine(tiny_model, context_length=64, prefill_step=8)
+    fresh.prefill(a[:6])
+    assert np.allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)
