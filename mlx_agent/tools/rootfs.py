@@ -33,6 +33,7 @@ from collections import deque
 from typing import Iterator
 
 SKIP_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".pytest_cache"})
+WRITE_PROTECTED = frozenset({".git"})  # lower case: a case-insensitive filesystem matches .GIT
 MAX_LINE = 64 * 1024  # grep searches (and shows) this much of a line
 GREP_MAX_FILE = 256 << 20  # grep skips (and names) files larger than this
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -45,9 +46,7 @@ class OutsideRoot(ValueError):
     pass
 
 
-def parts(root: str, path: str) -> list[str]:
-    """``path``'s components below ``root`` as the walk takes them (``..`` kept); an absolute
-    path outside ``root`` is :class:`OutsideRoot`."""
+def _parts(root: str, path: str) -> list[str]:
     if "\0" in path:
         raise ValueError(f"the path {path!r} contains a NUL character")
     if path.startswith("/"):
@@ -97,7 +96,7 @@ class _Walk:
         if target.startswith("/"):
             while len(self.fds) > 1:
                 self.up()
-        todo.extendleft(reversed(parts(self.root, target)))
+        todo.extendleft(reversed(_parts(self.root, target)))
 
     def up(self) -> None:
         if len(self.fds) == 1:
@@ -107,13 +106,19 @@ class _Walk:
 
     def down(self, parts: list[str], create: bool = False) -> str | None:
         """Walk ``parts``; the last one is returned (not opened) unless it is ``..`` or a
-        symlink, which are followed. ``create`` makes missing directories on the way."""
+        symlink, which are followed. ``create`` (a walk to write) makes missing directories
+        on the way and refuses every name in :data:`WRITE_PROTECTED`, however it is reached
+        (a symlink's target is walked name by name too)."""
         todo = deque(parts)
         while todo:
             part = todo.popleft()
             if part == "..":
                 self.up()
                 continue
+            if create and part.lower() in WRITE_PROTECTED:
+                raise PermissionError(f"the path leads inside a {part} directory, which "
+                                      "tools may not write (git runs its config and hooks "
+                                      "later, outside any sandbox)")
             if not todo:
                 target = _readlink(self.fd, part)
                 if target is None:
@@ -147,7 +152,7 @@ def located(root: str, path: str, create: bool = False) -> Iterator[tuple[_Walk,
     walk = _Walk(root)
     try:
         try:
-            name = walk.down(parts(root, path or "."), create=create)
+            name = walk.down(_parts(root, path or "."), create=create)
         except OutsideRoot:
             raise OutsideRoot(f"{path!r} is outside the tool root") from None
         except FileNotFoundError:
