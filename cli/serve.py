@@ -60,10 +60,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     from mlx_agent.tools import load_tools
 
     if tool_metrics_out:  # before the model loads, as the port
-        try:
-            open(tool_metrics_out, "a").close()
-        except OSError as e:
-            raise UserError(f"--tool-metrics-out {tool_metrics_out}: {e.strerror}") from None
+        _check_appendable(tool_metrics_out)
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file) if tools_file else []
     for warning in (w for t in tools for w in t.warnings):
@@ -128,3 +125,22 @@ def _listen(host: str, port: int):
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}; "
                         "choose another --port or --host") from None
     return sock
+
+
+def _check_appendable(path: str) -> None:
+    """``path`` is (or can be created as) a regular file to append to; opened without
+    blocking, so a FIFO there is an error, not a wait for a reader."""
+    import errno
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as e:  # ENXIO: a FIFO that no one reads
+        why = "not a regular file" if e.errno == errno.ENXIO else e.strerror
+        raise UserError(f"--tool-metrics-out {path}: {why}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"--tool-metrics-out {path}: not a regular file")
+    finally:
+        os.close(fd)

@@ -4,6 +4,7 @@ random tiny model (real tokenizer and grammar) or a scripted one, started on por
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -698,6 +699,11 @@ def test_serve_refuses_a_metrics_path_it_cannot_write_before_loading(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "--tool-metrics-out" in r.stderr and "No such file" in r.stderr
+    os.mkfifo(tmp_path / "fifo")  # opening it to append would wait for a reader
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
+                        "--tool-metrics-out", str(tmp_path / "fifo")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a regular file" in r.stderr
 
 
 def test_a_client_that_leaves_mid_body_is_no_traceback(serve, capfd):
