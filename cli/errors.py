@@ -38,7 +38,7 @@ class Group(click.Group):
         except _NoArgsIsHelp:
             raise
         except click.UsageError as e:  # the group's own options
-            raise UserError(f"{e.format_message()} (see {ctx.command_path} --help)") from None
+            raise _one_line(e, ctx) from None
 
     def invoke(self, ctx):
         try:
@@ -48,8 +48,13 @@ class Group(click.Group):
         except _NoArgsIsHelp:
             raise
         except click.UsageError as e:  # click's own: usage, a hint and the error, 4 lines
-            where = e.ctx.command_path if e.ctx is not None else ctx.command_path
-            raise UserError(f"{e.format_message()} (see {where} --help)") from None
+            raise _one_line(e, ctx) from None
         except KeyboardInterrupt:
             click.echo("", err=True)
             ctx.exit(130)
+
+
+def _one_line(e: click.UsageError, ctx: click.Context) -> UserError:
+    """Click's usage error as one line that names the --help to read."""
+    where = (e.ctx or ctx).command_path
+    return UserError(f"{e.format_message()} (see {where} --help)")

@@ -50,10 +50,10 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a fi
 @mcp_options
 @load_options
 @ray_options
-def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_heldout, seed, iters, minutes,
-               processes, max_steps, max_tokens, batch, protocol, sandbox, allow_network,
-               mcp_commands, mcp_config, adapter, weights, context_length, ray_address,
-               ray_workers):
+def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_heldout, seed,
+               iters, minutes, processes, max_steps, max_tokens, batch, protocol, sandbox,
+               allow_network, mcp_commands, mcp_config, adapter, weights, context_length,
+               ray_address, ray_workers):
     """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
 
     Synthesises tasks from the catalogue (as `synth`), writes a conversation for each
