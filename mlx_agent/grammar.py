@@ -40,6 +40,7 @@ from jsonschema import Draft202012Validator
 from llguidance import LLMatcher
 
 from .errors import UserFacingError
+from .fileio import read_regular
 from .lone_space import Rule, lone_space_rule
 from .tokenizer import special_tokens
 from .tools import Tool
@@ -380,9 +381,11 @@ def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
 def grammar_from_file(path: str, kind: str, tokenizer) -> str:
     """A grammar from a JSON Schema file (``kind="json-schema"``) or a Lark file."""
     try:
-        text = open(path, encoding="utf-8").read()
+        text = read_regular(path).decode("utf-8")
     except OSError as e:
         raise GrammarError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise GrammarError(f"cannot read {path}: it is not UTF-8 text") from None
     if kind == "json-schema":
         try:
             grammar = LLMatcher.grammar_from_json_schema(text)

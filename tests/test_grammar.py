@@ -345,3 +345,17 @@ def test_the_space_rule_stands_aside_where_no_space_could_come_next(smol, lark):
         c.consume(t)
     (hello,) = lm.encode("hello")
     assert _allowed(c.mask_words(), hello)
+
+
+def test_a_grammar_or_mcp_config_file_that_is_a_fifo_is_refused_at_once(smol, tmp_path):
+    import os
+
+    from mlx_agent.grammar import grammar_from_file
+    from mlx_agent.tools.mcp import McpError, load_config
+
+    lm, tok, _ = smol
+    os.mkfifo(tmp_path / "fifo")  # reading it would wait for a writer
+    with pytest.raises(GrammarError, match="not a regular file"):
+        grammar_from_file(str(tmp_path / "fifo"), "json-schema", tok)
+    with pytest.raises(McpError, match="not a regular file"):
+        load_config(tmp_path / "fifo")

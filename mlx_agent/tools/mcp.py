@@ -42,6 +42,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from ..errors import UserFacingError
+from ..fileio import read_regular
 from .executor import DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text
 from .sandbox import Sandbox
 from .schema import Tool, ToolSchemaError, declared_tools
@@ -88,11 +89,13 @@ def spec_from_command(text: str) -> ServerSpec:
 def load_config(path: str | os.PathLike) -> list[ServerSpec]:
     """The servers of an ``{"mcpServers": {name: {...}}}`` file."""
     try:
-        raw = msgspec.json.decode(Path(path).read_bytes())
+        raw = msgspec.json.decode(read_regular(path))
     except OSError as e:
         raise McpError(f"cannot read MCP config {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
         raise McpError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise McpError(f"{path}: JSON nested too deeply to read") from None
     servers = raw.get("mcpServers") if isinstance(raw, dict) else None
     if not isinstance(servers, dict):
         raise McpError(f'{path}: expected {{"mcpServers": {{"name": {{"command": ...}}}}}}')
