@@ -3,9 +3,9 @@
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--contrast] [--raw-chat]
-        [--tasks-per-row 1]
+        [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6]]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]
-         [--lora-keys self_attn.q_proj,self_attn.v_proj]]
+         [--lora-keys self_attn.q_proj,self_attn.v_proj] [--start ADAPTER_DIR]]
 
 1. Generates the procedural catalogues (:mod:`mlx_agent.synth.catalogues`: 500+ tools, 28
    domains) and writes each as ``catalogues/NAME/tools.json``. The catalogues of the
@@ -37,6 +37,11 @@
    reply to it (greedy, without tools), and each such request is also a row with
    no tools shown: the adapter learns to keep the raw model's plain chat. Without
    ``--train`` the script stops at the tasks and says what the rows will cost.
+   ``--file-folders N`` adds everyday file work with the built-in tools
+   (:mod:`mlx_agent.synth.file_work`): N generated folders, ``--file-tasks`` requests over
+   each, written with the tools' real results, the catalogue the built-ins after up to two
+   training catalogues' tools (as ``agent --tools FILE --builtin-tools`` lists them).
+   ``--start DIR`` trains on from an adapter (its rank, layers and keys) instead of a new one.
 
 Deterministic under ``--seed`` (training too, on one machine). Each catalogue's synthesis
 draws from its own seed (``--seed`` and the catalogue's name), so catalogues do not repeat
@@ -48,7 +53,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import re
+import tempfile
 import time
 import zlib
 from collections import Counter
@@ -65,11 +72,13 @@ from mlx_agent.serve import ChatService
 from mlx_agent.serve.service import ChatCall
 from mlx_agent.synth.catalogues import Catalogue, catalogues, write
 from mlx_agent.synth.conversations import Outcomes, rows as written_rows
+from mlx_agent.synth.file_work import conversations as file_conversations
+from mlx_agent.synth.file_work import file_tasks, make_folder
 from mlx_agent.synth.synthesis import SynthConfig, synthesize
 from mlx_agent.synth.synthesis import write as write_tasks
 from mlx_agent.synth.tasks import SynthTask
 from mlx_agent.synth.values import canonical
-from mlx_agent.tools import declared_tools, load_tools, resolve_sandbox
+from mlx_agent.tools import builtin_tools, declared_tools, load_tools, resolve_sandbox
 from mlx_agent.written_rows import conversation_row
 
 REPLY_OVERHEAD = 12  # tokens of a result turn and a one-sentence answer around the result
@@ -140,6 +149,25 @@ def raw_replies(lm, prompts: list[str], max_tokens: int = 48) -> dict[str, str]:
     return out
 
 
+def file_rows(lm, fmt, train: list[Catalogue], folders: int, per_folder: int, seed: int,
+              sandbox) -> list[dict]:
+    """Rows of everyday file work (module docstring, ``--file-folders``)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="mlx-agent-general-files-") as tmp:
+        builtins = builtin_tools(tmp)
+        for i in range(folders):
+            rng = random.Random(f"{seed}:files:{i}")
+            folder = Path(tmp) / f"folder{i}"
+            folder.mkdir()
+            files = make_folder(folder, rng)
+            others = declared_tools(list(rng.choice(train).tools[:rng.randint(0, 2)]))
+            tasks = file_tasks(files, rng, per_folder)
+            for task, messages in file_conversations(builtins, folder, tasks, sandbox=sandbox):
+                out.append({**conversation_row(lm, fmt, others + builtins, messages),
+                            "task": f"files-{i}", "kind": f"files-{task.kind}"})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -166,6 +194,10 @@ def main() -> None:
     ap.add_argument("--num-layers", type=int, default=16)
     ap.add_argument("--lora-keys", default=",".join(SFTConfig.keys),
                     help="the linear layers LoRA trains, comma-separated (last names match)")
+    ap.add_argument("--file-folders", type=int, default=0,
+                    help="generated folders of everyday file work (built-in tools)")
+    ap.add_argument("--file-tasks", type=int, default=6, help="requests over each folder")
+    ap.add_argument("--start", metavar="ADAPTER_DIR", help="train on from this adapter")
     ap.add_argument("--processes", type=int, default=1,
                     help="training processes, each a share of every batch")
     args = ap.parse_args()
@@ -237,6 +269,10 @@ def main() -> None:
             row = conversation_row(lm, plain, [], [{"role": "user", "content": prompt},
                                                    {"role": "assistant", "content": reply}])
             training_rows.append({**row, "task": "chat", "kind": "chat"})
+        files = file_rows(lm, fmt, train, args.file_folders, args.file_tasks, args.seed,
+                          sandbox)
+        training_rows += files
+        summary["file_rows"] = len(files)
         write_jsonl(out / "rows.jsonl", training_rows)
         summary["chat_rows"] = len(replies)
         summary["written_rows"] = len(training_rows)
@@ -248,13 +284,14 @@ def main() -> None:
                            learning_rate=args.learning_rate, rank=args.rank,
                            num_layers=args.num_layers, keys=tuple(args.lora_keys.split(",")),
                            val_fraction=0.0, seed=args.seed,
-                           minutes=args.minutes, processes=args.processes)
+                           minutes=args.minutes, processes=args.processes,
+                           init_adapter=args.start)
         started = time.perf_counter()
         stats = train_adapter(load(args.model), training_rows, args.train, config)
         summary["training"] = {**stats, "minutes": round((time.perf_counter() - started) / 60, 1),
                                "learning_rate": args.learning_rate, "rank": args.rank,
                                "num_layers": args.num_layers, "lora_keys": args.lora_keys,
-                               "batch": args.batch}
+                               "batch": args.batch, "start": args.start}
     (out / "corpus.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

@@ -1,0 +1,100 @@
+"""Everyday file work (mlx_agent.synth.file_work): generated folders, requests over them and
+conversations whose calls ran for real and whose answers hold what the result said."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from mlx_agent.synth.file_work import conversations, file_tasks, make_folder
+from mlx_agent.tools import builtin_tools
+
+ROOT = Path(__file__).resolve().parent.parent
+HELD_OUT = ROOT / "examples" / "files"
+
+
+def made(tmp_path: Path, seed: int, n: int = 24, where: str = ""):
+    folder = tmp_path / f"folder{seed}{where}"
+    folder.mkdir()
+    rng = random.Random(seed)
+    files = make_folder(folder, rng)
+    tasks = file_tasks(files, rng, n)
+    return folder, files, conversations(builtin_tools(tmp_path), folder, tasks)
+
+
+def test_folder_on_disk_is_what_it_returns(tmp_path):
+    folder, files, _ = made(tmp_path, 1)
+    on_disk = {p.relative_to(folder).as_posix(): p.read_text()
+               for p in folder.rglob("*") if p.is_file()}
+    assert on_disk == files and 3 <= len(files) <= 7
+
+
+def test_deterministic_under_the_seed(tmp_path):
+    a, b = made(tmp_path, 7, where="a"), made(tmp_path, 7, where="b")
+    assert a[1] == b[1]
+    assert [m for _, m in a[2]] == [m for _, m in b[2]]
+    assert made(tmp_path, 8)[1] != a[1]
+
+
+def test_answers_hold_the_real_result(tmp_path):
+    kinds = Counter()
+    for seed in range(12):
+        folder, files, convs = made(tmp_path, seed)
+        for task, (user, call, result, answer) in convs:
+            kinds[task.kind] += 1
+            assert user["role"] == "user" and answer["role"] == "assistant"
+            function = call["tool_calls"][0]["function"]
+            args = json.loads(function["arguments"])
+            stdout = json.loads(result["content"])["stdout"]
+            said = answer["content"]
+            if task.kind in ("fact", "first"):
+                # what the answer quotes is in the file the call read
+                quoted = re.findall(r'"([^"]+)"', said) or [said.rsplit(" is ", 1)[-1][:-1]]
+                assert all(q in stdout for q in quoted), (said, stdout)
+            elif task.kind == "show":
+                assert stdout.strip() in said and stdout == files[args["path"]]
+            elif task.kind == "lines":
+                assert f"has {len(stdout.splitlines())} line" in said
+            elif task.kind == "list":
+                assert all(name in said for name in stdout.split())
+            elif task.kind == "search":
+                hits = {line.split(":", 1)[0] for line in stdout.splitlines() if ":" in line}
+                assert all(h in said for h in hits)
+                assert said.startswith("No file") == (stdout == "no matches") == (not hits)
+            elif task.kind == "mentions":
+                assert said.startswith("Yes") == (stdout != "no matches")
+                if stdout != "no matches":  # the line it quotes is the match
+                    assert said.split(": ", 1)[1].strip('"') in stdout
+            else:
+                assert task.kind == "write" and args["content"] in said
+                assert stdout == f"wrote {len(args['content'].encode())} bytes to {args['path']}"
+            assert task.prompt == user["content"]
+    assert set(kinds) == {"fact", "show", "first", "lines", "list", "search", "mentions",
+                          "write"}
+
+
+def test_writes_leave_the_folder_alone(tmp_path):
+    folder, files, convs = made(tmp_path, 3, n=40)
+    assert any(t.kind == "write" for t, _ in convs)
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert on_disk == set(files)  # each call ran on a fresh copy
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_held_out_file_set_shares_no_request_or_name(tmp_path, seed):
+    """examples/files is the hand-written held-out set: no generated request is one of its
+    requests, and no generated folder has its files or its marked words."""
+    held = [json.loads(line) for line in (HELD_OUT / "tasks.jsonl").read_text().splitlines()]
+    prompts = {t["prompt"] for t in held}
+    held_files = {p.relative_to(HELD_OUT / "fixture").as_posix()
+                  for p in (HELD_OUT / "fixture").rglob("*") if p.is_file()}
+    folder, files, convs = made(tmp_path, seed)
+    assert not prompts & {t.prompt for t, _ in convs}
+    assert not held_files & set(files)
+    text = " ".join(files.values()) + " ".join(t.prompt for t, _ in convs)
+    assert not re.search(r"\b(Dana|Falcon|TODO|launch date)\b", text, re.IGNORECASE)
