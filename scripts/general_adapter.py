@@ -3,7 +3,7 @@
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--contrast] [--raw-chat]
-        [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6]]
+        [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6] [--file-chat 0]]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]
          [--lora-keys self_attn.q_proj,self_attn.v_proj] [--start ADAPTER_DIR]]
 
@@ -40,7 +40,8 @@
    ``--file-folders N`` adds everyday file work with the built-in tools
    (:mod:`mlx_agent.synth.file_work`): N generated folders, ``--file-tasks`` requests over
    each, written with the tools' real results, the catalogue the built-ins after up to two
-   training catalogues' tools (as ``agent --tools FILE --builtin-tools`` lists them).
+   training catalogues' tools (as ``agent --tools FILE --builtin-tools`` lists them), and
+   ``--file-chat`` requests of each that need no tool, answered without a call.
    ``--start DIR`` trains on from an adapter (its rank, layers and keys) instead of a new one.
 
 Deterministic under ``--seed`` (training too, on one machine). Each catalogue's synthesis
@@ -150,9 +151,11 @@ def raw_replies(lm, prompts: list[str], max_tokens: int = 48) -> dict[str, str]:
 
 
 def file_rows(lm, fmt, train: list[Catalogue], folders: int, per_folder: int, seed: int,
-              sandbox) -> list[dict]:
-    """Rows of everyday file work (module docstring, ``--file-folders``)."""
+              sandbox, chat: int = 0) -> list[dict]:
+    """Rows of everyday file work (module docstring, ``--file-folders``), and ``chat``
+    requests a folder that need no tool, answered directly with the same tools shown."""
     out = []
+    outcomes = Outcomes(run=False, seed=seed)
     with tempfile.TemporaryDirectory(prefix="mlx-agent-general-files-") as tmp:
         builtins = builtin_tools(tmp)
         for i in range(folders):
@@ -165,6 +168,13 @@ def file_rows(lm, fmt, train: list[Catalogue], folders: int, per_folder: int, se
             for task, messages in file_conversations(builtins, folder, tasks, sandbox=sandbox):
                 out.append({**conversation_row(lm, fmt, others + builtins, messages),
                             "task": f"files-{i}", "kind": f"files-{task.kind}"})
+            if chat:
+                asked = synthesize(others + builtins, SynthConfig(
+                    n_train=chat, n_heldout=1, seed=zlib.crc32(f"{seed}:files:{i}".encode()),
+                    no_tool_share=1.0, chain_share=0.0, answer_share=0.0, run_tools=False))
+                out += written_rows(lm, fmt, others + builtins,
+                                    [t for t in asked.train if t.kind == "none"], outcomes,
+                                    seed=seed)
     return out
 
 
@@ -197,6 +207,8 @@ def main() -> None:
     ap.add_argument("--file-folders", type=int, default=0,
                     help="generated folders of everyday file work (built-in tools)")
     ap.add_argument("--file-tasks", type=int, default=6, help="requests over each folder")
+    ap.add_argument("--file-chat", type=int, default=0,
+                    help="requests of each folder's catalogue that need no tool")
     ap.add_argument("--start", metavar="ADAPTER_DIR", help="train on from this adapter")
     ap.add_argument("--processes", type=int, default=1,
                     help="training processes, each a share of every batch")
@@ -270,7 +282,7 @@ def main() -> None:
                                                    {"role": "assistant", "content": reply}])
             training_rows.append({**row, "task": "chat", "kind": "chat"})
         files = file_rows(lm, fmt, train, args.file_folders, args.file_tasks, args.seed,
-                          sandbox)
+                          sandbox, chat=args.file_chat)
         training_rows += files
         summary["file_rows"] = len(files)
         write_jsonl(out / "rows.jsonl", training_rows)

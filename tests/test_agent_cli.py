@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,19 @@ def test_ctrl_c_at_the_prompt_asks_again():
     assert code == 0, err
     assert ":quit or Ctrl-D" in err and "Traceback" not in err
     assert out.count("you> ") == 2
+
+
+def test_files_adapter_reads_a_file_and_states_what_it_says(tmp_path):
+    """models/smollm2-135m-files, the README's adapter for file work, on a request of the
+    held-out examples/files set (its rows never saw that set's files or phrasing)."""
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "examples/files/fixture", root)
+    r = run("--adapter", str(ROOT / "models/smollm2-135m-files"), "--builtin-tools",
+            "--root", str(root), "--single", "Read notes.txt and tell me the launch date.",
+            "--json-out", "--max-steps", "3")
+    assert r.returncode == 0, r.stderr
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    calls = [e for e in events if isinstance(e, ev.ToolCall)]
+    answers = [e.text for e in events if isinstance(e, ev.Answer)]
+    assert [c.tool for c in calls] == ["read_file"], calls
+    assert len(answers) == 1 and "March 3" in answers[0], answers
