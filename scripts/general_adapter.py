@@ -222,6 +222,8 @@ def main() -> None:
     except ValueError:
         ap.error(f"--catalogue-size takes MIN,MAX with 1 <= MIN <= MAX, not "
                  f"{args.catalogue_size!r}")
+    if min(args.file_folders, args.file_tasks, args.file_chat) < 0:
+        ap.error("--file-folders, --file-tasks and --file-chat take counts of at least 0")
     if args.tasks_per_row < 1:
         ap.error("--tasks-per-row takes a count of at least 1")
     if not 0 <= args.outside_share <= 0.5:

@@ -5,6 +5,7 @@
 the four kinds of task, and ``synthesis`` (the entry point: ``synthesize``, ``write``) plans
 both sides, measures their overlap and writes the files; ``config`` holds the options and
 their defaults. ``file_work`` writes everyday file work with the built-in tools over
-generated folders, as people ask for it (the general adapter's corpus). Nothing here loads a model. The package imports nothing itself, so the CLI
-can read the defaults without loading the rest.
+generated folders, as people ask for it (the general adapter's corpus). Nothing here loads
+a model. The package imports nothing itself, so the CLI can read the defaults without
+loading the rest.
 """

@@ -104,14 +104,8 @@ class Outcomes:
     def _real(self, tool: Tool, arguments: dict) -> Outcome | None:
         if not (self.run and (tool.exec_template or tool.handler or tool.builtin)):
             return None
-        with tempfile.TemporaryDirectory(prefix="mlx-agent-written-") as tmp:
-            cwd = Path(tmp) / "work"
-            if self.fixture:
-                shutil.copytree(self.fixture, cwd, symlinks=True)
-            else:
-                cwd.mkdir()
-            result = run_tool(rebound(tool, cwd), arguments, timeout=self.timeout, cwd=cwd,
-                              sandbox=self.sandbox)
+        result = run_on_copy(tool, arguments, self.fixture, sandbox=self.sandbox,
+                             timeout=self.timeout)
         said = result.stdout.strip().split("\n")[0].strip()
         if result.exit_code != 0 or result.timed_out or not said:
             return None
@@ -121,6 +115,20 @@ class Outcomes:
         said = synthesised_result(tool, arguments, random.Random(f"{self.seed}:{key}"))
         return Outcome(ToolResult(tool=tool.name, stdout=said + "\n").for_model(), said,
                        "synthesised")
+
+
+def run_on_copy(tool: Tool, arguments: dict, fixture: str | Path | None, *,
+                sandbox: Sandbox | None = None, timeout: float = 10.0) -> ToolResult:
+    """``tool`` run as the agent runs it, in a fresh copy of ``fixture`` (or an empty
+    directory), built-ins rebound to that copy; the copy is gone when it returns."""
+    with tempfile.TemporaryDirectory(prefix="mlx-agent-written-") as tmp:
+        cwd = Path(tmp) / "work"
+        if fixture:
+            shutil.copytree(fixture, cwd, symlinks=True)
+        else:
+            cwd.mkdir()
+        return run_tool(rebound(tool, cwd), arguments, timeout=timeout, cwd=cwd,
+                        sandbox=sandbox)
 
 
 def _cut(text: str) -> str:
@@ -152,7 +160,8 @@ def task_calls(task: SynthTask, tools: dict[str, Tool]) -> list[tuple[Tool, dict
     return out
 
 
-def _call_message(tool: Tool, arguments: dict, n: int) -> dict:
+def call_message(tool: Tool, arguments: dict, n: int) -> dict:
+    """The assistant message that makes the ``n``-th call, as a client writes it."""
     return {"role": "assistant", "content": None, "tool_calls": [{
         "id": f"call_{n}", "type": "function",
         "function": {"name": tool.name, "arguments": json.dumps(arguments, ensure_ascii=False)}}]}
@@ -189,7 +198,7 @@ def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcom
     outcome = None
     for n, (tool, arguments) in enumerate(calls):
         outcome = outcomes(tool, arguments)
-        messages += [_call_message(tool, arguments, n),
+        messages += [call_message(tool, arguments, n),
                      {"role": "tool", "name": tool.name, "content": outcome.content}]
     answer = rng.choice(ANSWERS).format(r=outcome.said, tool=calls[-1][0].name)
     return messages + [{"role": "assistant", "content": answer}]

@@ -20,17 +20,14 @@ what users ask (they are templates), or a result's meaning beyond what the answe
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..tools import Tool, run_tool
-from ..tools.builtin import rebound
+from ..tools import Tool
 from . import pools as P
+from .conversations import call_message, run_on_copy
 
 STEMS = ("memo", "plan", "budget", "minutes", "ideas", "report", "summary", "roadmap",
          "tasks", "readme", "changelog", "schedule", "contacts", "recipe", "letter",
@@ -65,7 +62,7 @@ class FileTask:
     prompt: str
     kind: str
     call: tuple[str, dict]  # the built-in tool's name and arguments
-    answer: Callable[[str], str]  # from the tool's stdout (exit 0) to the answer
+    answer: Callable[[str], str]  # the answer, made from the call's stdout (exit 0)
 
 
 def make_folder(root: Path, rng: random.Random) -> dict[str, str]:
@@ -110,13 +107,10 @@ def _names(paths: Sequence[str]) -> str:
     return paths[0] if len(paths) == 1 else ", ".join(paths[:-1]) + " and " + paths[-1]
 
 
-def _matched_files(stdout: str) -> list[str]:
-    """The files of grep's ``path:line: text`` lines (it says "no matches" when none)."""
-    seen: dict[str, None] = {}
-    for line in stdout.splitlines():
-        if line.count(":") >= 2:
-            seen[line.split(":", 1)[0]] = None
-    return list(seen)
+def _matches(stdout: str) -> list[tuple[str, str]]:
+    """(file, text) of grep's ``path:line: text`` lines (it says "no matches" when none)."""
+    return [(parts[0], parts[2].strip()) for parts in
+            (line.split(":", 2) for line in stdout.splitlines()) if len(parts) == 3]
 
 
 def file_tasks(files: dict[str, str], rng: random.Random, n: int) -> list[FileTask]:
@@ -132,20 +126,24 @@ def file_tasks(files: dict[str, str], rng: random.Random, n: int) -> list[FileTa
 
 
 def _fact(files, rng):
-    facts = [(p, line[4:].split(" is ", 1)) for p, text in files.items()
+    facts = [(p, line[4:].split(" is ", 1)[0]) for p, text in files.items()
              for line in text.splitlines() if line.startswith("The ") and " is " in line]
     if not facts:
         return None
-    path, (thing, value) = rng.choice(facts)
-    value = value.rstrip(".")
+    path, thing = rng.choice(facts)
     prompt = rng.choice((
         "What's the {t} in {p}?", "Look in {p} and tell me the {t}.",
         "Can you check {p} for the {t}?", "According to {p}, what is the {t}?",
         "I forgot the {t}. It's written in {p}.", "Open {p}: what does it give as the {t}?",
     )).format(t=thing, p=path)
-    answer = rng.choice(("The {t} is {v}.", "According to {p}, the {t} is {v}.",
-                         "{p} says the {t} is {v}.")).format(t=thing, v=value, p=path)
-    return FileTask(prompt, "fact", ("read_file", {"path": path}), lambda _out: answer)
+    template = rng.choice(("The {t} is {v}.", "According to {p}, the {t} is {v}.",
+                           "{p} says the {t} is {v}."))
+
+    def answer(out: str) -> str:
+        lead = f"The {thing} is "
+        value = next(line[len(lead):] for line in out.splitlines() if line.startswith(lead))
+        return template.format(t=thing, v=value.rstrip("."), p=path)
+    return FileTask(prompt, "fact", ("read_file", {"path": path}), answer)
 
 
 def _show(files, rng):
@@ -160,27 +158,28 @@ def _show(files, rng):
 
 def _first(files, rng):
     path = rng.choice(sorted(files))
-    first = files[path].splitlines()[0]
     if rng.random() < 0.5:
         prompt = rng.choice(("Which word does {p} start with?", "Tell me the opening word "
                              "of {p}.", "How does {p} begin? Just the first word.")
                             ).format(p=path)
-        word = first.split()[0].strip(",:;(")
         return FileTask(prompt, "first", ("read_file", {"path": path}),
-                        lambda _out: f"{path} starts with the word \"{word}\".")
+                        lambda out: f"{path} starts with the word "
+                                    f"\"{out.split()[0].strip(',:;(')}\".")
     prompt = rng.choice(("What's the first line of {p}?", "What is the heading of {p}?",
                          "Give me the top line in {p}.")).format(p=path)
     return FileTask(prompt, "first", ("read_file", {"path": path}),
-                    lambda _out: f"The first line of {path} is \"{first}\".")
+                    lambda out: f"The first line of {path} is \"{out.splitlines()[0]}\".")
 
 
 def _lines(files, rng):
     path = rng.choice(sorted(files))
-    n = len(files[path].splitlines())
     prompt = rng.choice(("Count the lines in {p}.", "How long is {p}, in lines?",
                          "What's the line count of {p}?")).format(p=path)
-    return FileTask(prompt, "lines", ("read_file", {"path": path}),
-                    lambda _out: f"{path} has {n} line{'s' if n != 1 else ''}.")
+
+    def answer(out: str) -> str:
+        n = len(out.splitlines())
+        return f"{path} has {n} line{'s' if n != 1 else ''}."
+    return FileTask(prompt, "lines", ("read_file", {"path": path}), answer)
 
 
 def _listing(files, rng):
@@ -201,8 +200,9 @@ def _listing(files, rng):
 
 
 def _search_word(files, rng) -> str:
-    words = sorted({w.strip(".,:;()\"'$") for text in files.values() for w in text.split()
-                    if len(w.strip(".,:;()\"'$")) > 3 and w.strip(".,:;()\"'$").isalpha()})
+    """A word of the folder's files (now and then one of none of them)."""
+    stripped = (w.strip(".,:;()\"'$") for text in files.values() for w in text.split())
+    words = sorted({w for w in stripped if len(w) > 3 and w.isalpha()})
     return rng.choice(words) if words and rng.random() < 0.85 else rng.choice(_WORDS)
 
 
@@ -213,7 +213,7 @@ def _search(files, rng):
                          "Look for {w} across the folder.", "Grep for {w}.")).format(w=word)
 
     def answer(out: str) -> str:
-        found = _matched_files(out)
+        found = list(dict.fromkeys(path for path, _ in _matches(out)))
         if not found:
             return f"No file mentions {word}."
         return f"{word} appears in {_names(found)}."
@@ -226,10 +226,10 @@ def _mentions(files, rng):
                          "Check whether {p} says anything about {w}.")).format(p=path, w=word)
 
     def answer(out: str) -> str:
-        lines = [line for line in out.splitlines() if line.count(":") >= 2]
-        if not lines:  # grep says "no matches"
+        found = _matches(out)
+        if not found:
             return f"No, {path} does not mention {word}."
-        return f"Yes, {path} mentions {word}: \"{lines[0].split(':', 2)[2].strip()}\""
+        return f"Yes, {path} mentions {word}: \"{found[0][1]}\""
     return FileTask(prompt, "mentions", ("grep", {"pattern": word, "path": path}), answer)
 
 
@@ -253,18 +253,13 @@ def conversations(tools: Sequence[Tool], folder: Path, tasks: Sequence[FileTask]
     out = []
     for n, task in enumerate(tasks):
         name, arguments = task.call
-        with tempfile.TemporaryDirectory(prefix="mlx-agent-files-") as tmp:
-            cwd = Path(tmp) / "work"
-            shutil.copytree(folder, cwd, symlinks=True)
-            result = run_tool(rebound(by_name[name], cwd), arguments, timeout=timeout,
-                              cwd=cwd, sandbox=sandbox)
+        tool = by_name[name]
+        result = run_on_copy(tool, arguments, folder, sandbox=sandbox, timeout=timeout)
         if result.exit_code != 0 or result.timed_out:
             continue
         out.append((task, [
             {"role": "user", "content": task.prompt},
-            {"role": "assistant", "content": None, "tool_calls": [{
-                "id": f"call_{n}", "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)}}]},
+            call_message(tool, arguments, n),
             {"role": "tool", "name": name, "content": result.for_model()},
             {"role": "assistant", "content": task.answer(result.stdout)}]))
     return out
