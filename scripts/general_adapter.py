@@ -2,7 +2,8 @@
 
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
-        [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--contrast] [--raw-chat]
+        [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--optional-share 0.5]
+        [--contrast] [--raw-chat]
         [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6] [--file-chat 0]]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]
          [--lora-keys self_attn.q_proj,self_attn.v_proj] [--start ADAPTER_DIR]]
@@ -17,9 +18,10 @@
    gets ``train.jsonl`` and ``heldout.jsonl`` for a training catalogue, ``heldout.jsonl``
    only for a held-out one. ``--outside-share`` of the training tasks ask for a tool of
    another training catalogue (never a held-out one's) that shares no noun with this one
-   (no call is right). With ``--contrast`` each such request is also a call task, word for
-   word, in the first training catalogue that has the tool it asks for (a row of its own;
-   the tasks files keep what synthesis wrote).
+   (no call is right); ``--optional-share`` of a training task's optional parameters are
+   given (held-out tasks keep 0.5). With ``--contrast`` each such request is also a call
+   task, word for word, in the first training catalogue that has the tool it asks for (a
+   row of its own; the tasks files keep what synthesis wrote).
 3. Prints the corpus's size: tasks by kind, and the tokens a written row of each would have
    (the catalogue's system prompt as the json format renders it, the request, the calls as
    the grammar writes them, a short result and answer: an estimate until the rows are
@@ -190,6 +192,8 @@ def main() -> None:
     ap.add_argument("--catalogue-size", default="4,8", help="MIN,MAX own-domain tools")
     ap.add_argument("--mixed", type=int, default=2, help="other domains' tools a catalogue has")
     ap.add_argument("--outside-share", type=float, default=0.0)
+    ap.add_argument("--optional-share", type=float, default=0.5,
+                    help="how often a training task gives an optional parameter")
     ap.add_argument("--raw-chat", action="store_true")
     ap.add_argument("--contrast", action="store_true",
                     help="each outside request also as a call in a catalogue that has its tool")
@@ -226,6 +230,8 @@ def main() -> None:
         ap.error("--file-folders, --file-tasks and --file-chat take counts of at least 0")
     if args.tasks_per_row < 1:
         ap.error("--tasks-per-row takes a count of at least 1")
+    if not 0 <= args.optional_share <= 1:
+        ap.error("--optional-share takes a share from 0 to 1")
     if not 0 <= args.outside_share <= 0.5:
         ap.error("--outside-share takes a share from 0 to 0.5")
     if args.processes < 1 or args.batch % args.processes:
@@ -246,7 +252,8 @@ def main() -> None:
         config = SynthConfig(n_train=0 if is_held else args.per_catalogue,
                              n_heldout=args.heldout_per_catalogue,
                              seed=zlib.crc32(f"{args.seed}:{cat.name}".encode()),
-                             outside_share=0.0 if is_held else args.outside_share)
+                             outside_share=0.0 if is_held else args.outside_share,
+                             optional_share=0.5 if is_held else args.optional_share)
         result = synthesize(tools, config, sandbox=sandbox, outside=pool)
         write_tasks(result, path.read_bytes(), out / "tasks" / cat.name)
         for t in result.train:

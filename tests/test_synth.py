@@ -246,6 +246,32 @@ def test_a_parameter_name_picks_the_most_specific_value_kind():
                      "pickup_city": "city", "user_id": "id", "customer_email": "email"}
 
 
+def test_a_city_and_state_parameter_gets_the_whole_place_comma_and_all():
+    from mlx_agent.synth.catalogues import generate_tools
+    from mlx_agent.synth.values import Sampler
+
+    weather = declared_tools([fn("get_current_weather", "Get the current weather.", {
+        "location": {"type": "string",
+                     "description": "The city and state, e.g. San Francisco, CA"},
+        "city": {"type": "string", "description": "The city and country"},
+        "town": {"type": "string", "description": "A town"}}, ["location", "city", "town"])])
+    rng = random.Random(0)
+    for side in pools.SIDES:
+        sampler = Sampler(rng, side)
+        drawn = [sampler.arguments(weather[0]) for _ in range(40)]
+        assert {a["location"] for a in drawn} <= set(pools.split(pools.STATE_PLACES, side))
+        assert {a["city"] for a in drawn} <= set(pools.split(pools.COUNTRY_PLACES, side))
+        assert {a["town"] for a in drawn} <= set(pools.split(pools.CITIES, side))
+    # generated catalogues ask for places in some city fields, never with a value as example
+    asked = [p["description"] for _, t in generate_tools(0)
+             for p in t["function"]["parameters"]["properties"].values()
+             if ": the city and " in p.get("description", "")]
+    assert len(asked) >= 10
+    examples = {e for es in pools.PLACE_EXAMPLES.values() for e in es}
+    assert {d.split("e.g. ")[1] for d in asked} <= examples
+    assert not examples & set(pools.STATE_PLACES + pools.COUNTRY_PLACES)
+
+
 def test_an_outside_tool_may_share_only_a_leading_verb_with_the_catalogue():
     def tool(name):
         return declared_tools([fn(name, "Does a thing.", {})])[0]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..fileio import atomic_path
 from .domains import DOMAINS
+from .pools import PLACE_EXAMPLES
 
 SHAPES = {  # obj:NAME -> (properties as field specs, required)
     "address": ({"street": "str:address", "city": "str:city", "postal_code": "str:zip",
@@ -39,6 +40,7 @@ KIND_HINTS = {  # str:KIND -> the words a description adds, so a reader knows wh
     "company": "a company", "country": "a country", "phone": "a phone number",
     "zip": "a postal code", "word": "one word", "address": "a street address",
 }
+PLACE_SHARE = 0.5  # city fields that ask for "the city and state/country, e.g. ..."
 FORMATS = {"date": "date", "datetime": "date-time", "time": "time", "email": "email",
            "url": "uri", "uuid": "uuid", "hostname": "hostname", "ipv4": "ipv4"}
 VERBS = {
@@ -100,11 +102,17 @@ def plural(noun: str) -> str:
     return noun + "s"
 
 
-def field_schema(name: str, spec: str, rng: random.Random) -> dict:
-    """The JSON Schema of field ``name`` from its spec (see :mod:`.domains`)."""
+def field_schema(name: str, spec: str, rng: random.Random, top: bool = True) -> dict:
+    """The JSON Schema of field ``name`` from its spec (see :mod:`.domains`); ``top`` is
+    false for an object's fields (an address's city stays a plain city)."""
     kind, _, rest = spec.partition(":")
     label = human(name).capitalize()
     if kind == "str":
+        if rest == "city" and top and rng.random() < PLACE_SHARE:  # a "City, Region" value
+            region = rng.choice(sorted(PLACE_EXAMPLES))
+            example = rng.choice(PLACE_EXAMPLES[region])
+            return {"type": "string",
+                    "description": f"{label}: the city and {region}, e.g. {example}"}
         return {"type": "string", "description": f"{label} ({KIND_HINTS[rest]})"}
     if kind in FORMATS:
         return {"type": "string", "format": FORMATS[kind], "description": label}
@@ -132,7 +140,8 @@ def field_schema(name: str, spec: str, rng: random.Random) -> dict:
     if kind == "obj":
         fields, required = SHAPES[rest]
         return {"type": "object", "description": label,
-                "properties": {k: field_schema(k, v, rng) for k, v in fields.items()},
+                "properties": {k: field_schema(k, v, rng, top=False)
+                               for k, v in fields.items()},
                 "required": list(required), "additionalProperties": False}
     raise ValueError(f"field {name!r}: unknown spec {spec!r}")
 

@@ -39,6 +39,23 @@ COUNTRIES = (
     "Ecuador", "Portugal", "Chile", "India", "Poland", "Ghana", "Estonia", "Spain", "Tunisia",
     "Finland", "Mexico", "Austria", "Iceland", "Morocco", "Brazil", "Greece", "Nepal", "Uruguay",
     "Denmark", "Senegal", "Latvia")
+# Places as a "city and state" or "city and country" parameter wants them (OpenAI's own
+# example tool asks for "The city and state, e.g. San Francisco, CA"): the value is copied
+# whole, comma and all, from a request that says it so
+STATE_PLACES = (
+    "Denver, CO", "Austin, TX", "Tacoma, WA", "Salem, OR", "Tulsa, OK", "Reno, NV",
+    "Madison, WI", "Boise, ID", "Dayton, OH", "Mobile, AL", "Eugene, OR", "Provo, UT",
+    "Duluth, MN", "Savannah, GA", "Albany, NY", "Fresno, CA", "Omaha, NE", "Tampa, FL",
+    "Helena, MT", "Akron, OH", "Wichita, KS", "Raleigh, NC", "Bangor, ME", "Tucson, AZ")
+COUNTRY_PLACES = (
+    "Porto, Portugal", "Tallinn, Estonia", "Cusco, Peru", "Bergen, Norway", "Luxor, Egypt",
+    "Hue, Vietnam", "Cork, Ireland", "Cuenca, Ecuador", "Valparaiso, Chile", "Pune, India",
+    "Gdansk, Poland", "Kumasi, Ghana", "Tartu, Estonia", "Bilbao, Spain", "Sousse, Tunisia",
+    "Tampere, Finland", "Oaxaca, Mexico", "Graz, Austria", "Akureyri, Iceland",
+    "Fez, Morocco", "Recife, Brazil", "Patras, Greece", "Pokhara, Nepal", "Aarhus, Denmark")
+# the examples a generated description gives (never a value, so no call copies one)
+PLACE_EXAMPLES = {"state": ("Springfield, IL", "Portland, ME", "Dover, DE"),
+                  "country": ("Lyon, France", "Sapporo, Japan", "Mombasa, Kenya")}
 PEOPLE = (
     "Alice Moreau", "Bilal Khan", "Chen Wei", "Dana Ortiz", "Emeka Obi", "Freya Lund",
     "Gustavo Reyes", "Hana Sato", "Ivan Petrov", "Jonas Berg", "Keiko Mori", "Liam Walsh",

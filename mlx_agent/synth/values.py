@@ -89,6 +89,7 @@ STRING_KINDS = (
 FORMAT_KINDS = {"date": "date", "date-time": "datetime", "time": "rfc_time", "email": "email",
                 "idn-email": "email", "uri": "url", "iri": "url", "uri-reference": "url",
                 "iri-reference": "url", "uuid": "uuid", "ipv4": "ipv4", "hostname": "hostname"}
+PLACE_QUALIFIERS = {"state", "country", "province"}  # with "city": a "City, Region" value
 MAIL_WORDS = {"email", "mail", "emails", "message", "inbox"}
 ADDRESSEE = {"to", "from", "sender", "recipient", "recipients", "cc", "bcc", "reply"}
 # integer/number ranges by name, when the schema gives none
@@ -124,6 +125,9 @@ def kind_of(name: str, schema: dict, context: frozenset[str] = frozenset()) -> K
     name_words = [singular(w) for w in words(name)] + words(name)
     if set(words(name)) & ADDRESSEE and context & MAIL_WORDS:
         return Kind("email")
+    said = set(words(schema.get("description", "")))
+    if "city" in said and said & PLACE_QUALIFIERS:  # "the city and state, e.g. Reno, NV"
+        return Kind("place_state" if "state" in said else "place_country")
     for source in (name_words, words(schema.get("description", ""))):
         for kind, keys in STRING_KINDS:
             if keys & set(source):
@@ -356,6 +360,8 @@ GENERATORS = {
     "rfc_time": lambda s, w: (lambda t: f"{t // 4:02d}:{t % 4 * 15:02d}:00Z")(s.on_side(28, 87)),
     "city": lambda s, w: s.pick(P.CITIES),
     "country": lambda s, w: s.pick(P.COUNTRIES),
+    "place_state": lambda s, w: s.pick(P.STATE_PLACES),
+    "place_country": lambda s, w: s.pick(P.COUNTRY_PLACES),
     "language": lambda s, w: s.pick(P.LANGUAGES),
     "currency": lambda s, w: s.pick(P.CURRENCIES),
     "company": lambda s, w: s.pick(P.COMPANIES),
