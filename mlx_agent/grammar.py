@@ -9,7 +9,8 @@
   String values without a ``maxLength`` get one, scaled to the step's token budget (a small
   model can otherwise repeat inside a string until the token limit), and one without a
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
-  objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode.
+  objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode, and so
+  does every nested object that declares properties (one that declares none stays free).
   Calls are written with no free white space and the separators of :data:`SEPARATORS`
   (the json prompt's examples use the same), the json protocol's arguments in the order its
   prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
@@ -185,10 +186,38 @@ def _bound_strings(schema: Any, max_len: int) -> Any:
     return schema
 
 
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def _closed(schema: Any) -> Any:
+    """``schema`` with every nested object that declares properties closed to other keys
+    (``additionalProperties: false``) unless it says otherwise, as OpenAI's strict mode
+    has it: a model otherwise invents keys (``"temperature"`` where the tool declares
+    ``"targetTemperature"``). An object that declares no properties stays free-form."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(s) for name, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    if out.get("properties") and not {"additionalProperties", "patternProperties"} & set(out):
+        out["additionalProperties"] = False
+    return out
+
+
 def _arguments_schema(parameters: dict, max_len: int) -> dict:
     """A tool's parameters as the grammar binds them: strings bounded, and no keys beyond
-    the declared properties unless the schema itself allows them (OpenAI's strict mode)."""
-    params = _bound_strings(copy.deepcopy(parameters), max_len)
+    the declared properties, at any depth, unless the schema itself allows them (OpenAI's
+    strict mode)."""
+    params = _closed(_bound_strings(copy.deepcopy(parameters), max_len))
     params.setdefault("type", "object")
     params.setdefault("properties", {})
     params.setdefault("additionalProperties", False)

@@ -140,6 +140,24 @@ def test_an_uncompilable_schema_names_the_tool(smol):
         json_protocol_grammar(tools, tok)
 
 
+def test_nested_objects_that_declare_properties_take_no_other_keys(smol):
+    lm, tok, _ = smol
+    body = {"type": "object", "properties": {"targetTemperature": {"type": "integer"}}}
+    tools = parse_tools(json.dumps([{"name": "set_ac", "_exec": "x", "parameters": {
+        "type": "object", "properties": {
+            "body": body, "rooms": {"type": "array", "items": body},
+            "extra": {"type": "object"},  # declares nothing: free-form
+            "labels": {"type": "object", "properties": {"a": {"type": "string"}},
+                       "additionalProperties": {"type": "string"}}}}}]))
+    grammar = json_protocol_grammar(tools, tok)
+    call = '{"tool":"set_ac","arguments":%s}'
+    assert accepts(lm, tok, grammar, call % '{"body":{"targetTemperature":20}}')
+    assert not accepts(lm, tok, grammar, call % '{"body":{"temperature":20}}')
+    assert not accepts(lm, tok, grammar, call % '{"rooms":[{"temp":20}]}')
+    assert accepts(lm, tok, grammar, call % '{"extra":{"anything":1}}')
+    assert accepts(lm, tok, grammar, call % '{"labels":{"a":"x","b":"y"}}')
+
+
 def test_hermes_grammar_binds_only_inside_tool_call_tags(smol):
     from mlx_agent.grammar import hermes_grammar
 
