@@ -16,7 +16,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from mlx_agent.evaluate import load_tasks, run
-from mlx_agent.synth import phrasing, pools
+from mlx_agent.synth import conversations, phrasing, pools
 from mlx_agent.synth import tasks as tasks_module
 from mlx_agent.synth.conversations import Outcomes, write_conversation
 from mlx_agent.synth.synthesis import SynthConfig, generated_tools, synthesize
@@ -223,6 +223,31 @@ def test_outside_requests_ask_for_a_tool_the_catalogue_lacks_and_expect_no_call(
     assert not [t for t in synthesize(tools, SynthConfig(n_train=40, n_heldout=20,
                                                          run_tools=False)).train
                 if t.kind == "outside"]  # off by default
+
+
+def test_no_tool_questions_with_numbers_are_answered_worked_out_unless_tools_do_arithmetic():
+    weather = [fn("get_forecast", "Get the forecast for a city.",
+                  {"city": {"type": "string"}}, ["city"])]
+    calculator = weather + [fn("multiply", "Multiply two numbers.",
+                               {"a": {"type": "number"}, "b": {"type": "number"}}, ["a", "b"])]
+    config = SynthConfig(n_train=80, n_heldout=40, no_tool_share=0.5, run_tools=False)
+    s = synthesize(declared_tools(weather), config)
+    worked = [t for t in s.train + s.heldout if phrasing.WORKED & set(t.templates)]
+    assert {t.kind for t in worked} == {"none"} and len(worked) >= 10
+    for t in worked:
+        assert t.task["check"] == {"tool_calls": []}
+    answers = {t.task["prompt"]: conversations.no_tool_answer(t) for t in s.train
+               if phrasing.WORKED & set(t.templates)}
+    for prompt, answer in answers.items():
+        a, b = (int(n) for n in (re.findall(r"\d+", prompt) + ["0"])[:2])
+        expected = {"times": a * b, "area": a * b, "plus": a + b, "minutes": a * 60}
+        said = next((v for k, v in expected.items() if k in prompt), None)
+        if said is None:  # even or odd
+            assert answer.startswith("Yes" if a % 2 == 0 else "No")
+        else:
+            assert str(said) in answer, (prompt, answer)
+    s = synthesize(declared_tools(calculator), config)
+    assert not [t for t in s.train + s.heldout if phrasing.WORKED & set(t.templates)]
 
 
 def test_flags_read_as_words_of_their_side():

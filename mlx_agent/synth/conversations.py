@@ -73,6 +73,14 @@ OUTSIDE_ANSWERS = ("I can't {action}: none of my tools does that.",
                    "Sorry, I have no tool to {action}.",
                    "None of the tools I have can {action}, so I can't do that here.")
 NO_TOOL_FALLBACK = "Happy to help with that directly: it does not need any of my tools."
+# Answers to the no-tool requests with numbers (train side), worked out from them
+WORKED_ANSWERS = {
+    "none-a/9": lambda a, b: f"{a} times {b} is {a * b}.",
+    "none-a/10": lambda a, b: f"The area is {a} × {b} = {a * b} square metres.",
+    "none-a/11": lambda a, b: f"Yes, {a} is even." if a % 2 == 0 else f"No, {a} is odd.",
+    "none-a/12": lambda a, b: f"{a} plus {b} is {a + b}.",
+    "none-a/13": lambda a, b: f"{a} hours is {a * 60} minutes.",
+}
 
 
 @dataclass(frozen=True)
@@ -168,8 +176,13 @@ def call_message(tool: Tool, arguments: dict, n: int) -> dict:
 
 
 def no_tool_answer(task: SynthTask) -> str:
-    """A direct answer to a request no tool serves, on the request's own topic."""
+    """A direct answer to a request no tool serves, on the request's own topic (or its
+    numbers worked out)."""
     prompt = task.task["prompt"]
+    worked = next((WORKED_ANSWERS[t] for t in task.templates if t in WORKED_ANSWERS), None)
+    if worked:
+        a, b = (int(n) for n in (re.findall(r"\d+", prompt) + ["0"])[:2])
+        return worked(a, b)
     topic = next((t for t in P.TOPICS if re.search(rf"\b{t}\b", prompt)), "that")
     adjective = next((a for a in P.ADJECTIVES if re.search(rf"\b{a}\b", prompt)), "kind")
     compliment = (f"Yes, calling someone {adjective} is usually a compliment."

@@ -78,14 +78,31 @@ NO_TOOL = {
                          "what is a word that means {adjective}?", "why do people like {topic}?",
                          "describe {topic} in three words.", "explain {topic} to a child.",
                          "is calling someone {adjective} a compliment?",
-                         "good morning! How is your day going?", "thanks, that is all I needed.")},
+                         "good morning! How is your day going?", "thanks, that is all I needed.",
+                         # questions with numbers that need no tool: the answer works them out
+                         "what is {a} times {b}?",
+                         "what is the area of a rectangle {a} m long and {b} m wide?",
+                         "is {a} an even number?", "what is {a} plus {b}?",
+                         "how many minutes are there in {a} hours?")},
     P.HELDOUT: {"none-b": ("give me one interesting thing about {topic}.",
                            "compose a short rhyme about {topic}.",
                            "what is the opposite of {adjective}?", "what makes {topic} special?",
                            "sum up {topic} in one sentence.",
                            "use the word {adjective} in a sentence.",
-                           "hey there, how have you been?", "cheers, we are done for today.")},
+                           "hey there, how have you been?", "cheers, we are done for today.",
+                           "what do you get when you add {a} and {b}?",
+                           "what is the perimeter of a square with {a} cm sides?",
+                           "is {a} an odd number?", "how many seconds are in {a} minutes?",
+                           "what is {a} squared?")},
 }
+# the no-tool templates that ask for a number worked out: not drawn for a catalogue that
+# does arithmetic (its calculator would be the right answer)
+WORKED = frozenset(f"{family}/{i}" for side in NO_TOOL.values()
+                   for family, texts in side.items()
+                   for i, text in enumerate(texts) if "{a}" in text)
+ARITHMETIC = frozenset("""add addition arithmetic area calculate calculator convert conversion
+divide division evaluate expression math maths minus multiply multiplication perimeter plus
+subtract sum""".split())
 # How an argument list reads, by side: (id, one item, separator, last separator)
 ARG_STYLES = {
     P.TRAIN: (("kv", "{label} {value}", ", ", " and "), ("colon", "{label}: {value}", "; ", "; "),
@@ -271,7 +288,8 @@ class Phraser:
     def no_tool(self) -> Phrase:
         tid, template = self._choose(NO_TOOL)
         text = template.format(topic=self.sampler.pick(P.TOPICS),
-                               adjective=self.sampler.pick(P.ADJECTIVES))
+                               adjective=self.sampler.pick(P.ADJECTIVES),
+                               a=self.sampler.on_side(2, 99), b=self.sampler.on_side(2, 99))
         return Phrase(sentence(text), (tid,))
 
 

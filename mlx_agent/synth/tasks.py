@@ -3,8 +3,9 @@
 Five kinds, in ``eval``'s task format (``evaluate.Task``):
 
 - ``call``: one request, checked by the expected call (``tool_calls``);
-- ``none``: chit-chat or general knowledge unrelated to the catalogue, checked by
-  ``tool_calls: []`` (no call may be made);
+- ``none``: chit-chat, general knowledge or a small sum to work out (only where no tool's
+  words speak of arithmetic) unrelated to the catalogue, checked by ``tool_calls: []`` (no
+  call may be made);
 - ``outside``: a request phrased like a tool request, for a tool the catalogue lacks (see
   :func:`outside_tools`; each side asks for its own half of them), checked by
   ``tool_calls: []``: the model must say it cannot, not call the nearest tool it has;
@@ -33,7 +34,7 @@ from typing import Any
 
 from ..tools import Sandbox, Tool, run_tool
 from ..tools.builtin import rebound
-from .phrasing import VERBS, Phrase, Phraser
+from .phrasing import ARITHMETIC, VERBS, WORKED, Phrase, Phraser
 from .values import (Sampler, Unsatisfiable, as_schema, canonical, free_leaves, kind_of,
                      singular, words)
 
@@ -204,6 +205,8 @@ class Builder:
         prompt = self.phraser.no_tool()
         if {singular(w) for w in words(prompt.text)} & self.vocabulary:
             return None  # it might be about the catalogue after all
+        if WORKED.intersection(prompt.templates) and self.vocabulary & ARITHMETIC:
+            return None  # a number to work out, and the catalogue may do arithmetic
         return self._task("none", prompt, {"tool_calls": []}, [])
 
     def outside(self, tool: Tool) -> SynthTask | None:
