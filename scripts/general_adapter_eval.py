@@ -1,7 +1,8 @@
 """The general adapter against the base model: held-out synthetic catalogues and BFCL.
 
     .venv/bin/python scripts/general_adapter_eval.py --corpus build/general \
-        --adapter build/general/adapter [--task-limit 10] [--bfcl-limit 100] [--batch 8]
+        --adapter build/general/adapter [--task-limit 10] [--outside-limit 5]
+        [--bfcl-limit 100] [--batch 8]
         [--categories simple,multiple,irrelevance,live_simple,live_multiple] [--only base]
         [--table]
 
@@ -17,7 +18,10 @@ so a second invocation with ``--only`` reuses the other's files. Prints one tabl
   states the result the right call returns (so the call must be right too);
   ``states what it got``: answer tasks whose answer states what its last tool call
   returned, whatever the call (read from the runs' trajectories, ``traj-LABEL/``);
-  ``no tool``: no-tool tasks answered without a call;
+  ``no tool``: no-tool tasks answered without a call; ``all``: every task above;
+  ``refuses outside``: ``--outside-limit`` requests per held-out catalogue for a tool it
+  lacks (one of a training catalogue's, the held-out half of synthesis's ``outside``
+  kind), answered without a call;
 - BFCL: the accuracy of each category.
 """
 
@@ -28,6 +32,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -37,8 +42,10 @@ HERE = Path(__file__).resolve().parent
 CLI = [str(Path(sys.executable).parent / "mlx_agent")]
 
 
-def heldout_tasks(corpus: Path, domains: set[str], limit: int, out: Path) -> Path:
-    """One tasks file of the held-out catalogues' first ``limit`` held-out tasks each."""
+def heldout_tasks(corpus: Path, domains: set[str], limit: int, outside: int,
+                  out: Path) -> Path:
+    """One tasks file of the held-out catalogues' first ``limit`` held-out tasks each, and
+    ``outside`` requests each for a tool it lacks (see :func:`outside_tasks`)."""
     lines = []
     for d in sorted((corpus / "tasks").iterdir()):
         if d.name.split("-")[0] not in domains:
@@ -48,9 +55,37 @@ def heldout_tasks(corpus: Path, domains: set[str], limit: int, out: Path) -> Pat
             task["id"] = f"{d.name}/{task['id']}"
             task["tools"] = str((d / task["tools"]).resolve())
             lines.append(json.dumps(task))
+    lines += outside_tasks(corpus, domains, outside)
     path = out / "heldout.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def outside_tasks(corpus: Path, domains: set[str], limit: int) -> list[str]:
+    """``limit`` requests for each held-out catalogue that ask for a tool it lacks (one of
+    the training catalogues', whose name shares no noun with it: synthesis's ``outside``
+    kind, the held-out half of those tools and phrasings), as JSON lines: no call is right."""
+    if not limit:
+        return []
+    from mlx_agent.synth.synthesis import SynthConfig, synthesize
+    from mlx_agent.tools import load_tools
+
+    dirs = sorted((corpus / "tasks").iterdir())
+    pool = list({t.name: t for d in dirs if d.name.split("-")[0] not in domains
+                 for t in load_tools(d / "tools.json")}.values())
+    lines = []
+    for d in dirs:
+        if d.name.split("-")[0] not in domains:
+            continue
+        config = SynthConfig(n_train=0, n_heldout=4 * limit, outside_share=0.5,
+                             seed=zlib.crc32(f"outside:{d.name}".encode()), run_tools=False)
+        asked = [t for t in synthesize(load_tools(d / "tools.json"), config,
+                                       outside=pool).heldout if t.kind == "outside"]
+        for t in asked[:limit]:
+            task = dict(t.task, id=f"{d.name}/{t.task['id']}",
+                        tools=str((d / t.task["tools"]).resolve()))
+            lines.append(json.dumps(task))
+    return lines
 
 
 def run(argv: list[str]) -> None:
@@ -80,7 +115,8 @@ def synth_row(path: Path) -> dict:
     for line in path.read_text().splitlines():
         r = json.loads(line)
         by_kind[r["task"].rsplit("-", 1)[1]].append(r)
-    runs = [r for rs in by_kind.values() for r in rs]
+    # the runs of the held-out tasks proper (requests for a tool the catalogue lacks apart)
+    runs = [r for kind, rs in by_kind.items() if kind != "outside" for r in rs]
 
     def share(rs, key="reward"):
         return f"{sum(bool(r[key]) for r in rs) / len(rs):.0%} ({len(rs)})" if rs else "-"
@@ -90,7 +126,8 @@ def synth_row(path: Path) -> dict:
     traj_dir = path.parent / f"traj-{path.stem.removeprefix('synth-')}"
     if traj_dir.is_dir():
         row["states what it got"] = states_what_it_got(traj_dir)
-    return row | {"no tool": share(by_kind["none"]), "all": share(runs)}
+    row |= {"no tool": share(by_kind["none"]), "all": share(runs)}
+    return row | ({"refuses outside": share(by_kind["outside"])} if by_kind["outside"] else {})
 
 
 def main() -> None:
@@ -99,6 +136,8 @@ def main() -> None:
     ap.add_argument("--adapter", required=True)
     ap.add_argument("--out", type=Path, help="default: CORPUS/eval")
     ap.add_argument("--task-limit", type=int, default=10)
+    ap.add_argument("--outside-limit", type=int, default=5,
+                    help="requests for a tool it lacks, per held-out catalogue")
     ap.add_argument("--heldout-domains", default="pets,vehicles",
                     help="as general_adapter.py was given")
     ap.add_argument("--bfcl-limit", type=int, default=100)
@@ -112,7 +151,7 @@ def main() -> None:
     out = args.out or args.corpus / "eval"
     out.mkdir(parents=True, exist_ok=True)
     tasks = heldout_tasks(args.corpus, set(args.heldout_domains.split(",")),
-                          args.task_limit, out)
+                          args.task_limit, args.outside_limit, out)
     models = {"base": ["--no-adapter"], "general": ["--adapter", args.adapter]}
     for label, extra in models.items():
         if args.table or (args.only and label != args.only):
