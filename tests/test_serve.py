@@ -442,7 +442,7 @@ def test_serve_command_on_a_free_port(tmp_path):
 
     # the default model (with its general adapter, which opens with a few words of filler);
     # one plain question it answers (with or without the adapter, 5 of 9 such are right: the
-    # blend says "Mort d'Al-Juda" for France's capital, the first default "Paris")
+    # blend says "Mort d'Al-Ferrar" for France's capital, the first default "Paris")
     proc = subprocess.Popen([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
                              "--max-tokens", "32"], stderr=subprocess.PIPE, text=True)
     try:
