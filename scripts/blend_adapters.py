@@ -18,6 +18,7 @@ Not promised: that any blend is better than either adapter; measure it.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -28,20 +29,31 @@ from mlx_agent.fileio import atomic_path, write_text
 
 
 def read(path: Path) -> tuple[dict, dict]:
-    config = json.loads((path / "adapter_config.json").read_text())
+    try:
+        config = json.loads((path / "adapter_config.json").read_text())
+        weights = mx.load(str(path / "adapters.safetensors"))
+    except (OSError, ValueError, RuntimeError) as e:
+        sys.exit(f"error: {path} is not a readable adapter ({e}); give an mlx-lm adapter "
+                 "directory")
     if config.get("fine_tune_type", "lora") != "lora":
         sys.exit(f"error: {path} is a {config['fine_tune_type']} adapter; only LoRA blends")
-    return config, mx.load(str(path / "adapters.safetensors"))
+    return config, weights
 
 
 def blend(first: tuple[dict, dict], second: tuple[dict, dict], weight: float) -> tuple[dict, dict]:
     (c1, w1), (c2, w2) = first, second
     p1, p2 = c1["lora_parameters"], c2["lora_parameters"]
-    for key in ("num_layers",):
-        if c1.get(key) != c2.get(key):
-            sys.exit(f"error: the adapters differ in {key} ({c1.get(key)} vs {c2.get(key)})")
+    if c1.get("num_layers") != c2.get("num_layers"):
+        sys.exit(f"error: the adapters differ in num_layers ({c1.get('num_layers')} vs "
+                 f"{c2.get('num_layers')})")
     if sorted(p1["keys"]) != sorted(p2["keys"]) or set(w1) != set(w2):
         sys.exit("error: the adapters train different layers or keys; they cannot blend")
+    axis = {".lora_a": 0, ".lora_b": 1}  # the model's side of each matrix, not the rank's
+    for name in w1:
+        side = next((a for end, a in axis.items() if name.endswith(end)), None)
+        if side is not None and w1[name].shape[side] != w2[name].shape[side]:
+            sys.exit(f"error: {name} is {w1[name].shape} in one adapter and "
+                     f"{w2[name].shape} in the other: adapters of different models")
     ratio = p2["scale"] / p1["scale"]  # the second's A, rescaled to the first's scale
     out = {}
     for name in w1:
@@ -52,7 +64,7 @@ def blend(first: tuple[dict, dict], second: tuple[dict, dict], weight: float) ->
             out[name] = mx.concatenate([w1[name], w2[name]], axis=0)
         else:
             sys.exit(f"error: {name} is not a LoRA matrix; only LoRA adapters blend")
-    config = json.loads(json.dumps(c1))
+    config = copy.deepcopy(c1)
     config["lora_parameters"]["rank"] = p1["rank"] + p2["rank"]
     return config, out
 

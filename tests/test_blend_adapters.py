@@ -58,6 +58,18 @@ def test_adapters_that_train_other_keys_or_bad_weights_are_refused(tmp_path):
     done = blend(first, other, "--weight", "0.5", "--out", tmp_path / "x")
     assert done.returncode != 0 and "different layers or keys" in done.stderr
     assert not (tmp_path / "x").exists()
+    wider = tmp_path / "w"
+    wider.mkdir()
+    mx.save_safetensors(str(wider / "adapters.safetensors"), {
+        **{f"{n}.lora_a": mx.zeros((32, 4)) for n in LAYERS},
+        **{f"{n}.lora_b": mx.zeros((4, 8)) for n in LAYERS}})
+    (wider / "adapter_config.json").write_text((first / "adapter_config.json").read_text())
+    done = blend(first, wider, "--weight", "0.5", "--out", tmp_path / "z")
+    assert done.returncode != 0 and "adapters of different models" in done.stderr
+    (wider / "adapters.safetensors").write_bytes(b"not safetensors")
+    done = blend(first, wider, "--weight", "0.5", "--out", tmp_path / "z")
+    assert done.returncode != 0 and "not a readable adapter" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "z").exists()
     done = blend(first, first, "--weight", "1.5", "--out", tmp_path / "y")
     assert done.returncode != 0 and "from 0 to 1" in done.stderr
     assert "Traceback" not in done.stderr

@@ -248,6 +248,9 @@ def test_no_tool_questions_with_numbers_are_answered_worked_out_unless_tools_do_
             assert str(said) in answer, (prompt, answer)
     s = synthesize(declared_tools(calculator), config)
     assert not [t for t in s.train + s.heldout if phrasing.WORKED & set(t.templates)]
+    # every worked training template has its answer, keyed by the template it answers
+    assert set(conversations.WORKED_ANSWERS) == {t for t in phrasing.WORKED
+                                                 if t.startswith("none-a/")}
 
 
 def test_flags_read_as_words_of_their_side():
