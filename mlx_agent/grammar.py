@@ -30,10 +30,9 @@ grammar is built (at start-up), not mid-conversation.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -159,55 +158,55 @@ def ll_tokenizer(lm):
 
 
 _NUMBER_BOUND = 10**12  # integers beyond a trillion are not what a tool call needs
-_VALUE_KEYS = frozenset({"const", "enum", "default", "examples"})
 NO_NUL = "^[^\\x00]*$"  # anchored: llguidance, like JSON Schema, otherwise searches
 ANSWER_END = "^([^\\x00]*[^\\x00\\s{\\[(])?$"  # no answer ends on a space or an opening
 # bracket: the model's ' "' or ' {"' meant a quotation's start, and its quote closed the string
 
 
-def _bound_strings(schema: Any, max_len: int) -> Any:
-    """A copy of ``schema`` whose strings have a maxLength and no NUL, and whose numbers
-    have bounds."""
-    if isinstance(schema, dict):  # values (const, enum, ...) are data, not schemas
-        out = {k: v if k in _VALUE_KEYS else _bound_strings(v, max_len)
-               for k, v in schema.items()}
-        types = out.get("type")
-        types = types if isinstance(types, list) else [types]
-        fixed = "enum" in out or "const" in out
-        if "string" in types and not fixed:
-            out.setdefault("maxLength", max_len)
-            out.setdefault("pattern", NO_NUL)
-        if ("integer" in types or "number" in types) and not fixed:
-            out.setdefault("minimum", -_NUMBER_BOUND)
-            out.setdefault("maximum", _NUMBER_BOUND)
-        return out
-    if isinstance(schema, list):
-        return [_bound_strings(v, max_len) for v in schema]
-    return schema
+# where JSON Schema keeps subschemas: lists of them, maps of names to them, and single ones
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
+                   "dependentSchemas")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "additionalItems", "unevaluatedItems",
+               "unevaluatedProperties")
 
 
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
-_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+def _each_subschema(schema: dict, rule: Callable[[Any], Any]) -> dict:
+    """A copy of ``schema`` with ``rule`` applied to each of its direct subschemas (found by
+    keyword, so a property named ``enum`` or ``default`` is a schema like any other, and
+    ``const``, ``enum``, ``default`` and ``examples`` stay data)."""
+    out = dict(schema)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [rule(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: rule(s) for name, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = rule(out[key])
+    return out
 
 
-def _closed(schema: Any) -> Any:
-    """``schema`` with every nested object that declares properties closed to other keys
-    (``additionalProperties: false``) unless it says otherwise, as OpenAI's strict mode
+def _bound(schema: Any, max_len: int) -> Any:
+    """``schema`` as the grammar binds it, at every depth: strings with a maxLength and no
+    NUL, numbers with bounds, and every object that declares properties closed to other
+    keys (``additionalProperties: false``) unless it says otherwise, as OpenAI's strict mode
     has it: a model otherwise invents keys (``"temperature"`` where the tool declares
     ``"targetTemperature"``). An object that declares no properties stays free-form."""
     if not isinstance(schema, dict):
         return schema
-    out = dict(schema)
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [_closed(s) for s in out[key]]
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: _closed(s) for name, s in out[key].items()}
-    for key in _SUBSCHEMAS:
-        if isinstance(out.get(key), dict):
-            out[key] = _closed(out[key])
+    out = _each_subschema(schema, lambda s: _bound(s, max_len))
+    types = out.get("type")
+    types = types if isinstance(types, list) else [types]
+    if "enum" not in out and "const" not in out:
+        if "string" in types:
+            out.setdefault("maxLength", max_len)
+            out.setdefault("pattern", NO_NUL)
+        if "integer" in types or "number" in types:
+            out.setdefault("minimum", -_NUMBER_BOUND)
+            out.setdefault("maximum", _NUMBER_BOUND)
     if out.get("properties") and not {"additionalProperties", "patternProperties"} & set(out):
         out["additionalProperties"] = False
     return out
@@ -216,8 +215,9 @@ def _closed(schema: Any) -> Any:
 def _arguments_schema(parameters: dict, max_len: int) -> dict:
     """A tool's parameters as the grammar binds them: strings bounded, and no keys beyond
     the declared properties, at any depth, unless the schema itself allows them (OpenAI's
-    strict mode)."""
-    params = _closed(_bound_strings(copy.deepcopy(parameters), max_len))
+    strict mode). ``parameters`` is left as it was (the walk copies every schema it
+    changes)."""
+    params = _bound(parameters, max_len)
     params.setdefault("type", "object")
     params.setdefault("properties", {})
     params.setdefault("additionalProperties", False)

@@ -268,12 +268,23 @@ def test_a_forced_call_keeps_the_schema_order_is_checked_and_made_once(smol):
         json_protocol_grammar(TOOLS, tok, choice=forced_call("set_timer", {"minutes": "five"}))
 
 
-def test_constants_in_a_schema_are_left_as_they_are(smol):
-    from mlx_agent.grammar import _bound_strings
+def test_constants_are_data_and_a_property_named_like_a_keyword_is_a_schema():
+    import copy
+
+    from mlx_agent.grammar import _bound
 
     schema = {"type": "object", "properties": {"x": {"const": {"type": "string"}},
-                                               "y": {"enum": [{"type": "integer"}]}}}
-    assert _bound_strings(schema, 8) == schema
+                                               "y": {"enum": [{"type": "integer"}]},
+                                               "default": {"type": "string"},
+                                               "enum": {"type": "integer"}}}
+    before = copy.deepcopy(schema)
+    bound = _bound(schema, 8)
+    assert schema == before  # the caller's schema is not changed
+    assert bound["properties"]["x"] == schema["properties"]["x"]
+    assert bound["properties"]["y"] == schema["properties"]["y"]
+    assert bound["properties"]["default"]["maxLength"] == 8
+    assert bound["properties"]["enum"]["maximum"] == 10**12
+    assert bound["additionalProperties"] is False
 
 
 def test_arguments_cannot_hold_a_nul_character(smol):
