@@ -264,6 +264,42 @@ def test_flags_read_as_words_of_their_side():
     assert not train & held
 
 
+def test_a_value_that_names_itself_is_sometimes_said_without_its_label():
+    weather = declared_tools([fn("get_forecast", "Get the forecast.", {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "kelvin"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9}}, ["city"])])[0]
+    trip = declared_tools([fn("plan_trip", "Plan a trip.", {
+        "origin": {"type": "string"}, "destination": {"type": "string"}},
+        ["origin", "destination"])])[0]
+    args = {"city": "Denver", "unit": "kelvin", "days": 3}
+    for side in pools.SIDES:
+        style = phrasing.ARG_STYLES[side][0]
+        forms = phrasing.BARE[side]
+        texts = []
+        for seed in range(60):
+            used = []
+            text = phrasing.args_text(args, weather.parameters, frozenset(),
+                                      random.Random(seed), style, used)
+            texts.append(text)
+            # a value said without its label is a bare form recorded, in this side's words
+            bare = {f"bare-{side}/{kind}" for kind, label in (("city", "city"), ("enum", "unit"))
+                    if label not in text}
+            assert bare == set(used)
+            assert "bare-train/city" not in used or forms["city"].format(v="Denver") in text
+            assert "bare-heldout/enum" not in used or forms["enum"].format(v="kelvin") in text
+        assert any(forms["city"].format(v="Denver") in t for t in texts)
+        assert any("unit" not in t for t in texts) and any("unit" in t for t in texts)
+        assert any("city" in t for t in texts)
+        # two values of one kind keep their labels: a bare city would not say which it is
+        for seed in range(30):
+            used = []
+            text = phrasing.args_text({"origin": "Oslo", "destination": "Lima"},
+                                      trip.parameters, frozenset(), random.Random(seed),
+                                      style, used)
+            assert not used and "origin" in text and "destination" in text
+    assert not set(phrasing.BARE[pools.TRAIN].values()) & set(phrasing.BARE[pools.HELDOUT].values())
+
+
 def test_a_parameter_name_picks_the_most_specific_value_kind():
     from mlx_agent.synth.values import kind_of
 

@@ -113,6 +113,20 @@ ARG_STYLES = {
                 ("being", "the {label} being {value}", ", ", " and "),
                 ("equal", "{label} equal to {value}", ", ", " and ")),
 }
+# A value that says which parameter it binds by itself, stated as people do, without its
+# label ("in Denver", "on 2025-03-14", "Celsius"), where no other argument of the call is of
+# its kind; by side, kind -> form ("number" is a number said with its unit: "for 3 days")
+BARE = {
+    P.TRAIN: {"city": "in {v}", "place_state": "in {v}", "place_country": "in {v}",
+              "country": "in {v}", "date": "on {v}", "time": "at {v}", "datetime": "at {v}",
+              "language": "in {v}", "currency": "in {v}", "enum": "{v}", "email": "for {v}",
+              "number": "for {v}"},
+    P.HELDOUT: {"city": "near {v}", "place_state": "near {v}", "place_country": "near {v}",
+                "country": "within {v}", "date": "dated {v}", "time": "by {v}",
+                "datetime": "as of {v}", "language": "into {v}", "currency": "as {v}",
+                "enum": "the {v} option", "email": "via {v}", "number": "over {v}"},
+}
+BARE_SHARE = 0.4  # how often an argument that can be said bare is
 # A boolean argument in words, from its name: a name that starts with one of FLAG_VERBS reads
 # as a verb phrase ("avoid tolls"), any other as a switch ("away mode on"); by side,
 # (verb phrase, true / false), (switch, true / false)
@@ -137,6 +151,7 @@ def template_ids(side: str) -> set[str]:
     for table in (REQUESTS, ANSWERS, CHAINS, NO_TOOL):
         for family, texts in table[side].items():
             out |= {f"{family}/{i}" for i in range(len(texts))}
+    out |= {f"bare-{side}/{kind}" for kind in BARE[side]}
     out |= {f"args-{s[0]}" for s in ARG_STYLES[side]}
     out |= {f"distractor-{side}/{i}" for i in range(len(DISTRACTORS[side]))}
     return out
@@ -175,7 +190,7 @@ def label(name: str, schema: dict, rng: random.Random) -> str:
 
 
 def say(value: Any, schema: dict, name: str, context: frozenset, rng: random.Random,
-        style: tuple) -> str:
+        style: tuple, used: list | None = None) -> str:
     """How a request states ``value`` of parameter ``name``."""
     schema = as_schema(schema)
     if isinstance(value, bool):
@@ -183,10 +198,11 @@ def say(value: Any, schema: dict, name: str, context: frozenset, rng: random.Ran
     if value is None:
         return "null"
     if isinstance(value, dict):
-        return "(" + args_text(value, schema, context, rng, style) + ")"
+        return "(" + args_text(value, schema, context, rng, style, used) + ")"
     if isinstance(value, list):
         item_name = " ".join(singular(w) for w in words(name))
-        items = [say(v, schema.get("items", {}), item_name, context, rng, style) for v in value]
+        items = [say(v, schema.get("items", {}), item_name, context, rng, style, used)
+                 for v in value]
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
     kind = kind_of(name, schema, context)
     if isinstance(value, (int, float)):
@@ -200,21 +216,47 @@ def say(value: Any, schema: dict, name: str, context: frozenset, rng: random.Ran
 
 
 def args_text(arguments: dict, schema: dict, context: frozenset, rng: random.Random,
-              style: tuple) -> str:
+              style: tuple, used: list | None = None) -> str:
     """The argument list in ``style`` (an ``ARG_STYLES`` entry), in a random order (not the
-    schema's: a value binds to its label, not its position); flags in their side's words."""
+    schema's: a value binds to its label, not its position); flags in their side's words;
+    a value that can go without its label (``bare_kind``) does so at ``BARE_SHARE``, its
+    form's id appended to ``used``."""
     _, item, sep, last = style
     side = P.TRAIN if style in ARG_STYLES[P.TRAIN] else P.HELDOUT
     props = schema.get("properties", {})
     order = list(arguments.items())
     rng.shuffle(order)
-    parts = [flag(k, v, side) if isinstance(v, bool) else
-             item.format(label=label(k, props.get(k, {}), rng),
-                         value=say(v, props.get(k, {}), k, context, rng, style))
-             for k, v in order]
+    kinds = {k: bare_kind(k, v, props.get(k, {}), context) for k, v in order}
+    shared = {kind for kind in kinds.values() if list(kinds.values()).count(kind) > 1}
+    parts = []
+    for k, v in order:
+        if isinstance(v, bool):
+            parts.append(flag(k, v, side))
+            continue
+        value, kind = say(v, props.get(k, {}), k, context, rng, style, used), kinds[k]
+        if kind and kind not in shared and rng.random() < BARE_SHARE:
+            parts.append(BARE[side][kind].format(v=value))
+            if used is not None:
+                used.append(f"bare-{side}/{kind}")
+        else:
+            parts.append(item.format(label=label(k, props.get(k, {}), rng), value=value))
     if len(parts) <= 1:
         return "".join(parts)
     return sep.join(parts[:-1]) + last + parts[-1]
+
+
+def bare_kind(name: str, value: Any, schema: dict, context: frozenset) -> str | None:
+    """The ``BARE`` form a value of parameter ``name`` can take without its label: a string
+    of a kind that names itself (a city, a date, an enum's value), or a number said with a
+    unit its name does not hold; None for any other."""
+    schema = as_schema(schema)
+    kind = kind_of(name, schema, context)
+    if value is None or isinstance(value, (bool, dict, list)):
+        return None
+    if isinstance(value, (int, float)):
+        unit = kind.unit
+        return "number" if unit and unit.lower() not in words(name) else None
+    return kind.pool if kind.pool in BARE[P.TRAIN] else None
 
 
 def flag(name: str, value: bool, side: str) -> str:
@@ -254,17 +296,20 @@ class Phraser:
                                                 number=self.sampler.on_side(2, 60))
         return f"distractor-{self.side}/{i}", text
 
-    def clause(self, tool, arguments: dict) -> tuple[str, str]:
-        """``action[ with args]`` for two-call requests; returns (text, style id)."""
+    def clause(self, tool, arguments: dict) -> tuple[str, tuple[str, ...]]:
+        """``action[ with args]`` for two-call requests; returns (text, ids of the style and
+        bare forms used)."""
         style = self.rng.choice(ARG_STYLES[self.side])
-        args = args_text(arguments, tool.parameters, _context(tool), self.rng, style)
-        return fill("{action}[ with {args}]", args, action=action(tool)), f"args-{style[0]}"
+        used: list[str] = []
+        args = args_text(arguments, tool.parameters, _context(tool), self.rng, style, used)
+        return (fill("{action}[ with {args}]", args, action=action(tool)),
+                (f"args-{style[0]}", *used))
 
     def request(self, tool, arguments: dict) -> Phrase:
         tid, template = self._choose(REQUESTS)
         style = self.rng.choice(ARG_STYLES[self.side])
-        args = args_text(arguments, tool.parameters, _context(tool), self.rng, style)
         used = [tid, f"args-{style[0]}"]
+        args = args_text(arguments, tool.parameters, _context(tool), self.rng, style, used)
         distractor = ""
         if "{distractor}" in template:
             did, distractor = self._distractor()
@@ -283,7 +328,8 @@ class Phraser:
         a, sa = self.clause(first, first_args)
         b, sb = self.clause(second, second_args)
         name = label(param, second.properties.get(param, {}), self.rng)
-        return Phrase(sentence(template.format(first=a, second=b, label=name)), (tid, sa, sb))
+        return Phrase(sentence(template.format(first=a, second=b, label=name)),
+                      (tid, *sa, *sb))
 
     def no_tool(self) -> Phrase:
         tid, template = self._choose(NO_TOOL)
