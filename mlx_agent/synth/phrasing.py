@@ -3,9 +3,10 @@
 A request is a template (imperative, question, indirect, with a distracting detail, naming
 the tool, or quoting its purpose) filled with the tool's action (``get_weather`` -> "get
 weather"), its description, and an argument list in one of several styles ("city Paris",
-"city: Paris", "city=Paris", ...). Every template, argument style, distractor, answer
-request, two-call connector and no-tool request belongs to a family, and every family to one
-side: the held-out side is phrased only in families training never saw.
+"city: Paris", "city=Paris", ...), a value that names itself at times without its label
+("in Paris"). Every template, argument style, bare form, distractor, answer request,
+two-call connector and no-tool request belongs to a family, and every family to one side:
+the held-out side is phrased only in families training never saw.
 
 Promised: a template id names exactly one template; the same random state gives the same
 text. Not promised: fluent English for every tool name (the action is the name's words).
