@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,7 +229,7 @@ def args_text(arguments: dict, schema: dict, context: frozenset, rng: random.Ran
     order = list(arguments.items())
     rng.shuffle(order)
     kinds = {k: bare_kind(k, v, props.get(k, {}), context) for k, v in order}
-    shared = {kind for kind in kinds.values() if list(kinds.values()).count(kind) > 1}
+    shared = {kind for kind, n in Counter(kinds.values()).items() if n > 1}
     parts = []
     for k, v in order:
         if isinstance(v, bool):
