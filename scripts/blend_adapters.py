@@ -37,6 +37,10 @@ def read(path: Path) -> tuple[dict, dict]:
                  "directory")
     if config.get("fine_tune_type", "lora") != "lora":
         sys.exit(f"error: {path} is a {config['fine_tune_type']} adapter; only LoRA blends")
+    params = config.get("lora_parameters")
+    if not isinstance(params, dict) or not {"rank", "scale"} <= set(params):
+        sys.exit(f"error: {path}/adapter_config.json gives no lora_parameters rank and scale; "
+                 "give an mlx-lm LoRA adapter directory")
     return config, weights
 
 
@@ -46,7 +50,7 @@ def blend(first: tuple[dict, dict], second: tuple[dict, dict], weight: float) ->
     if c1.get("num_layers") != c2.get("num_layers"):
         sys.exit(f"error: the adapters differ in num_layers ({c1.get('num_layers')} vs "
                  f"{c2.get('num_layers')})")
-    if sorted(p1["keys"]) != sorted(p2["keys"]) or set(w1) != set(w2):
+    if sorted(p1.get("keys") or []) != sorted(p2.get("keys") or []) or set(w1) != set(w2):
         sys.exit("error: the adapters train different layers or keys; they cannot blend")
     axis = {".lora_a": 0, ".lora_b": 1}  # the model's side of each matrix, not the rank's
     for name in w1:

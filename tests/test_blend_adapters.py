@@ -70,6 +70,11 @@ def test_adapters_that_train_other_keys_or_bad_weights_are_refused(tmp_path):
     done = blend(first, wider, "--weight", "0.5", "--out", tmp_path / "z")
     assert done.returncode != 0 and "not a readable adapter" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "z").exists()
+    (wider / "adapter_config.json").write_text(json.dumps({"lora_parameters": {"rank": 4}}))
+    mx.save_safetensors(str(wider / "adapters.safetensors"), {})
+    done = blend(first, wider, "--weight", "0.5", "--out", tmp_path / "z")
+    assert done.returncode != 0 and "no lora_parameters rank and scale" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "z").exists()
     done = blend(first, first, "--weight", "1.5", "--out", tmp_path / "y")
     assert done.returncode != 0 and "from 0 to 1" in done.stderr
     assert "Traceback" not in done.stderr
