@@ -50,11 +50,8 @@ def heldout_tasks(corpus: Path, domains: set[str], limit: int, outside: int,
     for d in sorted((corpus / "tasks").iterdir()):
         if d.name.split("-")[0] not in domains:
             continue
-        for line in (d / "heldout.jsonl").read_text().splitlines()[:limit]:
-            task = json.loads(line)
-            task["id"] = f"{d.name}/{task['id']}"
-            task["tools"] = str((d / task["tools"]).resolve())
-            lines.append(json.dumps(task))
+        lines += [located(json.loads(line), d)
+                  for line in (d / "heldout.jsonl").read_text().splitlines()[:limit]]
     lines += outside_tasks(corpus, domains, outside)
     path = out / "heldout.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -81,11 +78,15 @@ def outside_tasks(corpus: Path, domains: set[str], limit: int) -> list[str]:
                              seed=zlib.crc32(f"outside:{d.name}".encode()), run_tools=False)
         asked = [t for t in synthesize(load_tools(d / "tools.json"), config,
                                        outside=pool).heldout if t.kind == "outside"]
-        for t in asked[:limit]:
-            task = dict(t.task, id=f"{d.name}/{t.task['id']}",
-                        tools=str((d / t.task["tools"]).resolve()))
-            lines.append(json.dumps(task))
+        lines += [located(t.task, d) for t in asked[:limit]]
     return lines
+
+
+def located(task: dict, catalogue: Path) -> str:
+    """``task`` of the catalogue in ``catalogue`` as a JSON line of one file for all of
+    them: its id prefixed with the catalogue's name, its tools file an absolute path."""
+    return json.dumps(dict(task, id=f"{catalogue.name}/{task['id']}",
+                           tools=str((catalogue / task["tools"]).resolve())))
 
 
 def run(argv: list[str]) -> None:
