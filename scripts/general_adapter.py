@@ -3,6 +3,7 @@
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--optional-share 0.5]
+        [--two-call-share 0.15]
         [--contrast] [--raw-chat]
         [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6] [--file-chat 0]]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]
@@ -194,6 +195,8 @@ def main() -> None:
     ap.add_argument("--outside-share", type=float, default=0.0)
     ap.add_argument("--optional-share", type=float, default=0.5,
                     help="how often a training task gives an optional parameter")
+    ap.add_argument("--two-call-share", type=float, default=SynthConfig.chain_share,
+                    help="share of training tasks that need two calls (held-out: the default)")
     ap.add_argument("--raw-chat", action="store_true")
     ap.add_argument("--contrast", action="store_true",
                     help="each outside request also as a call in a catalogue that has its tool")
@@ -232,6 +235,8 @@ def main() -> None:
         ap.error("--tasks-per-row takes a count of at least 1")
     if not 0 <= args.optional_share <= 1:
         ap.error("--optional-share takes a share from 0 to 1")
+    if not 0 <= args.two_call_share <= 0.5:
+        ap.error("--two-call-share takes a share from 0 to 0.5")
     if not 0 <= args.outside_share <= 0.5:
         ap.error("--outside-share takes a share from 0 to 0.5")
     if args.processes < 1 or args.batch % args.processes:
@@ -253,7 +258,9 @@ def main() -> None:
                              n_heldout=args.heldout_per_catalogue,
                              seed=zlib.crc32(f"{args.seed}:{cat.name}".encode()),
                              outside_share=0.0 if is_held else args.outside_share,
-                             optional_share=0.5 if is_held else args.optional_share)
+                             optional_share=0.5 if is_held else args.optional_share,
+                             chain_share=SynthConfig.chain_share if is_held
+                             else args.two_call_share)
         result = synthesize(tools, config, sandbox=sandbox, outside=pool)
         write_tasks(result, path.read_bytes(), out / "tasks" / cat.name)
         for t in result.train:
@@ -272,6 +279,7 @@ def main() -> None:
         "heldout_domains": args.heldout_domains, "catalogue_size": args.catalogue_size,
         "mixed": args.mixed, "outside_share": args.outside_share, "raw_chat": args.raw_chat,
         "contrast": args.contrast, "tasks_per_row": args.tasks_per_row,
+        "two_call_share": args.two_call_share,
         "rows": rows, "by_kind": dict(kinds),
         "tokens": tokens, "mean_tokens_per_row": round(tokens / max(rows, 1)),
         "iterations_per_epoch": iterations,
