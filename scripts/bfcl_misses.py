@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
+from pathlib import Path
 
 from mlx_agent.batch_runner import batch_engines
 from mlx_agent.bfcl import CATEGORIES, bfcl, category_questions, run_category
 from mlx_agent.errors import UserFacingError
+from mlx_agent.fileio import write_text
 from mlx_agent.models import load
 from mlx_agent.models.registry import default_adapter
 from mlx_agent.serve import ChatService
@@ -49,6 +52,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.limit < 1 or args.batch < 1:
         ap.error("--limit and --batch take counts of at least 1")
+    if args.out and (Path(args.out).is_dir()
+                     or not os.access(Path(args.out).parent, os.W_OK | os.X_OK)):
+        ap.error(f"--out {args.out} cannot be written: give a file in a writable directory")
     adapter = args.adapter or default_adapter(args.model)
     try:
         bfcl()
@@ -69,11 +75,14 @@ def main() -> None:
               for r in sorted(rows, key=lambda r: r["id"]) if not r["ok"]]
     for m in misses:
         print(f"{m['id']} [{m['kind']}] {m['question'][:100]!r} -> {json.dumps(m['calls'])[:200]}")
+    by_kind = Counter(m["kind"] for m in misses).most_common()
     print(f"{len(rows) - len(misses)} of {len(rows)} right; misses: "
-          + ", ".join(f"{k} {n}" for k, n in Counter(m["kind"] for m in misses).most_common()))
+          + (", ".join(f"{k} {n}" for k, n in by_kind) or "none"))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(misses, f, indent=1)
+        try:  # atomically: an interrupted run leaves no half-written file
+            write_text(args.out, json.dumps(misses, indent=1))
+        except OSError as e:
+            sys.exit(f"error: cannot write {args.out}: {e.strerror or e}")
 
 
 if __name__ == "__main__":
