@@ -55,7 +55,9 @@ class Cache(Event, tag="cache", omit_defaults=True):
     prefill_ms: float | None = None
 
 
-class Stats(Event, tag="stats"):
+class Counts(msgspec.Struct):
+    """What a user turn cost, counted; mutable, so the agent loop adds to it as it runs."""
+
     turns: int = 0
     calls: int = 0
     valid_calls: int = 0
@@ -65,6 +67,9 @@ class Stats(Event, tag="stats"):
     prefilled_tokens: int = 0
     reused_tokens: int = 0
     guarded_steps: int = 0  # steps in which the loop guard masked a repeat's tokens
+
+
+class Stats(Counts, Event, tag="stats", frozen=True, kw_only=True):
     seconds: float = 0.0
     stop: str = "answer"  # answer | steps | context | interrupted
 

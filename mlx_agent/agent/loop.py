@@ -17,8 +17,10 @@ during generation (the session goes on).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+import msgspec
 
 from ..cache import ContextFull
 from ..engine import Constraint, Engine, PrefillStats, SamplingParams
@@ -75,19 +77,8 @@ def _choice_key(choice: str | dict) -> str:
     return choice
 
 
-@dataclass
-class TurnStats:
-    """What one user turn cost; becomes the ``stats`` event."""
-
-    turns: int = 0
-    calls: int = 0
-    valid_calls: int = 0
-    tool_errors: int = 0
-    generated_tokens: int = 0
-    rendered_tokens: int = 0
-    prefilled_tokens: int = 0
-    reused_tokens: int = 0
-    guarded_steps: int = 0
+class TurnStats(ev.Counts):
+    """What one user turn cost, as it runs; becomes the ``stats`` event."""
 
     def synced(self, prompt: int, sync: PrefillStats) -> None:
         self.turns += 1
@@ -101,8 +92,7 @@ class TurnStats:
         self.tool_errors += result.exit_code != 0 or result.timed_out
 
     def event(self, seconds: float, stop: str) -> ev.Stats:
-        return ev.Stats(**{f.name: getattr(self, f.name) for f in fields(self)},
-                        seconds=round(seconds, 3), stop=stop)
+        return ev.Stats(**msgspec.structs.asdict(self), seconds=round(seconds, 3), stop=stop)
 
 
 @dataclass
