@@ -264,6 +264,23 @@ def test_flags_read_as_words_of_their_side():
     assert not train & held
 
 
+def test_a_label_from_a_description_drops_its_article():
+    # templates say "the {label}": "The text to count" must not read "the the text to count"
+    schema = {"type": "string", "description": "The text to count."}
+    labels = {phrasing.label("text", schema, random.Random(seed)) for seed in range(20)}
+    assert labels == {"text to count", "text"}
+    assert phrasing.label("x", {"description": "An ISO date"}, random.Random(1)) in {
+        "ISO date", "x"}
+
+
+def test_chain_connectors_are_many_and_none_is_shared_by_the_sides():
+    train, held = (set(phrasing.CHAINS[side]["chain-a" if side == pools.TRAIN else "chain-b"])
+                   for side in (pools.TRAIN, pools.HELDOUT))
+    assert len(train) >= 6 and len(held) >= 2 and not train & held
+    for template in train | held:
+        assert {"{first}", "{second}", "{label}"} <= set(re.findall(r"{\w+}", template))
+
+
 def test_a_value_that_names_itself_is_sometimes_said_without_its_label():
     weather = declared_tools([fn("get_forecast", "Get the forecast.", {
         "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "kelvin"]},

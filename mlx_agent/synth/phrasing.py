@@ -67,12 +67,25 @@ DISTRACTORS = {
 }
 ANSWERS = {P.TRAIN: {"answer-a": (" Tell me what it returns.", " Then tell me the result.")},
            P.HELDOUT: {"answer-b": (" Report back what you get.", " Let me know the output.")}}
-CHAINS = {
+CHAINS = {  # a 135M model learns the connector, not the idea: many ways to say "then use it"
     P.TRAIN: {"chain-a": ("{first}, then {second} using the result as the {label}.",
                           "first {first}. After that, {second} with the {label} set to what "
-                          "it returns.")},
+                          "it returns.",
+                          "{first} and then {second}, with its result as the {label}.",
+                          "please {first}. Next, take what that gives back and {second}, "
+                          "using it as the {label}.",
+                          "two steps: {first}; then {second} where the {label} is the first "
+                          "step's result.",
+                          "{first}. When you have the result, {second} and use that result "
+                          "for the {label}.",
+                          "can you {first} and afterwards {second}? The {label} should be "
+                          "whatever the first call returns.",
+                          "{first}, followed by {second} (fill in the {label} with what the "
+                          "first step returns).")},
     P.HELDOUT: {"chain-b": ("{first}; once that is done, {second}, passing its output as the "
-                            "{label}.",)},
+                            "{label}.",
+                            "begin with this: {first}. Then {second}, feeding in the answer you got "
+                            "as its {label}.")},
 }
 NO_TOOL = {
     P.TRAIN: {"none-a": ("tell me a fun fact about {topic}.",
@@ -187,6 +200,7 @@ def label(name: str, schema: dict, rng: random.Random) -> str:
     desc = schema.get("description")
     desc = desc.strip().rstrip(".") if isinstance(desc, str) else ""
     if desc and len(desc.split()) <= 4 and rng.random() < 0.5:
+        desc = re.sub(r"^(the|a|an)\s+", "", desc, flags=re.I)  # templates say "the {label}"
         return desc[0].lower() + desc[1:] if not desc[1:2].isupper() else desc
     return " ".join(words(name)) or name
 
