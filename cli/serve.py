@@ -33,12 +33,18 @@ from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_
               show_default=True, help="Larger request bodies get a 413.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together in one batch (more wait their turn).")
+@click.option("--request-timeout", type=click.FloatRange(min=0.1), default=30.0,
+              show_default=True,
+              help="Seconds a request's headers and body have to arrive (else a 408).")
+@click.option("--max-connections", type=click.IntRange(min=1), default=None,
+              help="Open connections at once; one more gets a 503.  [default: what the "
+                   "file-descriptor limit allows, at most 4096]")
 @load_options
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
           prompt_cache_dir, prompt_cache_dtype, kv_slots, max_tokens, allow_repeat_calls,
-          max_body_bytes, max_batch, adapter, weights, context_length, temperature, top_p,
-          top_k, min_p, seed):
+          max_body_bytes, max_batch, request_timeout, max_connections, adapter, weights,
+          context_length, temperature, top_p, top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
     \b
@@ -52,11 +58,9 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    import uvicorn
-
     from mlx_agent.engine import SamplingParams
     from mlx_agent.models import load
-    from mlx_agent.serve import ChatService, make_app
+    from mlx_agent.serve import ChatService, http, make_app
     from mlx_agent.tools import load_tools
 
     if tool_metrics_out:  # before the model loads, as the port
@@ -101,12 +105,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     batched = f", batches of up to {max_batch}" if max_batch > 1 else ""
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
                f"{tool_mode} tool mode{batched}) on http://{host}:{bound}", err=True)
-    # Ctrl-C: open streams get 5 s, then the lifespan stops running generations
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
+    http.serve(app, sock, request_timeout=request_timeout, max_connections=max_connections)
 
 
 def _listen(host: str, port: int):

@@ -19,10 +19,14 @@ from .engine import Constraint, Engine, Sampler
 class TextStream:
     def __init__(self, engine: Engine, tokenizer, sampler: Sampler | None = None, *,
                  max_tokens: int = 256, stop_ids: frozenset[int] = frozenset(),
-                 constraint: Constraint | None = None):
+                 constraint: Constraint | None = None, continuation: bool = False):
+        """``continuation``: the generation continues the prompt's text (a completion, not
+        a reply that starts a message), so its first token keeps its leading space."""
         self.engine, self.sampler = engine, sampler
         self.max_tokens, self.stop_ids, self.constraint = max_tokens, stop_ids, constraint
-        self.detok = tokenizer.detokenizer
+        self.detok = tokenizer.detokenizer  # a copy of its own
+        if continuation:
+            keep_first_space(self.detok)
         self.ids: list[int] = []  # every sampled id, a stop id included
         self.decode_seconds = 0.0
         self._flushed = False
@@ -66,3 +70,14 @@ class TextStream:
     @property
     def decode_tps(self) -> float:
         return len(self.ids) / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def keep_first_space(detok) -> None:
+    """mlx-lm's streaming detokenizers drop the first token's leading space, right for a
+    reply (``" Paris"`` after ``assistant\\n`` is ``"Paris"``) and wrong for a completion
+    (``"The capital of France is" + " Paris"``). This one keeps it: SentencePiece's has a
+    switch, the byte-level BPE one a method to replace; the naive one never drops it."""
+    if hasattr(detok, "trim_space"):
+        detok.trim_space = False
+    if hasattr(detok, "_maybe_trim_space"):
+        detok._maybe_trim_space = lambda text: text

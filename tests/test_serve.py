@@ -3,6 +3,7 @@ random tiny model (real tokenizer and grammar) or a scripted one, started on por
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,7 +19,7 @@ import pytest
 
 from mlx_agent.batch_runner import BatchRunner
 from mlx_agent.engine import SamplingParams
-from mlx_agent.serve import ChatCall, ChatService, make_app
+from mlx_agent.serve import ChatCall, ChatService, http, make_app
 from mlx_agent.formats import tool_info
 from mlx_agent.formats.streams import JsonAnswerStream
 from mlx_agent.serve.service import StopStrings
@@ -57,7 +58,7 @@ class Scripted:
 class Running:
     """A real uvicorn server on a free port, in a thread."""
 
-    def __init__(self, service, sampling=SamplingParams()):
+    def __init__(self, service, sampling=SamplingParams(), **limits):
         import uvicorn
 
         self.service = service
@@ -66,8 +67,7 @@ class Running:
         sock.listen(16)
         self.port = sock.getsockname()[1]
         self.base = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(make_app(service, sampling),
-                                                    log_level="warning"))
+        self.server = uvicorn.Server(http.config(make_app(service, sampling), **limits))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
         self.thread.start()
@@ -106,7 +106,8 @@ def serve(tiny_lm):
 
     def start(lm=tiny_lm, **kw):
         sampling = kw.pop("sampling", SamplingParams())
-        r = Running(ChatService(lm, model_name="tiny", **kw), sampling)
+        limits = {k: kw.pop(k) for k in ("request_timeout", "max_connections") if k in kw}
+        r = Running(ChatService(lm, model_name="tiny", **kw), sampling, **limits)
         running.append(r)
         return r
 
@@ -239,6 +240,11 @@ def test_ollama_endpoints(serve, tiny_lm):
     assert "version" in s.get("/api/version") and s.get("/health")["status"] == "ok"
     status, r = s.post("/api/chat", {"model": "llama3", "messages": user("hi")})
     assert status == 404 and "not found" in r["error"]
+    for path, body in (("/api/generate", {"prompt": "Describe it.", "images": ["aGk="]}),
+                       ("/api/chat", {"messages": [{"role": "user", "content": "Describe it.",
+                                                    "images": ["aGk="]}]})):
+        status, r = s.post(path, {"model": "tiny", "stream": False, **body})
+        assert status == 400 and "images are not supported" in r["error"], r
 
 
 def test_deferred_mode_answers_get_tool_info_itself(serve, tiny_lm, tmp_path):
@@ -316,6 +322,10 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, "not found"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},
      "tool name"),
+    ({"messages": [{"role": "user", "content": "hi"}],  # a 500 once
+      "tools": [{"type": "function", "function": "get_weather"}]}, '"function" must be an object'),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+      "model": "tiny"}, '"text" must be a string'),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
       "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not a tool"),
     ({"messages": [{"role": "user", "content": "hi " * 3000}]}, "context holds"),
@@ -361,6 +371,23 @@ def test_completions_endpoint_with_stop_strings(serve, tiny_lm):
     chunks = list(s.client.completions.create(model="tiny", prompt="Say:", max_tokens=10,
                                               stop=[" gam"], stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "alpha beta"
+
+
+def test_a_completion_keeps_the_space_its_first_token_starts_with(serve, tiny_lm):
+    # mlx-lm's detokenizer drops it (right for a chat reply): "is" + "Paris" was "isParis"
+    s = serve(sampler_for=Scripted(tiny_lm, *[" Paris, and the"] * 4))
+    r = s.client.completions.create(model="tiny", prompt="The capital of France is",
+                                    max_tokens=4)
+    assert r.choices[0].text == " Paris, and the"
+    chunks = s.client.completions.create(model="tiny", prompt="The capital of France is",
+                                         max_tokens=4, stream=True)
+    assert "".join(c.choices[0].text for c in chunks) == " Paris, and the"
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "The capital of France is",
+                                         "raw": True, "stream": False})
+    assert r["response"] == " Paris, and the"
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Capital of France?",
+                                         "stream": False})  # a chat reply: no space
+    assert r["response"] == "Paris, and the"
 
 
 def test_json_answer_stream_decodes_escapes_split_anywhere():
@@ -734,3 +761,96 @@ def test_a_long_prompt_stops_prefilling_when_its_client_leaves(tiny_lm):
     assert r.usage.completion_tokens == 0 and len(asked) == 2  # one chunk, not three
     r = service.chat(service.prepare(ChatCall(messages=user("hi"), max_tokens=4)))
     assert r.finish_reason in ("stop", "length")
+
+
+def _read_all(sock: socket.socket, wait: float) -> bytes:
+    sock.settimeout(wait)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except socket.timeout:
+        return data + b"<open>"  # still open after `wait` seconds
+    except ConnectionResetError:
+        return data + b"<reset>"
+    return data
+
+
+def test_a_request_that_never_arrives_whole_gets_a_408_and_is_closed(serve, capfd):
+    s = serve(request_timeout=0.5)
+    partial = [b"",  # connected, nothing sent
+               b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # headers unfinished
+               b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # ...and trickling
+               # the body unfinished: its handler is reading it
+               b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{"]
+    socks = [socket.create_connection(("127.0.0.1", s.port)) for _ in partial]
+    for c, data in zip(socks, partial):
+        c.sendall(data)
+    start = time.monotonic()
+    with contextlib.suppress(OSError):  # a header line every 0.1 s does not extend the deadline
+        while time.monotonic() - start < 1.5:
+            socks[2].sendall(b"X-Slow: 1\r\n")
+            time.sleep(0.1)
+    replies = [_read_all(c, 3) for c in socks]
+    for c in socks:
+        c.close()
+    for reply in replies[:2]:
+        assert reply.startswith(b"HTTP/1.1 408") and b"within 0.5 s" in reply, reply
+    assert not any(reply.endswith(b"<open>") for reply in replies), replies
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    assert status == 200, r
+    # between requests the deadline sleeps: a kept-alive connection idle for twice the
+    # deadline (under uvicorn's 5 s keep-alive) serves its next request
+    from http.client import HTTPConnection
+
+    conn = HTTPConnection("127.0.0.1", s.port, timeout=30)
+    body = json.dumps({"messages": user("hi"), "max_tokens": 2})
+    for pause in (0, 1.0):
+        time.sleep(pause)
+        conn.request("POST", "/v1/chat/completions", body,
+                     {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 200 and json.loads(reply.read())["choices"]
+    conn.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err
+
+
+def test_connections_past_the_cap_get_a_503_and_the_rest_keep_working(serve):
+    s = serve(max_connections=3, request_timeout=1.0)
+    idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(3)]
+    time.sleep(0.2)
+    extra = socket.create_connection(("127.0.0.1", s.port))
+    reply = _read_all(extra, 3)
+    assert reply.startswith(b"HTTP/1.1 503") and b"too many open connections" in reply, reply
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+    extra.close()
+    for c in idle:  # the idle ones are dropped at their deadline, freeing the server
+        assert _read_all(c, 3).startswith(b"HTTP/1.1 408")
+        c.close()
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    assert status == 200, r
+
+
+def test_the_connection_cap_leaves_file_descriptors_to_spare():
+    import resource
+
+    cap = http.connection_cap()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert 8 <= cap <= 4096 and cap <= soft - 100
+
+
+def test_unknown_paths_and_wrong_methods_answer_in_json(serve):
+    s = serve()
+    for method, path, status, needle in [
+            ("GET", "/v1/embeddings", 404, "no endpoint /v1/embeddings"),
+            ("GET", "/v1/chat/completions", 405, "use POST"),
+            ("POST", "/api/pull", 404, "/api/chat"),
+            ("GET", "/api/chat", 405, "does not take GET")]:
+        req = urllib.request.Request(s.base + path, method=method,
+                                     data=b"{}" if method == "POST" else None)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(req, timeout=10)
+        body = json.loads(caught.value.read())
+        message = body["error"] if path.startswith("/api/") else body["error"]["message"]
+        assert caught.value.code == status and needle in message, body

@@ -107,9 +107,11 @@ def text_of(content: Any) -> str:
         return content
     parts = []
     for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+        if part.get("type") != "text":
             raise MessageError(f"content part of type {part.get('type')!r} is not supported; "
                                "send text parts ({\"type\": \"text\", \"text\": \"...\"})")
+        if not isinstance(part.get("text"), str):
+            raise MessageError("a text content part's \"text\" must be a string")
         parts.append(part["text"])
     return "".join(parts)
 

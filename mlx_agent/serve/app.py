@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -229,6 +230,8 @@ class Server:
             req = await self._body(request, schema.OllamaGenerateRequest)
             self._check_model(req.model, ollama=True)
             max_tokens, sampling = ollama_api.sampling(req.options, self.limits)
+            if req.images:
+                raise BadRequest(ollama_api.NO_IMAGES)
             if not req.prompt:  # Ollama's "load the model" request
                 return JSONResponse({"model": req.model, "created_at": ollama_api.now_iso(),
                                      "response": "", "done": True, "done_reason": "load"})
@@ -278,6 +281,25 @@ class Server:
                              "cancelled_generations": self.service.cancelled})
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """An unknown path or a wrong method, in the API's error shape rather than plain text."""
+    path, method = request.url.path, request.method
+    if exc.status_code == 404:
+        message = (f"no endpoint {path}; this server has /v1/chat/completions, /v1/completions, "
+                   "/v1/models, /api/chat, /api/generate, /api/tags, /api/show, /api/version "
+                   "and /health")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        message = f"{path} does not take {method}; use {allowed or 'another method'}"
+    else:
+        message = exc.detail
+    if path.startswith("/api/"):
+        body: dict = {"error": message}
+    else:
+        body = openai_api.error_body(BadRequest(message, status=exc.status_code))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 def make_app(service: ChatService, default_sampling: SamplingParams = SamplingParams(),
              pool: ThreadPoolExecutor | None = None,
              max_body_bytes: int = DEFAULT_MAX_BODY) -> Starlette:
@@ -299,6 +321,7 @@ def make_app(service: ChatService, default_sampling: SamplingParams = SamplingPa
         yield
         await server.shutdown()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error})
     app.state.server = server
     return app

@@ -13,6 +13,10 @@ from .common import BadRequest, Limits
 from .service import ChatCall, ChatResult
 
 
+NO_IMAGES = ("images are not supported: this model reads text only; send the request "
+             "without images")
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
@@ -46,7 +50,7 @@ def chat_call(req: schema.OllamaChatRequest, limits: Limits) -> ChatCall:
 
 def _message(m: schema.OllamaMessage) -> dict:
     if m.images:
-        raise BadRequest("images are not supported by this model")
+        raise BadRequest(NO_IMAGES)
     d: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
         d["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": {

@@ -132,6 +132,7 @@ class OllamaGenerateRequest(Struct):
     prompt: str = ""
     system: str | None = None
     raw: bool = False
+    images: list[str] | None = None  # refused: this model reads text
     stream: bool = True
     options: OllamaOptions | None = None
     format: Any = None

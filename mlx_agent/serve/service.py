@@ -94,6 +94,7 @@ class PreparedCompletion:
 
     prompt: list[int]
     constraint: Constraint | None
+    continuation: bool = True  # raw text continued (its first space kept), not a chat reply
 
 
 @dataclass
@@ -304,7 +305,7 @@ class ChatService:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds "
                                f"{self.context_length}")
         return PreparedCompletion(ids, schema_constraint(self.lm, json_schema)
-                                  if json_schema else None)
+                                  if json_schema else None, continuation=raw)
 
     def complete(self, prep: PreparedCompletion, *, max_tokens: int,
                  sampling: SamplingParams, stop: Sequence[str] = (),
@@ -315,7 +316,7 @@ class ChatService:
         call = ChatCall(messages=[], sampling=sampling, stop=list(stop))
         with self.lanes.lease(prep.prompt) as lane:
             gen = self._generate(lane, call, prep.prompt, max_tokens, prep.constraint, on_text,
-                                 cancelled)
+                                 cancelled, continuation=prep.continuation)
         result = ChatResult(gen.shown.text, [], "stop" if gen.shown.hit else gen.finish,
                             Usage(len(prep.prompt), gen.cached, len(gen.ids)))
         if gen.finish == "cancelled":
@@ -327,7 +328,7 @@ class ChatService:
 
     def _generate(self, lane, call: ChatCall, prompt: list[int], max_tokens: int,
                   constraint: Constraint | None, on_text: OnText | None, cancelled: Cancelled,
-                  fmt: Format | None = None) -> Generated:
+                  fmt: Format | None = None, continuation: bool = False) -> Generated:
         """On ``lane`` (an engine and its KV slots): sync to ``prompt`` and sample until the
         stop token, the format's scanner, a stop string, the client leaving or the token
         limit."""
@@ -346,7 +347,7 @@ class ChatService:
             return Generated("", shown, [], "cancelled", 0)
         stream = TextStream(engine, self.lm.tokenizer, self.sampler_for(call.sampling),
                             max_tokens=max_tokens, stop_ids=self.lm.stop_ids,
-                            constraint=constraint)
+                            constraint=constraint, continuation=continuation)
 
         def show(segment: str) -> None:
             visible = shown.feed(content.feed(segment))

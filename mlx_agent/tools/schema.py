@@ -215,7 +215,11 @@ def tools_from_entries(entries: Any, source: str, runnable: bool = True) -> list
         label = f"{source}: tools[{i}]"
         if not isinstance(entry, dict):
             raise ToolSchemaError(f"{label} is not an object")
-        fields = dict(entry.get("function") or entry)
+        function = entry.get("function", entry)
+        if not isinstance(function, dict):
+            raise ToolSchemaError(f"{label}: \"function\" must be an object with a name, "
+                                  f"a description and parameters, not {_kind(function)}")
+        fields = dict(function)
         # extensions may sit beside the "function" block as well as inside it
         for key in ("_exec", "_exec_args", "_handler"):
             if key in entry and key not in fields:
@@ -234,6 +238,11 @@ def tools_from_entries(entries: Any, source: str, runnable: bool = True) -> list
     if dupes:
         raise ToolSchemaError(f"{source}: tool {dupes[0]!r} is defined twice")
     return tools
+
+
+def _kind(value: Any) -> str:
+    return {str: "a string", list: "an array", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
 
 
 def _field_message(e: msgspec.ValidationError) -> str:
