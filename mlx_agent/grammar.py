@@ -224,6 +224,51 @@ def _arguments_schema(parameters: dict, max_len: int) -> dict:
     return params
 
 
+def _local_ref(schema: dict) -> bool:
+    ref = schema.get("$ref")
+    return isinstance(ref, str) and ref.startswith("#")
+
+
+def _local_refs(schema: Any) -> bool:
+    """Whether ``schema`` or a subschema at any depth has a ``$ref`` into its own document
+    (data such as a ``const`` that holds a ``$ref`` key is not a schema, and is not read)."""
+    if not isinstance(schema, dict):
+        return False
+    found = [_local_ref(schema)]
+    _each_subschema(schema, lambda s: found.append(_local_refs(s)))
+    return any(found)
+
+
+def _rerooted(schema: Any, root: str) -> Any:
+    """``schema`` with its local ``$ref`` pointers (``#/$defs/City``) made to start at
+    ``root`` (``#/$defs/tool0/$defs/City``)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = _each_subschema(schema, lambda s: _rerooted(s, root))
+    if _local_ref(schema):
+        out["$ref"] = root + schema["$ref"][1:]
+    return out
+
+
+def _arguments_schemas(params_list: Sequence[dict], max_len: int) -> tuple[list[dict], dict]:
+    """Each tool's :func:`_arguments_schema`, and the ``$defs`` the grammar's root needs:
+    parameters with local ``$ref`` pointers (Pydantic and zod write ``#/$defs/City``) would
+    point at nothing nested under a call's ``arguments``, so they move to the root's
+    ``$defs/tool<i>``, their pointers rewritten to match, and ``arguments`` refers there."""
+    schemas, defs = [], {}
+    for i, params in enumerate(params_list):
+        bound = _arguments_schema(params, max_len)
+        if _local_refs(bound):
+            defs[f"tool{i}"] = _rerooted(bound, f"#/$defs/tool{i}")
+            bound = {"$ref": f"#/$defs/tool{i}"}
+        schemas.append(bound)
+    return schemas, defs
+
+
+def _with_defs(schema: dict, defs: dict) -> dict:
+    return {**schema, "$defs": defs} if defs else schema
+
+
 def check_compiles(grammar: str, tokenizer, what: str) -> None:
     err = LLMatcher.validate_grammar(grammar, tokenizer)
     if err and not err.startswith("WARNING"):
@@ -240,7 +285,8 @@ def _signature(tools: Sequence[Tool], protocol: str) -> str:
 def _check_tools(signature: str, tokenizer, max_len: int) -> None:
     """Compile each tool's parameters alone, to name the tool whose schema fails."""
     for name, params in json.loads(signature):
-        one = {"type": "object", "properties": {"arguments": _arguments_schema(params, max_len)}}
+        (arguments,), defs = _arguments_schemas([params], max_len)
+        one = _with_defs({"type": "object", "properties": {"arguments": arguments}}, defs)
         check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
                        f"tool {name!r} (its parameters schema)")
 
@@ -298,17 +344,18 @@ def _chosen(pairs: list, choice: str) -> tuple[list, bool]:
 def _json_protocol_schema(pairs: list, max_len: int, choice: str = "auto",
                           bound_answer: bool = True) -> dict:
     pairs, may_answer = _chosen(pairs, choice)
+    arguments, defs = _arguments_schemas([params for _, params in pairs], max_len)
     shapes = [{
         "type": "object",
-        "properties": {"tool": {"const": name}, "arguments": _arguments_schema(params, max_len)},
+        "properties": {"tool": {"const": name}, "arguments": args},
         "required": ["tool", "arguments"], "additionalProperties": False,
-    } for name, params in pairs]
+    } for (name, _), args in zip(pairs, arguments)]
     if may_answer:
         answer = {"type": "string", "pattern": ANSWER_END,
                   **({"maxLength": max_len} if bound_answer else {})}
         shapes.append({"type": "object", "properties": {"answer": answer},
                        "required": ["answer"], "additionalProperties": False})
-    return {"anyOf": shapes}
+    return _with_defs({"anyOf": shapes}, defs)
 
 
 @functools.lru_cache(maxsize=32)
@@ -318,7 +365,8 @@ def _json_grammar(signature: str, tokenizer, max_len: int, choice: str, parallel
     _check_tools(signature, tokenizer, max_len)
     schema = _json_protocol_schema(pairs, max_len, choice, bound_answer)
     if parallel and choice != "none" and not is_forced(choice):  # calls, one object per line
-        calls = {"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]}
+        calls = _with_defs({"anyOf": [s for s in schema["anyOf"] if "tool" in s["properties"]]},
+                           schema.get("$defs", {}))
         answer = [s for s in schema["anyOf"] if "answer" in s["properties"]]
         guidance = {"x-guidance": _guidance("json")}
         lark = 'start: calls\ncalls: call ("\\n" call)*\n' + \
@@ -367,12 +415,12 @@ def _hermes_grammar(signature: str, tokenizer, max_len: int, special_key: str, c
                     parallel: bool) -> str:
     special_ids = dict(json.loads(special_key))
     pairs, may_answer = _chosen(json.loads(signature), choice)
-    calls = {"anyOf": [{
+    arguments, defs = _arguments_schemas([params for _, params in pairs], max_len)
+    calls = _with_defs({"anyOf": [{
         "type": "object",
-        "properties": {"name": {"const": name},
-                       "arguments": _arguments_schema(params, max_len)},
+        "properties": {"name": {"const": name}, "arguments": args},
         "required": ["name", "arguments"], "additionalProperties": False}
-        for name, params in pairs]}
+        for (name, _), args in zip(pairs, arguments)]}, defs)
     open_tag, close_tag = _tag("<tool_call>", special_ids), _tag("</tool_call>", special_ids)
     start = [alt for alt, on in (("TEXT", may_answer), ("calls", bool(pairs))) if on]
     lark = f"start: {' | '.join(start)}\n" + "TEXT: /[^<\\s][^<]*/\n"

@@ -158,6 +158,44 @@ def test_nested_objects_that_declare_properties_take_no_other_keys(smol):
     assert accepts(lm, tok, grammar, call % '{"labels":{"a":"x","b":"y"}}')
 
 
+def test_parameters_with_local_refs_are_read_where_they_point(smol):
+    # Pydantic and zod write $defs and #/$defs/... pointers, which nested under a call's
+    # "arguments" pointed at nothing: every such tool was refused
+    from mlx_agent.grammar import hermes_grammar
+
+    lm, tok, _ = smol
+    city = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "country": {"type": "string"}},
+            "required": ["name"]}
+    node = {"type": "object", "properties": {"v": {"type": "integer"},
+                                             "next": {"$ref": "#/$defs/Node"}}}
+    tools = parse_tools(json.dumps([
+        {"name": "book", "_exec": "x", "parameters": {
+            "type": "object", "$defs": {"City": city, "Node": node},
+            "properties": {"origin": {"$ref": "#/$defs/City"},
+                           "dest": {"$ref": "#/$defs/City"}, "chain": {"$ref": "#/$defs/Node"}},
+            "required": ["origin", "dest"]}},
+        {"name": "pick", "_exec": "x", "parameters": {  # draft-07's "definitions"
+            "type": "object", "definitions": {"C": {"type": "string", "enum": ["a", "b"]}},
+            "properties": {"c": {"$ref": "#/definitions/C"}}, "required": ["c"]}}]))
+    ok = ['{"tool":"book","arguments":{"origin":{"name":"Oslo"},"dest":{"name":"Rome",'
+          '"country":"IT"},"chain":{"v":1,"next":{"v":2}}}}', '{"tool":"pick","arguments":{"c":"b"}}']
+    bad = ['{"tool":"book","arguments":{"origin":{"name":"Oslo"},"dest":{"town":"Rome"}}}',
+           '{"tool":"book","arguments":{"origin":{"name":"Oslo"},"dest":{"name":"Rome"},'
+           '"chain":{"v":"one"}}}', '{"tool":"pick","arguments":{"c":"z"}}']
+    for parallel in (False, True):
+        grammar = json_protocol_grammar(tools, tok, parallel=parallel)
+        assert all(accepts(lm, tok, grammar, text) for text in ok)
+        assert not any(accepts(lm, tok, grammar, text) for text in bad)
+    grammar = hermes_grammar(tools, tok)
+    for text, want in [(t, True) for t in ok] + [(t, False) for t in bad]:
+        text = text.replace('{"tool":', '{"name":')
+        assert accepts(lm, tok, grammar, f"<tool_call>\n{text}\n</tool_call>") == want, text
+    forced = json_protocol_grammar(tools, tok, choice=json.dumps(
+        {"name": "pick", "arguments": {"c": "a"}}))
+    assert accepts(lm, tok, forced, '{"tool":"pick","arguments":{"c":"a"}}')
+
+
 def test_hermes_grammar_binds_only_inside_tool_call_tags(smol):
     from mlx_agent.grammar import hermes_grammar
 

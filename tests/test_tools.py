@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mlx_agent.tools import ToolSchemaError, builtin_tools, parse_tools, run_tool
+from mlx_agent.tools import ToolSchemaError, builtin_tools, declared_tools, parse_tools, run_tool
 from mlx_agent.tools.builtin import OutsideRoot
 from mlx_agent.tools.rootfs import located
 
@@ -210,8 +210,6 @@ def test_paths_outside_the_root_are_refused(repo, path):
 
 
 def test_tool_choice_words_are_not_tool_names():
-    from mlx_agent.tools import declared_tools
-
     with pytest.raises(ToolSchemaError, match="'none' is reserved"):
         declared_tools([{"name": "none", "parameters": {"type": "object"}}])
 
@@ -222,6 +220,19 @@ def test_boolean_property_schemas_are_schemas(tmp_path):
     (tool,) = parse_tools(json.dumps([{"name": "t", "description": "d", "_exec": "true",
         "parameters": {"type": "object", "properties": {"x": False, "y": True}}}]))
     assert tool.signature() == "t(x?: any, y?: any)"
+
+
+def test_the_signature_reads_types_through_refs_and_unions():
+    # Pydantic's shapes: a nested model by $ref, Optional[int] as anyOf with null
+    (tool,) = declared_tools([{"name": "book", "parameters": {
+        "type": "object", "$defs": {"City": {"type": "object", "properties": {}},
+                                    "Loop": {"$ref": "#/$defs/Loop"}},
+        "properties": {"origin": {"$ref": "#/$defs/City"},
+                       "nights": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                       "loop": {"$ref": "#/$defs/Loop"}, "gone": {"$ref": "#/$defs/Gone"}},
+        "required": ["origin"]}}])
+    assert tool.signature() == \
+        "book(origin: object, gone?: string, loop?: string, nights?: integer|null)"
 
 
 def test_a_tools_file_that_is_no_regular_file_or_nests_too_deeply_is_one_error(tmp_path):

@@ -87,14 +87,32 @@ class Tool(msgspec.Struct, frozen=True):
         props = self.properties
 
         def typ(name):
-            schema = props.get(name, {})  # JSON Schema allows true (anything) and false
-            t = schema.get("type", "string") if isinstance(schema, dict) else "any"
-            return "|".join(map(str, t)) if isinstance(t, list) else str(t)
+            return "|".join(self._types(props.get(name, {}))) or "string"
 
         required = set(self.required)
         args = [f"{a}{'' if a in required else '?'}: {typ(a)}" for a in self.argument_order()]
         args += [f"{r}: string" for r in self.required if r not in props]
         return f"{self.name}({', '.join(args)})"
+
+    def _types(self, schema: Any, depth: int = 0) -> list[str]:
+        """A parameter's type names: its ``type``, through a local ``$ref`` (as Pydantic
+        writes nested models) and the members of ``anyOf``/``oneOf`` (``integer|null``)."""
+        if not isinstance(schema, dict):  # JSON Schema allows true (anything) and false
+            return ["any"]
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/") and depth < 8:
+            target: Any = self.parameters
+            for part in ref[2:].split("/"):
+                part = part.replace("~1", "/").replace("~0", "~")
+                target = target.get(part) if isinstance(target, dict) else None
+            return self._types(target, depth + 1) if target is not None else []
+        t = schema.get("type")
+        if t is not None:
+            return [str(x) for x in t] if isinstance(t, list) else [str(t)]
+        names: list[str] = []
+        for member in schema.get("anyOf") or schema.get("oneOf") or []:
+            names += [n for n in self._types(member, depth + 1) if n not in names]
+        return names
 
     def validate(self, arguments: Any) -> list[str]:
         """Why ``arguments`` do not satisfy the schema (empty when they do)."""
