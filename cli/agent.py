@@ -12,10 +12,11 @@ import sys
 
 import click
 
-from .errors import UserError, warn
+from . import paths
+from .errors import UserError, utf8_text, warn
 from .terminal import for_terminal
-from .options import (cache_mode, cache_options, load_options, loop_options, make_sandbox,
-                      mcp_options, model_argument, prompt_cache_dtype_option,
+from .options import (Finite, cache_mode, cache_options, load_options, loop_options,
+                      make_sandbox, mcp_options, model_argument, prompt_cache_dtype_option,
                       sampling_options, sandbox_options, start_mcp)
 
 
@@ -92,14 +93,20 @@ def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout
     return tools
 
 
-def repl(turn) -> None:
+def repl(turn, json_out: bool = False) -> None:
     """Read user turns until end of input or ``:quit``. Ctrl-C at the prompt drops the line
-    and asks again, as Python's REPL and Ollama do: it stops a reply, never the session."""
+    and asks again, as Python's REPL and Ollama do: it stops a reply, never the session.
+    With ``json_out`` the prompt goes to stderr, so stdout holds only JSON lines; a line
+    that is not UTF-8 is refused and the session goes on."""
     while True:
         try:
-            text = input("you> ")
+            if json_out:
+                click.echo("you> ", nl=False, err=True)
+                text = input()
+            else:
+                text = input("you> ")
         except EOFError:
-            click.echo()
+            click.echo(err=json_out)
             return
         except KeyboardInterrupt:
             click.echo("\n(:quit or Ctrl-D to leave)", err=True)
@@ -107,7 +114,10 @@ def repl(turn) -> None:
         if text.strip() in (":quit", ":q"):
             return
         if text.strip():
-            turn(text)
+            try:
+                turn(utf8_text(text, "the line"))
+            except UserError as e:
+                warn(e.format_message())
 
 
 @click.command()
@@ -121,7 +131,7 @@ def repl(turn) -> None:
 @click.option("--single", default=None, metavar="TEXT", help="Ask once, print the answer, exit.")
 @click.option("--system", default=None, help="System prompt (json: replaces the persona line).")
 @loop_options
-@click.option("--tool-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+@click.option("--tool-timeout", type=Finite(min=0, min_open=True), default=30.0,
               show_default=True, help="Seconds before a tool's process group is killed.")
 @click.option("--tool-env", multiple=True, metavar="NAME",
               help="Pass this environment variable to tools (repeatable).")
@@ -170,6 +180,11 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     from mlx_agent.engine import SamplingParams
     from mlx_agent.models import load
 
+    if single is not None and not utf8_text(single, "--single").strip():
+        raise UserError("--single is empty; give the request to ask")
+    paths.appendable_file(transcript, "--transcript")
+    paths.writable_file(save_session, "--save-session")
+    paths.writable_dir(trajectory_dir, "--trajectory-dir")
     box = make_sandbox(sandbox, allow_network, root)
     servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
     tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box, servers)
@@ -191,10 +206,6 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         recorder = _recorder(trajectory_dir, trajectory_task, lm, config)
         bot = Agent(lm, engine, tools, agent_format(protocol, lm, system), config,
                     emit=Sink(json_out, single is not None, log), recorder=recorder)
-        system_tokens = len(bot.conversation.system_ids)
-        if mode == "rotating" and kv_window <= system_tokens:
-            raise UserError(f"--kv-window {kv_window} does not hold the {system_tokens}-token"
-                            " system prompt; use a larger window")
         if not json_out:
             click.secho(f"[{lm.identity.name}, {bot.fmt.name} protocol, {len(tools)} tools, "
                         f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}, "
@@ -206,14 +217,16 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         if save_session:
             stack.callback(_save, bot, save_session)
 
-        def turn(text: str) -> bool:
+        def turn(text: str) -> int:
+            """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise."""
             out = bot.ask(text)
             _warn_stop(out, max_steps, json_out)
-            return out.answer is not None
+            return 0 if out.answer is not None else 130 if out.stats.stop == "interrupted" \
+                else 1
 
         if single is not None:
-            sys.exit(0 if turn(single) else 1)
-        repl(turn)
+            sys.exit(turn(single))
+        repl(turn, json_out)
 
 
 def _confirm(name: str, arguments: dict) -> bool:

@@ -6,6 +6,7 @@ import contextlib
 
 import click
 
+from . import paths
 from .errors import UserError
 from .fanout import WorkerTally, check_ray_options, ray_options, runs_file
 from .options import load_options, max_tokens_option, model_argument, protocol_option
@@ -64,6 +65,8 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
     check_ray_options(ray_address, ray_workers)
+    paths.writable_file(out, "--out")
+    paths.writable_file(runs, "--runs")
     try:
         bfcl()  # before the model loads
     except BFCLMissing as e:

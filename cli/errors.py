@@ -24,6 +24,21 @@ class UserError(click.ClickException):
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+def utf8_text(text: str, what: str) -> str:
+    """``text`` from the command line or standard input, refused when it is not UTF-8:
+    Python keeps such bytes as lone surrogates, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        try:
+            bad = f"byte 0x{text[e.start].encode('utf-8', 'surrogateescape')[0]:02x}"
+        except UnicodeEncodeError:
+            bad = "a lone surrogate"
+        raise UserError(f"{what} is not valid UTF-8 ({bad} at character {e.start}); "
+                        "give UTF-8 text") from None
+    return text
+
+
 def warn(message: str) -> None:
     click.secho(f"warning: {message}", err=True, fg="yellow")
 

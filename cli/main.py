@@ -17,7 +17,7 @@ from .agent import agent
 from .bench import bench
 from .bfcl import eval_bfcl
 from .cache import cache
-from .errors import Group, UserError
+from .errors import Group, UserError, utf8_text
 from .options import cache_mode, cache_options, max_tokens_option, model_options, sampling_options
 from .serve import serve
 from .specialize import specialize
@@ -98,8 +98,11 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
     from mlx_agent.models import load
     from mlx_agent.text import TextStream
 
+    source = "the prompt"
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt, source = sys.stdin.buffer.read().decode("utf-8", "surrogateescape"), "stdin"
+    utf8_text(prompt, source)
+    utf8_text(system or "", "--system")
     if system and not chat:
         raise click.BadParameter("--system needs --chat", param_hint="--system")
     if json_schema and grammar:

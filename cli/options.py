@@ -144,7 +144,7 @@ def cache_options(f):
     )(f)
 
 
-class _Finite(click.FloatRange):
+class Finite(click.FloatRange):
     """A FloatRange that also refuses nan and inf (Python's float() reads both)."""
 
     def convert(self, value, param, ctx):
@@ -156,13 +156,13 @@ class _Finite(click.FloatRange):
 
 def sampling_options(f):
     return _compose(
-        click.option("-t", "--temperature", type=_Finite(min=0), default=0.0,
+        click.option("-t", "--temperature", type=Finite(min=0), default=0.0,
                      show_default=True, help="0 = greedy."),
-        click.option("--top-p", type=_Finite(0, 1, min_open=True), default=1.0,
+        click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0,
                      show_default=True),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True,
                      help="0 = off."),
-        click.option("--min-p", type=_Finite(0, 1, max_open=True), default=0.0,
+        click.option("--min-p", type=Finite(0, 1, max_open=True), default=0.0,
                      show_default=True),
         click.option("--seed", type=int, default=None,
                      help="Same seed, same tokens (any integer; taken modulo 2**64)."),

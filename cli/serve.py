@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from . import paths
 from .errors import UserError, warn
-from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_argument,
-                      prompt_cache_dtype_option, protocol_option, sampling_options)
+from .options import (ALLOW_REPEAT_HELP, Finite, load_options, max_tokens_option,
+                      model_argument, prompt_cache_dtype_option, protocol_option,
+                      sampling_options)
 
 
 @click.command()
@@ -33,7 +35,7 @@ from .options import (ALLOW_REPEAT_HELP, load_options, max_tokens_option, model_
               show_default=True, help="Larger request bodies get a 413.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together in one batch (more wait their turn).")
-@click.option("--request-timeout", type=click.FloatRange(min=0.1), default=30.0,
+@click.option("--request-timeout", type=Finite(min=0.1), default=30.0,
               show_default=True,
               help="Seconds a request's headers and body have to arrive (else a 408).")
 @click.option("--max-connections", type=click.IntRange(min=1), default=None,
@@ -64,7 +66,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     from mlx_agent.tools import load_tools
 
     if tool_metrics_out:  # before the model loads, as the port
-        _check_appendable(tool_metrics_out)
+        paths.appendable_file(tool_metrics_out, "--tool-metrics-out")
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file) if tools_file else []
     for warning in (w for t in tools for w in t.warnings):
@@ -124,22 +126,3 @@ def _listen(host: str, port: int):
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}; "
                         "choose another --port or --host") from None
     return sock
-
-
-def _check_appendable(path: str) -> None:
-    """``path`` is (or can be created as) a regular file to append to; opened without
-    blocking, so a FIFO there is an error, not a wait for a reader."""
-    import errno
-    import os
-    import stat
-
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
-    except OSError as e:  # ENXIO: a FIFO that no one reads
-        why = "not a regular file" if e.errno == errno.ENXIO else e.strerror
-        raise UserError(f"--tool-metrics-out {path}: {why}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UserError(f"--tool-metrics-out {path}: not a regular file")
-    finally:
-        os.close(fd)

@@ -8,7 +8,7 @@ from mlx_agent.synth.config import SynthConfig
 
 from .errors import UserError, warn
 from .fanout import check_combination, check_ray_options, ray_options
-from .options import (load_options, make_sandbox, mcp_options, model_argument,
+from .options import (Finite, load_options, make_sandbox, mcp_options, model_argument,
                       protocol_option, sandbox_options, start_mcp)
 
 SYNTH = SynthConfig()
@@ -34,7 +34,7 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a fi
 @click.option("--seed", type=int, default=SYNTH.seed, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=150, show_default=True,
               help="Training iterations (batches of 4).")
-@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--minutes", type=Finite(min=0, min_open=True), default=None,
               help="Stop training after this many minutes, whatever --iters says.")
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train in N processes on this machine, each a share of every batch (on "

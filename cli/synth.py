@@ -6,10 +6,10 @@ import click
 
 from mlx_agent.synth.config import SynthConfig
 
-from .options import make_sandbox, mcp_options, sandbox_options, start_mcp
+from .options import Finite, make_sandbox, mcp_options, sandbox_options, start_mcp
 
 DEFAULTS = SynthConfig()
-SHARE = click.FloatRange(0, 1)
+SHARE = Finite(0, 1)
 
 
 @click.command()

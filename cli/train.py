@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
+from . import paths
 from .errors import UserError, warn
 from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
                      runs_file)
-from .options import (load_options, loop_options, make_sandbox, mcp_options, model_argument,
-                      sandbox_options, start_mcp, weight_options)
+from .options import (Finite, load_options, loop_options, make_sandbox, mcp_options,
+                      model_argument, sandbox_options, start_mcp, weight_options)
 
 
 @click.command("traces-to-data")
@@ -18,7 +19,7 @@ from .options import (load_options, loop_options, make_sandbox, mcp_options, mod
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSONL file to write (required unless --dry-run).")
 @click.option("--mode", type=click.Choice(["sft", "dpo"]), default="sft", show_default=True)
-@click.option("--min-reward", type=float, default=None,
+@click.option("--min-reward", type=Finite(), default=None,
               help="Keep only trajectories with at least this reward.")
 @click.option("--dry-run", is_flag=True, help="Count what each filter drops; write nothing.")
 def traces_to_data(directory, out, mode, min_reward, dry_run):
@@ -36,12 +37,16 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
 
     if not out and not dry_run:
         raise click.UsageError("give --out FILE, or --dry-run")
+    if not dry_run:
+        paths.writable_file(out, "--out")
     try:
         with Progress(len(list(Path(directory).glob("*.atraj"))), "read", unit="file") as bar:
             counts = convert(directory, out, mode=mode, min_reward=min_reward, dry_run=dry_run,
                              on_file=lambda path: bar.advance(path.name))
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
+    for why in counts.unreadable_why:
+        warn(f"unreadable: {why}")
     for line in counts.lines():
         click.echo(line)
     if not dry_run:
@@ -56,12 +61,12 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
               help="Adapter directory to write (mlx-lm format).")
 @click.option("--iters", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-4,
+@click.option("--learning-rate", type=Finite(min=0, min_open=True), default=1e-4,
               show_default=True)
 @click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--num-layers", type=click.IntRange(min=1), default=16, show_default=True,
               help="Layers (from the top) that get LoRA.")
-@click.option("--val-fraction", type=click.FloatRange(0, 0.5), default=0.1, show_default=True)
+@click.option("--val-fraction", type=Finite(0, 0.5), default=0.1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train in N processes on this machine, each a share of every batch (on "
@@ -81,6 +86,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 
     if batch_size % processes:
         raise UserError(f"--processes {processes} must divide --batch-size {batch_size}")
+    paths.writable_dir(out, "--out")
     try:
         rows = read_rows(data)
     except ValueError as e:
@@ -110,7 +116,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="JSONL file: one row per run (task, seed, reward, calls, turns, answered, "
                    "seconds).")
 @loop_options
-@click.option("-t", "--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("-t", "--temperature", type=Finite(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs at a time, decoded together in one batch.")
 @sandbox_options
@@ -137,6 +143,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     from mlx_agent.progress import Progress
 
     check_ray_options(ray_address, ray_workers)
+    paths.writable_file(out, "--out")
+    paths.writable_dir(trajectory_dir, "--trajectory-dir")
     box = make_sandbox(sandbox, allow_network, None)
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
     total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads

@@ -176,7 +176,8 @@ def write(path: str | os.PathLike, arrays: dict[str, mx.array], metadata: dict[s
     meta = {**metadata, "format": str(FORMAT_VERSION)}
     shapes = {n: (_NAMES[a.dtype], tuple(a.shape)) for n, a in arrays.items()}
     meta["mac"] = _mac(key, meta, shapes, {n: memoryview(a) for n, a in arrays.items()})
-    with atomic_path(path, suffix=".tmp" + path.suffix) as tmp:
+    # MLX appends ".safetensors" to a name without it: the temporary name must end so
+    with atomic_path(path, suffix=".tmp.safetensors") as tmp:
         mx.save_safetensors(str(tmp), arrays, meta)
     return path.stat().st_size
 

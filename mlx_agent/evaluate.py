@@ -139,6 +139,8 @@ def load_tasks(path: str | Path) -> list[Task]:
                     and isinstance(want.get("arguments", {}), dict)):
                 raise TaskError(f"{path}:{i}: each expected tool call needs "
                                  '{"name": "...", "arguments": {...}}')
+        if not task.prompt.strip():
+            raise TaskError(f"{path}:{i}: the prompt is empty")
         if not task.tools and not task.builtin_tools:
             raise TaskError(f"{path}:{i}: a task needs tools or builtin_tools")
         if task.fixture is not None and not (path.parent / task.fixture).is_dir():
@@ -255,6 +257,8 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
         start = time.perf_counter()
         out = agent.ask(task.prompt)
         s = out.stats
+        if s.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it): stop here,
+            raise KeyboardInterrupt  # a run cut short is no result
         result = RunResult(task=task.id, seed=seed,
                            reward=float(passed(task, workdir, calls, out.answer,
                                                attempted=s.calls,

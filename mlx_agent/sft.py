@@ -54,7 +54,12 @@ class SFTConfig:
 
 def read_rows(path: str | Path) -> list[dict]:
     rows = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); give the JSONL file "
+                         "traces-to-data writes") from None
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

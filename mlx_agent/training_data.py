@@ -39,9 +39,11 @@ class Counts:
     kept: int = 0
     rows: int = 0
     extra: dict = field(default_factory=dict)
+    unreadable_why: list[str] = field(default_factory=list)  # "path: why", one per file
 
     def lines(self) -> list[str]:
-        return [f"{k.replace('_', ' ')}: {v}" for k, v in vars(self).items() if k != "extra"]
+        return [f"{k.replace('_', ' ')}: {v}" for k, v in vars(self).items()
+                if k not in ("extra", "unreadable_why")]
 
 
 def reward_of(traj: Trajectory) -> float | None:
@@ -94,8 +96,9 @@ def _kept(path: Path, counts: Counts, min_reward: float | None) -> Trajectory | 
     counts.read += 1
     try:
         traj = read(path)
-    except TrajectoryError:
+    except TrajectoryError as e:
         counts.unreadable += 1
+        counts.unreadable_why.append(f"{path}: {e}")
         return None
     r = reward_of(traj)
     if min_reward is not None and (r is None or r < min_reward):
@@ -178,6 +181,14 @@ def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
     items = dedupe(load(directory, counts, min_reward, on_file), counts, near=mode == "sft")
     rows = sft_rows(items) if mode == "sft" else dpo_rows(items)
     counts.rows = len(rows)
+    if counts.read == 0:
+        raise ValueError(f"{directory} holds no .atraj files; give the --trajectory-dir of "
+                         "agent or eval runs")
     if not dry_run and out is not None:
+        if not rows:  # an earlier file at ``out`` is kept, not emptied
+            raise ValueError(f"no {mode} rows from the {counts.read} trajectories ("
+                             + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in
+                                         vars(counts).items() if isinstance(v, int) and v)
+                             + "); nothing written")
         write_jsonl(out, rows)
     return counts

@@ -144,6 +144,19 @@ def test_sessions_are_authenticated_too(lm, tmp_path, monkeypatch):
         pc.load_session(path, lm.identity)
 
 
+def test_a_session_saves_under_any_name_and_leaves_no_temporary_file(lm, tmp_path):
+    # MLX appends ".safetensors" to a name without it: "chat.session" was left empty, the
+    # session in a hidden temporary file beside it
+    engine = lm.engine()
+    engine.prefill(PROMPT)
+    for name in ("chat.session", "chat", "chat.safetensors"):
+        size = pc.save_session(tmp_path / name, lm.identity, engine, "json", {"ids": [1]})
+        assert size == (tmp_path / name).stat().st_size > 0
+        assert pc.load_session(tmp_path / name, lm.identity)[2] == PROMPT
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["chat", "chat.safetensors", "chat.session"]
+
+
 # -- the key file ------------------------------------------------------------------------
 
 

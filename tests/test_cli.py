@@ -235,3 +235,68 @@ def test_a_schema_that_admits_nothing_is_an_error_not_an_empty_answer(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == f"mlx_agent: error: {schema} admits no JSON value\n"
+
+
+ECHO = os.path.join(os.path.dirname(__file__), "..", "examples", "echo.json")
+TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
+        '"check": {"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]}}\n')
+
+
+@pytest.mark.parametrize("args,message", [
+    # output paths are checked before the model loads, not after minutes of work
+    (["agent", "--tools", ECHO, "--single", "hi", "--transcript", "/proc/x/t.jsonl"],
+     "--transcript /proc/x/t.jsonl: No such file or directory"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--transcript", "/dev/null"],
+     "not a regular file"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--save-session", "/no/such/dir/s"],
+     "the directory /no/such/dir does not exist"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--trajectory-dir", "/proc/x"],
+     "--trajectory-dir /proc/x: cannot create the directory"),
+    (["eval", "--tasks", "{tasks}", "--out", "/proc/x/o.jsonl"], "--out /proc/x/o.jsonl"),
+    (["eval", "--tasks", "{tasks}", "--out", "{tmp}"], "is a directory"),
+    (["eval", "--tasks", "{tasks}", "--trajectory-dir", "/proc/x"], "--trajectory-dir"),
+    (["eval-bfcl", "--out", "/proc/x/b.jsonl"], "--out /proc/x/b.jsonl"),
+    (["sft", "--data", "{tasks}", "--out", "/proc/x"], "--out /proc/x: cannot create"),
+    (["traces-to-data", "{tmp}", "--out", "{tmp}/sft.jsonl"], "holds no .atraj files"),
+    # numbers that are not numbers
+    (["agent", "--tools", ECHO, "--single", "hi", "--tool-timeout", "nan"],
+     "'nan' is not a finite number"),
+    (["traces-to-data", "{tmp}", "--dry-run", "--min-reward", "nan"], "not a finite number"),
+    (["synth", "--tools", ECHO, "--out", "{tmp}/s", "--no-tool-share", "nan"],
+     "not a finite number"),
+    # text that is not text
+    (["agent", "--tools", ECHO, "--single", ""], "--single is empty"),
+    (["agent", "--tools", ECHO, "--single", b"hi \xff there"],
+     "--single is not valid UTF-8 (byte 0xff at character 3)"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--kv-window", "10"],
+     "system prompt is 84 tokens, more than the 10-token KV window"),
+])
+def test_bad_paths_numbers_and_text_are_one_line_before_the_work(tmp_path, args, message):
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    (tmp_path / "tasks.jsonl").write_text(TASK)
+    args = [a.format(tasks=tmp_path / "tasks.jsonl", tmp=tmp_path) if isinstance(a, str) else a
+            for a in args]
+    r = subprocess.run([*CLI, *args], capture_output=True, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.startswith("mlx_agent: error: "), err
+    assert err.count("\n") == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.jsonl", "tools.json"]
+
+
+def test_standard_input_that_is_not_utf8_is_one_line(tmp_path):
+    r = subprocess.run([*CLI, "generate", "-"], input=b"hi \xff\xfe there",
+                       capture_output=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.decode() == \
+        "mlx_agent: error: stdin is not valid UTF-8 (byte 0xff at character 3); give UTF-8 text\n"
+
+
+def test_the_repl_with_json_out_keeps_stdout_json_and_outlives_a_bad_line():
+    r = subprocess.run([*CLI, "agent", "--tools", ECHO, "--json-out", "--max-tokens", "8"],
+                       input=b"hi \xff there\nsay hi\n:quit\n", capture_output=True, timeout=300)
+    import json
+
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.decode().splitlines()]  # no "you> "
+    assert [e["text"] for e in events if e["type"] == "user"] == ["say hi"]
+    assert events[-1]["type"] == "stats"
+    assert "the line is not valid UTF-8" in r.stderr.decode()

@@ -149,8 +149,17 @@ class Agent:
                 self._constraint(choice)
         elif choices != {"auto"}:
             raise ValueError("tool_choice needs the grammar (the grammar is what enforces it)")
+        system = len(self.conversation.system_ids)
         if engine.cache_mode == "rotating":
-            engine.pin(len(self.conversation.system_ids))
+            if system >= engine.kv_window:
+                raise ContextFull(f"the system prompt is {system} tokens, more than the "
+                                  f"{engine.kv_window}-token KV window can hold pinned; use a "
+                                  "larger window or fewer tools")
+            engine.pin(system)
+        elif system >= engine.context_length:
+            raise ContextFull(f"the system prompt is {system} tokens ({len(self.tools)} tools) "
+                              f"and the context holds {engine.context_length}; give fewer "
+                              "tools (or raise the context length)")
 
     def prime(self, prompt_cache) -> ev.Cache:
         """Load the system prompt's KV state from ``prompt_cache``, or prefill and save it."""

@@ -1,0 +1,72 @@
+"""Output paths checked before the work that fills them.
+
+A run of minutes must not end in a traceback because its ``--out`` cannot be written: each
+command checks its output paths before it loads the model, by writing there (a temporary
+file, removed), which is the only test that covers permissions, read-only mounts and places
+such as ``/proc``. A failure is one line that names the option and the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from .errors import UserError
+
+
+def _probe(directory: Path, option: str, path) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".mlx_agent-probe.", dir=directory)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot write in {directory} ({e.strerror or e}); "
+                        "choose a place you can write") from None
+
+
+def writable_file(path: str | None, option: str) -> None:
+    """``path`` can be written as files here are (a temporary file beside it, renamed)."""
+    if not path:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{option} {path} is a directory; give a file path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise UserError(f"{option} {path}: the directory {parent} does not exist; create it "
+                        "first")
+    _probe(parent, option, path)
+
+
+def writable_dir(path: str | None, option: str) -> None:
+    """``path`` is (or is now created as) a directory files can be written in."""
+    if not path:
+        return
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{option} {path} is a file; give a directory") from None
+    except OSError as e:
+        raise UserError(f"{option} {path}: cannot create the directory "
+                        f"({e.strerror or e}); choose a place you can write") from None
+    _probe(Path(path), option, path)
+
+
+def appendable_file(path: str | None, option: str) -> None:
+    """``path`` is (or can be created as) a regular file to append to; opened without
+    blocking, so a FIFO there is an error, not a wait for a reader."""
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as e:  # ENXIO: a FIFO that no one reads
+        why = "not a regular file" if e.errno == errno.ENXIO else e.strerror
+        raise UserError(f"{option} {path}: {why}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"{option} {path}: not a regular file")
+    finally:
+        os.close(fd)
