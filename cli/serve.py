@@ -68,7 +68,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     if tool_metrics_out:  # before the model loads, as the port
         paths.appendable_file(tool_metrics_out, "--tool-metrics-out")
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
-    tools = load_tools(tools_file) if tools_file else []
+    tools = load_tools(tools_file, runnable=False) if tools_file else []  # clients run them
     for warning in (w for t in tools for w in t.warnings):
         click.secho(f"warning: {warning}", err=True, fg="yellow")
     # Everything that touches MLX runs on one thread (MLX's streams are per thread on

@@ -13,24 +13,40 @@ def traj():
 
 
 @traj.command()
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--ids", is_flag=True, help="Also print the token ids of each step.")
-def show(path, ids):
-    """Print a trajectory as a readable, coloured conversation.
+def show(paths, ids):
+    """Print trajectories as readable, coloured conversations: each PATH a .atraj file or a
+    directory of them.
 
     \b
-    Example:
+    Examples:
       mlx_agent traj show runs/6f8b9d4a-....atraj
+      mlx_agent traj show runs/
     """
+    from pathlib import Path
+
     from mlx_agent.trajectory import TrajectoryError, read
 
     from .errors import UserError
-    from .terminal import for_terminal
 
-    try:
-        t = read(path)
+    files = [f for p in map(Path, paths)
+             for f in (sorted(p.glob("*.atraj")) if p.is_dir() else [p])]
+    if not files:
+        raise UserError(f"no .atraj files in {', '.join(paths)}")
+    try:  # all read first: a bad file is one line, not half a listing
+        trajectories = [read(f) for f in files]
     except TrajectoryError as e:
         raise UserError(str(e)) from None
+    for i, t in enumerate(trajectories):
+        if i:
+            click.echo()
+        _show(t, ids)
+
+
+def _show(t, ids: bool) -> None:
+    from .terminal import for_terminal
+
     head = f"trajectory {t.id}" + (f"  task {t.task}" if t.task else "")
     click.secho(for_terminal(head), bold=True)  # every string in the file is the file's
     if t.summary:

@@ -300,3 +300,20 @@ def test_the_repl_with_json_out_keeps_stdout_json_and_outlives_a_bad_line():
     assert [e["text"] for e in events if e["type"] == "user"] == ["say hi"]
     assert events[-1]["type"] == "stats"
     assert "the line is not valid UTF-8" in r.stderr.decode()
+
+
+def test_traj_show_takes_several_files_or_a_directory(tmp_path):
+    import json
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.atraj").write_text(json.dumps({
+            "version": 1, "id": f"id-{name}", "summary": {},
+            "steps": [{"role": "user", "content": "hi", "input_ids": [5]}]}))
+    for args in ([str(tmp_path / "a.atraj"), str(tmp_path / "b.atraj")], [str(tmp_path)]):
+        r = run("traj", "show", *args)
+        assert r.returncode == 0, r.stderr
+        assert [line for line in r.stdout.splitlines() if line.startswith("trajectory")] == \
+            ["trajectory id-a", "trajectory id-b"]
+    (tmp_path / "c.atraj").write_text("not json")
+    r = run("traj", "show", str(tmp_path))
+    assert r.returncode == 2 and r.stdout == "" and "c.atraj is not a valid" in r.stderr

@@ -273,3 +273,26 @@ def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):
     r = run_tool(tools["grep"], {"pattern": "Dana"})
     assert r.exit_code == 0 and not r.timed_out
     assert r.stdout.splitlines() == ["b.txt:1: hello Dana", "(not searched, over 256 MB: a_big)"]
+
+
+def test_exec_args_must_name_properties_and_a_bom_is_no_error(tmp_path):
+    entry = {"name": "say", "_exec": 'echo "$1"', "_exec_args": ["txt"],
+             "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
+    with pytest.raises(ToolSchemaError, match="'_exec_args' names 'txt', which is not a "
+                                              r"property \(properties: text\)"):
+        parse_tools(json.dumps([entry]))
+    entry["_exec_args"] = ["text"]
+    (tool,) = parse_tools(b"\xef\xbb\xbf" + json.dumps([entry]).encode())  # Notepad's BOM
+    assert tool.exec_args == ("text",)
+
+
+def test_a_server_reads_plain_openai_schemas_from_a_tools_file(tmp_path):
+    from mlx_agent.tools import load_tools
+
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather.", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]))
+    with pytest.raises(ToolSchemaError, match="neither '_exec' nor '_handler'"):
+        load_tools(path)  # the agent runs its tools: it needs a way to
+    assert [t.name for t in load_tools(path, runnable=False)] == ["get_weather"]

@@ -169,6 +169,9 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
     for arg in exec_args:
         if not IDENTIFIER.match(arg):
             raise ToolSchemaError(f"{where}: field '_exec_args' entry {arg!r} is not an identifier")
+        if arg not in props:  # it would always be empty
+            raise ToolSchemaError(f"{where}: field '_exec_args' names {arg!r}, which is not a "
+                                  f"property (properties: {', '.join(sorted(props)) or 'none'})")
         if function.exec_template and special_variable(arg):
             raise ToolSchemaError(
                 f"{where}: property {arg!r} is a variable the shell or the environment treats "
@@ -208,11 +211,15 @@ def _scalar(schema: Any) -> bool:
     return all(t in ("integer", "number", "boolean") for t in types)
 
 
-def parse_tools(data: bytes | str, source: str = "<tools>") -> list[Tool]:
-    """Tools from the text of a tools file; ``source`` names it in errors."""
+def parse_tools(data: bytes | str, source: str = "<tools>", runnable: bool = True) -> list[Tool]:
+    """Tools from the text of a tools file; ``source`` names it in errors; ``runnable=False``:
+    schemas only (a server offers them, its clients run them)."""
+    if isinstance(data, bytes) and data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a UTF-8 byte-order mark, as some Windows editors write
     try:
         raw = msgspec.json.decode(data)
-        return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source)
+        return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source,
+                                  runnable)
     except msgspec.DecodeError as e:
         raise ToolSchemaError(f"{source}: not valid JSON ({e})") from None
     except RecursionError:
@@ -271,10 +278,10 @@ def _field_message(e: msgspec.ValidationError) -> str:
     return f"field {field!r}: {text}" if field else text
 
 
-def load_tools(path: str | Path) -> list[Tool]:
+def load_tools(path: str | Path, runnable: bool = True) -> list[Tool]:
     path = Path(path)
     try:
         data = read_regular(path)
     except OSError as e:
         raise ToolSchemaError(f"cannot read tools file {path}: {e.strerror}") from None
-    return parse_tools(data, source=str(path))
+    return parse_tools(data, source=str(path), runnable=runnable)
