@@ -201,8 +201,9 @@ def _bound(schema: Any, max_len: int) -> Any:
     types = out.get("type")
     types = types if isinstance(types, list) else [types]
     if "enum" not in out and "const" not in out:
-        if "string" in types:
-            out.setdefault("maxLength", max_len)
+        if "string" in types:  # a format (a uuid is 36 characters) or a minLength may need more
+            least = out.get("minLength") if isinstance(out.get("minLength"), int) else 0
+            out.setdefault("maxLength", max(max_len, least, 64 if "format" in out else 0))
             out.setdefault("pattern", NO_NUL)
         if "integer" in types or "number" in types:
             out.setdefault("minimum", -_NUMBER_BOUND)
@@ -286,9 +287,31 @@ def _check_tools(signature: str, tokenizer, max_len: int) -> None:
     """Compile each tool's parameters alone, to name the tool whose schema fails."""
     for name, params in json.loads(signature):
         (arguments,), defs = _arguments_schemas([params], max_len)
-        one = _with_defs({"type": "object", "properties": {"arguments": arguments}}, defs)
-        check_compiles(LLMatcher.grammar_from_json_schema(one), tokenizer,
-                       f"tool {name!r} (its parameters schema)")
+        one = _with_defs({"type": "object", "properties": {"arguments": arguments},
+                          "required": ["arguments"]}, defs)
+        grammar = LLMatcher.grammar_from_json_schema(one)
+        if LLMatcher.validate_grammar(grammar, tokenizer).startswith("Unsatisfiable"):
+            # among other tools' alternatives it would silently never be called
+            if max_len < _UNBOUNDED and _satisfiable(params, tokenizer):
+                raise GrammarError(f"tool {name!r}: its strings need more than the "
+                                   f"{max_len} characters a reply's token limit allows; "
+                                   "raise the token limit (max_tokens)")
+            raise GrammarError(f"tool {name!r}: no arguments satisfy its parameters schema "
+                               "(a minimum above its maximum, an empty enum, a minLength "
+                               "above its maxLength, ...); fix the schema")
+        check_compiles(grammar, tokenizer, f"tool {name!r} (its parameters schema)")
+
+
+_UNBOUNDED = 1 << 20
+
+
+def _satisfiable(params: dict, tokenizer) -> bool:
+    """Whether some arguments satisfy ``params`` when strings may be as long as they like."""
+    (arguments,), defs = _arguments_schemas([params], _UNBOUNDED)
+    one = _with_defs({"type": "object", "properties": {"arguments": arguments},
+                      "required": ["arguments"]}, defs)
+    grammar = LLMatcher.grammar_from_json_schema(one)
+    return not LLMatcher.validate_grammar(grammar, tokenizer).startswith("Unsatisfiable")
 
 
 def forced_call(name: str, arguments: dict) -> str:

@@ -140,6 +140,36 @@ def test_an_uncompilable_schema_names_the_tool(smol):
         json_protocol_grammar(tools, tok)
 
 
+@pytest.mark.parametrize("prop", [{"type": "integer", "minimum": 10, "maximum": 1},
+                                  {"enum": []},
+                                  {"type": "string", "minLength": 5, "maxLength": 2}])
+def test_a_tool_no_arguments_satisfy_is_named_not_silently_never_called(smol, prop):
+    lm, tok, _ = smol
+    tools = parse_tools(json.dumps([
+        {"name": "fine", "_exec": "x", "parameters": {"type": "object", "properties": {}}},
+        {"name": "never", "_exec": "x", "parameters": {
+            "type": "object", "properties": {"p": prop}, "required": ["p"]}}]))
+    with pytest.raises(GrammarError, match="tool 'never': no arguments satisfy its parameters"):
+        json_protocol_grammar(tools, tok)
+
+
+def test_strings_get_the_room_their_format_or_pattern_needs_or_the_limit_is_named(smol):
+    lm, tok, _ = smol
+    tools = parse_tools(json.dumps([{"name": "get", "_exec": "x", "parameters": {
+        "type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+                                         "code": {"type": "string", "minLength": 40}},
+        "required": ["id", "code"]}}]))
+    grammar = json_protocol_grammar(tools, tok, max_len=32)  # a 36-character uuid fits
+    uuid = "123e4567-e89b-12d3-a456-426614174000"
+    assert accepts(lm, tok, grammar, '{"tool":"get","arguments":{"id":"%s","code":"%s"}}'
+                   % (uuid, "x" * 40))
+    tools = parse_tools(json.dumps([{"name": "spell", "_exec": "x", "parameters": {
+        "type": "object", "properties": {"w": {"type": "string", "pattern": "^[a-z]{40}$"}},
+        "required": ["w"]}}]))
+    with pytest.raises(GrammarError, match="its strings need more than the 32 characters"):
+        json_protocol_grammar(tools, tok, max_len=32)
+
+
 def test_nested_objects_that_declare_properties_take_no_other_keys(smol):
     lm, tok, _ = smol
     body = {"type": "object", "properties": {"targetTemperature": {"type": "integer"}}}
