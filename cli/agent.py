@@ -182,6 +182,12 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
 
     if single is not None and not utf8_text(single, "--single").strip():
         raise UserError("--single is empty; give the request to ask")
+    if prompt_cache_max_bytes is not None and not prompt_cache_dir:
+        raise click.UsageError("--prompt-cache-max-bytes needs --prompt-cache-dir")
+    for name in tool_env:
+        if not name.isidentifier() or not name.isascii():
+            raise click.BadParameter(f"{name!r} is not an environment variable's name",
+                                     param_hint="--tool-env")
     paths.appendable_file(transcript, "--transcript")
     paths.writable_file(save_session, "--save-session")
     paths.writable_dir(trajectory_dir, "--trajectory-dir")

@@ -60,6 +60,8 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
     from mlx_agent.progress import Progress
 
     names = [c.strip() for c in categories.split(",") if c.strip()]
+    if not names:
+        raise click.BadParameter("give at least one category", param_hint="--categories")
     unknown = [c for c in names if c not in CATEGORIES]
     if unknown:
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "

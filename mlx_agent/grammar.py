@@ -486,6 +486,8 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
         raise GrammarError(f"cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError:
         raise GrammarError(f"cannot read {path}: it is not UTF-8 text") from None
+    if not text.strip():
+        raise GrammarError(f"{path} is empty; write a {kind.replace('-', ' ')} in it")
     if kind == "json-schema":
         try:
             grammar = LLMatcher.grammar_from_json_schema(text)

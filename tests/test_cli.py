@@ -270,6 +270,14 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
      "--single is not valid UTF-8 (byte 0xff at character 3)"),
     (["agent", "--tools", ECHO, "--single", "hi", "--kv-window", "10"],
      "system prompt is 84 tokens, more than the 10-token KV window"),
+    # options that do nothing, or nothing sensible
+    (["agent", "--tools", ECHO, "--single", "hi", "--prompt-cache-max-bytes", "9"],
+     "--prompt-cache-max-bytes needs --prompt-cache-dir"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--tool-env", "BAD NAME"],
+     "'BAD NAME' is not an environment variable's name"),
+    (["eval-bfcl", "--categories", " ,", "--out", "{tmp}/b.jsonl"], "give at least one category"),
+    (["generate", "--json-schema", "{tmp}/tools.json", "--grammar", "{tmp}/tools.json", "hi"],
+     "give --json-schema or --grammar, not both"),
 ])
 def test_bad_paths_numbers_and_text_are_one_line_before_the_work(tmp_path, args, message):
     (tmp_path / "tools.json").write_text(open(ECHO).read())
