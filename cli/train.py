@@ -138,7 +138,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
       mlx_agent eval --tasks tasks.jsonl --ray auto      # over a Ray cluster
     """
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.evaluate import load_tasks, run, tool_names
+    from mlx_agent.evaluate import check_expected_tools, load_tasks, run, tool_names
     from mlx_agent.models import load
     from mlx_agent.progress import Progress
 
@@ -149,6 +149,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
     total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
     served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks_file)))
+    check_expected_tools(tasks_file, [t.name for t in served])
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
                  "allow_repeat_calls": allow_repeat_calls,
                  "sampling": SamplingParams(temperature=temperature)}

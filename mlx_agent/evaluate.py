@@ -183,6 +183,24 @@ def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str 
     return answer is not None and re.search(check.answer_pattern, answer) is not None
 
 
+def check_expected_tools(tasks_file: str | Path, extra: Sequence[str] = ()) -> None:
+    """Raises TaskError for a task that expects a call of a tool it does not have (its tools
+    file, the built-ins when it asks for them, or ``extra``: an MCP server's): it could
+    never pass."""
+    base = Path(tasks_file).parent
+    builtin = [t.name for t in builtin_tools(base)]
+    catalogues: dict[str, set[str]] = {}
+    for task in load_tasks(tasks_file):
+        if task.tools and task.tools not in catalogues:
+            catalogues[task.tools] = {t.name for t in load_tools(base / task.tools)}
+        have = catalogues.get(task.tools, set()) | set(extra) | \
+            (set(builtin) if task.builtin_tools else set())
+        for want in task.check.tool_calls or ():
+            if want["name"] not in have:
+                raise TaskError(f"{tasks_file}: task {task.id!r} expects a call of "
+                                f"{want['name']!r}, which is not one of its tools")
+
+
 def tool_names(tasks_file: str | Path) -> set[str]:
     """The names of every tool the tasks' tools files define."""
     base = Path(tasks_file).parent

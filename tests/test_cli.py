@@ -325,3 +325,11 @@ def test_traj_show_takes_several_files_or_a_directory(tmp_path):
     (tmp_path / "c.atraj").write_text("not json")
     r = run("traj", "show", str(tmp_path))
     assert r.returncode == 2 and r.stdout == "" and "c.atraj is not a valid" in r.stderr
+
+
+def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    (tmp_path / "tasks.jsonl").write_text(TASK + TASK.replace('"echo"', '"shout"'))
+    r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "task 'task-2' expects a call of 'shout', which is not one of its tools" in r.stderr
