@@ -60,7 +60,11 @@ def models():
         with_adapter = f" + adapter {adapter.name}" if adapter else ""
         click.echo(f"{mark} {name:<18} {where}{with_adapter}")
     if default not in NAMED_MODELS:
-        click.echo(f"* {default:<18} (from ${MODEL_ENV})")
+        try:
+            where = str(resolve(default))
+        except ModelError as e:
+            where = f"not found: {e}"
+        click.echo(f"* {default:<18} (from ${MODEL_ENV}) {where}")
     if any(default_adapter(name) for name in NAMED_MODELS):
         click.echo("adapter: a tool-calling adapter, loaded by the commands that call tools "
                    "(--no-adapter: without it); generate runs without it")
