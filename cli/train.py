@@ -143,8 +143,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     from mlx_agent.progress import Progress
 
     check_ray_options(ray_address, ray_workers)
+    paths.writable_dir(trajectory_dir, "--trajectory-dir")  # first: --out may be inside it
     paths.writable_file(out, "--out")
-    paths.writable_dir(trajectory_dir, "--trajectory-dir")
     box = make_sandbox(sandbox, allow_network, None)
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
     total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
