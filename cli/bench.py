@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from .errors import Group
+
 from .options import model_argument
 
 
-@click.group()
+@click.group(cls=Group)
 def bench():
     """Benchmarks (speed is measured here, never in tests)."""
 

@@ -6,12 +6,14 @@ import datetime
 
 import click
 
+from .errors import Group
+
 
 def _when(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-@click.group()
+@click.group(cls=Group)
 def cache():
     """Manage a --prompt-cache-dir directory.
 

@@ -55,6 +55,12 @@ class Group(click.Group):
         except click.UsageError as e:  # the group's own options
             raise _one_line(e, ctx) from None
 
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None:
+            refuse_repeats(cmd, rest, click.Context(cmd, info_name=name, parent=ctx))
+        return name, cmd, rest
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -67,6 +73,27 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("", err=True)
             ctx.exit(130)
+
+
+def refuse_repeats(cmd: click.Command, args: list[str], ctx: click.Context) -> None:
+    """Click keeps the last of a repeated single-valued option: ``--tools a.json --tools
+    b.json`` would drop a.json without a word. Refused instead (in the command's own args,
+    before a ``--``, in the long and ``--opt=value`` forms and short flags alike)."""
+    if isinstance(cmd, click.Group):
+        return
+    single = {opt: param for param in cmd.params if isinstance(param, click.Option)
+              and not (param.multiple or param.count or param.is_flag)
+              for opt in param.opts + param.secondary_opts}
+    seen: dict[str, str] = {}
+    for arg in args:
+        if arg == "--":
+            break
+        param = single.get(arg.split("=", 1)[0])
+        if param is not None:
+            if param.name in seen:
+                raise click.UsageError(f"{seen[param.name]} is given twice; give it once",
+                                       ctx)
+            seen[param.name] = arg.split("=", 1)[0]
 
 
 def _one_line(e: click.UsageError, ctx: click.Context) -> UserError:

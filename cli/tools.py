@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import click
 
+from .errors import Group
+
 from .agent import build_tools
 from .options import make_sandbox, mcp_options, sandbox_options, start_mcp
 
 
-@click.group()
+@click.group(cls=Group)
 def tools():
     """Inspect tool catalogues (tools files, built-ins, MCP servers)."""
 

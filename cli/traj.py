@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from .errors import Group
+
 _COLOURS = {"system": "magenta", "user": "green", "assistant": "cyan", "tool": "yellow"}
 
 
-@click.group()
+@click.group(cls=Group)
 def traj():
     """Inspect token-exact trajectories written with --trajectory-dir."""
 

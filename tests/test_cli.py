@@ -333,3 +333,11 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
     r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "task 'task-2' expects a call of 'shout', which is not one of its tools" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["agent", "--tools", ECHO, "--tools=x.json", "--single", "hi"],
+                                  ["tools", "ls", "--tools", ECHO, "--tools", ECHO]])
+def test_a_single_valued_option_given_twice_is_refused_not_half_ignored(args):
+    r = run(*args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--tools is given twice; give it once (see mlx_agent " in r.stderr
