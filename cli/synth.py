@@ -6,6 +6,7 @@ import click
 
 from mlx_agent.synth.config import SynthConfig
 
+from . import paths
 from .options import Finite, make_sandbox, mcp_options, sandbox_options, start_mcp
 
 DEFAULTS = SynthConfig()
@@ -56,6 +57,7 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_shar
       mlx_agent synth --mcp "python server.py" --out tasks/
       mlx_agent eval --tasks tasks/heldout.jsonl --mcp "python server.py"
     """
+    import contextlib
     from pathlib import Path
 
     from mlx_agent.synth.synthesis import report_lines, synthesize, write
@@ -81,10 +83,16 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_shar
                          no_tool_share=no_tool_share, outside_share=outside_share,
                          chain_share=two_call_share,
                          answer_share=answer_share, run_tools=not no_run_tools)
-    try:  # before the work: a directory that cannot take the files fails at once
-        Path(out).mkdir(parents=True, exist_ok=True)
+    made = not Path(out).exists()
+    paths.writable_dir(out, "--out")  # before the work: a directory that cannot take the files
+    try:
         result = synthesize(tools, config, sandbox=box)
-        # the file's tools only: a server's tools come from the server, in eval as here
+    except BaseException:  # Ctrl-C or an error: no empty directory left behind
+        if made:
+            with contextlib.suppress(OSError):
+                Path(out).rmdir()
+        raise
+    try:  # the file's tools only: a server's tools come from the server, in eval as here
         written = write(result, Path(tools_file).read_bytes() if tools_file else b"[]\n", out)
     except OSError as e:
         raise UserError(f"cannot write to {out}: {e.strerror or e}; "
