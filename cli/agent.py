@@ -191,7 +191,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     paths.appendable_file(transcript, "--transcript")
     paths.writable_file(save_session, "--save-session")
     paths.writable_dir(trajectory_dir, "--trajectory-dir")
-    box = make_sandbox(sandbox, allow_network, root)
+    box = make_sandbox(sandbox, allow_network, root, write_cwd=False)  # only --root is theirs
     servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
     tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box, servers)
     choices = tuple(c.strip() for c in tool_choice.split(","))

@@ -188,13 +188,14 @@ def sandbox_options(f):
     )(f)
 
 
-def make_sandbox(choice: str, allow_network: bool, root: str | None):
-    """The resolved sandbox for these options; an unavailable explicit one is a user error."""
+def make_sandbox(choice: str, allow_network: bool, root: str | None, write_cwd: bool = True):
+    """The resolved sandbox for these options; an unavailable explicit one is a user error.
+    ``write_cwd=False``: tools may write ``root`` only, not the directory they run in."""
     from mlx_agent.tools import SandboxUnavailable, resolve_sandbox
 
     try:
         return resolve_sandbox(choice, network=allow_network, writable=[root] if root else [],
-                               warn=warn)
+                               write_cwd=write_cwd, warn=warn)
     except SandboxUnavailable as e:
         raise UserError(str(e)) from None
 

@@ -136,6 +136,47 @@ def test_write_a_repositorys_git_config(mode, area):
     assert r.exit_code == 0 and (area / "root" / "work.txt").read_text() == "fine\n"
 
 
+@pytest.mark.parametrize("where", ["a nested repository", "a new .git", "a bare layout"])
+def test_leave_a_git_repository_that_runs_a_command(mode, area, where):
+    # the sandboxed tool cannot run it; git would, later, on the host (the review's repro)
+    root, hook = area / "root", '[core]\\n\\tfsmonitor = \\"touch /tmp/owned; false\\"\\n'
+    if where == "a nested repository":
+        (root / "vendor" / ".git").mkdir(parents=True)
+        (root / "vendor" / ".git" / "config").write_text("[core]\n")
+        script, config = f'printf "{hook}" >> vendor/.git/config', root / "vendor" / ".git"
+    elif where == "a new .git":
+        script = (f'mkdir -p src/.git/objects src/.git/refs && echo "ref: refs/heads/main" '
+                  f'> src/.git/HEAD && printf "{hook}" > src/.git/config')
+        config = root / "src" / ".git"
+    else:
+        script = (f'mkdir -p pkg/objects pkg/refs && echo "ref: refs/heads/main" > pkg/HEAD '
+                  f'&& printf "{hook}" > pkg/config')
+        config = root / "pkg"
+    r = run(mode, script, root)
+    live = (config / "HEAD").exists() or where == "a nested repository"
+    escaped(mode, live and "fsmonitor" in (config / "config").read_text(), r)
+    if mode == "bwrap" and where != "a nested repository":  # disarmed (renamed), not deleted
+        disarmed = [p for p in root.rglob("*disarmed-by-mlx-agent")]
+        assert "sandbox: renamed" in r.stderr and len(disarmed) == 1, r
+
+
+def test_leave_a_setuid_program(mode, area):
+    # files a tool writes are the runtime's user's (root, in a container): a setuid bit
+    # left on one lets any local user run it as that user
+    r = run(mode, "cp /bin/true t && chmod 4755 t", area / "root")
+    escaped(mode, (area / "root" / "t").stat().st_mode & 0o4000 != 0, r)
+
+
+@pytest.mark.parametrize("write_cwd", [True, False])
+def test_the_directory_a_tool_runs_in_is_writable_only_when_asked(area, write_cwd):
+    if BWRAP_MISSING is not None:
+        pytest.skip(f"bwrap unavailable: {BWRAP_MISSING}")
+    r = run_process(["/bin/bash", "-c", "echo x > note.txt"], tool="t", timeout=10,
+                    cwd=area / "root", env=tool_env(),
+                    sandbox=Sandbox("bwrap", write_cwd=write_cwd))
+    assert (area / "root" / "note.txt").exists() == write_cwd, r
+
+
 # -- the network ----------------------------------------------------------------------------
 
 @pytest.fixture

@@ -264,6 +264,18 @@ def test_write_file_never_writes_inside_a_git_directory(tmp_path):
     assert r.exit_code == 0
 
 
+def test_write_file_never_completes_a_bare_repositorys_layout(tmp_path):
+    # git takes HEAD beside objects/ and refs/ for a repository, and runs its config
+    tools = {t.name: t for t in builtin_tools(tmp_path)}
+    write = lambda path: run_tool(tools["write_file"], {"path": path, "content": "x"})  # noqa
+    for first, second, third in (("pkg/objects/a", "pkg/refs/b", "pkg/HEAD"),
+                                 ("q/HEAD", "q/objects/a", "q/refs/b")):
+        assert write(first).exit_code == 0 and write(second).exit_code == 0
+        r = write(third)
+        assert r.exit_code != 0 and "would make a directory a git repository" in r.stderr, r
+    assert write("r/HEAD/x").exit_code == 0  # HEAD as a directory makes no repository
+
+
 def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):
     # one 5 GB file used to take grep's whole timeout and hide every file after it
     with open(tmp_path / "a_big", "wb") as f:

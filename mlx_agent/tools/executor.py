@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import msgspec
 
+from . import leftovers
 from .sandbox import Sandbox
 from .schema import Tool
 
@@ -137,11 +138,19 @@ def run_process(
     if sandbox is None or sandbox.backend == "none":
         return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    roots = sandbox.roots(cwd)
+    before = leftovers.scan(roots)
     try:
-        with sandbox.command(argv, cwd, tool_env() if env is None else env) as (argv, env):
-            return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
+        with sandbox.command(argv, cwd, tool_env() if env is None else env,
+                             repositories=before.repositories) as (argv, env):
+            result = _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
+    notes = leftovers.clean(roots, before)
+    if not notes:
+        return result
+    said = "\n".join(f"sandbox: {note}" for note in notes)
+    return msgspec.structs.replace(result, stderr=f"{result.stderr.rstrip()}\n{said}".lstrip())
 
 
 def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int) -> ToolResult:

@@ -46,6 +46,27 @@ class OutsideRoot(ValueError):
     pass
 
 
+_REPOSITORY = {"head": False, "objects": True, "refs": True}  # what git takes for one
+
+
+def _completes_repository(dir_fd: int, part: str, last: bool) -> bool:
+    """Whether writing ``part`` (the file written when ``last``, else a directory on the
+    way) in the directory ``dir_fd`` gives it the third of a bare repository's parts."""
+    if part not in _REPOSITORY or _REPOSITORY[part] == last:
+        return False
+    for name, is_dir in _REPOSITORY.items():
+        if name == part:
+            continue
+        try:
+            mode = os.stat(name.upper() if name == "head" else name, dir_fd=dir_fd,
+                           follow_symlinks=False).st_mode
+        except OSError:
+            return False
+        if (stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode)) is False:
+            return False
+    return True
+
+
 def _parts(root: str, path: str) -> list[str]:
     if "\0" in path:
         raise ValueError(f"the path {path!r} contains a NUL character")
@@ -119,6 +140,10 @@ class _Walk:
                 raise PermissionError(f"the path leads inside a {part} directory, which "
                                       "tools may not write (git runs its config and hooks "
                                       "later, outside any sandbox)")
+            if create and _completes_repository(self.fd, part.lower(), last=not todo):
+                raise PermissionError("the write would make a directory a git repository "
+                                      "(HEAD beside objects/ and refs/), whose config git "
+                                      "runs later, outside any sandbox")
             if not todo:
                 target = _readlink(self.fd, part)
                 if target is None:

@@ -9,8 +9,10 @@ one object for each backend. Under bubblewrap the process also gets new PID, IPC
 new session, and dies with its parent, so nothing it starts outlives it; ``/run`` (where
 daemons keep their sockets: Docker, D-Bus) is hidden; ``/proc/sys`` and
 ``/proc/sysrq-trigger`` are read-only (a runtime running as root is root inside too, and
-root may write global sysctls without any capability); a writable root's ``.git`` is
-read-only (git runs its config and hooks later, outside any sandbox). bwrap is started with the reduced
+root may write global sysctls without any capability); the git repositories in the
+writable roots are read-only (git runs their config and hooks later, outside any sandbox;
+:mod:`.leftovers` finds them, and undoes new ones after the call). bwrap is started with the
+reduced
 environment, so its own init process shows nothing more in ``/proc/1/environ``.
 
 :class:`Sandbox` is what callers hold (a backend and its options); :func:`resolve` turns
@@ -58,6 +60,8 @@ class Policy:
     # read-only again over the private /tmp and /run: where this Python lives, when it does
     # (a virtual environment in /tmp), so run_tests and the like can still start it
     runtime: tuple[str, ...] = ()
+    # git repositories inside the writable roots (:mod:`.leftovers`): read-only for the call
+    repositories: tuple[str, ...] = ()
 
     def environ(self) -> dict[str, str]:
         return {**dict(self.env), "HOME": self.home, "TMPDIR": self.tmp}
@@ -79,9 +83,10 @@ def bwrap_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
         args += ["--ro-bind", path, path]
     for root in policy.writable:
         args += ["--bind", root, root]
-        # a repository's .git stays read-only: its config and hooks run later, unconfined,
-        # when the user runs git (core.fsmonitor, hooks/pre-commit)
-        args += ["--ro-bind-try", os.path.join(root, ".git"), os.path.join(root, ".git")]
+    for repo in policy.repositories:
+        # read-only: its config and hooks run later, unconfined, when the user runs git
+        # (core.fsmonitor, hooks/pre-commit); new ones are removed after the call
+        args += ["--ro-bind-try", repo, repo]
     return [*args, "--chdir", policy.cwd, "--", *argv]
 
 
@@ -153,12 +158,15 @@ def seatbelt_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
 class Sandbox:
     """How tool processes are confined: a backend (bwrap, seatbelt or none) and its options.
 
-    Each call is confined to its own working directory plus ``writable`` (such as --root).
+    Each call is confined to its own working directory plus ``writable`` (such as --root);
+    with ``write_cwd`` off, to ``writable`` alone (the agent without --root: the directory
+    it was started in is read-only to tools).
     """
 
     backend: str = "none"
     network: bool = False
     writable: tuple[str, ...] = ()
+    write_cwd: bool = True  # False: a call's working directory is writable only if listed
 
     def __post_init__(self):
         if self.backend not in BACKENDS[1:]:
@@ -169,20 +177,28 @@ class Sandbox:
             return "no sandbox"
         return f"{self.backend} sandbox" + (", network allowed" if self.network else "")
 
-    def policy(self, cwd: str, env: Mapping[str, str], home: str, tmp: str) -> Policy:
-        roots = dict.fromkeys(os.path.realpath(p) for p in (cwd, *self.writable))
-        return Policy(cwd=os.path.realpath(cwd), writable=tuple(roots), network=self.network,
+    def roots(self, cwd: str) -> tuple[str, ...]:
+        """The directories a call in ``cwd`` may write: ``writable``, and ``cwd`` unless
+        ``write_cwd`` is off."""
+        dirs = (cwd, *self.writable) if self.write_cwd else self.writable
+        return tuple(dict.fromkeys(os.path.realpath(p) for p in dirs))
+
+    def policy(self, cwd: str, env: Mapping[str, str], home: str, tmp: str,
+               repositories: Sequence[str] = ()) -> Policy:
+        return Policy(cwd=os.path.realpath(cwd), writable=self.roots(cwd), network=self.network,
                       env=tuple(sorted(env.items())), home=home, tmp=tmp,
-                      runtime=_hidden_runtime())
+                      runtime=_hidden_runtime(), repositories=tuple(sorted(repositories)))
 
     @contextmanager
-    def command(self, argv: Sequence[str], cwd: str,
-                env: Mapping[str, str]) -> Iterator[tuple[list[str], dict[str, str]]]:
-        """The argv and environment that run ``argv`` confined, valid inside the block."""
+    def command(self, argv: Sequence[str], cwd: str, env: Mapping[str, str],
+                repositories: Sequence[str] = ()) -> Iterator[tuple[list[str], dict[str, str]]]:
+        """The argv and environment that run ``argv`` confined, valid inside the block;
+        ``repositories`` (found by :func:`.leftovers.scan`) are bound read-only."""
         if self.backend == "none":
             yield list(argv), dict(env)
         elif self.backend == "bwrap":
-            policy = self.policy(cwd, env, home=_BWRAP_HOME, tmp="/tmp")
+            policy = self.policy(cwd, env, home=_BWRAP_HOME, tmp="/tmp",
+                                 repositories=repositories)
             yield bwrap_argv(policy, argv), policy.environ()
         else:  # Seatbelt has no private mounts: a scratch directory per call instead
             with tempfile.TemporaryDirectory(prefix="mlx-agent-sandbox-") as scratch:
@@ -226,7 +242,7 @@ def unavailable(backend: str) -> str | None:
 
 
 def resolve(choice: str, *, network: bool = False, writable: Sequence[str] = (),
-            warn=None) -> Sandbox:
+            write_cwd: bool = True, warn=None) -> Sandbox:
     """The sandbox for ``--sandbox CHOICE``.
 
     ``auto`` is bwrap on Linux and Seatbelt on macOS when they work, else none, with one
@@ -234,8 +250,12 @@ def resolve(choice: str, *, network: bool = False, writable: Sequence[str] = (),
     """
     if choice not in BACKENDS:
         raise ValueError(f"--sandbox must be one of {', '.join(BACKENDS)}, not {choice!r}")
-    options = dict(network=network, writable=tuple(os.fspath(p) for p in writable))
+    options = dict(network=network, writable=tuple(os.fspath(p) for p in writable),
+                   write_cwd=write_cwd)
     if choice == "none":
+        if warn:
+            warn("tools run unconfined (--sandbox none): they can read and write whatever "
+                 "you can")
         return Sandbox("none", **options)
     if choice == "auto":
         backend = "seatbelt" if sys.platform == "darwin" else "bwrap"
