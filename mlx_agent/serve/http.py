@@ -22,30 +22,35 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .common import BadRequest
+from .openai_api import error_body
+
 REQUEST_TIMEOUT = 30.0
+MAX_CONNECTIONS = 4096
 _SPARE_FDS = 128  # for the model's files, logs and whatever a request opens
+_LINGER = 2.0  # seconds a refused connection is read (and dropped) before it closes
 
 
-def connection_cap() -> int:
-    """Connections the process can hold with file descriptors to spare: the soft limit is
-    raised to the hard one first, as servers do (macOS starts at 256)."""
+def connection_cap(wanted: int | None = None) -> int:
+    """Connections the process can hold with file descriptors to spare: ``wanted`` (default
+    :data:`MAX_CONNECTIONS`) when the soft limit can be raised that far (macOS starts at
+    256), else as many as it allows."""
+    wanted = wanted or MAX_CONNECTIONS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    finite = hard != resource.RLIM_INFINITY
-    for target in ([hard] if finite else [65536, 10240]):  # macOS refuses "infinity"
-        if target <= soft:
-            break
+    need = wanted + _SPARE_FDS
+    if soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
             soft = target
-            break
-        except (ValueError, OSError):
-            continue
-    return max(8, min(4096, soft - _SPARE_FDS))
+        except (ValueError, OSError):  # macOS caps below its "infinity"
+            pass
+    return max(1, min(wanted, soft - _SPARE_FDS))
 
 
-def _plain_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "code": status}}).encode()
+def _error(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP response with the API's error body, for a connection that closes."""
+    body = json.dumps(error_body(BadRequest(message, status=status))).encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
@@ -54,33 +59,42 @@ class GuardedH11Protocol(H11Protocol):
     """One connection: a 503 past the cap, a 408 for a request that does not arrive in time."""
 
     request_timeout: float = REQUEST_TIMEOUT
-    max_connections: int = 1024
+    max_connections: int = MAX_CONNECTIONS
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
+        self._refused = False
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
-            transport.write(_plain_response(503, "Service Unavailable",
-                                            "the server has too many open connections; "
-                                            "retry in a moment"))
-            transport.close()
+            self._refuse(503, "Service Unavailable",
+                         "the server has too many open connections; retry in a moment")
             return
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped until the lingering close
         super().data_received(data)
-        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
-            self._arm()  # a request has begun (or is still coming): it has until the deadline
-        else:
-            self._disarm()  # the whole request is here, or the connection is closing
+        self._follow()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._disarm()  # idle between requests: uvicorn's keep-alive timeout applies
+        super().on_response_complete()  # may start a pipelined request already buffered
+        self._follow()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def _follow(self) -> None:
+        """Armed while a request is arriving (its first bytes are here, its body is not all
+        here); disarmed while it is answered, and between requests (uvicorn's keep-alive
+        timeout applies there)."""
+        state = self.conn.their_state
+        arriving = state is h11.SEND_BODY or (state is h11.IDLE and self.conn.trailing_data[0])
+        if arriving:
+            self._arm()
+        else:
+            self._disarm()
 
     def _arm(self) -> None:
         if self._deadline is None and not self.transport.is_closing():
@@ -95,14 +109,25 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline = None
         if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
             return
-        if self.cycle is None or self.cycle.response_complete:  # nothing answered it yet
-            self.transport.write(_plain_response(
-                408, "Request Timeout", f"the request did not arrive within "
-                f"{self.request_timeout:g} s; send it whole"))
-        elif self.cycle is not None:
-            self.cycle.disconnected = True  # a handler reading the body sees the client gone
-            self.cycle.message_event.set()
-        self.transport.close()
+        cycle = self.cycle if self.conn.their_state is h11.SEND_BODY else None
+        if cycle is not None:  # a handler may be reading the body: it sees the client gone
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if cycle is None or not cycle.response_started:  # else the answer is on its way
+            self._refuse(408, "Request Timeout", f"the request did not arrive within "
+                         f"{self.request_timeout:g} s; send it whole")
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        """Answer ``status`` and close after a lingering read: closing with the client's
+        bytes unread would reset the connection, and the client would never see why."""
+        self._refused = True
+        self._disarm()
+        self.transport.write(_error(status, reason, message))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(_LINGER, self.transport.close)
 
 
 def config(app, request_timeout: float = REQUEST_TIMEOUT,
@@ -110,7 +135,7 @@ def config(app, request_timeout: float = REQUEST_TIMEOUT,
     """uvicorn's configuration for ``app`` with this module's protocol."""
     protocol = type("Protocol", (GuardedH11Protocol,), {
         "request_timeout": request_timeout,
-        "max_connections": max_connections or connection_cap()})
+        "max_connections": connection_cap(max_connections)})
     return uvicorn.Config(app, http=protocol, log_level="warning", timeout_graceful_shutdown=5)
 
 
