@@ -13,11 +13,11 @@ import sys
 import click
 
 from . import paths
-from .errors import UserError, utf8_text, warn
+from .errors import UserError, warn
 from .terminal import for_terminal
-from .options import (Finite, cache_mode, cache_options, load_options, loop_options,
+from .options import (TEXT, Finite, cache_mode, cache_options, load_options, loop_options,
                       make_sandbox, mcp_options, model_argument, prompt_cache_dtype_option,
-                      sampling_options, sandbox_options, start_mcp)
+                      sampling_options, sandbox_options, start_mcp, utf8_text)
 
 
 class Sink:
@@ -98,6 +98,8 @@ def repl(turn, json_out: bool = False) -> None:
     and asks again, as Python's REPL and Ollama do: it stops a reply, never the session.
     With ``json_out`` the prompt goes to stderr, so stdout holds only JSON lines; a line
     that is not UTF-8 is refused and the session goes on."""
+    if hasattr(sys.stdin, "reconfigure"):  # a strict UTF-8 locale would raise on such a line
+        sys.stdin.reconfigure(errors="surrogateescape")
     while True:
         try:
             if json_out:
@@ -128,15 +130,18 @@ def repl(turn, json_out: bool = False) -> None:
               help="Add read_file, list_files, grep, write_file, run_tests over --root.")
 @click.option("--root", type=click.Path(file_okay=False), default=None,
               help="Directory the built-in tools work in (and where _exec tools run).")
-@click.option("--single", default=None, metavar="TEXT", help="Ask once, print the answer, exit.")
-@click.option("--system", default=None, help="System prompt (json: replaces the persona line).")
+@click.option("--single", type=TEXT, default=None, metavar="TEXT",
+              help="Ask once, print the answer, exit.")
+@click.option("--system", type=TEXT, default=None,
+              help="System prompt (json: replaces the persona line).")
 @loop_options
 @click.option("--tool-timeout", type=Finite(min=0, min_open=True), default=30.0,
               show_default=True, help="Seconds before a tool's process group is killed.")
 @click.option("--tool-env", multiple=True, metavar="NAME",
               help="Pass this environment variable to tools (repeatable).")
 @click.option("--confirm-tools", is_flag=True, help="Ask y/N before each tool call.")
-@click.option("--tool-choice", default="auto", show_default=True, metavar="CHOICE",
+@click.option("--tool-choice", type=TEXT, default="auto", show_default=True,
+              metavar="CHOICE",
               help="auto, required, none or a tool's name, enforced by the grammar; "
                    "comma-separated for one per step, the last repeated (read_file,none).")
 @click.option("--json-out", is_flag=True, help="Print one JSON event per line on stdout.")
@@ -154,7 +159,7 @@ def repl(turn, json_out: bool = False) -> None:
               help="Continue a conversation saved with --save-session, without prefill.")
 @click.option("--trajectory-dir", type=click.Path(file_okay=False), default=None,
               help="Write this rollout as a token-exact <uuid>.atraj file here.")
-@click.option("--trajectory-task", default=None, metavar="NAME",
+@click.option("--trajectory-task", type=TEXT, default=None, metavar="NAME",
               help="Task name recorded in the trajectory.")
 @sandbox_options
 @mcp_options
@@ -180,7 +185,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     from mlx_agent.engine import SamplingParams
     from mlx_agent.models import load
 
-    if single is not None and not utf8_text(single, "--single").strip():
+    if single is not None and not single.strip():
         raise UserError("--single is empty; give the request to ask")
     if prompt_cache_max_bytes is not None and not prompt_cache_dir:
         raise click.UsageError("--prompt-cache-max-bytes needs --prompt-cache-dir")

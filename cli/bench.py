@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from .errors import Group
-
 from .options import model_argument
 
 

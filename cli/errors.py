@@ -24,21 +24,6 @@ class UserError(click.ClickException):
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-def utf8_text(text: str, what: str) -> str:
-    """``text`` from the command line or standard input, refused when it is not UTF-8:
-    Python keeps such bytes as lone surrogates, which no tokenizer takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        try:
-            bad = f"byte 0x{text[e.start].encode('utf-8', 'surrogateescape')[0]:02x}"
-        except UnicodeEncodeError:
-            bad = "a lone surrogate"
-        raise UserError(f"{what} is not valid UTF-8 ({bad} at character {e.start}); "
-                        "give UTF-8 text") from None
-    return text
-
-
 def warn(message: str) -> None:
     click.secho(f"warning: {message}", err=True, fg="yellow")
 
@@ -77,23 +62,21 @@ class Group(click.Group):
 
 def refuse_repeats(cmd: click.Command, args: list[str], ctx: click.Context) -> None:
     """Click keeps the last of a repeated single-valued option: ``--tools a.json --tools
-    b.json`` would drop a.json without a word. Refused instead (in the command's own args,
-    before a ``--``, in the long and ``--opt=value`` forms and short flags alike)."""
+    b.json`` would drop a.json without a word. Refused instead; click's own parser tells
+    options from their values (``--system -t``), ``--opt=v`` and ``-tV`` alike."""
     if isinstance(cmd, click.Group):
         return
-    single = {opt: param for param in cmd.params if isinstance(param, click.Option)
-              and not (param.multiple or param.count or param.is_flag)
-              for opt in param.opts + param.secondary_opts}
-    seen: dict[str, str] = {}
-    for arg in args:
-        if arg == "--":
-            break
-        param = single.get(arg.split("=", 1)[0])
-        if param is not None:
+    try:
+        _, _, order = cmd.make_parser(ctx).parse_args(args=list(args))
+    except click.UsageError:
+        return  # click says what is wrong when it parses the arguments for real
+    seen: set[str] = set()
+    for param in order:
+        if isinstance(param, click.Option) and not (param.multiple or param.count
+                                                    or param.is_flag):
             if param.name in seen:
-                raise click.UsageError(f"{seen[param.name]} is given twice; give it once",
-                                       ctx)
-            seen[param.name] = arg.split("=", 1)[0]
+                raise click.UsageError(f"{param.opts[0]} is given twice; give it once", ctx)
+            seen.add(param.name)
 
 
 def _one_line(e: click.UsageError, ctx: click.Context) -> UserError:

@@ -17,8 +17,9 @@ from .agent import agent
 from .bench import bench
 from .bfcl import eval_bfcl
 from .cache import cache
-from .errors import Group, UserError, utf8_text
-from .options import cache_mode, cache_options, max_tokens_option, model_options, sampling_options
+from .errors import Group, UserError
+from .options import (TEXT, cache_mode, cache_options, max_tokens_option, model_options,
+                      sampling_options, utf8_text)
 from .serve import serve
 from .specialize import specialize
 from .synth import synth
@@ -74,12 +75,12 @@ def models():
 
 
 @main.command()
-@click.argument("prompt")
+@click.argument("prompt", type=TEXT)
 @model_options
 @cache_options
 @sampling_options
 @click.option("--chat", is_flag=True, help="Wrap PROMPT in the model's chat template.")
-@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--system", type=TEXT, default=None, help="System message (with --chat).")
 @max_tokens_option(help="Tokens to generate.")
 @click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Constrain the output to JSON matching this JSON Schema file.")
@@ -106,7 +107,6 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
     if prompt == "-":
         prompt, source = sys.stdin.buffer.read().decode("utf-8", "surrogateescape"), "stdin"
     utf8_text(prompt, source)
-    utf8_text(system or "", "--system")
     if system and not chat:
         raise click.BadParameter("--system needs --chat", param_hint="--system")
     if json_schema and grammar:

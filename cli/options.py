@@ -144,6 +144,43 @@ def cache_options(f):
     )(f)
 
 
+def _not_utf8(text: str) -> str | None:
+    """Why ``text`` is not UTF-8 (Python keeps such bytes from argv and stdin as lone
+    surrogates, which no tokenizer takes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        try:
+            bad = f"byte 0x{text[e.start].encode('utf-8', 'surrogateescape')[0]:02x}"
+        except UnicodeEncodeError:
+            bad = "a lone surrogate"
+        return f"not valid UTF-8 ({bad} at character {e.start}); give UTF-8 text"
+    return None
+
+
+def utf8_text(text: str, what: str) -> str:
+    """``text`` (from standard input or a REPL line), or a UserError naming ``what``."""
+    why = _not_utf8(text)
+    if why:
+        raise UserError(f"{what} is {why}")
+    return text
+
+
+class Utf8Text(click.ParamType):
+    """Free text from the command line, refused in one line when it is not UTF-8."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        why = _not_utf8(value) if isinstance(value, str) else None
+        if why:
+            self.fail(why, param, ctx)
+        return value
+
+
+TEXT = Utf8Text()
+
+
 class Finite(click.FloatRange):
     """A FloatRange that also refuses nan and inf (Python's float() reads both)."""
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .errors import Group
-
 from .agent import build_tools
+from .errors import Group
 from .options import make_sandbox, mcp_options, sandbox_options, start_mcp
 
 

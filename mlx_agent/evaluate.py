@@ -275,8 +275,10 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
         start = time.perf_counter()
         out = agent.ask(task.prompt)
         s = out.stats
-        if s.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it): stop here,
-            raise KeyboardInterrupt  # a run cut short is no result
+        if s.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it): stop here;
+            if recorder:  # a run cut short is no result, nor training data
+                recorder.path.unlink(missing_ok=True)
+            raise KeyboardInterrupt
         result = RunResult(task=task.id, seed=seed,
                            reward=float(passed(task, workdir, calls, out.answer,
                                                attempted=s.calls,

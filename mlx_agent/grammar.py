@@ -7,13 +7,18 @@
   tool's parameters>}`` for each tool or ``{"answer": <string>}``; hermes allows free text, or
   ``<tool_call>`` blocks each holding one tool's ``{"name", "arguments"}``.
   String values without a ``maxLength`` get one, scaled to the step's token budget (a small
-  model can otherwise repeat inside a string until the token limit), and one without a
+  model can otherwise repeat inside a string until the token limit) but never below their
+  ``minLength``, nor below 64 for one with a ``format`` (a uuid is 36), and one without a
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
   objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode, and so
   does every nested object that declares properties (one that declares none stays free).
   Calls are written with no free white space and the separators of :data:`SEPARATORS`
   (the json prompt's examples use the same), the json protocol's arguments in the order its
   prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
+  Parameters with local ``$ref`` pointers move to the grammar root's ``$defs``, re-rooted.
+  A tool whose schema no arguments satisfy is an error that names it (and names the token
+  limit when only the budget's ``maxLength`` is in the way; llguidance reports some long
+  patterns as not compilable instead).
 - ``choice`` narrows either grammar the way OpenAI's ``tool_choice`` does: ``"auto"`` (calls
   or an answer), ``"required"`` (calls only), ``"none"`` (an answer only) or a tool's name
   (a call of that tool only). :func:`tool_constraint` builds the constraint for a protocol.
@@ -226,8 +231,10 @@ def _arguments_schema(parameters: dict, max_len: int) -> dict:
 
 
 def _local_ref(schema: dict) -> bool:
+    """A JSON-pointer ``$ref`` into its own document (``#``, ``#/$defs/City``); an anchor
+    (``#city``) names a place, not a path, and needs no re-rooting."""
     ref = schema.get("$ref")
-    return isinstance(ref, str) and ref.startswith("#")
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
 
 
 def _local_refs(schema: Any) -> bool:
@@ -270,8 +277,10 @@ def _with_defs(schema: dict, defs: dict) -> dict:
     return {**schema, "$defs": defs} if defs else schema
 
 
-def check_compiles(grammar: str, tokenizer, what: str) -> None:
-    err = LLMatcher.validate_grammar(grammar, tokenizer)
+def check_compiles(grammar: str, tokenizer, what: str, err: str | None = None) -> None:
+    """Raises GrammarError naming ``what`` unless ``grammar`` compiles (``err``: llguidance's
+    report when the caller has it already)."""
+    err = LLMatcher.validate_grammar(grammar, tokenizer) if err is None else err
     if err and not err.startswith("WARNING"):
         detail = " ".join(err.split())  # llguidance's multi-line report, on one line
         raise GrammarError(f"{what} cannot be compiled by llguidance: {detail[:240]}")
@@ -286,32 +295,29 @@ def _signature(tools: Sequence[Tool], protocol: str) -> str:
 def _check_tools(signature: str, tokenizer, max_len: int) -> None:
     """Compile each tool's parameters alone, to name the tool whose schema fails."""
     for name, params in json.loads(signature):
-        (arguments,), defs = _arguments_schemas([params], max_len)
-        one = _with_defs({"type": "object", "properties": {"arguments": arguments},
-                          "required": ["arguments"]}, defs)
-        grammar = LLMatcher.grammar_from_json_schema(one)
-        if LLMatcher.validate_grammar(grammar, tokenizer).startswith("Unsatisfiable"):
-            # among other tools' alternatives it would silently never be called
-            if max_len < _UNBOUNDED and _satisfiable(params, tokenizer):
+        grammar, err = _one_tool(params, max_len, tokenizer)
+        if err.startswith("Unsatisfiable"):  # among others it would silently never be called
+            if max_len < _UNBOUNDED and \
+                    not _one_tool(params, _UNBOUNDED, tokenizer)[1].startswith("Unsatisfiable"):
                 raise GrammarError(f"tool {name!r}: its strings need more than the "
                                    f"{max_len} characters a reply's token limit allows; "
                                    "raise the token limit (max_tokens)")
             raise GrammarError(f"tool {name!r}: no arguments satisfy its parameters schema "
                                "(a minimum above its maximum, an empty enum, a minLength "
                                "above its maxLength, ...); fix the schema")
-        check_compiles(grammar, tokenizer, f"tool {name!r} (its parameters schema)")
+        check_compiles(grammar, tokenizer, f"tool {name!r} (its parameters schema)", err)
 
 
 _UNBOUNDED = 1 << 20
 
 
-def _satisfiable(params: dict, tokenizer) -> bool:
-    """Whether some arguments satisfy ``params`` when strings may be as long as they like."""
-    (arguments,), defs = _arguments_schemas([params], _UNBOUNDED)
+def _one_tool(params: dict, max_len: int, tokenizer) -> tuple[str, str]:
+    """The grammar of one call's arguments (required) and llguidance's report on it."""
+    (arguments,), defs = _arguments_schemas([params], max_len)
     one = _with_defs({"type": "object", "properties": {"arguments": arguments},
                       "required": ["arguments"]}, defs)
     grammar = LLMatcher.grammar_from_json_schema(one)
-    return not LLMatcher.validate_grammar(grammar, tokenizer).startswith("Unsatisfiable")
+    return grammar, LLMatcher.validate_grammar(grammar, tokenizer)
 
 
 def forced_call(name: str, arguments: dict) -> str:

@@ -75,8 +75,9 @@ class TextStream:
 def keep_first_space(detok) -> None:
     """mlx-lm's streaming detokenizers drop the first token's leading space, right for a
     reply (``" Paris"`` after ``assistant\\n`` is ``"Paris"``) and wrong for a completion
-    (``"The capital of France is" + " Paris"``). This one keeps it: SentencePiece's has a
-    switch, the byte-level BPE one a method to replace; the naive one never drops it."""
+    (``"The capital of France is" + " Paris"``). This one keeps it where mlx-lm's own
+    detokenizers drop it: SentencePiece's has a switch, the byte-level BPE one a method to
+    replace. The naive one decodes with the tokenizer, which decides for itself."""
     if hasattr(detok, "trim_space"):
         detok.trim_space = False
     if hasattr(detok, "_maybe_trim_space"):

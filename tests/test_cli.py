@@ -267,7 +267,7 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     # text that is not text
     (["agent", "--tools", ECHO, "--single", ""], "--single is empty"),
     (["agent", "--tools", ECHO, "--single", b"hi \xff there"],
-     "--single is not valid UTF-8 (byte 0xff at character 3)"),
+     "Invalid value for '--single': not valid UTF-8 (byte 0xff at character 3)"),
     (["agent", "--tools", ECHO, "--single", "hi", "--kv-window", "10"],
      "system prompt is 84 tokens, more than the 10-token KV window"),
     # options that do nothing, or nothing sensible
@@ -341,3 +341,10 @@ def test_a_single_valued_option_given_twice_is_refused_not_half_ignored(args):
     r = run(*args)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--tools is given twice; give it once (see mlx_agent " in r.stderr
+
+
+def test_an_option_value_that_looks_like_an_option_is_a_value():
+    r = run("generate", "--system", "-t", "-t", "0.5", "hi")  # --system's value is "-t"
+    assert r.returncode == 2 and "--system needs --chat" in r.stderr, r.stderr
+    r = run("generate", "-t0.5", "-t0.7", "hi")  # attached values count too
+    assert r.returncode == 2 and "-t is given twice" in r.stderr, r.stderr

@@ -209,7 +209,8 @@ def test_parameters_with_local_refs_are_read_where_they_point(smol):
             "type": "object", "definitions": {"C": {"type": "string", "enum": ["a", "b"]}},
             "properties": {"c": {"$ref": "#/definitions/C"}}, "required": ["c"]}}]))
     ok = ['{"tool":"book","arguments":{"origin":{"name":"Oslo"},"dest":{"name":"Rome",'
-          '"country":"IT"},"chain":{"v":1,"next":{"v":2}}}}', '{"tool":"pick","arguments":{"c":"b"}}']
+          '"country":"IT"},"chain":{"v":1,"next":{"v":2}}}}',
+          '{"tool":"pick","arguments":{"c":"b"}}']
     bad = ['{"tool":"book","arguments":{"origin":{"name":"Oslo"},"dest":{"town":"Rome"}}}',
            '{"tool":"book","arguments":{"origin":{"name":"Oslo"},"dest":{"name":"Rome"},'
            '"chain":{"v":"one"}}}', '{"tool":"pick","arguments":{"c":"z"}}']

@@ -1,8 +1,8 @@
 """The OpenAI- and Ollama-compatible server: :mod:`.schema` (request bodies),
 :mod:`.openai_api` and :mod:`.ollama_api` (adapters), :mod:`.service` (the model behind
-them), :mod:`.app` (HTTP routes and the model thread), :mod:`.http` (the connection: deadlines and
-a cap). Prompts and replies are rendered by
-:mod:`mlx_agent.formats`, as the agent renders them."""
+them), :mod:`.app` (HTTP routes and the model thread), :mod:`.http` (the connection: a
+deadline and a cap). Prompts and replies are rendered by :mod:`mlx_agent.formats`, as the
+agent renders them."""
 
 from .app import make_app
 from .service import ChatCall, ChatResult, ChatService, PreparedChat

@@ -285,9 +285,8 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     """An unknown path or a wrong method, in the API's error shape rather than plain text."""
     path, method = request.url.path, request.method
     if exc.status_code == 404:
-        message = (f"no endpoint {path}; this server has /v1/chat/completions, /v1/completions, "
-                   "/v1/models, /api/chat, /api/generate, /api/tags, /api/show, /api/version "
-                   "and /health")
+        served = [route.path for route in request.app.routes]
+        message = f"no endpoint {path}; this server has {', '.join(served)}"
     elif exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
         message = f"{path} does not take {method}; use {allowed or 'another method'}"

@@ -94,7 +94,7 @@ class PreparedCompletion:
 
     prompt: list[int]
     constraint: Constraint | None
-    continuation: bool = True  # raw text continued (its first space kept), not a chat reply
+    continuation: bool  # raw text continued (its first space kept), not a chat reply
 
 
 @dataclass

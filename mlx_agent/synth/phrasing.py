@@ -84,8 +84,8 @@ CHAINS = {  # a 135M model learns the connector, not the idea: many ways to say 
                           "first step returns).")},
     P.HELDOUT: {"chain-b": ("{first}; once that is done, {second}, passing its output as the "
                             "{label}.",
-                            "begin with this: {first}. Then {second}, feeding in the answer you got "
-                            "as its {label}.")},
+                            "begin with this: {first}. Then {second}, feeding in the answer "
+                            "you got as its {label}.")},
 }
 NO_TOOL = {
     P.TRAIN: {"none-a": ("tell me a fun fact about {topic}.",
