@@ -42,7 +42,8 @@ def writable_file(path: str | None, option: str) -> None:
 
 
 def writable_dir(path: str | None, option: str) -> None:
-    """``path`` is (or is now created as) a directory files can be written in."""
+    """``path`` is (or is now created as, as the command would) a directory files can be
+    written in."""
     if not path:
         return
     try:
@@ -60,6 +61,7 @@ def appendable_file(path: str | None, option: str) -> None:
     blocking, so a FIFO there is an error, not a wait for a reader."""
     if not path:
         return
+    existed = os.path.lexists(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
     except OSError as e:  # ENXIO: a FIFO that no one reads
@@ -70,3 +72,5 @@ def appendable_file(path: str | None, option: str) -> None:
             raise UserError(f"{option} {path}: not a regular file")
     finally:
         os.close(fd)
+        if not existed:  # the command makes it when it writes; a failure later leaves none
+            os.unlink(path)
