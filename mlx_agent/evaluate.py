@@ -37,6 +37,7 @@ import msgspec
 from .agent import Agent, AgentConfig, agent_format
 from .agent import events as ev
 from .batch_runner import BatchRunner, run_pool
+from .cache import ContextFull
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
 from .fileio import read_regular
@@ -270,8 +271,11 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
         recorder = Recorder(trajectory_dir, task=task.id,
                             model_fingerprint=lm.identity.fingerprint,
                             sampling=dataclasses.asdict(sampling)) if trajectory_dir else None
-        agent = Agent(lm, engine, tools, agent_format(protocol, lm), config, emit=emit,
-                      recorder=recorder, sampler=sampler)
+        try:
+            agent = Agent(lm, engine, tools, agent_format(protocol, lm), config, emit=emit,
+                          recorder=recorder, sampler=sampler)
+        except ContextFull as e:  # the task's tools alone overflow the context
+            raise TaskError(f"task {task.id!r}: {e}") from None
         start = time.perf_counter()
         out = agent.ask(task.prompt)
         s = out.stats
