@@ -62,6 +62,9 @@ class Policy:
     runtime: tuple[str, ...] = ()
     # git repositories inside the writable roots (:mod:`.leftovers`): read-only for the call
     repositories: tuple[str, ...] = ()
+    # the working directory when it is not writable: bound read-only, so a private /tmp
+    # does not hide it
+    visible: tuple[str, ...] = ()
 
     def environ(self) -> dict[str, str]:
         return {**dict(self.env), "HOME": self.home, "TMPDIR": self.tmp}
@@ -79,7 +82,7 @@ def bwrap_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
     if policy.network:
         # --share-net undoes --unshare-all's network namespace; DNS may live under /run
         args += ["--share-net", "--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
-    for path in policy.runtime:
+    for path in (*policy.runtime, *policy.visible):
         args += ["--ro-bind", path, path]
     for root in policy.writable:
         args += ["--bind", root, root]
@@ -185,9 +188,11 @@ class Sandbox:
 
     def policy(self, cwd: str, env: Mapping[str, str], home: str, tmp: str,
                repositories: Sequence[str] = ()) -> Policy:
-        return Policy(cwd=os.path.realpath(cwd), writable=self.roots(cwd), network=self.network,
+        cwd, writable = os.path.realpath(cwd), self.roots(cwd)
+        return Policy(cwd=cwd, writable=writable, network=self.network,
                       env=tuple(sorted(env.items())), home=home, tmp=tmp,
-                      runtime=_hidden_runtime(), repositories=tuple(sorted(repositories)))
+                      runtime=_hidden_runtime(), repositories=tuple(sorted(repositories)),
+                      visible=() if cwd in writable else (cwd,))
 
     @contextmanager
     def command(self, argv: Sequence[str], cwd: str, env: Mapping[str, str],
@@ -252,10 +257,7 @@ def resolve(choice: str, *, network: bool = False, writable: Sequence[str] = (),
         raise ValueError(f"--sandbox must be one of {', '.join(BACKENDS)}, not {choice!r}")
     options = dict(network=network, writable=tuple(os.fspath(p) for p in writable),
                    write_cwd=write_cwd)
-    if choice == "none":
-        if warn:
-            warn("tools run unconfined (--sandbox none): they can read and write whatever "
-                 "you can")
+    if choice == "none":  # asked for: the agent's start-up line says "no sandbox"
         return Sandbox("none", **options)
     if choice == "auto":
         backend = "seatbelt" if sys.platform == "darwin" else "bwrap"
