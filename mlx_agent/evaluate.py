@@ -277,12 +277,15 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
         except ContextFull as e:  # the task's tools alone overflow the context
             raise TaskError(f"task {task.id!r}: {e}") from None
         start = time.perf_counter()
-        out = agent.ask(task.prompt)
-        s = out.stats
-        if s.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it): stop here;
-            if recorder:  # a run cut short is no result, nor training data
+        try:
+            out = agent.ask(task.prompt)
+            if out.stats.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it)
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:  # stop here: a run cut short is no result, nor training data
+            if recorder:
                 recorder.path.unlink(missing_ok=True)
-            raise KeyboardInterrupt
+            raise
+        s = out.stats
         result = RunResult(task=task.id, seed=seed,
                            reward=float(passed(task, workdir, calls, out.answer,
                                                attempted=s.calls,

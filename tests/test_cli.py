@@ -348,3 +348,24 @@ def test_an_option_value_that_looks_like_an_option_is_a_value():
     assert r.returncode == 2 and "--system needs --chat" in r.stderr, r.stderr
     r = run("generate", "-t0.5", "-t0.7", "hi")  # attached values count too
     assert r.returncode == 2 and "-t is given twice" in r.stderr, r.stderr
+
+
+def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path):
+    import json
+    import signal
+
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    (tmp_path / "tasks.jsonl").write_text(TASK * 12)
+    out, runs = tmp_path / "runs.jsonl", tmp_path / "traj"
+    proc = subprocess.Popen([*CLI, "eval", "--tasks", str(tmp_path / "tasks.jsonl"),
+                             "--out", str(out), "--trajectory-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # one progress line per finished run
+        if "eval 1/12" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 1 <= len(rows) < 12  # the finished runs, written; the rest not run
+    assert len(list(runs.glob("*.atraj"))) == len(rows)  # no trajectory of a cut run
