@@ -308,3 +308,13 @@ def test_a_server_reads_plain_openai_schemas_from_a_tools_file(tmp_path):
     with pytest.raises(ToolSchemaError, match="neither '_exec' nor '_handler'"):
         load_tools(path)  # the agent runs its tools: it needs a way to
     assert [t.name for t in load_tools(path, runnable=False)] == ["get_weather"]
+
+
+def test_an_argument_past_linuxs_128_kib_reaches_the_tool_and_stdin_stays_empty():
+    # one argument of execve holds at most 128 KiB: "Argument list too long" before
+    (tool,) = parse_tools(json.dumps([{"name": "size", "_exec": 'printf %s "$text" | wc -c; cat',
+                                       "parameters": {"type": "object", "properties": {
+                                           "text": {"type": "string"}}}}]))
+    for n in (10, 300_000):
+        r = run_tool(tool, {"text": "é" * n})
+        assert r.exit_code == 0 and r.stdout.split() == [str(2 * n)], r

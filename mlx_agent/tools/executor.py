@@ -115,11 +115,24 @@ def _pump(stream, sink: _Capped) -> None:
             sink.feed(chunk)
 
 
+def _feed(stream, data: bytes) -> None:
+    try:
+        with stream:
+            stream.write(data)
+    except (BrokenPipeError, ValueError):  # it ended, or was killed, before reading it all
+        pass
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+_ARG_ROOM = 100_000
+# an _exec script too long for one argument: read from stdin, which the tool then does not see
+_FROM_STDIN = 'exec 3<&0 </dev/null; s=$(cat <&3); exec 3<&-; eval "$s"'
 
 
 def run_process(
@@ -131,19 +144,22 @@ def run_process(
     env: dict[str, str] | None = None,
     cap: int = DEFAULT_CAP,
     sandbox: Sandbox | None = None,
+    stdin: bytes | None = None,
 ) -> ToolResult:
-    """Run ``argv`` in its own process group with bounded output; never raises.
+    """Run ``argv`` in its own process group with bounded output; never raises. ``stdin``
+    is written to its standard input (else it reads nothing).
 
     Under a ``sandbox``, ``env=None`` means the reduced :func:`tool_env`, not ours."""
     if sandbox is None or sandbox.backend == "none":
-        return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
+        return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap, stdin=stdin)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     roots = sandbox.roots(cwd)
     before = leftovers.scan(roots)
     try:
         with sandbox.command(argv, cwd, tool_env() if env is None else env,
                              repositories=before.repositories) as (argv, env):
-            result = _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap)
+            result = _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap,
+                          stdin=stdin)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
     notes = leftovers.clean(roots, before)
@@ -153,17 +169,20 @@ def run_process(
     return msgspec.structs.replace(result, stderr=f"{result.stderr.rstrip()}\n{said}".lstrip())
 
 
-def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int) -> ToolResult:
+def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
+         stdin: bytes | None = None) -> ToolResult:
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=cwd, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                                cwd=cwd, env=env, start_new_session=True)
     except OSError as e:
         return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
     out, err = _Capped(cap), _Capped(cap)
     readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
                for s, c in ((proc.stdout, out), (proc.stderr, err))]
+    if stdin is not None:  # a thread: the pipe holds 64 KiB, the process reads as it likes
+        readers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
     for r in readers:
         r.start()
     timed_out = False
@@ -232,9 +251,12 @@ def run_tool(
             unfit = _unfit_arguments(tool, arguments, env_names)
             if unfit:
                 return error_result(tool.name, unfit)
-            result = run_process(["/bin/bash", "-c", exec_script(tool, arguments)],
+            script = exec_script(tool, arguments).encode("utf-8", "surrogateescape")
+            big = len(script) > _ARG_ROOM  # Linux takes at most 128 KiB in one argument
+            result = run_process(["/bin/bash", "-c", _FROM_STDIN if big else script.decode()],
                                  tool=tool.name, timeout=timeout, cwd=cwd,
-                                 env=tool_env(env_names), cap=cap, sandbox=sandbox)
+                                 env=tool_env(env_names), cap=cap, sandbox=sandbox,
+                                 stdin=script if big else None)
         else:
             result = _run_handler(tool, arguments, cap)
     except Exception as e:  # a bug of ours or of the machine: still the model's information
