@@ -154,7 +154,7 @@ def run_process(
         return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap, stdin=stdin)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     roots = sandbox.roots(cwd)
-    before = leftovers.scan(roots)
+    before, since = leftovers.scan(roots), time.time()
     try:
         with sandbox.command(argv, cwd, tool_env() if env is None else env,
                              repositories=before.repositories) as (argv, env):
@@ -162,7 +162,7 @@ def run_process(
                           stdin=stdin)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
-    notes = leftovers.clean(roots, before)
+    notes = leftovers.clean(roots, before, since)
     if not notes:
         return result
     said = "\n".join(f"sandbox: {note}" for note in notes)
