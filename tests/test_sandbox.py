@@ -160,6 +160,55 @@ def test_leave_a_git_repository_that_runs_a_command(mode, area, where):
         assert "sandbox: renamed" in r.stderr and len(disarmed) == 1, r
 
 
+def _git_runs_the_hook(where: Path, canary: Path) -> bool:
+    """Whether ``git status`` in ``where``, on the host, runs the planted core.fsmonitor."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(where),
+           "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "status"], cwd=where, env=env, capture_output=True, timeout=60)
+    return canary.exists()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+@pytest.mark.parametrize("how", ["HEAD a symlink", "objects and refs files", "folder moved aside"])
+def test_leave_a_repository_the_scan_might_miss(mode, area, how):
+    # a second probe's bypasses of the first fix, confirmed with real git
+    root, canary = area / "root", area / "outside" / "canary"
+    worktree = f"\\tworktree = {root}\\n"
+    hook = ("[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n" + worktree
+            + f'\\tfsmonitor = \\"touch {canary}; false\\"\\n')
+    where = root
+    if how == "HEAD a symlink":
+        script = f'mkdir -p objects refs && ln -s refs/heads/main HEAD && printf "{hook}" > config'
+    elif how == "objects and refs files":
+        script = ('touch objects refs && chmod +x objects refs && '
+                  f'echo "ref: refs/heads/main" > HEAD && printf "{hook}" > config')
+    else:
+        subprocess.run(["git", "init", "-q", str(root / "sub")], check=True)
+        where, hook = root / "sub", hook.replace(worktree, "")
+        script = ('mv sub sub-old && mkdir -p sub/.git/objects sub/.git/refs && echo '
+                  f'"ref: refs/heads/main" > sub/.git/HEAD && printf "{hook}" > sub/.git/config')
+    r = run(mode, script, root)
+    escaped(mode, _git_runs_the_hook(where, canary), r)
+    if how == "folder moved aside" and mode == "bwrap":  # the user's repository is untouched
+        assert (root / "sub-old" / ".git" / "HEAD").is_file(), r
+
+
+@pytest.mark.parametrize("where", ["in a new .git", "below a path longer than PATH_MAX"])
+def test_leave_a_setuid_program_where_the_walk_might_not_look(mode, area, where):
+    root = area / "root"
+    if where == "in a new .git":
+        script = "mkdir -p x/.git && cp /bin/true x/.git/t && chmod 4755 x/.git/t"
+    else:  # 25 directories of 200 characters: 5,000 bytes of path, past PATH_MAX's 4,096
+        script = ('n=$(printf "d%.0s" $(seq 200)); for i in $(seq 25); do '
+                  'mkdir "$n" && cd "$n" || exit 1; done; cp /bin/true t && chmod 4755 t')
+    r = run(mode, script, root)
+    left = []
+    for _, _, files, fd in os.fwalk(root):
+        left += [f for f in files
+                 if os.stat(f, dir_fd=fd, follow_symlinks=False).st_mode & 0o6000]
+    escaped(mode, bool(left), r)
+
+
 def test_leave_a_setuid_program(mode, area):
     # files a tool writes are the runtime's user's (root, in a container): a setuid bit
     # left on one lets any local user run it as that user

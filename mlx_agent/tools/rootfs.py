@@ -281,7 +281,9 @@ def write_atomic(root: str, path: str, data: bytes) -> str:
         try:
             try:
                 if old is not None and stat.S_ISREG(old.st_mode):
-                    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+                    # not its set-id bits: they would make the model's content a program
+                    # that runs as the file's owner
+                    os.fchmod(fd, stat.S_IMODE(old.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
