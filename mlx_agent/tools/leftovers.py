@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 MAX_ENTRIES = 50_000
 DISARMED = ".disarmed-by-mlx-agent"
@@ -64,6 +64,52 @@ def _free_name(name: str, dir_fd: int) -> str:
     return candidate
 
 
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _walk(root: str, unreadable: Callable[[str, OSError], None]
+          ) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """``os.fwalk``'s top-down ``(path, dirs, files, dir_fd)`` without its recursion (Python
+    3.11's recurses once a level: a thousand nested folders raised RecursionError) and with
+    one descriptor, moved down by name and back up by ``..``: no depth is too deep. ``dirs``
+    may be edited before the walk goes on; links are not followed."""
+    fd, path, todo = os.open(root, _DIR), root, []  # todo: per level, the folders to visit
+    try:
+        while True:
+            dirs, files = [], []
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        try:
+                            (dirs if entry.is_dir(follow_symlinks=False) else files).append(
+                                entry.name)
+                        except OSError:
+                            files.append(entry.name)
+            except OSError as e:
+                unreadable(path, e)
+            yield path, dirs, files, fd
+            todo.append(dirs[::-1])
+            while True:
+                if todo[-1]:
+                    name = todo[-1].pop()
+                    try:
+                        child = os.open(name, _DIR, dir_fd=fd)
+                    except OSError as e:
+                        unreadable(os.path.join(path, name), e)
+                        continue
+                    os.close(fd)
+                    fd, path = child, os.path.join(path, name)
+                    break
+                todo.pop()
+                if not todo:
+                    return
+                parent = os.open("..", _DIR, dir_fd=fd)
+                os.close(fd)
+                fd, path = parent, os.path.dirname(path)
+    finally:
+        os.close(fd)
+
+
 def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = None,
          since: float | None = None) -> Found:
     """The git repositories under ``roots`` (each a ``.git`` entry, or a directory holding
@@ -77,12 +123,12 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
     for root in roots:
         seen = 0
 
-        def unreadable(e: OSError) -> None:
+        def unreadable(where: str, e: OSError) -> None:
             if after:
-                found.notes.append(f"could not check {e.filename}: {e.strerror}")
+                found.notes.append(f"could not check {where}: {e.strerror}")
 
         disarmed: set[str] = set()  # renamed .git directories: walked for set-id files only
-        for here, dirs, files, fd in os.fwalk(root, onerror=unreadable):
+        for here, dirs, files, fd in _walk(root, unreadable):
             seen += len(dirs) + len(files)
             names = set() if here in disarmed else set(dirs) | set(files)
             for name, is_bare in ((".git", False), ("HEAD", True)):
@@ -154,5 +200,11 @@ def _clear_set_id(here: str, files: list[str], fd: int, since: float | None,
 
 def clean(roots: Sequence[str], before: Found, since: float) -> list[str]:
     """Undo what a call that started at ``since`` (``time.time()``) left, as :func:`scan`
-    does with ``before``; one line each, for the tool's result."""
-    return scan(roots, known=before.repositories, since=since - 1.0).notes  # coarse clocks
+    does with ``before``; one line each, for the tool's result. Never raises: a check that
+    cannot finish says so."""
+    try:
+        return scan(roots, known=before.repositories, since=since - 1.0).notes  # coarse clocks
+    except (OSError, RecursionError, MemoryError) as e:
+        return [f"could not finish checking {', '.join(roots)} for git repositories and "
+                f"set-id files the tool left ({type(e).__name__}: {e}); check before running "
+                "git or programs there"]
