@@ -853,14 +853,15 @@ def test_the_connection_cap_leaves_file_descriptors_to_spare():
     try:  # a low soft limit, as macOS starts with: raised for the cap wanted, spare kept
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
         assert http.connection_cap(1000) == 1000
-        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 1000 + 128
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 1000 + 256
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     clamped = subprocess.run([sys.executable, "-c", "import resource; from mlx_agent.serve "
                               "import http; resource.setrlimit(resource.RLIMIT_NOFILE, "
-                              "(256, 256)); print(http.connection_cap(1000))"],
+                              "(1024, 1024)); print(http.connection_cap(2000))"],
                              capture_output=True, text=True, timeout=60)
-    assert clamped.stdout == "128\n", clamped.stderr  # cannot be raised: what fits
+    # cannot be raised: what fits beside the descriptors open and the spare ones
+    assert 0 < int(clamped.stdout) <= 1024 - 256, clamped.stderr
 
 
 def test_unknown_paths_and_wrong_methods_answer_in_json(serve):

@@ -5,8 +5,9 @@ accepts sockets until the process runs out of file descriptors (then every accep
 traceback). Here a request's headers and body must arrive within ``request_timeout``
 seconds of its first byte (or of the connection, for the first request): past that the
 client gets a 408 and the connection closes. At most ``max_connections`` are open at once;
-one more gets a 503 and is closed at once. Between requests uvicorn's keep-alive timeout
-(5 s) closes idle connections, as before.
+one more gets a 503 and closes after a short lingering read (at once in a flood), and
+asyncio accepts a small batch at a time, so a flood is refused before it takes the spare
+descriptors. Between requests uvicorn's keep-alive timeout (5 s) closes idle connections.
 
 Not promised: limits per client address (one client can still take every connection for
 ``request_timeout`` seconds), or anything for HTTP/2 or websockets (not served).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 
 import h11
@@ -27,7 +29,8 @@ from .openai_api import error_body
 
 REQUEST_TIMEOUT = 30.0
 MAX_CONNECTIONS = 4096
-_SPARE_FDS = 128  # for the model's files, logs and whatever a request opens
+_SPARE_FDS = 256  # for whatever a request opens, and a batch of accepts not yet refused
+_ACCEPT_BATCH = 128
 _LINGER = 2.0  # seconds a refused connection is read (and dropped) before it closes
 
 
@@ -37,7 +40,8 @@ def connection_cap(wanted: int | None = None) -> int:
     256), else as many as it allows."""
     wanted = wanted or MAX_CONNECTIONS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + _SPARE_FDS
+    held = _open_descriptors()
+    need = wanted + held + _SPARE_FDS
     if soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(need, hard)
         try:
@@ -45,7 +49,18 @@ def connection_cap(wanted: int | None = None) -> int:
             soft = target
         except (ValueError, OSError):  # macOS caps below its "infinity"
             pass
-    return max(1, min(wanted, soft - _SPARE_FDS))
+    return max(1, min(wanted, soft - held - _SPARE_FDS))
+
+
+def _open_descriptors() -> int:
+    """Descriptors this process holds now (the model's files, the BLAS's, the event loop's):
+    connections get what is left."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(listing))
+        except OSError:
+            continue
+    return 64
 
 
 def _error(status: int, reason: str, message: str) -> bytes:
@@ -124,10 +139,16 @@ class GuardedH11Protocol(H11Protocol):
         bytes unread would reset the connection, and the client would never see why."""
         self._refused = True
         self._disarm()
-        self.transport.write(_error(status, reason, message))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.loop.call_later(_LINGER, self.transport.close)
+        try:
+            self.transport.write(_error(status, reason, message))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        except OSError:  # the client is gone already
+            self.transport.close()
+            return
+        # a lingering connection holds a descriptor: past the cap and a few, close at once
+        flood = len(self.connections) > self.max_connections + _SPARE_FDS // 2
+        self.loop.call_later(0 if flood else _LINGER, self.transport.close)
 
 
 def config(app, request_timeout: float = REQUEST_TIMEOUT,
@@ -136,7 +157,10 @@ def config(app, request_timeout: float = REQUEST_TIMEOUT,
     protocol = type("Protocol", (GuardedH11Protocol,), {
         "request_timeout": request_timeout,
         "max_connections": connection_cap(max_connections)})
-    return uvicorn.Config(app, http=protocol, log_level="warning", timeout_graceful_shutdown=5)
+    # backlog: how many connections asyncio accepts in one go before any is refused; each
+    # takes a descriptor, so it must stay well inside the spare ones
+    return uvicorn.Config(app, http=protocol, log_level="warning", timeout_graceful_shutdown=5,
+                          backlog=_ACCEPT_BATCH)
 
 
 def serve(app, sock, request_timeout: float = REQUEST_TIMEOUT,
