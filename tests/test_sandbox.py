@@ -421,3 +421,11 @@ def test_what_no_mode_stops(mode, area, case):
         r = run(mode, "echo pwned > hl", area / "root")
         escaped("none", (outside / "target").read_text() != "original", r)
 
+
+
+def test_a_root_that_cannot_be_walked_is_a_tool_error_not_a_crash(area):
+    if BWRAP_MISSING is not None:
+        pytest.skip(f"bwrap unavailable: {BWRAP_MISSING}")
+    r = run_process(["/bin/true"], tool="t", timeout=10, cwd=area / "gone", env=tool_env(),
+                    sandbox=Sandbox("bwrap"))
+    assert r.exit_code != 0 and "could not check" in r.stderr, r

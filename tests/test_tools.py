@@ -273,7 +273,11 @@ def test_write_file_never_completes_a_bare_repositorys_layout(tmp_path):
         assert write(first).exit_code == 0 and write(second).exit_code == 0
         r = write(third)
         assert r.exit_code != 0 and "would make a directory a git repository" in r.stderr, r
-    assert write("r/HEAD/x").exit_code == 0  # HEAD as a directory makes no repository
+    assert write("r/HEAD/x").exit_code == 0  # HEAD alone makes no repository
+    os.makedirs(tmp_path / "s" / "objects")
+    os.symlink("refs/heads/main", tmp_path / "s" / "HEAD")  # git takes a HEAD symlink too
+    r = write("s/refs/heads/main")
+    assert r.exit_code != 0 and "would make a directory a git repository" in r.stderr, r
 
 
 def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):

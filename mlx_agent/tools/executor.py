@@ -154,7 +154,11 @@ def run_process(
         return _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap, stdin=stdin)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     roots = sandbox.roots(cwd)
-    before, since = leftovers.scan(roots), time.time()
+    try:  # the repositories to bind read-only; a root that cannot be walked is no crash
+        before, since = leftovers.scan(roots), time.time()
+    except OSError as e:
+        return error_result(tool, f"could not check {', '.join(roots)} before running: "
+                                  f"{e.strerror or e}")
     try:
         with sandbox.command(argv, cwd, tool_env() if env is None else env,
                              repositories=before.repositories) as (argv, env):

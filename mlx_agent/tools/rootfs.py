@@ -46,23 +46,20 @@ class OutsideRoot(ValueError):
     pass
 
 
-_REPOSITORY = {"head": False, "objects": True, "refs": True}  # what git takes for one
+_REPOSITORY = ("HEAD", "objects", "refs")  # what git takes for one, each of any kind (as
+# tools/leftovers.py looks for it: a HEAD symlink and executable files count too)
 
 
-def _completes_repository(dir_fd: int, part: str, last: bool) -> bool:
-    """Whether writing ``part`` (the file written when ``last``, else a directory on the
-    way) in the directory ``dir_fd`` gives it the third of a bare repository's parts."""
-    if part not in _REPOSITORY or _REPOSITORY[part] == last:
+def _completes_repository(dir_fd: int, part: str) -> bool:
+    """Whether writing ``part`` (the file, or a directory on the way) in the directory
+    ``dir_fd`` gives it the last of a bare repository's three parts."""
+    names = {n.lower(): n for n in _REPOSITORY}
+    if part not in names:
         return False
-    for name, is_dir in _REPOSITORY.items():
-        if name == part:
-            continue
+    for other in (n for key, n in names.items() if key != part):
         try:
-            mode = os.stat(name.upper() if name == "head" else name, dir_fd=dir_fd,
-                           follow_symlinks=False).st_mode
+            os.lstat(other, dir_fd=dir_fd)
         except OSError:
-            return False
-        if (stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode)) is False:
             return False
     return True
 
@@ -140,7 +137,7 @@ class _Walk:
                 raise PermissionError(f"the path leads inside a {part} directory, which "
                                       "tools may not write (git runs its config and hooks "
                                       "later, outside any sandbox)")
-            if create and _completes_repository(self.fd, part.lower(), last=not todo):
+            if create and _completes_repository(self.fd, part.lower()):
                 raise PermissionError("the write would make a directory a git repository "
                                       "(HEAD beside objects/ and refs/), whose config git "
                                       "runs later, outside any sandbox")
