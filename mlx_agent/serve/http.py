@@ -31,6 +31,7 @@ REQUEST_TIMEOUT = 30.0
 MAX_CONNECTIONS = 4096
 _SPARE_FDS = 256  # for whatever a request opens, and a batch of accepts not yet refused
 _ACCEPT_BATCH = 128
+_LINGERING = 32  # refused connections that may linger: with a batch, well inside the spare
 _LINGER = 2.0  # seconds a refused connection is read (and dropped) before it closes
 
 
@@ -147,7 +148,7 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
             return
         # a lingering connection holds a descriptor: past the cap and a few, close at once
-        flood = len(self.connections) > self.max_connections + _SPARE_FDS // 2
+        flood = len(self.connections) > self.max_connections + _LINGERING
         self.loop.call_later(0 if flood else _LINGER, self.transport.close)
 
 
