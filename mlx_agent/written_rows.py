@@ -16,7 +16,7 @@ its tool or an answer against a result; what to write is the caller's choice.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Sequence
 
 from .formats import Format
 from .tools import Tool
@@ -26,12 +26,16 @@ class RowError(ValueError):
     """A conversation that cannot become a row (the message says why)."""
 
 
-def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict]) -> dict:
+def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict],
+                     untrained: Collection[int] = ()) -> dict:
     """``{"messages", "input_ids", "loss_mask"}`` for ``messages``, token-exact with the
-    agent's view of the same conversation."""
+    agent's view of the same conversation. The replies at the indices in ``untrained`` (a
+    mistaken call the conversation then recovers from) are context only: masked out."""
     replies = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     if not replies or replies[-1] != len(messages) - 1:
         raise RowError("a written conversation must end with an assistant reply")
+    if replies[-1] in untrained:
+        raise RowError("a written conversation's last reply must be trained")
     if fmt.name != "json":  # templates: replies are kept as the text the model writes
         messages = [{"role": "assistant", "content": fmt.reply_text(m)}
                     if m["role"] == "assistant" else m for m in messages]
@@ -49,7 +53,8 @@ def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict
             raise RowError(f"message {k} does not render as the agent would see it")
         if stop < len(ids) and ids[stop] in lm.stop_ids:
             stop += 1
-        mask[start:stop] = [1] * (stop - start)
+        if k not in untrained:
+            mask[start:stop] = [1] * (stop - start)
     return {"messages": messages, "input_ids": ids, "loss_mask": mask}
 
 

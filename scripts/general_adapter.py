@@ -3,9 +3,10 @@
     .venv/bin/python scripts/general_adapter.py --out build/general [--seed 0]
         [--per-catalogue 16] [--heldout-domains pets,vehicles] [--seconds-per-iteration 9]
         [--catalogue-size 4,8] [--mixed 2] [--outside-share 0] [--optional-share 0.5]
-        [--two-call-share 0.15]
+        [--two-call-share 0.15] [--slip-share 0]
         [--contrast] [--raw-chat]
-        [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6] [--file-chat 0]]
+        [--tasks-per-row 1] [--file-folders 0 [--file-tasks 6] [--file-chat 0]
+         [--file-slip-share 0] [--file-missing-share 0]]
         [--train ADAPTER_DIR --minutes 55 [--iters N] [--learning-rate 2e-4] [--processes 2]
          [--lora-keys self_attn.q_proj,self_attn.v_proj] [--start ADAPTER_DIR]]
 
@@ -45,6 +46,11 @@
    each, written with the tools' real results, the catalogue the built-ins after up to two
    training catalogues' tools (as ``agent --tools FILE --builtin-tools`` lists them), and
    ``--file-chat`` requests of each that need no tool, answered without a call.
+   ``--slip-share`` of the training tasks (``--file-slip-share`` of the file requests) open
+   with a mistaken call (a value miscopied from the request, a made-up path, a folder read
+   as a file) and the error it gets, then the right call: the row trains the recovery, not
+   the mistake. ``--file-missing-share`` of the file requests name a file that is not
+   there; the answer says so instead of making one up.
    ``--start DIR`` trains on from an adapter (its rank, layers and keys) instead of a new one.
 
 Deterministic under ``--seed`` (training too, on one machine). Each catalogue's synthesis
@@ -154,7 +160,8 @@ def raw_replies(lm, prompts: list[str], max_tokens: int = 48) -> dict[str, str]:
 
 
 def file_rows(lm, fmt, train: list[Catalogue], folders: int, per_folder: int, seed: int,
-              sandbox, chat: int = 0) -> list[dict]:
+              sandbox, chat: int = 0, slip_share: float = 0.0, missing_share: float = 0.0
+              ) -> list[dict]:
     """Rows of everyday file work (module docstring, ``--file-folders``), and ``chat``
     requests a folder that need no tool, answered directly with the same tools shown."""
     out = []
@@ -167,9 +174,11 @@ def file_rows(lm, fmt, train: list[Catalogue], folders: int, per_folder: int, se
             folder.mkdir()
             files = make_folder(folder, rng)
             others = declared_tools(list(rng.choice(train).tools[:rng.randint(0, 2)]))
-            tasks = file_tasks(files, rng, per_folder)
+            tasks = file_tasks(files, rng, per_folder, slip_share=slip_share,
+                               missing_share=missing_share)
             for task, messages in file_conversations(builtins, folder, tasks, sandbox=sandbox):
-                out.append({**conversation_row(lm, fmt, others + builtins, messages),
+                out.append({**conversation_row(lm, fmt, others + builtins, messages,
+                                               task.untrained),
                             "task": f"files-{i}", "kind": f"files-{task.kind}"})
             if chat:
                 asked = synthesize(others + builtins, SynthConfig(
@@ -216,6 +225,12 @@ def main() -> None:
     ap.add_argument("--file-tasks", type=int, default=6, help="requests over each folder")
     ap.add_argument("--file-chat", type=int, default=0,
                     help="requests of each folder's catalogue that need no tool")
+    ap.add_argument("--slip-share", type=float, default=0.0,
+                    help="share of training tasks opened by a miscopied call and its error")
+    ap.add_argument("--file-slip-share", type=float, default=0.0,
+                    help="share of file requests opened by a mistaken call and its error")
+    ap.add_argument("--file-missing-share", type=float, default=0.0,
+                    help="share of file requests about a file that is not there")
     ap.add_argument("--start", metavar="ADAPTER_DIR", help="train on from this adapter")
     ap.add_argument("--processes", type=int, default=1,
                     help="training processes, each a share of every batch")
@@ -237,6 +252,9 @@ def main() -> None:
         ap.error("--optional-share takes a share from 0 to 1")
     if not 0 <= args.two_call_share <= 0.5:
         ap.error("--two-call-share takes a share from 0 to 0.5")
+    for name in ("slip_share", "file_slip_share", "file_missing_share"):
+        if not 0 <= getattr(args, name) <= 0.5:
+            ap.error(f"--{name.replace('_', '-')} takes a share from 0 to 0.5")
     if not 0 <= args.outside_share <= 0.5:
         ap.error("--outside-share takes a share from 0 to 0.5")
     if args.processes < 1 or args.batch % args.processes:
@@ -250,7 +268,8 @@ def main() -> None:
     fmt = make_format("json", lm)
     sandbox = resolve_sandbox("auto", warn=print)
     outcomes = Outcomes(run=True, sandbox=sandbox, seed=args.seed)
-    kinds, tokens, made = Counter(), 0, []
+    # each catalogue's rows draw their answers (and slips) from its own seed
+    kinds, tokens, made, seeds = Counter(), 0, [], []
     for cat, is_held in [(c, False) for c in train] + [(c, True) for c in held]:
         path = write([cat], out / "catalogues")[0]
         tools = load_tools(path)
@@ -267,6 +286,7 @@ def main() -> None:
             kinds[t.kind] += 1
             tokens += row_tokens(lm, fmt, tools, t.task)
         made.append((tools, result.train))
+        seeds.append(config.seed)
     if args.contrast:
         kinds["contrast"] = contrast(made)
         tokens += sum(row_tokens(lm, fmt, tools, t.task) for tools, ts in made for t in ts
@@ -279,7 +299,8 @@ def main() -> None:
         "heldout_domains": args.heldout_domains, "catalogue_size": args.catalogue_size,
         "mixed": args.mixed, "outside_share": args.outside_share, "raw_chat": args.raw_chat,
         "contrast": args.contrast, "tasks_per_row": args.tasks_per_row,
-        "two_call_share": args.two_call_share,
+        "two_call_share": args.two_call_share, "slip_share": args.slip_share,
+        "file_slip_share": args.file_slip_share, "file_missing_share": args.file_missing_share,
         "rows": rows, "by_kind": dict(kinds),
         "tokens": tokens, "mean_tokens_per_row": round(tokens / max(rows, 1)),
         "iterations_per_epoch": iterations,
@@ -290,16 +311,18 @@ def main() -> None:
         chat = sorted({t.task["prompt"] for _, ts in made for t in ts if t.kind == "none"})
         replies = raw_replies(lm, chat) if args.raw_chat else {}
         training_rows = []
-        for tools, tasks in made:
-            training_rows += written_rows(lm, fmt, tools, tasks, outcomes, seed=args.seed,
-                                          replies=replies, per_row=args.tasks_per_row)
+        for (tools, tasks), cat_seed in zip(made, seeds):
+            training_rows += written_rows(lm, fmt, tools, tasks, outcomes, seed=cat_seed,
+                                          replies=replies, per_row=args.tasks_per_row,
+                                          slip_share=args.slip_share)
         plain = make_format("plain", lm)  # the same chat with no tools, as chat shows it
         for prompt, reply in replies.items():
             row = conversation_row(lm, plain, [], [{"role": "user", "content": prompt},
                                                    {"role": "assistant", "content": reply}])
             training_rows.append({**row, "task": "chat", "kind": "chat"})
         files = file_rows(lm, fmt, train, args.file_folders, args.file_tasks, args.seed,
-                          sandbox, chat=args.file_chat)
+                          sandbox, chat=args.file_chat, slip_share=args.file_slip_share,
+                          missing_share=args.file_missing_share)
         training_rows += files
         summary["file_rows"] = len(files)
         write_jsonl(out / "rows.jsonl", training_rows)

@@ -163,3 +163,38 @@ def test_arguments_keep_the_schema_order_in_nested_objects():
     assert text.index('"who"') < text.index('"name"') < text.index('"age"') < text.index('"room"')
     assert json.loads(text) == json.loads(call.calls[0])["arguments"]
     assert "booked" in conv[3]["content"]  # run=True by default: the real result
+
+
+def test_a_slipped_task_trains_the_recovery_and_not_the_mistake(tiny_lm, made):
+    """``slip_share``: the first call miscopies a string the request gives, its result says
+    the value was not found, and the right call follows; the mask leaves the mistake out and
+    covers the recovery and the answer, the same tokens as the unslipped row's replies."""
+    tools, s = made
+    fmt = agent_format("json", tiny_lm)
+    tasks = [t for t in s.train if t.kind == "call" and "get_weather" in t.tools][:6]
+    plain = rows(tiny_lm, fmt, tools, tasks, Outcomes())
+    slipped = rows(tiny_lm, fmt, tools, tasks, Outcomes(), slip_share=1.0)
+    end = min(tiny_lm.stop_ids)
+    for before, after in zip(plain, slipped):
+        roles = [m["role"] for m in after["messages"]]
+        assert roles == ["user", "assistant", "tool"] + roles[1:4], roles
+        wrong, right = (json.loads(m["tool_calls"][0]["function"]["arguments"])
+                        for m in (after["messages"][1], after["messages"][3]))
+        (key,) = [k for k in right if wrong[k] != right[k]]
+        assert wrong.keys() == right.keys() and right[key] in after["messages"][0]["content"]
+        error = json.loads(after["messages"][2]["content"])
+        assert error["exit_code"] == 1 and wrong[key] in error["stderr"]
+        learned = [t for t, m in zip(after["input_ids"], after["loss_mask"]) if m]
+        trained = [m for m in after["messages"][3:] if m["role"] == "assistant"]
+        assert learned == [t for m in trained
+                           for t in tiny_lm.encode_text(fmt.reply_text(m)) + [end]]
+        assert after["messages"][3:] == before["messages"][1:]
+
+
+def test_misspelt_values_are_never_the_value():
+    from mlx_agent.synth.conversations import misspelt
+
+    rng = random.Random(0)
+    for value in ("Paris", "WOR-6312", "2024-07-03", "New York", "abcd", "aaaa"):
+        for _ in range(50):
+            assert misspelt(value, rng) not in (value, "")

@@ -18,12 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 HELD_OUT = ROOT / "examples" / "files"
 
 
-def made(tmp_path: Path, seed: int, n: int = 24, where: str = ""):
+def made(tmp_path: Path, seed: int, n: int = 24, where: str = "", **shares):
     folder = tmp_path / f"folder{seed}{where}"
     folder.mkdir()
     rng = random.Random(seed)
     files = make_folder(folder, rng)
-    tasks = file_tasks(files, rng, n)
+    tasks = file_tasks(files, rng, n, **shares)
     return folder, files, conversations(builtin_tools(tmp_path), folder, tasks)
 
 
@@ -93,8 +93,36 @@ def test_held_out_file_set_shares_no_request_or_name(tmp_path, seed):
     prompts = {t["prompt"] for t in held}
     held_files = {p.relative_to(HELD_OUT / "fixture").as_posix()
                   for p in (HELD_OUT / "fixture").rglob("*") if p.is_file()}
-    folder, files, convs = made(tmp_path, seed)
+    folder, files, convs = made(tmp_path, seed, slip_share=0.4, missing_share=0.1)
     assert not prompts & {t.prompt for t, _ in convs}
     assert not held_files & set(files)
     text = " ".join(files.values()) + " ".join(t.prompt for t, _ in convs)
     assert not re.search(r"\b(Dana|Falcon|TODO|launch date)\b", text, re.IGNORECASE)
+
+
+def test_slips_fail_and_the_call_after_them_recovers(tmp_path):
+    """``slip_share``: a mistaken call (a misspelt path, a folder read as a file, a made-up
+    folder to search) really fails, the task's own call then succeeds, and only the
+    mistake is left untrained; ``missing_share``: a file that is not there, read for real,
+    and an answer that says so."""
+    kinds = Counter()
+    for seed in range(8):
+        folder, files, convs = made(tmp_path, seed, n=30, slip_share=0.5, missing_share=0.15)
+        for task, messages in convs:
+            results = [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+            kinds[task.kind.split("-")[-1]] += 1
+            if task.slip:
+                assert task.kind.endswith("-recovered") and task.untrained == (1,)
+                assert [m["role"] for m in messages] == [
+                    "user", "assistant", "tool", "assistant", "tool", "assistant"]
+                assert results[0]["exit_code"] != 0 and results[1]["exit_code"] == 0
+                function = messages[1]["tool_calls"][0]["function"]
+                assert task.slip == (function["name"], json.loads(function["arguments"]))
+                assert task.slip != task.call
+            elif task.fails:
+                path = task.call[1]["path"]
+                assert path not in files and results[0]["exit_code"] != 0
+                assert path in messages[-1]["content"] and task.untrained == ()
+            else:
+                assert results[0]["exit_code"] == 0 and task.untrained == ()
+    assert kinds["recovered"] > 20 and kinds["missing"] > 10

@@ -66,3 +66,24 @@ def test_hermes_calls_written_as_tool_calls_render_as_the_model_writes_them(tiny
                *structured[2:]]
     a, b = (conversation_row(lm, fmt, ECHO, m) for m in (structured, as_text))
     assert a["input_ids"] == b["input_ids"] and a["loss_mask"] == b["loss_mask"]
+
+
+def test_untrained_replies_are_context_only(tiny_lm):
+    """A reply named in ``untrained`` (a mistaken call) is in the ids, not in the mask; the
+    last reply cannot be one."""
+    from mlx_agent.formats import make_format
+
+    fmt = make_format("json", tiny_lm)
+    call = {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "c0", "type": "function", "function": {"name": "echo", "arguments": '{"text": "hj"}'}}]}
+    messages = [{"role": "user", "content": "Echo hi."}, call,
+                {"role": "tool", "name": "echo", "content": "no such text"},
+                {"role": "assistant", "content": "It failed."}]
+    full = conversation_row(tiny_lm, fmt, ECHO, messages)
+    row = conversation_row(tiny_lm, fmt, ECHO, messages, untrained=(1,))
+    assert row["input_ids"] == full["input_ids"]
+    learned = tiny_lm.decode([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m])
+    assert "It failed." in learned and "hj" not in learned
+    assert "hj" in tiny_lm.decode([t for t, m in zip(full["input_ids"], full["loss_mask"]) if m])
+    with pytest.raises(RowError, match="last reply must be trained"):
+        conversation_row(tiny_lm, fmt, ECHO, messages, untrained=(3,))

@@ -7,7 +7,9 @@ needs no tool gets a direct answer and no call; a two-call task's second call al
 carries the first result (synthesis built it from the tool's real result); a request for a
 tool the catalogue lacks (kind ``outside``) gets a short "I cannot" that names the action.
 :func:`rows` renders them with :func:`mlx_agent.written_rows.conversation_row`: the agent's
-own wire format, token-exact, the loss only on assistant tokens.
+own wire format, token-exact, the loss only on assistant tokens; it can open a task with a
+mistaken call (:func:`slip`: a value miscopied from the request, and the tool's "not found"),
+which the row keeps as context and does not train.
 
 A result (:class:`Outcomes`) is the tool's own when the tool runs and succeeds (exit 0,
 some output): ``_exec`` tools in the given sandbox, in a fresh copy of the fixture or an
@@ -72,6 +74,9 @@ NO_TOOL_ANSWERS = {
 OUTSIDE_ANSWERS = ("I can't {action}: none of my tools does that.",
                    "Sorry, I have no tool to {action}.",
                    "None of the tools I have can {action}, so I can't do that here.")
+# A tool's error for a value it does not know (a mistaken call's result)
+SLIP_ERRORS = ("error: no {label} '{v}'", "not found: {v}", "{Label} '{v}' does not exist.",
+               "invalid {label}: '{v}' is unknown")
 NO_TOOL_FALLBACK = "Happy to help with that directly: it does not need any of my tools."
 # Answers to the no-tool requests with numbers (train side), worked out from them
 WORKED_ANSWERS = {
@@ -217,9 +222,52 @@ def write_conversation(task: SynthTask, tools: dict[str, Tool], outcomes: Outcom
     return messages + [{"role": "assistant", "content": answer}]
 
 
+def misspelt(value: str, rng: random.Random) -> str:
+    """``value`` as a small model miscopies it: a letter dropped, two swapped, a vowel
+    changed, or only its first word (never ``value`` itself)."""
+    for _ in range(8):
+        way, i = rng.randrange(4), rng.randrange(1, max(len(value) - 1, 2))
+        if way == 0:
+            near = value[:i] + value[i + 1:]
+        elif way == 1:
+            near = value[:i - 1] + value[i] + value[i - 1] + value[i + 1:]
+        elif way == 2:
+            vowels = [k for k, c in enumerate(value) if c in "aeiou"]
+            if not vowels:
+                continue
+            k = rng.choice(vowels)
+            near = value[:k] + rng.choice([v for v in "aeiou" if v != value[k]]) + value[k + 1:]
+        else:
+            near = value.split()[0]
+        if near != value and near.strip():
+            return near
+    return value + "x"
+
+
+def slip(task: SynthTask, tools: dict[str, Tool], rng: random.Random) -> list[dict] | None:
+    """A mistaken call to open the task's conversation, and its result: the first call with
+    a string argument the request gives miscopied (:func:`misspelt`), and an error that says
+    the value was not found. None for a task with no such argument."""
+    calls = task_calls(task, tools)
+    if not calls:
+        return None
+    tool, arguments = calls[0]
+    copied = [k for k, v in arguments.items() if isinstance(v, str) and len(v) >= 4
+              and v in task.task["prompt"]]
+    if not copied:
+        return None
+    key = rng.choice(copied)
+    wrong = misspelt(arguments[key], rng)
+    label = key.replace("_", " ")
+    error = rng.choice(SLIP_ERRORS).format(label=label, Label=label.capitalize(), v=wrong)
+    result = ToolResult(tool=tool.name, stdout="", stderr=error + "\n", exit_code=1)
+    return [call_message(tool, {**arguments, key: wrong}, 0),
+            {"role": "tool", "name": tool.name, "content": result.for_model()}]
+
+
 def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
-         seed: int = 0, replies: Mapping[str, str] | None = None, per_row: int = 1
-         ) -> list[dict]:
+         seed: int = 0, replies: Mapping[str, str] | None = None, per_row: int = 1,
+         slip_share: float = 0.0) -> list[dict]:
     """Training rows (``conversation_row``'s, plus ``task`` and ``kind``); ``replies`` as
     :func:`write_conversation` takes them.
 
@@ -227,8 +275,12 @@ def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: O
     turn, as a session in the agent's REPL does, in an order drawn from ``seed``. The
     catalogue's system prompt, most of a row's tokens, is then paid once for ``per_row``
     replies instead of once for each. Every reply is trained, the first on a fresh
-    conversation and the rest after unrelated earlier requests."""
-    rng = random.Random(f"{seed}:answers")
+    conversation and the rest after unrelated earlier requests.
+
+    ``slip_share`` of the tasks whose first call copies a string from the request open with
+    that call miscopied and its error (:func:`slip`); the mistake is not
+    trained, the recovery is."""
+    rng, slips = random.Random(f"{seed}:answers"), random.Random(f"{seed}:slips")
     by_name = {t.name: t for t in tools}
     order = list(tasks)
     if per_row > 1:
@@ -236,10 +288,16 @@ def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: O
     out = []
     for start in range(0, len(order), per_row):
         group = order[start:start + per_row]
-        messages = []
+        messages, untrained = [], []
         for task in group:
-            messages += write_conversation(task, by_name, outcomes, rng, replies)
-        out.append({**conversation_row(lm, fmt, tools, messages),
+            written = write_conversation(task, by_name, outcomes, rng, replies)
+            mistake = (slip(task, by_name, slips)
+                       if slip_share and slips.random() < slip_share else None)
+            if mistake:  # after the request; context for the call that recovers
+                untrained.append(len(messages) + 1)
+                written = written[:1] + mistake + written[1:]
+            messages += written
+        out.append({**conversation_row(lm, fmt, tools, messages, untrained),
                     "task": ",".join(t.task["id"] for t in group),
                     "kind": "+".join(t.kind for t in group)})
     return out

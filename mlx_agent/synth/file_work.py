@@ -8,7 +8,11 @@ word, count its lines, list a folder, find a word, ask whether a file mentions o
 or create a file), each with the one call that serves it and how the answer is made from
 that call's result; :func:`conversations` runs every call on a fresh copy of the folder with
 the real built-in tool and writes request -> call -> result -> answer, for
-:func:`mlx_agent.written_rows.conversation_row`. Synthesis (:mod:`.tasks`) phrases a
+:func:`mlx_agent.written_rows.conversation_row`. Some requests can open with a mistaken
+call (a misspelt path, a folder read as a file, a search in a made-up folder) that really
+fails, followed by the right one: the row trains the recovery, not the mistake
+(``FileTask.untrained``); some name a file that is not there, and the answer says so
+rather than inventing its contents. Synthesis (:mod:`.tasks`) phrases a
 request from a tool's own name and description ("Call read_file with memo.txt as the
 path"); this phrases it as a user asks for file work ("What's the budget in memo.txt?").
 
@@ -20,6 +24,7 @@ what users ask (they are templates), or a result's meaning beyond what the answe
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,12 +62,26 @@ _WORDS = tuple(w for w in P.split(P.WORDS, P.TRAIN) if w != "falcon")
 _SENTENCES = P.split(P.SENTENCES, P.TRAIN)
 
 
+# what a mistaken call names instead of a folder or a file the request gave
+WRONG_NAMES = ("files", "all", "folder", "here", "directory", "everything")
+MISSING_ANSWERS = ("There is no file named {p} here.", "I couldn't find {p}: it does not exist.",
+                   "{p} does not exist, so I can't read it.")
+
+
 @dataclass(frozen=True)
 class FileTask:
     prompt: str
     kind: str
     call: tuple[str, dict]  # the built-in tool's name and arguments
-    answer: Callable[[str], str]  # the answer, made from the call's stdout (exit 0)
+    answer: Callable[[str], str]  # the answer, made from the call's stdout (its stderr: fails)
+    # a mistaken call made first, which fails; ``call`` then recovers from its error
+    slip: tuple[str, dict] | None = None
+    fails: bool = False  # the call itself fails (the file does not exist): the answer says so
+
+    @property
+    def untrained(self) -> tuple[int, ...]:
+        """The conversation's replies that are context, not training: the mistaken call."""
+        return (1,) if self.slip else ()
 
 
 def make_folder(root: Path, rng: random.Random) -> dict[str, str]:
@@ -113,16 +132,79 @@ def _matches(stdout: str) -> list[tuple[str, str]]:
             (line.split(":", 2) for line in stdout.splitlines()) if len(parts) == 3]
 
 
-def file_tasks(files: dict[str, str], rng: random.Random, n: int) -> list[FileTask]:
+def file_tasks(files: dict[str, str], rng: random.Random, n: int, *, slip_share: float = 0.0,
+               missing_share: float = 0.0) -> list[FileTask]:
     """``n`` requests over the folder ``files`` describes (as :func:`make_folder` returns),
-    of kinds drawn in turn."""
+    of kinds drawn in turn. ``slip_share`` of them open with a mistaken call (a misspelt or
+    made-up path, a folder read as a file) whose error the right call then recovers from;
+    ``missing_share`` ask about a file that is not there, and the answer says so."""
     makers = [_fact, _show, _first, _lines, _listing, _search, _mentions, _write]
     out = []
     while len(out) < n:
+        if missing_share and rng.random() < missing_share:
+            out.append(_missing(files, rng))
+            continue
         task = rng.choice(makers)(files, rng)
-        if task is not None:
-            out.append(task)
+        if task is None:
+            continue
+        if slip_share and rng.random() < slip_share:
+            task = _slipped(task, files, rng)
+        out.append(task)
     return out
+
+
+def _misspelt(path: str, files: dict[str, str], rng: random.Random) -> str:
+    """A path near ``path`` that names nothing in the folder: a letter dropped, the other
+    extension, a plural, or the folder left out."""
+    folder, _, name = path.rpartition("/")
+    stem, _, ext = name.rpartition(".")
+    taken = set(files) | {p.split("/")[0] for p in files}
+    for _ in range(8):
+        way = rng.randrange(4)
+        if way == 0 and len(stem) > 3:
+            i = rng.randrange(1, len(stem))
+            near = f"{stem[:i]}{stem[i + 1:]}.{ext}"
+        elif way == 1:
+            near = f"{stem}.{dict(txt='md', md='txt').get(ext, 'txt')}"
+        elif way == 2:
+            near = f"{stem}s.{ext}"
+        else:
+            near = name
+        near = f"{folder}/{near}" if folder and way != 3 else near
+        if near not in taken:
+            return near
+    return f"{stem}-old.{ext}"
+
+
+def _slipped(task: FileTask, files: dict[str, str], rng: random.Random) -> FileTask:
+    """``task`` opened by a call that fails as a small model's do (the call still serves
+    the request once its error is read); a write has no such slip and stays as it is."""
+    name, args = task.call
+    if name == "read_file":
+        path = args["path"]
+        folder = path.rpartition("/")[0]
+        slip = ("read_file", {"path": folder if folder and rng.random() < 0.3
+                              else _misspelt(path, files, rng)})
+    elif name == "list_files":
+        slip = ("read_file", {"path": args.get("path") or rng.choice(WRONG_NAMES)})
+    elif name == "grep" and "path" in args:
+        slip = ("grep", {"pattern": args["pattern"],
+                         "path": _misspelt(args["path"], files, rng)})
+    elif name == "grep":
+        slip = ("grep", {"pattern": args["pattern"],
+                         "path": rng.choice(WRONG_NAMES + (args["pattern"].lower(),))})
+    else:
+        return task
+    return dataclasses.replace(task, kind=f"{task.kind}-recovered", slip=slip)
+
+
+def _missing(files, rng):
+    path = _misspelt(rng.choice(sorted(files)), files, rng)
+    prompt = rng.choice(("Print {p}.", "What does {p} say?", "Open {p} for me.",
+                         "Read {p}.")).format(p=path)
+    template = rng.choice(MISSING_ANSWERS)
+    return FileTask(prompt, "missing", ("read_file", {"path": path}),
+                    lambda _err: template.format(p=path), fails=True)
 
 
 def _fact(files, rng):
@@ -247,19 +329,29 @@ def _write(files, rng):
 
 def conversations(tools: Sequence[Tool], folder: Path, tasks: Sequence[FileTask],
                   sandbox=None, timeout: float = 10.0) -> list[tuple[FileTask, list[dict]]]:
-    """Each task with its conversation, the call run by the built-in tool of ``tools`` over
-    a fresh copy of ``folder``; a task whose call fails is left out."""
+    """Each task with its conversation, each call run by the built-in tool of ``tools``
+    over a fresh copy of ``folder``; a task whose call does not end as it should (a slip
+    that succeeds, a call that fails unless the task expects it to) is left out. Train on
+    a conversation's replies except those at ``task.untrained``."""
     by_name = {t.name: t for t in tools}
     out = []
     for n, task in enumerate(tasks):
+        messages = [{"role": "user", "content": task.prompt}]
+        if task.slip:
+            name, arguments = task.slip
+            result = run_on_copy(by_name[name], arguments, folder, sandbox=sandbox,
+                                 timeout=timeout)
+            if result.exit_code == 0 or result.timed_out:
+                continue
+            messages += [call_message(by_name[name], arguments, n),
+                         {"role": "tool", "name": name, "content": result.for_model()}]
         name, arguments = task.call
-        tool = by_name[name]
-        result = run_on_copy(tool, arguments, folder, sandbox=sandbox, timeout=timeout)
-        if result.exit_code != 0 or result.timed_out:
+        result = run_on_copy(by_name[name], arguments, folder, sandbox=sandbox, timeout=timeout)
+        if (result.exit_code != 0) != task.fails or result.timed_out:
             continue
-        out.append((task, [
-            {"role": "user", "content": task.prompt},
-            call_message(tool, arguments, n),
+        said = result.stderr if task.fails else result.stdout
+        out.append((task, messages + [
+            call_message(by_name[name], arguments, n),
             {"role": "tool", "name": name, "content": result.for_model()},
-            {"role": "assistant", "content": task.answer(result.stdout)}]))
+            {"role": "assistant", "content": task.answer(said)}]))
     return out
