@@ -34,8 +34,8 @@ def conversation_row(lm, fmt: Format, tools: Sequence[Tool], messages: list[dict
     replies = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     if not replies or replies[-1] != len(messages) - 1:
         raise RowError("a written conversation must end with an assistant reply")
-    if replies[-1] in untrained:
-        raise RowError("a written conversation's last reply must be trained")
+    if not set(untrained) <= set(replies[:-1]):
+        raise RowError("untrained replies must be assistant messages before the last")
     if fmt.name != "json":  # templates: replies are kept as the text the model writes
         messages = [{"role": "assistant", "content": fmt.reply_text(m)}
                     if m["role"] == "assistant" else m for m in messages]

@@ -189,6 +189,30 @@ def test_a_slipped_task_trains_the_recovery_and_not_the_mistake(tiny_lm, made):
         assert learned == [t for m in trained
                            for t in tiny_lm.encode_text(fmt.reply_text(m)) + [end]]
         assert after["messages"][3:] == before["messages"][1:]
+    # asked in turn in one row: each task's mistake is left out, wherever it falls
+    packed = rows(tiny_lm, fmt, tools, tasks, Outcomes(), per_row=3, slip_share=1.0)
+    for r in packed:
+        replies = [m for m in r["messages"] if m["role"] == "assistant"]
+        mistakes = [m for m in replies if m.get("tool_calls") and
+                    m["tool_calls"][0]["id"] == "call_slip"]
+        assert len(mistakes) == len(r["task"].split(",")) > 1
+        learned = [t for t, m in zip(r["input_ids"], r["loss_mask"]) if m]
+        assert learned == [t for m in replies if m not in mistakes
+                           for t in tiny_lm.encode_text(fmt.reply_text(m)) + [end]]
+
+
+def test_a_slip_leaves_values_the_grammar_fixes_alone(made):
+    """An enum's value is never the one miscopied: the grammar would not let it be."""
+    from mlx_agent.synth.conversations import slip
+
+    tools, s = made
+    by_name = {t.name: t for t in tools}
+    rng = random.Random(1)
+    for task in [t for t in s.train if "get_weather" in t.tools]:
+        mistake = slip(task, by_name, rng)
+        if mistake:
+            wrong = json.loads(mistake[0]["tool_calls"][0]["function"]["arguments"])
+            assert wrong.get("unit") in (None, "celsius", "fahrenheit")
 
 
 def test_misspelt_values_are_never_the_value():

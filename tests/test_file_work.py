@@ -85,15 +85,16 @@ def test_writes_leave_the_folder_alone(tmp_path):
     assert on_disk == set(files)  # each call ran on a fresh copy
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_held_out_file_set_shares_no_request_or_name(tmp_path, seed):
+@pytest.mark.parametrize("shares", [{}, {"slip_share": 0.4, "missing_share": 0.1}])
+@pytest.mark.parametrize("seed", range(10))
+def test_held_out_file_set_shares_no_request_or_name(tmp_path, seed, shares):
     """examples/files is the hand-written held-out set: no generated request is one of its
     requests, and no generated folder has its files or its marked words."""
     held = [json.loads(line) for line in (HELD_OUT / "tasks.jsonl").read_text().splitlines()]
     prompts = {t["prompt"] for t in held}
     held_files = {p.relative_to(HELD_OUT / "fixture").as_posix()
                   for p in (HELD_OUT / "fixture").rglob("*") if p.is_file()}
-    folder, files, convs = made(tmp_path, seed, slip_share=0.4, missing_share=0.1)
+    folder, files, convs = made(tmp_path, seed, **shares)
     assert not prompts & {t.prompt for t, _ in convs}
     assert not held_files & set(files)
     text = " ".join(files.values()) + " ".join(t.prompt for t, _ in convs)
@@ -122,7 +123,26 @@ def test_slips_fail_and_the_call_after_them_recovers(tmp_path):
             elif task.fails:
                 path = task.call[1]["path"]
                 assert path not in files and results[0]["exit_code"] != 0
+                stem = path.rpartition(".")[0]  # unlike any file's name, not a slip's
+                assert all(stem.rstrip("s") != f.rpartition("/")[2].rpartition(".")[0]
+                           .rstrip("s") for f in files)
                 assert path in messages[-1]["content"] and task.untrained == ()
             else:
                 assert results[0]["exit_code"] == 0 and task.untrained == ()
     assert kinds["recovered"] > 20 and kinds["missing"] > 10
+
+
+def test_a_file_rows_mask_leaves_the_mistake_out(tmp_path, tiny_lm):
+    from mlx_agent.formats import make_format
+    from mlx_agent.written_rows import conversation_row
+
+    folder, files, convs = made(tmp_path, 2, n=30, slip_share=0.5)
+    tools = builtin_tools(tmp_path)
+    fmt = make_format("json", tiny_lm)
+    task, messages = next((t, m) for t, m in convs if t.slip)
+    row = conversation_row(tiny_lm, fmt, tools, messages, task.untrained)
+    learned = tiny_lm.decode([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m])
+    mistake = json.loads(messages[1]["tool_calls"][0]["function"]["arguments"])
+    right = json.loads(messages[3]["tool_calls"][0]["function"]["arguments"])
+    assert learned.count(json.dumps(mistake, separators=(",", ":"))[1:-1]) == 0
+    assert json.dumps(right, separators=(",", ":"))[1:-1] in learned

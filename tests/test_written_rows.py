@@ -85,5 +85,6 @@ def test_untrained_replies_are_context_only(tiny_lm):
     learned = tiny_lm.decode([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m])
     assert "It failed." in learned and "hj" not in learned
     assert "hj" in tiny_lm.decode([t for t, m in zip(full["input_ids"], full["loss_mask"]) if m])
-    with pytest.raises(RowError, match="last reply must be trained"):
-        conversation_row(tiny_lm, fmt, ECHO, messages, untrained=(3,))
+    for wrong in (3, 2, 0, 9):  # the last reply, a tool message, the request, none
+        with pytest.raises(RowError, match="assistant messages before the last"):
+            conversation_row(tiny_lm, fmt, ECHO, messages, untrained=(wrong,))

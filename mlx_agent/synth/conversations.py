@@ -74,6 +74,8 @@ NO_TOOL_ANSWERS = {
 OUTSIDE_ANSWERS = ("I can't {action}: none of my tools does that.",
                    "Sorry, I have no tool to {action}.",
                    "None of the tools I have can {action}, so I can't do that here.")
+# what keeps a string parameter's value from being miscopied under the grammar
+FIXED = frozenset({"enum", "const", "pattern", "format"})
 # A tool's error for a value it does not know (a mistaken call's result)
 SLIP_ERRORS = ("error: no {label} '{v}'", "not found: {v}", "{Label} '{v}' does not exist.",
                "invalid {label}: '{v}' is unknown")
@@ -173,8 +175,9 @@ def task_calls(task: SynthTask, tools: dict[str, Tool]) -> list[tuple[Tool, dict
     return out
 
 
-def call_message(tool: Tool, arguments: dict, n: int) -> dict:
-    """The assistant message that makes the ``n``-th call, as a client writes it."""
+def call_message(tool: Tool, arguments: dict, n: int | str) -> dict:
+    """The assistant message that makes the ``n``-th call (its id ``call_{n}``), as a
+    client writes it."""
     return {"role": "assistant", "content": None, "tool_calls": [{
         "id": f"call_{n}", "type": "function",
         "function": {"name": tool.name, "arguments": json.dumps(arguments, ensure_ascii=False)}}]}
@@ -247,13 +250,19 @@ def misspelt(value: str, rng: random.Random) -> str:
 def slip(task: SynthTask, tools: dict[str, Tool], rng: random.Random) -> list[dict] | None:
     """A mistaken call to open the task's conversation, and its result: the first call with
     a string argument the request gives miscopied (:func:`misspelt`), and an error that says
-    the value was not found. None for a task with no such argument."""
+    the value was not found. None for a task with no such argument. The error is written,
+    not run (a tool that runs may well accept the miscopied value): what the row teaches is
+    the recovery from it."""
     calls = task_calls(task, tools)
     if not calls:
         return None
     tool, arguments = calls[0]
+    props = as_schema(tool.parameters).get("properties", {})
+    # strings the request gives and the grammar leaves free (it would keep an enum's,
+    # a constant's or a pattern's value from being miscopied at all)
     copied = [k for k, v in arguments.items() if isinstance(v, str) and len(v) >= 4
-              and v in task.task["prompt"]]
+              and v in task.task["prompt"]
+              and not FIXED.intersection(as_schema(props.get(k, {})))]
     if not copied:
         return None
     key = rng.choice(copied)
@@ -261,7 +270,7 @@ def slip(task: SynthTask, tools: dict[str, Tool], rng: random.Random) -> list[di
     label = key.replace("_", " ")
     error = rng.choice(SLIP_ERRORS).format(label=label, Label=label.capitalize(), v=wrong)
     result = ToolResult(tool=tool.name, stdout="", stderr=error + "\n", exit_code=1)
-    return [call_message(tool, {**arguments, key: wrong}, 0),
+    return [call_message(tool, {**arguments, key: wrong}, "slip"),
             {"role": "tool", "name": tool.name, "content": result.for_model()}]
 
 
@@ -274,8 +283,8 @@ def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: O
     ``per_row`` tasks make one row: one conversation in which the user asks for each in
     turn, as a session in the agent's REPL does, in an order drawn from ``seed``. The
     catalogue's system prompt, most of a row's tokens, is then paid once for ``per_row``
-    replies instead of once for each. Every reply is trained, the first on a fresh
-    conversation and the rest after unrelated earlier requests.
+    replies instead of once for each. Every reply is trained (but a mistaken call, below),
+    the first on a fresh conversation and the rest after unrelated earlier requests.
 
     ``slip_share`` of the tasks whose first call copies a string from the request open with
     that call miscopied and its error (:func:`slip`); the mistake is not

@@ -136,7 +136,8 @@ def file_tasks(files: dict[str, str], rng: random.Random, n: int, *, slip_share:
                missing_share: float = 0.0) -> list[FileTask]:
     """``n`` requests over the folder ``files`` describes (as :func:`make_folder` returns),
     of kinds drawn in turn. ``slip_share`` of them open with a mistaken call (a misspelt or
-    made-up path, a folder read as a file) whose error the right call then recovers from;
+    made-up path, a folder read as a file) whose error the right call then recovers from
+    (writes have none, and :func:`conversations` drops a slip that succeeds, so fewer do);
     ``missing_share`` ask about a file that is not there, and the answer says so."""
     makers = [_fact, _show, _first, _lines, _listing, _search, _mentions, _write]
     out = []
@@ -153,7 +154,7 @@ def file_tasks(files: dict[str, str], rng: random.Random, n: int, *, slip_share:
     return out
 
 
-def _misspelt(path: str, files: dict[str, str], rng: random.Random) -> str:
+def _misspelt_path(path: str, files: dict[str, str], rng: random.Random) -> str:
     """A path near ``path`` that names nothing in the folder: a letter dropped, the other
     extension, a plural, or the folder left out."""
     folder, _, name = path.rpartition("/")
@@ -176,6 +177,19 @@ def _misspelt(path: str, files: dict[str, str], rng: random.Random) -> str:
     return f"{stem}-old.{ext}"
 
 
+def _far(a: str, b: str) -> bool:
+    """Whether two names are more than one edit (a letter dropped, added or changed, or
+    an ending "s") apart."""
+    if a == b or a.rstrip("s") == b.rstrip("s"):
+        return False
+    if abs(len(a) - len(b)) > 1:
+        return True
+    short, long = sorted((a, b), key=len)
+    if len(short) == len(long):
+        return sum(x != y for x, y in zip(a, b)) > 1
+    return not any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
 def _slipped(task: FileTask, files: dict[str, str], rng: random.Random) -> FileTask:
     """``task`` opened by a call that fails as a small model's do (the call still serves
     the request once its error is read); a write has no such slip and stays as it is."""
@@ -184,12 +198,12 @@ def _slipped(task: FileTask, files: dict[str, str], rng: random.Random) -> FileT
         path = args["path"]
         folder = path.rpartition("/")[0]
         slip = ("read_file", {"path": folder if folder and rng.random() < 0.3
-                              else _misspelt(path, files, rng)})
+                              else _misspelt_path(path, files, rng)})
     elif name == "list_files":
         slip = ("read_file", {"path": args.get("path") or rng.choice(WRONG_NAMES)})
     elif name == "grep" and "path" in args:
         slip = ("grep", {"pattern": args["pattern"],
-                         "path": _misspelt(args["path"], files, rng)})
+                         "path": _misspelt_path(args["path"], files, rng)})
     elif name == "grep":
         slip = ("grep", {"pattern": args["pattern"],
                          "path": rng.choice(WRONG_NAMES + (args["pattern"].lower(),))})
@@ -199,7 +213,11 @@ def _slipped(task: FileTask, files: dict[str, str], rng: random.Random) -> FileT
 
 
 def _missing(files, rng):
-    path = _misspelt(rng.choice(sorted(files)), files, rng)
+    """A request for a file that is not there, named unlike every file that is (a name one
+    edit from a real file is what a slip misspells, and its recovery reads the real one)."""
+    taken = {p.rpartition("/")[2].rpartition(".")[0] for p in files}
+    stems = [s for s in STEMS + CODE_STEMS if all(_far(s, t) for t in taken)]
+    path = f"{rng.choice(stems or ['nonexistent'])}.{rng.choice(('txt', 'md'))}"
     prompt = rng.choice(("Print {p}.", "What does {p} say?", "Open {p} for me.",
                          "Read {p}.")).format(p=path)
     template = rng.choice(MISSING_ANSWERS)
@@ -343,7 +361,7 @@ def conversations(tools: Sequence[Tool], folder: Path, tasks: Sequence[FileTask]
                                  timeout=timeout)
             if result.exit_code == 0 or result.timed_out:
                 continue
-            messages += [call_message(by_name[name], arguments, n),
+            messages += [call_message(by_name[name], arguments, f"{n}-slip"),
                          {"role": "tool", "name": name, "content": result.for_model()}]
         name, arguments = task.call
         result = run_on_copy(by_name[name], arguments, folder, sandbox=sandbox, timeout=timeout)
