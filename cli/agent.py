@@ -167,7 +167,7 @@ def repl(turn, json_out: bool = False) -> None:
 @cache_options
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
-          max_tokens, no_grammar, allow_repeat_calls, tool_timeout, tool_env, confirm_tools,
+          max_tokens, no_grammar, allow_repeat_calls, retry_after_error, tool_timeout, tool_env, confirm_tools,
           tool_choice, json_out, transcript, prompt_cache_dir, prompt_cache_max_bytes,
           prompt_cache_dtype,
           save_session, resume, trajectory_dir, trajectory_task, sandbox, allow_network,
@@ -211,7 +211,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed),
         confirm=_confirm if confirm_tools else None, grammar=not no_grammar,
-        tool_choice=choices, allow_repeat_calls=allow_repeat_calls)
+        tool_choice=choices, allow_repeat_calls=allow_repeat_calls,
+        retry_after_error=retry_after_error)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(transcript, "ab")) if transcript else None
         recorder = _recorder(trajectory_dir, trajectory_task, lm, config)

@@ -51,9 +51,14 @@ ALLOW_REPEAT_HELP = ("Let the model repeat a call that already ran in this turn 
                      "default the grammar no longer offers it).")
 
 
+RETRY_HELP = ("After a tool call fails, make the model's next reply a call (another one: "
+              "the loop guard keeps it from the same), up to N times a turn; 0 lets it "
+              "answer at once.")
+
+
 def loop_options(f):
-    """--protocol, --max-steps, --max-tokens, --no-grammar and --allow-repeat-calls: how
-    the agent loop runs."""
+    """--protocol, --max-steps, --max-tokens, --no-grammar, --allow-repeat-calls and
+    --retry-after-error: how the agent loop runs."""
     return _compose(
         protocol_option,
         click.option("--max-steps", type=click.IntRange(min=1), default=MAX_STEPS,
@@ -62,6 +67,8 @@ def loop_options(f):
         click.option("--no-grammar", is_flag=True,
                      help="Do not constrain replies to valid tool calls and answers."),
         click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP),
+        click.option("--retry-after-error", type=click.IntRange(min=0), default=1,
+                     show_default=True, metavar="N", help=RETRY_HELP),
     )(f)
 
 

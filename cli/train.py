@@ -124,7 +124,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @load_options
 @ray_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, temperature, batch, sandbox, allow_network,
+             no_grammar, allow_repeat_calls, retry_after_error, temperature, batch, sandbox, allow_network,
              mcp_commands, mcp_config, adapter, weights, context_length, ray_address,
              ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
@@ -151,7 +151,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks_file)))
     check_expected_tools(tasks_file, [t.name for t in served])
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
-                 "allow_repeat_calls": allow_repeat_calls,
+                 "allow_repeat_calls": allow_repeat_calls, "retry_after_error": retry_after_error,
                  "sampling": SamplingParams(temperature=temperature)}
     tally = WorkerTally()
     with runs_file(out) as rows, Progress(total, "eval", unit="run") as bar:

@@ -59,7 +59,7 @@ class Obliging:
 def run(lm, tools, protocol, replies, **config):
     rec = Recorder()
     a = Agent(lm, lm.engine(), tools, agent_format(protocol, lm),
-              AgentConfig(grammar=True, max_steps=4, **config), emit=rec,
+              AgentConfig(**{"grammar": True, "max_steps": 4, **config}), emit=rec,
               sampler=Obliging(lm, *replies))
     return a.ask("go"), rec
 

@@ -57,6 +57,12 @@ class AgentConfig:
     tool_choice: str | dict | Sequence[str | dict] = "auto"
     # the loop guard: within a turn, the grammar no longer offers a call that already ran
     allow_repeat_calls: bool = False
+    # after a call fails (an error result, a timeout; not one the user denied), the next
+    # reply must be a call, so the model tries another way (the loop guard keeps it from
+    # the same call) before it answers; at most this many times a turn, only where the
+    # choice is "auto" and a step is left for the answer. 0: the model may answer at once.
+    # Needs the grammar.
+    retry_after_error: int = 1
 
     def choice(self, step: int) -> str:
         tc = self.tool_choice
@@ -142,6 +148,8 @@ class Agent:
         self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(fmt.markers))
         self._constraints: dict[str, Constraint] = {}
         self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
+        self._failed, self._retries = False, 0  # the last step's calls failed; retries left
+        self._denied = False  # the user denied a call of this step
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
@@ -196,7 +204,7 @@ class Agent:
     def ask(self, text: str) -> Outcome:
         self.emit(ev.User(text=text))
         self.conversation.add_user(text)
-        self._made = []
+        self._made, self._failed, self._retries = [], False, self.config.retry_after_error
         stats, start = TurnStats(), time.perf_counter()
         end = _End("steps")
         for step in range(self.config.max_steps):
@@ -221,12 +229,18 @@ class Agent:
         except KeyboardInterrupt:  # during prefill: the engine repaired its cache
             return _End("interrupted")
         stats.synced(len(prompt), sync)
-        q = self._query(step)
+        choice = self.config.choice(step)
+        if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
+                and step + 1 < self.config.max_steps):
+            choice, self._retries = "required", self._retries - 1
+            stats.retried_steps += 1
+        q = self._query(choice)
         stats.generated_tokens += len(q.sampled)
         stats.guarded_steps += q.guarded_steps
         reply = self.fmt.parse(q.turn_text)
         self.emit(ev.Assistant(step=step, raw=q.raw))
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
+        self._denied = False
         results = [] if q.interrupted or not reply.calls else self._execute(reply.calls, stats)
         if self.log is not None:
             self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
@@ -237,13 +251,16 @@ class Agent:
                 return _End("context", reply.content, not reply.complete, "the context is full")
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
+        # a call the user denied is not one to try another way
+        self._failed = not self._denied and any(r.exit_code != 0 or r.timed_out
+                                                for r, _ in results)
         return None
 
-    def _query(self, step: int) -> _Query:
-        """Sample one reply until the scanner or the stop token ends it (Ctrl-C: the reply
-        so far stands)."""
+    def _query(self, choice: str) -> _Query:
+        """Sample one reply under the tool choice ``choice`` until the scanner or the stop
+        token ends it (Ctrl-C: the reply so far stands)."""
         scanner = self.fmt.scanner(parallel=self.fmt.name == "hermes")  # json: one call a reply
-        constraint = self._guarded(self._constraint(self.config.choice(step)))
+        constraint = self._guarded(self._constraint(choice))
         stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
                             max_tokens=self.config.max_tokens, stop_ids=self.lm.stop_ids,
                             constraint=constraint)
@@ -277,6 +294,7 @@ class Agent:
             valid = True
             if self.config.confirm and not self.config.confirm(call.name, call.arguments):
                 result = error_result(call.name, "the user denied this tool call")
+                self._denied = True
             else:
                 tool = self.tools[call.name]
                 result = self._withhold_markers(run_tool(

@@ -1,0 +1,72 @@
+"""Retry after an error: when a call fails, the agent's next reply must be a call (another
+one: the loop guard), so a small model tries another way before it answers; at most
+``retry_after_error`` times a turn, and never at the turn's last step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from mlx_agent.agent import events as ev
+from mlx_agent.chat import ChatFormat
+from mlx_agent.tools import parse_tools
+
+from .test_agent_loop import QWEN_LIKE
+from .test_loop_guard import run
+
+TOOLS = parse_tools(json.dumps([
+    {"name": "ping", "description": "Ping the server",
+     "parameters": {"type": "object", "properties": {}}, "_exec": "echo pong"},
+    {"name": "fail", "description": "Always fails",
+     "parameters": {"type": "object", "properties": {}}, "_exec": "echo nope >&2; exit 3"},
+    {"name": "fail_too", "description": "Fails as well",
+     "parameters": {"type": "object", "properties": {}}, "_exec": "exit 4"},
+]))
+
+
+def replies(protocol: str) -> list[str]:
+    if protocol == "json":
+        call = '{{"tool":"{}","arguments":{{}}}}'.format
+        return [call("fail"), '{"answer":"gave up"}', call("ping"), '{"answer":"pong"}']
+    call = '<tool_call>\n{{"name":"{}","arguments":{{}}}}\n</tool_call>'.format
+    return [call("fail"), "gave up", call("ping"), "pong"]
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_failed_call_is_followed_by_another_call(tiny_lm, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    out, rec = run(lm, TOOLS, protocol, replies(protocol))
+    # the answer the model tried after the failure was refused; it called ping instead
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail", "ping"]
+    assert [c.exit_code for c in rec.of(ev.ToolCall)] == [3, 0]
+    assert out.stats.retried_steps == 1 and out.stats.tool_errors == 1
+    assert out.answer == "pong"
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_zero_lets_the_model_answer_after_a_failure(tiny_lm, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    out, rec = run(lm, TOOLS, protocol, replies(protocol), retry_after_error=0)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail"]
+    assert out.answer == "gave up" and out.stats.retried_steps == 0
+
+
+def test_retries_are_counted_per_turn_and_leave_the_last_step_free(tiny_lm):
+    call = '{"tool":"fail","arguments":{}}'
+    # max_steps 2: the one step after the failure is the last, so it may answer
+    out, rec = run(tiny_lm, TOOLS, "json", [call, '{"answer":"stuck"}'], max_steps=2)
+    assert out.answer == "stuck" and out.stats.retried_steps == 0
+    # two failures, one retry allowed: the second failure may be answered
+    out, rec = run(tiny_lm, TOOLS, "json",
+                   [call, '{"answer":"a"}', '{"tool":"fail_too","arguments":{}}',
+                    '{"answer":"b"}'], max_steps=4)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail", "fail_too"]
+    assert out.stats.retried_steps == 1 and out.stats.tool_errors == 2 and out.answer == "b"
+
+
+def test_a_call_the_user_denied_is_not_retried(tiny_lm):
+    out, rec = run(tiny_lm, TOOLS, "json", replies("json"), confirm=lambda name, args: False)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail"]
+    assert out.answer == "gave up" and out.stats.retried_steps == 0
