@@ -70,3 +70,15 @@ def test_a_call_the_user_denied_is_not_retried(tiny_lm):
     out, rec = run(tiny_lm, TOOLS, "json", replies("json"), confirm=lambda name, args: False)
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail"]
     assert out.answer == "gave up" and out.stats.retried_steps == 0
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_no_other_call_left_lets_the_model_answer(tiny_lm, protocol):
+    """The one tool failed with the only arguments it takes: the loop guard leaves no call
+    to make, so the retry does not force one and the model answers."""
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    only = [t for t in TOOLS if t.name == "fail"]
+    script = replies(protocol)
+    out, rec = run(lm, only, protocol, [script[0], script[0], script[1]])
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail"]
+    assert out.answer == "gave up"

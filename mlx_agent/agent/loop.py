@@ -60,8 +60,9 @@ class AgentConfig:
     # after a call fails (an error result, a timeout; not one the user denied), the next
     # reply must be a call, so the model tries another way (the loop guard keeps it from
     # the same call) before it answers; at most this many times a turn, only where the
-    # choice is "auto" and a step is left for the answer. 0: the model may answer at once.
-    # Needs the grammar.
+    # choice is "auto", a step is left for the answer and the guard leaves a call to make
+    # (not when the one tool, which takes no arguments, just failed). 0: the model may
+    # answer at once. Needs the grammar.
     retry_after_error: int = 1
 
     def choice(self, step: int) -> str:
@@ -148,6 +149,7 @@ class Agent:
         self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(fmt.markers))
         self._constraints: dict[str, Constraint] = {}
         self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
+        self._called: set[str] = set()  # the tools they called
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
         self._denied = False  # the user denied a call of this step
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
@@ -204,7 +206,8 @@ class Agent:
     def ask(self, text: str) -> Outcome:
         self.emit(ev.User(text=text))
         self.conversation.add_user(text)
-        self._made, self._failed, self._retries = [], False, self.config.retry_after_error
+        self._made, self._called = [], set()
+        self._failed, self._retries = False, self.config.retry_after_error
         stats, start = TurnStats(), time.perf_counter()
         end = _End("steps")
         for step in range(self.config.max_steps):
@@ -231,7 +234,7 @@ class Agent:
         stats.synced(len(prompt), sync)
         choice = self.config.choice(step)
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
-                and step + 1 < self.config.max_steps):
+                and step + 1 < self.config.max_steps and self._call_left()):
             choice, self._retries = "required", self._retries - 1
             stats.retried_steps += 1
         q = self._query(choice)
@@ -302,6 +305,7 @@ class Agent:
                     env_names=self.config.tool_env, cwd=self.config.tool_cwd,
                     sandbox=self.config.sandbox))
                 self._made += refused_texts(self.fmt.name, tool, call.arguments)
+                self._called.add(tool.name)
         self.emit(ev.ToolCall(tool=result.tool, arguments=call.arguments, stdout=result.stdout,
                               stderr=result.stderr, exit_code=result.exit_code,
                               timed_out=result.timed_out, duration_sec=result.duration_sec))
@@ -327,6 +331,14 @@ class Agent:
             return error_result(result.tool, f"the tool output contains the reserved marker "
                                              f"{forged!r}; it was withheld")
         return result
+
+    def _call_left(self) -> bool:
+        """Whether the loop guard leaves a call to make: a tool not called this turn, or one
+        that takes arguments (other arguments are another call). A retry is forced only
+        then; else the guard would have to stand aside and let a call repeat."""
+        return self.config.allow_repeat_calls or any(
+            t.name not in self._called or t.parameters.get("properties")
+            for t in self.tools.values())
 
     def _guarded(self, constraint: Constraint | None) -> Constraint | None:
         """``constraint`` with this turn's calls excluded (the loop guard), when on."""
