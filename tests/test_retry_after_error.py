@@ -82,3 +82,15 @@ def test_no_other_call_left_lets_the_model_answer(tiny_lm, protocol):
     out, rec = run(lm, only, protocol, [script[0], script[0], script[1]])
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail"]
     assert out.answer == "gave up"
+
+
+def test_a_denial_beside_a_failure_still_retries(tiny_lm):
+    """Hermes, two calls in one reply: ``fail`` runs and fails, ``ping`` is denied; the
+    failure still makes the next step a call."""
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call = '<tool_call>\n{{"name":"{}","arguments":{{}}}}\n</tool_call>'.format
+    out, rec = run(lm, TOOLS, "hermes", [call("fail") + "\n" + call("ping"), "gave up",
+                                         call("fail_too"), "done"],
+                   confirm=lambda name, args: name != "ping")
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail", "ping", "fail_too"]
+    assert out.stats.retried_steps == 1

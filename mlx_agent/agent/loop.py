@@ -151,7 +151,7 @@ class Agent:
         self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
         self._called: set[str] = set()  # the tools they called
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
-        self._denied = False  # the user denied a call of this step
+        self._denied = False  # the user denied the call running now
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
@@ -243,7 +243,7 @@ class Agent:
         reply = self.fmt.parse(q.turn_text)
         self.emit(ev.Assistant(step=step, raw=q.raw))
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
-        self._denied = False
+        self._failed = False
         results = [] if q.interrupted or not reply.calls else self._execute(reply.calls, stats)
         if self.log is not None:
             self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
@@ -254,9 +254,6 @@ class Agent:
                 return _End("context", reply.content, not reply.complete, "the context is full")
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
-        # a call the user denied is not one to try another way
-        self._failed = not self._denied and any(r.exit_code != 0 or r.timed_out
-                                                for r, _ in results)
         return None
 
     def _query(self, choice: str) -> _Query:
@@ -283,8 +280,11 @@ class Agent:
         """Run the calls in order; returns each result with the text the model reads."""
         results = []
         for call in calls:
+            self._denied = False
             result, valid = self._run(call)
             stats.ran(result, valid)
+            # a failure to try another way after (a call the user denied is not one)
+            self._failed |= (result.exit_code != 0 or result.timed_out) and not self._denied
             content = result.for_model()
             self.emit(ev.ToolResult(tool=result.tool, content=content))
             results.append((result, content))
