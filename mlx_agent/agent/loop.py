@@ -61,7 +61,7 @@ class AgentConfig:
     # reply must be a call, so the model tries another way (the loop guard keeps it from
     # the same call) before it answers; at most this many times a turn, only where the
     # choice is "auto", a step is left for the answer and the guard leaves a call to make
-    # (not when the one tool, which takes no arguments, just failed). 0: the model may
+    # (not when every tool takes no arguments and has run this turn). 0: the model may
     # answer at once. Needs the grammar.
     retry_after_error: int = 1
 
@@ -151,7 +151,6 @@ class Agent:
         self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
         self._called: set[str] = set()  # the tools they called
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
-        self._denied = False  # the user denied the call running now
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
@@ -280,24 +279,24 @@ class Agent:
         """Run the calls in order; returns each result with the text the model reads."""
         results = []
         for call in calls:
-            self._denied = False
-            result, valid = self._run(call)
+            result, valid, denied = self._run(call)
             stats.ran(result, valid)
             # a failure to try another way after (a call the user denied is not one)
-            self._failed |= (result.exit_code != 0 or result.timed_out) and not self._denied
+            self._failed |= (result.exit_code != 0 or result.timed_out) and not denied
             content = result.for_model()
             self.emit(ev.ToolResult(tool=result.tool, content=content))
             results.append((result, content))
         return results
 
-    def _run(self, call: Call) -> tuple[ToolResult, bool]:
-        """Run one call if it is valid; returns the result and whether the call was valid."""
-        result, valid = self._check(call), False
+    def _run(self, call: Call) -> tuple[ToolResult, bool, bool]:
+        """Run one call if it is valid and not denied; returns the result, whether the call
+        was valid and whether the user denied it."""
+        result, valid, denied = self._check(call), False, False
         if result is None:
             valid = True
             if self.config.confirm and not self.config.confirm(call.name, call.arguments):
                 result = error_result(call.name, "the user denied this tool call")
-                self._denied = True
+                denied = True
             else:
                 tool = self.tools[call.name]
                 result = self._withhold_markers(run_tool(
@@ -309,7 +308,7 @@ class Agent:
         self.emit(ev.ToolCall(tool=result.tool, arguments=call.arguments, stdout=result.stdout,
                               stderr=result.stderr, exit_code=result.exit_code,
                               timed_out=result.timed_out, duration_sec=result.duration_sec))
-        return result, valid
+        return result, valid, denied
 
     def _check(self, call: Call) -> ToolResult | None:
         """The error result for a call that must not run, or None for a valid one."""
