@@ -211,6 +211,42 @@ def test_leave_a_setuid_program_where_the_walk_might_not_look(mode, area, where)
     escaped(mode, bool(left), r)
 
 
+def test_leave_a_repository_and_a_setuid_program_past_the_walks_limit(mode, area, monkeypatch):
+    """A root with more entries than the walk checks (the review's repro: 50,001 files, then
+    a repository and a setuid program behind them) is read-only for the call: fail closed."""
+    from mlx_agent.tools import leftovers
+
+    monkeypatch.setattr(leftovers, "MAX_ENTRIES", 40)  # 50,000 in use: the same path
+    root = area / "root"
+    (root / "f").mkdir()
+    for i in range(60):
+        (root / "f" / str(i)).touch()
+    hook = '[core]\\n\\tfsmonitor = \\"touch /tmp/owned; false\\"\\n'
+    r = run(mode, f'mkdir -p z/.git/objects z/.git/refs && echo "ref: refs/heads/main" > '
+                  f'z/.git/HEAD && printf "{hook}" > z/.git/config; cp /bin/true z/t && '
+                  f'chmod 4755 z/t', root)
+    repo = (root / "z" / ".git" / "config").exists()
+    setuid = (root / "z" / "t").exists() and (root / "z" / "t").stat().st_mode & 0o4000
+    escaped(mode, repo or bool(setuid), r)
+    if mode == "bwrap":
+        assert "read-only for this call" in r.stderr, r
+
+
+def test_what_the_sandbox_undid_is_said_in_a_bounded_result(area):
+    """A tool that leaves many setuid programs gets its bits cleared, and at most
+    MAX_NOTES lines (and a count of the rest) in its result, not one line each."""
+    from mlx_agent.tools.executor import MAX_NOTES
+
+    if BWRAP_MISSING:
+        pytest.skip(BWRAP_MISSING)
+    r = run("bwrap", "for i in $(seq 300); do cp /bin/true t$i && chmod 4755 t$i; done",
+            area / "root")
+    left = [p for p in (area / "root").iterdir() if p.stat().st_mode & 0o4000]
+    assert not left and len(list((area / "root").iterdir())) == 300
+    lines = [l for l in r.stderr.splitlines() if l.startswith("sandbox:")]
+    assert len(lines) == MAX_NOTES + 1 and "and 280 more" in lines[-1], r.stderr[-300:]
+
+
 def test_leave_a_setuid_program(mode, area):
     # files a tool writes are the runtime's user's (root, in a container): a setuid bit
     # left on one lets any local user run it as that user

@@ -135,6 +135,9 @@ _ARG_ROOM = 100_000
 _FROM_STDIN = 'exec 3<&0 </dev/null; s=$(cat <&3); exec 3<&-; eval "$s"'
 
 
+MAX_NOTES = 20  # the sandbox's lines of what it undid, in a tool's result
+
+
 def run_process(
     argv: Sequence[str],
     *,
@@ -161,14 +164,16 @@ def run_process(
                                   f"{e.strerror or e}")
     try:
         with sandbox.command(argv, cwd, tool_env() if env is None else env,
-                             repositories=before.repositories) as (argv, env):
+                             repositories=before.read_only) as (argv, env):
             result = _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap,
                           stdin=stdin)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
-    notes = leftovers.clean(roots, before, since)
+    notes = before.notes + leftovers.clean(roots, before, since)
     if not notes:
         return result
+    if len(notes) > MAX_NOTES:  # a tool that leaves thousands must not flood the context
+        notes = notes[:MAX_NOTES] + [f"and {len(notes) - MAX_NOTES} more like these"]
     said = "\n".join(f"sandbox: {note}" for note in notes)
     return msgspec.structs.replace(result, stderr=f"{result.stderr.rstrip()}\n{said}".lstrip())
 

@@ -17,8 +17,8 @@ is new (repositories by inode, so a folder moved aside keeps its own), returning
 thing undone for the tool's result: about 0.1 s and 0.3 s for a tree of 43,000 entries here.
 The walk goes by directory descriptors (no path is too long) and does not follow links.
 
-Not promised: the walk stops after :data:`MAX_ENTRIES` entries per root (the result then
-says so); between the tool's exit and the clean-up (milliseconds) the files exist; git's
+A root of more than :data:`MAX_ENTRIES` entries is not walked to the end: it is read-only
+for the call (fail closed), and the result says so. Not promised: between the tool's exit and the clean-up (milliseconds) the files exist; git's
 ``commondir`` layouts are not looked for; other files that act later (a Makefile, a shell rc
 file, an editor's project settings) are the user's to review, as with any code a tool writes.
 """
@@ -41,6 +41,14 @@ _BARE = ("HEAD", "objects", "refs")  # any kind of entry: git accepts a HEAD sym
 class Found:
     repositories: dict[str, tuple[int, int]] = field(default_factory=dict)  # path: (dev, inode)
     notes: list[str] = field(default_factory=list)  # what was undone, or could not be
+    # roots past MAX_ENTRIES before a call: not checked, so read-only for it (fail closed)
+    too_big: list[str] = field(default_factory=list)
+
+    @property
+    def read_only(self) -> list[str]:
+        """What the sandbox binds read-only for the call: the repositories and the roots
+        too big to check."""
+        return [*self.repositories, *self.too_big]
 
 
 def _exists(name: str, dir_fd: int) -> bool:
@@ -152,6 +160,11 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
                 if after:
                     found.notes.append(f"checked only the first {MAX_ENTRIES} entries of "
                                        f"{root} for git repositories and set-id files")
+                else:
+                    found.too_big.append(root)
+                    found.notes.append(f"{root} holds more than {MAX_ENTRIES} entries, too many "
+                                       "to check for git repositories and set-id files, so it "
+                                       "was read-only for this call (give a smaller --root)")
                 break
     return found
 
@@ -202,6 +215,7 @@ def clean(roots: Sequence[str], before: Found, since: float) -> list[str]:
     """Undo what a call that started at ``since`` (``time.time()``) left, as :func:`scan`
     does with ``before``; one line each, for the tool's result. Never raises: a check that
     cannot finish says so."""
+    roots = [r for r in roots if r not in before.too_big]  # read-only: nothing was left
     try:
         return scan(roots, known=before.repositories, since=since - 1.0).notes  # coarse clocks
     except (OSError, RecursionError, MemoryError) as e:
