@@ -159,7 +159,9 @@ def config(app, request_timeout: float = REQUEST_TIMEOUT,
         "request_timeout": request_timeout,
         "max_connections": connection_cap(max_connections)})
     # backlog: how many connections asyncio accepts in one go before any is refused; each
-    # takes a descriptor, so it must stay well inside the spare ones
+    # takes a descriptor, so it must stay well inside the spare ones. uvicorn also listens
+    # again with it, so it is the kernel's queue of connections not yet accepted too (the
+    # CLI listens with the same 128): a burst past it waits for the client's SYN retry.
     return uvicorn.Config(app, http=protocol, log_level="warning", timeout_graceful_shutdown=5,
                           backlog=_ACCEPT_BATCH)
 
