@@ -10,7 +10,7 @@ import math
 
 import click
 
-from mlx_agent.agent.limits import MAX_STEPS, MAX_TOKENS
+from mlx_agent.agent.limits import MAX_STEPS, MAX_TOKENS, RETRY_AFTER_ERROR
 from mlx_agent.formats import NAMES as PROTOCOLS
 from mlx_agent.models.registry import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV, default_adapter
 
@@ -67,8 +67,8 @@ def loop_options(f):
         click.option("--no-grammar", is_flag=True,
                      help="Do not constrain replies to valid tool calls and answers."),
         click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP),
-        click.option("--retry-after-error", type=click.IntRange(min=0), default=1,
-                     show_default=True, metavar="N", help=RETRY_HELP),
+        click.option("--retry-after-error", type=click.IntRange(min=0),
+                     default=RETRY_AFTER_ERROR, show_default=True, metavar="N", help=RETRY_HELP),
     )(f)
 
 

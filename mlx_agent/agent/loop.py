@@ -33,7 +33,7 @@ from ..tokenizer import special_tokens
 from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
 from . import events as ev
 from .conversation import Conversation
-from .limits import MAX_STEPS, MAX_TOKENS
+from .limits import MAX_STEPS, MAX_TOKENS, RETRY_AFTER_ERROR
 from .recording import TrajectoryLog
 
 Confirm = Callable[[str, dict], bool]
@@ -63,7 +63,7 @@ class AgentConfig:
     # choice is "auto", a step is left for the answer and the guard leaves a call to make
     # (not when every tool takes no arguments and has run this turn). 0: the model may
     # answer at once. Needs the grammar.
-    retry_after_error: int = 1
+    retry_after_error: int = RETRY_AFTER_ERROR
 
     def choice(self, step: int) -> str:
         tc = self.tool_choice
