@@ -47,6 +47,18 @@ class Group(click.Group):
         return name, cmd, rest
 
     def invoke(self, ctx):
+        from . import paths  # paths raises this module's UserError
+        try:
+            return self._invoke(ctx)
+        except click.exceptions.Exit as e:
+            if e.exit_code:
+                paths.remove_made()
+            raise
+        except BaseException:  # a failed command leaves no empty folders its checks made
+            paths.remove_made()
+            raise
+
+    def _invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except UserFacingError as e:

@@ -4,6 +4,10 @@ A run of minutes must not end in a traceback because its ``--out`` cannot be wri
 command checks its output paths before it loads the model, by writing there (a temporary
 file, removed), which is the only test that covers permissions, read-only mounts and places
 such as ``/proc``. A failure is one line that names the option and the path.
+
+A directory the check creates is made when it is checked (an ``--out`` may lie inside a
+``--trajectory-dir``) and remembered: :func:`remove_made` removes those still empty when the
+command fails, so a run that stops early leaves no empty folders behind.
 """
 
 from __future__ import annotations
@@ -41,11 +45,16 @@ def writable_file(path: str | None, option: str) -> None:
     _probe(parent, option, path)
 
 
+_made: list[Path] = []  # directories writable_dir created, parents first
+
+
 def writable_dir(path: str | None, option: str) -> None:
     """``path`` is (or is now created as, as the command would) a directory files can be
     written in."""
     if not path:
         return
+    missing = [p for p in (Path(path).absolute(), *Path(path).absolute().parents)
+               if not os.path.lexists(p)]
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -53,7 +62,19 @@ def writable_dir(path: str | None, option: str) -> None:
     except OSError as e:
         raise UserError(f"{option} {path}: cannot create the directory "
                         f"({e.strerror or e}); choose a place you can write") from None
+    finally:
+        _made.extend(p for p in reversed(missing) if p.is_dir())
     _probe(Path(path), option, path)
+
+
+def remove_made() -> None:
+    """Removes the directories the checks created that are still empty, deepest first (a
+    directory something was written in stays, and so do its parents)."""
+    while _made:
+        try:
+            _made.pop().rmdir()
+        except OSError:
+            pass
 
 
 def appendable_file(path: str | None, option: str) -> None:

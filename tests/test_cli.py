@@ -256,6 +256,11 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval", "--tasks", "{tasks}", "--out", "{tmp}"], "is a directory"),
     (["eval", "--tasks", "{tasks}", "--trajectory-dir", "/proc/x"], "--trajectory-dir"),
     (["eval-bfcl", "--out", "/proc/x/b.jsonl"], "--out /proc/x/b.jsonl"),
+    # a run that fails after its checks leaves no empty folder they made
+    (["agent", "/no/model", "--tools", ECHO, "--single", "hi", "--trajectory-dir",
+      "{tmp}/runs/a"], "no model at '/no/model'"),
+    (["eval", "/no/model", "--tasks", "{tasks}", "--trajectory-dir", "{tmp}/runs",
+      "--out", "{tmp}/runs/o.jsonl"], "no model at '/no/model'"),
     (["sft", "--data", "{tasks}", "--out", "/proc/x"], "--out /proc/x: cannot create"),
     (["traces-to-data", "{tmp}", "--out", "{tmp}/sft.jsonl"], "holds no .atraj files"),
     # numbers that are not numbers
