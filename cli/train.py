@@ -114,7 +114,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Write each run's .atraj here, with its reward.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSONL file: one row per run (task, seed, reward, calls, turns, answered, "
-                   "seconds).")
+                   "tool_errors, guarded_steps, retried_steps, seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=Finite(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,

@@ -205,8 +205,9 @@ def score(category: str, tool_mode: str, questions: list[dict], answers: Iterabl
 
 
 def question_row(item: dict) -> dict:
-    """A question's row in ``eval-bfcl --runs``, as ``eval --out`` writes a run's: the same
-    however the questions were distributed, apart from ``seconds``."""
+    """A question's row in ``eval-bfcl --runs``, as ``eval --out`` writes a run's (less its
+    tool counts: BFCL's calls are scored, not run): the same however the questions were
+    distributed, apart from ``seconds``."""
     row = {"task": item["id"], "seed": 0, "reward": float(item["ok"]),
            "calls": len(item["calls"]), "turns": item["hops"],
            "answered": not item["calls"], "seconds": round(item["seconds"], 3)}

@@ -81,13 +81,17 @@ class RunResult:
     answer: str | None
     trajectory: str | None = None
     error: str | None = None  # why the run could not be finished (its reward is 0)
+    tool_errors: int = 0  # calls whose tool failed
+    guarded_steps: int = 0  # steps in which the loop guard masked a repeated call
+    retried_steps: int = 0  # steps made to call again after a failed call
 
     def row(self) -> dict:
         """The run's row in ``eval --out``: the same however the runs were distributed,
         apart from ``seconds``."""
         row = {"task": self.task, "seed": self.seed, "reward": self.reward,
                "calls": self.calls, "turns": self.turns, "answered": self.answer is not None,
-               "seconds": round(self.seconds, 3)}
+               "tool_errors": self.tool_errors, "guarded_steps": self.guarded_steps,
+               "retried_steps": self.retried_steps, "seconds": round(self.seconds, 3)}
         return row | ({"error": self.error} if self.error else {})
 
 
@@ -293,7 +297,9 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                            calls=s.calls, valid_calls=s.valid_calls, turns=s.turns,
                            rendered=s.rendered_tokens, reused=s.reused_tokens,
                            seconds=time.perf_counter() - start, answer=out.answer,
-                           trajectory=str(recorder.path) if recorder else None)
+                           trajectory=str(recorder.path) if recorder else None,
+                           tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
+                           retried_steps=s.retried_steps)
         if recorder:
             set_reward(recorder.path, result.reward)
         return result

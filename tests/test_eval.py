@@ -101,3 +101,26 @@ def test_the_example_task_sets_load():
     tasks = load_tasks(files)
     assert len(tasks) == 10 and all(t.builtin_tools and t.fixture == "fixture" for t in tasks)
     assert len({t.id for t in tasks}) == 10
+
+
+def test_a_runs_row_counts_tool_errors_guarded_and_retried_steps(tiny_lm, tmp_path):
+    from .test_loop_guard import Obliging
+
+    tools = [{"name": "ping", "description": "Ping", "_exec": "echo pong",
+              "parameters": {"type": "object", "properties": {}}},
+             {"name": "fail", "description": "Fails", "_exec": "exit 3",
+              "parameters": {"type": "object", "properties": {}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(
+        {"id": "t", "prompt": "go", "tools": "tools.json", "check": {"answer_pattern": "pong"}}))
+    call = '{{"tool":"{}","arguments":{{}}}}'.format
+    # fail, then an answer refused (a retry), ping, ping again (guarded), the answer
+    script = [call("fail"), '{"answer":"gave up"}', call("ping"), call("ping"),
+              '{"answer":"pong"}']
+    summary = run(tiny_lm, tmp_path / "tasks.jsonl",
+                  sampler_for=lambda seed: Obliging(tiny_lm, *script))
+    (result,) = summary.runs
+    row = result.row()
+    assert (row["reward"], row["calls"], row["answered"]) == (1.0, 2, True)
+    # the guard masked tokens in the retried step (fail had run) and in ping's repeat
+    assert (row["tool_errors"], row["guarded_steps"], row["retried_steps"]) == (1, 2, 1)
