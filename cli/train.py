@@ -124,9 +124,9 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @load_options
 @ray_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, retry_after_error, temperature, batch, sandbox, allow_network,
-             mcp_commands, mcp_config, adapter, weights, context_length, ray_address,
-             ray_workers):
+             no_grammar, allow_repeat_calls, retry_after_error, temperature, batch, sandbox,
+             allow_network, mcp_commands, mcp_config, adapter, weights, context_length,
+             ray_address, ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
@@ -138,7 +138,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
       mlx_agent eval --tasks tasks.jsonl --ray auto      # over a Ray cluster
     """
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.evaluate import check_expected_tools, load_tasks, run, tool_names
+    from mlx_agent.evaluate import TaskFile, check_expected_tools, run, tool_names
     from mlx_agent.models import load
     from mlx_agent.progress import Progress
 
@@ -147,9 +147,10 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     paths.writable_file(out, "--out")
     box = make_sandbox(sandbox, allow_network, None)
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
-    total = len(load_tasks(tasks_file)) * seeds  # a bad tasks file fails before the model loads
-    served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks_file)))
-    check_expected_tools(tasks_file, [t.name for t in served])
+    tasks = TaskFile.of(tasks_file)  # read once; a bad tasks file fails before the model loads
+    total = len(tasks.tasks) * seeds
+    served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks)))
+    check_expected_tools(tasks, [t.name for t in served])
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
                  "allow_repeat_calls": allow_repeat_calls, "retry_after_error": retry_after_error,
                  "sampling": SamplingParams(temperature=temperature)}
@@ -166,12 +167,12 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
                                 str(Path(tasks_file).resolve().parent), protocol, overrides,
                                 sandbox, allow_network, trajectories=bool(trajectory_dir),
                                 batch=batch)
-            summary = run_eval(worker, tasks_file, seeds=seeds, trajectory_dir=trajectory_dir,
+            summary = run_eval(worker, tasks, seeds=seeds, trajectory_dir=trajectory_dir,
                                address=ray_address, workers=ray_workers, on_run=show)
         else:
             lm = load(model_spec, adapter=adapter, weights=weights,
                       context_length=context_length)
-            summary = run(lm, tasks_file, seeds=seeds, protocol=protocol,
+            summary = run(lm, tasks, seeds=seeds, protocol=protocol,
                           trajectory_dir=trajectory_dir, on_run=show, batch=batch,
                           extra_tools=served, config_overrides={**overrides, "sandbox": box})
     for line in _table(summary.row()):

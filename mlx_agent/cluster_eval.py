@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .bfcl import CategoryScore, answer_question, bfcl, category_questions, score
-from .evaluate import RunResult, Summary, Task, run_one, load_tasks
+from .evaluate import RunResult, Summary, Task, TaskFile, run_one
 from .batch_runner import batch_engines
 from .fanout import Failed, FanoutError, Pool, run_tasks
 from .fileio import write_bytes
@@ -148,13 +148,13 @@ class _EvalRunner:
             return dataclasses.replace(result, trajectory=None), path.name, path.read_bytes()
 
 
-def run_eval(worker: EvalWorker, tasks_file: str | Path, *, seeds: int = 1,
+def run_eval(worker: EvalWorker, tasks_file: str | Path | TaskFile, *, seeds: int = 1,
              trajectory_dir: str | Path | None = None, address: str = "auto",
              workers: int | None = None,
              on_run: Callable[[RunResult, str], None] = lambda r, w: None) -> Summary:
     """``evaluate.run`` over the cluster: every task ``seeds`` times, in the same order.
     ``on_run(result, worker)`` sees each result in order, once its trajectory is written."""
-    jobs = [(task, seed) for task in load_tasks(tasks_file) for seed in range(seeds)]
+    jobs = [(task, seed) for task in TaskFile.of(tasks_file).tasks for seed in range(seeds)]
     if trajectory_dir is not None:
         Path(trajectory_dir).mkdir(parents=True, exist_ok=True)
     summary = Summary()

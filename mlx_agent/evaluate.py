@@ -163,6 +163,23 @@ def load_tasks(path: str | Path) -> list[Task]:
     return tasks
 
 
+@dataclass(frozen=True)
+class TaskFile:
+    """A tasks file read and checked once: its tasks, and the folder their ``tools`` and
+    ``fixture`` paths are relative to. The functions below take one or a path (read then)."""
+
+    path: Path
+    tasks: list[Task]
+
+    @property
+    def base(self) -> Path:
+        return self.path.parent
+
+    @classmethod
+    def of(cls, tasks: str | Path | TaskFile) -> TaskFile:
+        return tasks if isinstance(tasks, TaskFile) else cls(Path(tasks), load_tasks(tasks))
+
+
 def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
            timeout: float = 60.0, attempted: int | None = None,
            sandbox: Sandbox | None = None) -> bool:
@@ -188,32 +205,32 @@ def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str 
     return answer is not None and re.search(check.answer_pattern, answer) is not None
 
 
-def check_expected_tools(tasks_file: str | Path, extra: Sequence[str] = ()) -> None:
+def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[str] = ()) -> None:
     """Raises TaskError for a task that expects a call of a tool it does not have (its tools
     file, the built-ins when it asks for them, or ``extra``: an MCP server's): it could
     never pass."""
-    base = Path(tasks_file).parent
-    builtin = [t.name for t in builtin_tools(base)]
+    tasks = TaskFile.of(tasks)
+    builtin = [t.name for t in builtin_tools(tasks.base)]
     catalogues: dict[str, set[str]] = {}
-    for task in load_tasks(tasks_file):
+    for task in tasks.tasks:
         if task.tools and task.tools not in catalogues:
-            catalogues[task.tools] = {t.name for t in load_tools(base / task.tools)}
+            catalogues[task.tools] = {t.name for t in load_tools(tasks.base / task.tools)}
         have = catalogues.get(task.tools, set()) | set(extra) | \
             (set(builtin) if task.builtin_tools else set())
         for want in task.check.tool_calls or ():
             if want["name"] not in have:
-                raise TaskError(f"{tasks_file}: task {task.id!r} expects a call of "
+                raise TaskError(f"{tasks.path}: task {task.id!r} expects a call of "
                                 f"{want['name']!r}, which is not one of its tools")
 
 
-def tool_names(tasks_file: str | Path) -> set[str]:
+def tool_names(tasks: str | Path | TaskFile) -> set[str]:
     """The names of every tool the tasks' tools files define."""
-    base = Path(tasks_file).parent
-    files = {t.tools for t in load_tasks(tasks_file) if t.tools}
-    return {tool.name for f in sorted(files) for tool in load_tools(base / f)}
+    tasks = TaskFile.of(tasks)
+    files = {t.tools for t in tasks.tasks if t.tools}
+    return {tool.name for f in sorted(files) for tool in load_tools(tasks.base / f)}
 
 
-def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
+def run(lm, tasks_file: str | Path | TaskFile, *, seeds: int = 1, protocol: str = "auto",
         config_overrides: dict | None = None, trajectory_dir: str | Path | None = None,
         sampler_for: Callable[[int], Any] | None = None,
         on_run: Callable[[RunResult], None] = lambda r: None, batch: int = 1,
@@ -225,13 +242,12 @@ def run(lm, tasks_file: str | Path, *, seeds: int = 1, protocol: str = "auto",
     own, decoding together on a :class:`~mlx_agent.batch_runner.BatchRunner` (a run's tools
     execute while the others decode); ``on_run`` gets results as runs finish, the summary
     lists them in task order."""
-    tasks_file = Path(tasks_file)
-    tasks = load_tasks(tasks_file)
-    runs = [(task, seed) for task in tasks for seed in range(seeds)]
+    tasks = TaskFile.of(tasks_file)
+    runs = [(task, seed) for task in tasks.tasks for seed in range(seeds)]
 
     def one(engine: Engine, item: tuple[Task, int]) -> RunResult:
         task, seed = item
-        return run_one(lm, engine, task, seed, tasks_file.parent, protocol,
+        return run_one(lm, engine, task, seed, tasks.base, protocol,
                        dict(config_overrides or {}), trajectory_dir,
                        sampler_for(seed) if sampler_for else None, extra_tools)
 
