@@ -105,8 +105,9 @@ def _local(model_spec, adapter, weights, context_length, tool_mode, protocol,
 
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
     # one service; with a batch, its lanes take that many questions at once
-    main = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0,
-                       engines=batch_engines(lm, batch) if batch > 1 else ())
+    engines = batch_engines(lm, batch) if batch > 1 else []
+    main = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0, engines=engines)
+    cancel = engines[0].runner.cancel if engines else None  # Ctrl-C ends the batch's questions
 
     def score(name, limit, bar, record):
         def scored(item):
@@ -114,7 +115,7 @@ def _local(model_spec, adapter, weights, context_length, tool_mode, protocol,
             bar.advance(f"{'✓' if item['ok'] else '✗'} {item['id']}")
 
         return run_category(main, name, limit=limit, max_tokens=max_tokens, at_once=batch,
-                            on_item=scored)
+                            on_item=scored, cancel=cancel)
 
     return score
 

@@ -16,8 +16,11 @@ thread, the :class:`BatchRunner`'s, does all MLX work:
 
 :func:`run_pool` hands items to the worker threads and the results back in order.
 
-Not promised: Ctrl-C handling inside workers (the pool's caller gets it), or fairness between
-a long prefill and the rows waiting on it.
+Ctrl-C reaches the pool's caller only: :meth:`BatchRunner.cancel` (``run_pool``'s
+``cancel``) then ends the workers' runs at their next token or engine call.
+
+Not promised: fairness between a long prefill and the rows waiting on it; a worker busy
+outside the runner (a tool's process) stops only when it next asks the runner for work.
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ class BatchRunner:
         self._joining: list[_Ticket] = []
         self._tickets: list[_Ticket] = []
         self._stop = False
+        self._cancelled: BaseException | None = None
         self._stopped = threading.Event()
         self._thread = _ModelThread.start(self._loop)
 
@@ -143,6 +147,15 @@ class BatchRunner:
             self._cv.notify_all()
         self._stopped.wait()
 
+    def cancel(self, error: BaseException | None = None) -> None:
+        """Every caller's work ends: a generate() in the batch, and every engine call from
+        now on, raises ``error`` (a KeyboardInterrupt by default) in its caller's thread."""
+        with self._cv:
+            self._cancelled = error if error is not None else KeyboardInterrupt()
+            for t in self._tickets + self._joining:
+                t.error = self._cancelled
+            self._cv.notify_all()
+
     # -- what callers use --------------------------------------------------------------------
 
     def on_model_thread(self) -> bool:
@@ -154,6 +167,8 @@ class BatchRunner:
             return fn()
         box: list = []
         with self._cv:
+            if self._cancelled is not None:
+                raise self._cancelled
             if self._stop:
                 raise RuntimeError("the batch runner is closed")
             self._calls.append((fn, box))
@@ -175,14 +190,16 @@ class BatchRunner:
         """Join ``row`` to the batch and yield its tokens as the steps produce them."""
         ticket = _Ticket(row)
         with self._cv:
+            ticket.error = self._cancelled
             self._joining.append(ticket)
         try:
             while True:
                 with self._cv:
-                    if not ticket.tokens and not ticket.left:
+                    if not ticket.tokens and not ticket.left and ticket.error is None:
                         ticket.wants = True
                         self._cv.notify_all()
-                        self._cv.wait_for(lambda: ticket.tokens or ticket.left)
+                        self._cv.wait_for(lambda: ticket.tokens or ticket.left
+                                          or ticket.error is not None)
                     if ticket.error is not None:
                         raise ticket.error
                     if not ticket.tokens:
@@ -345,12 +362,15 @@ def batch_engines(lm, n: int) -> list[BatchedEngine]:
 
 
 def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
-             on_done: Callable[[int, R], None] = lambda i, r: None) -> list[R]:
+             on_done: Callable[[int, R], None] = lambda i, r: None,
+             cancel: Callable[[], None] | None = None) -> list[R]:
     """``fn(context, item)`` for every item, one thread per context (a context listed n times
     is used by n threads at once: it must take concurrent calls, as a chat service with n
     lanes does); ``on_done(index, result)`` runs in the calling thread as results come.
     Returns the results in the order of ``items``; the first exception is raised (after the
-    threads have stopped taking items)."""
+    threads have stopped taking items). When the calling thread is interrupted (Ctrl-C),
+    ``cancel()`` (a runner's :meth:`BatchRunner.cancel`) ends the items in progress before
+    the threads are joined; without it they run to their end."""
     todo: queue.SimpleQueue = queue.SimpleQueue()
     for i, item in enumerate(items):
         todo.put((i, item))
@@ -374,7 +394,7 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
     for t in threads:
         t.start()
     results: dict[int, R] = {}
-    error = None
+    error, interrupted = None, False
     try:
         while len(results) < len(items) and error is None:
             i, ok, value = done.get()
@@ -383,10 +403,22 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
                 break
             results[i] = value
             on_done(i, value)
+    except KeyboardInterrupt:
+        interrupted = True
+        if cancel is not None:
+            cancel()
+        raise
     finally:
         stop.set()
         for t in threads:
             t.join()
+        while interrupted:  # items that finished all the same are done: handed on, not lost
+            try:
+                i, ok, value = done.get_nowait()
+            except queue.Empty:
+                break
+            if ok:
+                on_done(i, value)
     if error is not None:
         raise error
     return [results[i] for i in range(len(items))]

@@ -111,11 +111,12 @@ class CategoryScore:
 
 def run_category(service, category: str, limit: int | None = None, max_tokens: int = 256,
                  on_item: Callable[[dict], None] = lambda r: None,
-                 at_once: int = 1) -> CategoryScore:
+                 at_once: int = 1, cancel: Callable[[], None] | None = None) -> CategoryScore:
     """Score ``service`` on one category (its first ``limit`` questions); with ``at_once``
     > 1 (a service with that many lanes on a :class:`~mlx_agent.batch_runner.BatchRunner`),
-    that many questions go to it from threads of their own and decode in one batch.
-    ``on_item`` gets each question's row as it is scored."""
+    that many questions go to it from threads of their own and decode in one batch, and
+    ``cancel`` (the runner's) ends them on Ctrl-C. ``on_item`` gets each question's row as
+    it is scored."""
     questions = category_questions(category, limit)
     start = time.perf_counter()
     types, judge = bfcl().types, Judge(category)
@@ -129,7 +130,8 @@ def run_category(service, category: str, limit: int | None = None, max_tokens: i
         rows[i] = judge(questions[i], answer, on_item)
 
     run_pool([service] * at_once, questions,
-             lambda svc, q: answer_question(svc, q, types, max_tokens), on_done=done)
+             lambda svc, q: answer_question(svc, q, types, max_tokens), on_done=done,
+             cancel=cancel)
     return judge.summary(service.tool_mode, rows, start)
 
 

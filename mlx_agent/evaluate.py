@@ -260,7 +260,8 @@ def run(lm, tasks_file: str | Path | TaskFile, *, seeds: int = 1, protocol: str 
         return summary
     with BatchRunner(lm.model, max_batch=batch) as runner:
         engines = [runner.engine(lm) for _ in range(min(batch, len(runs)))]
-        return Summary(run_pool(engines, runs, one, on_done=lambda i, r: on_run(r)))
+        return Summary(run_pool(engines, runs, one, on_done=lambda i, r: on_run(r),
+                                cancel=runner.cancel))
 
 
 def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,
@@ -301,21 +302,19 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
             out = agent.ask(task.prompt)
             if out.stats.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it)
                 raise KeyboardInterrupt
+            s = out.stats
+            reward = float(passed(task, workdir, calls, out.answer, attempted=s.calls,
+                                  sandbox=overrides.get("sandbox")))
+            if recorder:
+                set_reward(recorder.path, reward)
         except KeyboardInterrupt:  # stop here: a run cut short is no result, nor training data
             if recorder:
                 recorder.path.unlink(missing_ok=True)
             raise
-        s = out.stats
-        result = RunResult(task=task.id, seed=seed,
-                           reward=float(passed(task, workdir, calls, out.answer,
-                                               attempted=s.calls,
-                                               sandbox=overrides.get("sandbox"))),
-                           calls=s.calls, valid_calls=s.valid_calls, turns=s.turns,
-                           rendered=s.rendered_tokens, reused=s.reused_tokens,
-                           seconds=time.perf_counter() - start, answer=out.answer,
-                           trajectory=str(recorder.path) if recorder else None,
-                           tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
-                           retried_steps=s.retried_steps)
-        if recorder:
-            set_reward(recorder.path, result.reward)
-        return result
+        return RunResult(task=task.id, seed=seed, reward=reward,
+                         calls=s.calls, valid_calls=s.valid_calls, turns=s.turns,
+                         rendered=s.rendered_tokens, reused=s.reused_tokens,
+                         seconds=time.perf_counter() - start, answer=out.answer,
+                         trajectory=str(recorder.path) if recorder else None,
+                         tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
+                         retried_steps=s.retried_steps)

@@ -171,6 +171,36 @@ def test_errors_reach_the_calling_thread(tiny_model):
             run_pool([e], [1, 2], lambda ctx, x: 1 / 0)
 
 
+def test_ctrl_c_ends_the_runs_in_the_batch_and_keeps_those_done(tiny_model):
+    """Ctrl-C reaches the pool's caller; its ``cancel`` (the runner's) ends the generations
+    in the worker threads at their next token, where without it they ran to the end."""
+    tokens: dict[int, int] = {}
+
+    def work(engine, i):
+        engine.sync([1 + i, 2, 3])
+        tokens[i] = 0
+        for _ in engine.generate(max_tokens=2 if i == 0 else 400):
+            tokens[i] += 1
+        return i
+
+    seen = []
+
+    def on_done(i, result):
+        seen.append(i)
+        if len(seen) == 1:
+            raise KeyboardInterrupt  # the user's Ctrl-C, as the first run finishes
+
+    with BatchRunner(tiny_model, max_batch=4) as runner:
+        engines = [runner.call(lambda: BatchedEngine(runner, tiny_model, context_length=512))
+                   for _ in range(4)]
+        with pytest.raises(KeyboardInterrupt):
+            run_pool(engines, list(range(6)), work, on_done=on_done, cancel=runner.cancel)
+        with pytest.raises(KeyboardInterrupt):  # the runner takes no more work
+            engines[0].sync([1, 2])
+    assert seen == [0] and 5 not in tokens  # the last item never started
+    assert all(n < 400 for i, n in tokens.items() if i), tokens  # the others were cut
+
+
 def test_the_engine_draws_once_per_token_it_hands_out(tiny_model):
     """A generation that ends at its token limit drew one token too many (a seeded
     sampler's next generation then differed from the batch's, which draws none)."""

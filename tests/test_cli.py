@@ -355,7 +355,9 @@ def test_an_option_value_that_looks_like_an_option_is_a_value():
     assert r.returncode == 2 and "-t is given twice" in r.stderr, r.stderr
 
 
-def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path):
+@pytest.mark.parametrize("batch", ["1", "4"])
+def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path, batch):
+    """With --batch, the runs in the batch are cut too (not run to their end unrecorded)."""
     import json
     import signal
 
@@ -363,7 +365,8 @@ def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path):
     (tmp_path / "tasks.jsonl").write_text(TASK * 12)
     out, runs = tmp_path / "runs.jsonl", tmp_path / "traj"
     proc = subprocess.Popen([*CLI, "eval", "--tasks", str(tmp_path / "tasks.jsonl"),
-                             "--out", str(out), "--trajectory-dir", str(runs)],
+                             "--out", str(out), "--trajectory-dir", str(runs),
+                             "--batch", batch],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # one progress line per finished run
         if "eval 1/12" in line:

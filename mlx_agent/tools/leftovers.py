@@ -30,11 +30,11 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from .rootfs import BARE_REPOSITORY
+
 MAX_ENTRIES = 50_000
 DISARMED = ".disarmed-by-mlx-agent"
 _SET_ID = stat.S_ISUID | stat.S_ISGID
-_BARE = ("HEAD", "objects", "refs")  # any kind of entry: git accepts a HEAD symlink, and
-# objects and refs that are only executable files
 
 
 @dataclass
@@ -140,7 +140,7 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
             seen += len(dirs) + len(files)
             names = set() if here in disarmed else set(dirs) | set(files)
             for name, is_bare in ((".git", False), ("HEAD", True)):
-                if name not in names or (is_bare and not all(n in names for n in _BARE)):
+                if name not in names or (is_bare and not all(n in names for n in BARE_REPOSITORY)):
                     continue
                 try:
                     key = _key(".", fd) if is_bare else _key(name, fd)

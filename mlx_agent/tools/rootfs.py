@@ -46,14 +46,14 @@ class OutsideRoot(ValueError):
     pass
 
 
-_REPOSITORY = ("HEAD", "objects", "refs")  # what git takes for one, each of any kind (as
-# tools/leftovers.py looks for it: a HEAD symlink and executable files count too)
+BARE_REPOSITORY = ("HEAD", "objects", "refs")  # what git takes for a bare repository: the
+# three side by side, each of any kind (a HEAD symlink, executable files count too)
 
 
 def _completes_repository(dir_fd: int, part: str) -> bool:
     """Whether writing ``part`` (the file, or a directory on the way) in the directory
     ``dir_fd`` gives it the last of a bare repository's three parts."""
-    names = {n.lower(): n for n in _REPOSITORY}
+    names = {n.lower(): n for n in BARE_REPOSITORY}
     if part not in names:
         return False
     for other in (n for key, n in names.items() if key != part):
