@@ -812,6 +812,14 @@ def test_a_request_that_never_arrives_whole_gets_a_408_and_is_closed(serve, capf
     reply = _read_all(early, 2)
     early.close()
     assert reply.startswith(b"HTTP/1.1 404") and b"408" not in reply, reply
+    # an Ollama client's body that never comes whole gets Ollama's error shape
+    ollama = socket.create_connection(("127.0.0.1", s.port))
+    ollama.sendall(b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{")
+    reply = _read_all(ollama, 4)
+    ollama.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply
+    assert json.loads(reply.partition(b"\r\n\r\n")[2]) == {
+        "error": "the request did not arrive within 0.5 s; send it whole"}
     # between requests the deadline sleeps: a kept-alive connection idle for twice the
     # deadline (under uvicorn's 5 s keep-alive) serves its next request
     from http.client import HTTPConnection

@@ -9,6 +9,9 @@ one more gets a 503 and closes after a short lingering read (at once in a flood)
 asyncio accepts a small batch at a time, so a flood is refused before it takes the spare
 descriptors. Between requests uvicorn's keep-alive timeout (5 s) closes idle connections.
 
+A 408 whose request line arrived has the error body of that path's API (Ollama's under
+``/api/``); a 503, refused before any request, has OpenAI's.
+
 Not promised: limits per client address (one client can still take every connection for
 ``request_timeout`` seconds), or anything for HTTP/2 or websockets (not served).
 """
@@ -64,9 +67,13 @@ def _open_descriptors() -> int:
     return 64
 
 
-def _error(status: int, reason: str, message: str) -> bytes:
-    """A whole HTTP response with the API's error body, for a connection that closes."""
-    body = json.dumps(error_body(BadRequest(message, status=status))).encode()
+def _error(status: int, reason: str, message: str, path: str = "") -> bytes:
+    """A whole HTTP response for a connection that closes, with the error body of the API
+    ``path`` belongs to (Ollama's ``{"error": ...}`` under ``/api/``; OpenAI's elsewhere,
+    and before a request line names a path)."""
+    shaped = {"error": message} if path.startswith("/api/") else \
+        error_body(BadRequest(message, status=status))
+    body = json.dumps(shaped).encode()
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
@@ -131,17 +138,18 @@ class GuardedH11Protocol(H11Protocol):
             cycle.message_event.set()
         if cycle is None or not cycle.response_started:  # else the answer is on its way
             self._refuse(408, "Request Timeout", f"the request did not arrive within "
-                         f"{self.request_timeout:g} s; send it whole")
+                         f"{self.request_timeout:g} s; send it whole",
+                         cycle.scope["path"] if cycle is not None else "")
         else:
             self.transport.close()
 
-    def _refuse(self, status: int, reason: str, message: str) -> None:
+    def _refuse(self, status: int, reason: str, message: str, path: str = "") -> None:
         """Answer ``status`` and close after a lingering read: closing with the client's
         bytes unread would reset the connection, and the client would never see why."""
         self._refused = True
         self._disarm()
         try:
-            self.transport.write(_error(status, reason, message))
+            self.transport.write(_error(status, reason, message, path))
             if self.transport.can_write_eof():
                 self.transport.write_eof()
         except OSError:  # the client is gone already
