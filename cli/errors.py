@@ -87,7 +87,8 @@ def refuse_repeats(cmd: click.Command, args: list[str], ctx: click.Context) -> N
         if isinstance(param, click.Option) and not (param.multiple or param.count
                                                     or param.is_flag):
             if param.name in seen:
-                raise click.UsageError(f"{param.opts[0]} is given twice; give it once", ctx)
+                spellings = "/".join(param.opts + param.secondary_opts)  # -t/--temperature
+                raise click.UsageError(f"{spellings} is given twice; give it once", ctx)
             seen.add(param.name)
 
 

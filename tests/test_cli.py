@@ -352,7 +352,9 @@ def test_an_option_value_that_looks_like_an_option_is_a_value():
     r = run("generate", "--system", "-t", "-t", "0.5", "hi")  # --system's value is "-t"
     assert r.returncode == 2 and "--system needs --chat" in r.stderr, r.stderr
     r = run("generate", "-t0.5", "-t0.7", "hi")  # attached values count too
-    assert r.returncode == 2 and "-t is given twice" in r.stderr, r.stderr
+    assert r.returncode == 2 and "-t/--temperature is given twice" in r.stderr, r.stderr
+    r = run("generate", "-t", "0.5", "--temperature", "0.7", "hi")  # either spelling
+    assert r.returncode == 2 and "-t/--temperature is given twice" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("batch", ["1", "4"])
