@@ -232,6 +232,24 @@ def test_leave_a_repository_and_a_setuid_program_past_the_walks_limit(mode, area
         assert "read-only for this call" in r.stderr, r
 
 
+def test_leave_a_repository_and_a_setuid_program_behind_files_the_tool_wrote(mode, area,
+                                                                             monkeypatch):
+    """A root small enough to check before the call, where the tool writes more entries
+    than the walk's limit and then a repository and a setuid program behind them: the walk
+    after the call goes to the end (what it walks, the tool wrote in its own time)."""
+    from mlx_agent.tools import leftovers
+
+    monkeypatch.setattr(leftovers, "MAX_ENTRIES", 40)
+    hook = '[core]\\n\\tfsmonitor = \\"touch /tmp/owned; false\\"\\n'
+    r = run(mode, f'mkdir f && touch f/{{1..60}} && mkdir -p f/z/.git/objects f/z/.git/refs && '
+                  f'echo "ref: refs/heads/main" > f/z/.git/HEAD && '
+                  f'printf "{hook}" > f/z/.git/config; cp /bin/true f/z/t && chmod 4755 f/z/t',
+            area / "root")
+    z = area / "root" / "f" / "z"
+    setuid = (z / "t").exists() and (z / "t").stat().st_mode & 0o4000
+    escaped(mode, (z / ".git" / "config").exists() or bool(setuid), r)
+
+
 def test_what_the_sandbox_undid_is_said_in_a_bounded_result(area):
     """A tool that leaves many setuid programs gets its bits cleared, and at most
     MAX_NOTES lines (and a count of the rest) in its result, not one line each."""

@@ -17,8 +17,10 @@ is new (repositories by inode, so a folder moved aside keeps its own), returning
 thing undone for the tool's result: about 0.1 s and 0.3 s for a tree of 43,000 entries here.
 The walk goes by directory descriptors (no path is too long) and does not follow links.
 
-A root of more than :data:`MAX_ENTRIES` entries is not walked to the end: it is read-only
-for the call (fail closed), and the result says so. Not promised: between the tool's exit and the clean-up (milliseconds) the files exist; git's
+A root of more than :data:`MAX_ENTRIES` entries before a call is not walked to the end: it
+is read-only for the call (fail closed), and the result says so. After a call the walk has
+no limit: a root was at most that size before, and the rest the tool wrote in its own time
+(an entry is walked faster than it is written). Not promised: between the tool's exit and the clean-up (milliseconds) the files exist; git's
 ``commondir`` layouts are not looked for; other files that act later (a Makefile, a shell rc
 file, an editor's project settings) are the user's to review, as with any code a tool writes.
 """
@@ -156,15 +158,13 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
                     dirs.remove(name)  # its contents are git's, and were there before
             if after:
                 _clear_set_id(here, files, fd, since, found)
-            if seen > MAX_ENTRIES:
-                if after:
-                    found.notes.append(f"checked only the first {MAX_ENTRIES} entries of "
-                                       f"{root} for git repositories and set-id files")
-                else:
-                    found.too_big.append(root)
-                    found.notes.append(f"{root} holds more than {MAX_ENTRIES} entries, too many "
-                                       "to check for git repositories and set-id files, so it "
-                                       "was read-only for this call (give a smaller --root)")
+            # after a call the walk goes to the end: past the limit, what it walks the tool
+            # wrote in its own time (a root too big before is read-only for the call)
+            if seen > MAX_ENTRIES and not after:
+                found.too_big.append(root)
+                found.notes.append(f"{root} holds more than {MAX_ENTRIES} entries, too many "
+                                   "to check for git repositories and set-id files, so it "
+                                   "was read-only for this call (give a smaller --root)")
                 break
     return found
 
