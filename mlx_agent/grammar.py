@@ -44,6 +44,7 @@ import numpy as np
 from jsonschema import Draft202012Validator
 from llguidance import LLMatcher
 
+from . import json_schema
 from .errors import UserFacingError
 from .fileio import read_regular
 from .lone_space import Rule, lone_space_rule
@@ -497,8 +498,14 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
     if kind == "json-schema":
         try:
             grammar = LLMatcher.grammar_from_json_schema(text)
-        except ValueError as e:
+            schema = json.loads(text)
+        except (ValueError, RecursionError) as e:
             raise GrammarError(f"{path} is not a JSON schema: {e}") from None
+        inexact = json_schema.inexact_integer(schema)
+        if inexact:
+            raise GrammarError(f"{path}: '{inexact[0]}' {inexact[1]}")
+        if json_schema.endless(schema):
+            raise GrammarError(f"{path} {json_schema.ENDLESS}")
     else:
         grammar = LLMatcher.grammar_from_lark(text)
     check_compiles(grammar, tokenizer, path)
@@ -580,5 +587,10 @@ def schema_constraint(lm, schema: dict) -> Constraint:
         key = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
         raise GrammarError("the response_format schema is not JSON a grammar can use") from None
+    inexact = json_schema.inexact_integer(schema)
+    if inexact:
+        raise GrammarError(f"the response_format schema's '{inexact[0]}' {inexact[1]}")
+    if json_schema.endless(schema):
+        raise GrammarError(f"the response_format schema {json_schema.ENDLESS}")
     constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)
     return constraint.admitting("the response_format schema", "JSON value")

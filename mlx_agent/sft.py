@@ -65,7 +65,7 @@ def read_rows(path: str | Path) -> list[dict]:
         try:
             row = json.loads(line)
             ids, mask = row["input_ids"], row["loss_mask"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ValueError(f"{path}:{i}: not a traces-to-data sft row "
                              "(needs input_ids and loss_mask)") from None
         if len(ids) != len(mask) or not ids:

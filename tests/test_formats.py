@@ -171,3 +171,16 @@ def test_a_reply_nested_too_deeply_is_an_incomplete_reply_not_a_crash():
     assert not reply.complete and not reply.calls
     (call,) = tool_call_blocks('<tool_call>{"name":"x","arguments":{"a":%s}}</tool_call>' % deep)
     assert call.error == "tool call is nested too deeply"
+
+
+def test_a_reply_with_a_number_past_4300_digits_is_not_a_crash():
+    """Python's int() refuses a number of more than 4,300 digits with a ValueError that is
+    not a JSONDecodeError; a model may write one (a long integer argument)."""
+    from mlx_agent.formats.json_format import JsonFormat
+    from mlx_agent.formats.tool_calls import tool_call_blocks
+
+    long = "1" * 4301
+    reply = JsonFormat.parse(None, '{"tool":"x","arguments":{"a":%s}}' % long)
+    assert not reply.complete and not reply.calls
+    (call,) = tool_call_blocks('<tool_call>{"name":"x","arguments":{"a":%s}}</tool_call>' % long)
+    assert call.error == "tool call holds a number too long to read"

@@ -237,6 +237,8 @@ def test_ollama_endpoints(serve, tiny_lm):
     for name in ([1], {"a": 1}, None):  # a list was a 500 (unhashable)
         status, r = s.post("/api/show", {"model": name})
         assert status == 400 and "model" in r["error"]
+    status, r = s.post("/api/show", b'{"model": ' + b"1" * 4301 + b"}")  # was a 500
+    assert status == 400 and "not valid JSON" in r["error"]
     assert s.get("/api/tags")["models"][0]["name"] == "tiny"
     assert "version" in s.get("/api/version") and s.get("/health")["status"] == "ok"
     status, r = s.post("/api/chat", {"model": "llama3", "messages": user("hi")})
@@ -314,6 +316,12 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
     assert other.choices[0].message.content is not None
 
 
+def _tool(properties: dict, required: list | None = None) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": properties, **({"required": required} if required
+                                                         else {})}}}
+
+
 @pytest.mark.parametrize("body,needle", [
     (b'{"messages": [', "not valid JSON"),
     ({"messages": "hi"}, "Expected `array`"),
@@ -335,6 +343,28 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "\\ud800"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "lone surrogate"),
+    # a hostile tester's 500s: integers llguidance cannot take, or not exactly
+    ({"messages": user("x"), "tools": [_tool({"a": {"type": "integer",
+                                                     "maximum": 10**20}})]},
+     "'parameters.properties.a.maximum' is 100000000000000000000, past the 64-bit range"),
+    ({"messages": user("x"), "tools": [_tool({"a": {"const": 2**53 + 1}})]}, "past 2^53"),
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"enum": [2**53 + 1]}}}}, "'enum[0]' is 9007199254740993"),
+    # accepted, and the grammar dead-ended after "{": a 200 with an empty reply
+    ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
+        {"a": {"$ref": "#"}}, required=["a"])]}, "admits only endless values"),
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#"}},
+                                "required": ["a"]}}}}, "admits only endless values"),
+    # a number of 4,301 digits in an arguments string: Python's int() refuses it
+    ({"tools": TOOLS, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": ' + "1" * 4301 + "}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "not valid JSON"),
+    # validating this many schema values held the preparing threads for seconds
+    ({"messages": user("x"), "tools": [_tool({f"p{i}": {"type": "string"}
+                                              for i in range(12_000)})]}, "20,000 JSON values"),
 ])
 def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
     s = serve(context_length=1024)
@@ -525,7 +555,7 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     nothing = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # was a 200, ""
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": nothing}}})
-    assert status == 400 and "admits no JSON value" in r["error"]["message"], r
+    assert status == 400 and "admits only endless values" in r["error"]["message"], r
 
 
 def test_a_bad_streaming_request_is_a_400_before_the_stream(serve):

@@ -131,8 +131,8 @@ class JsonFormat:
             try:
                 obj, pos = decoder.raw_decode(stripped, pos)
                 objs.append(unspaced_call(valid_json_text(obj)))
-            except (json.JSONDecodeError, RecursionError):  # nested too deeply: cut off here
-                break
+            except (ValueError, RecursionError):  # cut off, nested too deeply, or a number
+                break  # of more than 4,300 digits (int() refuses it): the reply ends here
             while pos < len(stripped) and stripped[pos].isspace():
                 pos += 1
         calls, seen = [], set()

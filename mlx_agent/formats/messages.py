@@ -122,7 +122,7 @@ def arguments_of(call: dict) -> dict:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # ValueError: also a number past 4,300 digits
             raise MessageError(f"tool call {call['function'].get('name')!r} has arguments "
                                "that are not valid JSON") from None
     if not isinstance(args, dict):

@@ -20,6 +20,9 @@ def tool_call_blocks(text: str) -> list[Call]:
         except json.JSONDecodeError as e:
             calls.append(Call("?", None, f"tool call is not valid JSON ({e.msg})"))
             continue
+        except ValueError:  # int() refuses a number of more than 4,300 digits
+            calls.append(Call("?", None, "tool call holds a number too long to read"))
+            continue
         except RecursionError:
             calls.append(Call("?", None, "tool call is nested too deeply"))
             continue
@@ -30,7 +33,7 @@ def tool_call_blocks(text: str) -> list[Call]:
         if isinstance(args, str):  # some models send the arguments JSON-encoded
             try:
                 args = valid_json_text(json.loads(args))
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):
                 pass
         if not isinstance(args, dict):
             calls.append(Call(obj["name"], args, "tool call arguments must be a JSON object"))

@@ -192,7 +192,7 @@ def _read_header(path: Path, data: bytes) -> tuple[dict, int]:
         )
     try:
         header = json.loads(data[12 : 12 + hlen].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, int()
         raise TinyGPTError(f"{path}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict) or not isinstance(header.get("config"), dict):
         raise TinyGPTError(f"{path}: header has no config object")

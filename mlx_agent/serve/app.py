@@ -262,7 +262,8 @@ class Server:
             body = json.loads(await self._read(request) or b"{}")
         except BadRequest as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, and
+            # int()'s refusal of a number of more than 4,300 digits
             return JSONResponse({"error": "the body is not valid JSON (or is nested too "
                                           "deeply)"}, status_code=400)
         name = body.get("model") or body.get("name") if isinstance(body, dict) else None

@@ -17,6 +17,7 @@ runs. This module runs nothing and knows nothing of models.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -26,6 +27,7 @@ import msgspec
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from .. import json_schema
 from ..errors import UserFacingError
 from ..fileio import read_regular
 from .exec_checks import special_variable, unquoted_references
@@ -34,6 +36,9 @@ IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
 RESERVED = frozenset({"auto", "none", "required"})  # tool_choice's own words
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+# values in the tools a request declares: validating 10,000 schema values takes about 1 s
+# here, on a thread every request passes through (a file's tools are the user's own)
+MAX_DECLARED_VALUES = 20_000
 
 
 class ToolSchemaError(UserFacingError, ValueError):
@@ -148,13 +153,7 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
     params = function.parameters
     if params.get("type", "object") != "object":
         raise ToolSchemaError(f"{where}: field 'parameters' must be a JSON Schema of type object")
-    try:
-        Draft202012Validator.check_schema(params)
-    except SchemaError as e:
-        path = ".".join(str(p) for p in e.path)
-        raise ToolSchemaError(
-            f"{where}: field 'parameters{'.' + path if path else ''}' is not valid JSON Schema:"
-            f" {e.message}") from None
+    _check_schema(params, where)
     props = params.get("properties", {})
     for req in params.get("required", []):
         if req not in props:
@@ -193,6 +192,40 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
                 handler=function.handler, warnings=_template_warnings(function, exec_args, where))
 
 
+def _check_schema(params: dict, where: str) -> None:
+    """``params`` is valid JSON Schema that a grammar can be made of (see
+    :mod:`mlx_agent.json_schema`); checked once per distinct schema (a client sends the same
+    tools with every request)."""
+    try:
+        key = msgspec.json.encode(params)
+    except (TypeError, msgspec.EncodeError, RecursionError):
+        key = None
+    error = _schema_error(key) if key is not None else _schema_problem(params)
+    if error:
+        raise ToolSchemaError(f"{where}: {error}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_error(key: bytes) -> str | None:
+    return _schema_problem(msgspec.json.decode(key))
+
+
+def _schema_problem(params: dict) -> str | None:
+    """What is wrong with ``params`` (naming the field), or None."""
+    try:
+        Draft202012Validator.check_schema(params)
+    except SchemaError as e:
+        path = ".".join(str(p) for p in e.path)
+        return (f"field 'parameters{'.' + path if path else ''}' is not valid JSON Schema: "
+                f"{e.message}")
+    inexact = json_schema.inexact_integer(params)
+    if inexact:
+        return f"field 'parameters.{inexact[0]}' {inexact[1]}"
+    if json_schema.endless(params):
+        return f"field 'parameters' {json_schema.ENDLESS}"
+    return None
+
+
 def _template_warnings(function: Function, exec_args: tuple[str, ...], where: str) -> tuple:
     if not function.exec_template:
         return ()
@@ -228,7 +261,12 @@ def parse_tools(data: bytes | str, source: str = "<tools>", runnable: bool = Tru
 
 def declared_tools(entries: Any, source: str = "tools") -> list[Tool]:
     """Tools a client declares (an OpenAI request's ``tools``): schemas the model may call,
-    which the client runs itself, so nothing here can run them."""
+    which the client runs itself, so nothing here can run them. At most
+    :data:`MAX_DECLARED_VALUES` values in all, counted before any is validated."""
+    if json_schema.too_many_nodes(entries, MAX_DECLARED_VALUES):
+        raise ToolSchemaError(f"{source}: the tools hold more than {MAX_DECLARED_VALUES:,} JSON "
+                              "values, more than a catalogue needs; declare fewer or smaller "
+                              "tools")
     return tools_from_entries(entries, source, runnable=False)
 
 

@@ -1,0 +1,143 @@
+"""Checks on a JSON Schema that a validator of schemas does not make, for schemas that become
+grammars: its size, integers that JSON numbers do not carry exactly, and recursion that no
+finite value ends.
+
+- :func:`too_many_nodes`: validating a schema costs about 0.15 ms a node in ``jsonschema``,
+  so a request with 100,000 properties held a server's threads for half a minute; counted
+  first, without recursion.
+- :func:`inexact_integer`: a ``const`` or ``enum`` integer past 2^53 cannot be written back
+  exactly (llguidance reads numbers as doubles: 9007199254740993 came out ...992), and one
+  past the 64-bit range anywhere cannot be handed to llguidance at all.
+- :func:`endless`: ``{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}`` admits only
+  an infinite object; llguidance compiles it and the grammar dead-ends after ``{``. A value
+  is finite when some choice of its schema needs nothing endless: computed as a least fixed
+  point over the schema's local ``$ref`` targets.
+
+Not promised: ``endless`` reads ``required`` properties, ``minItems`` with ``items`` and
+``prefixItems``, ``allOf``/``anyOf``/``oneOf`` and local ``$ref`` pointers, and treats
+anything else (``not``, ``if``/``then``, ``dependentSchemas``, remote refs) as satisfiable;
+llguidance's own checks and the grammar's ``admitting`` catch some of the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+EXACT = 2 ** 53  # integers a double holds exactly, and so JSON parsers that read doubles
+INT64 = (-(2 ** 63), 2 ** 64 - 1)  # what llguidance takes at all (i64 and u64)
+
+
+def too_many_nodes(schema: Any, limit: int) -> bool:
+    """Whether ``schema`` has more than ``limit`` values (objects, arrays and scalars)."""
+    todo, seen = [schema], 0
+    while todo:
+        node = todo.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(node, dict):
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return False
+
+
+def _walk(schema: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
+    """Every value in ``schema`` with its path and the key it sits under, without recursion."""
+    todo = [(schema, path, "")]
+    while todo:
+        node, where, key = todo.pop()
+        yield where, key, node
+        if isinstance(node, dict):
+            todo.extend((v, f"{where}.{k}" if where else str(k), str(k))
+                        for k, v in node.items())
+        elif isinstance(node, list):
+            todo.extend((v, f"{where}[{i}]", key) for i, v in enumerate(node))
+
+
+def inexact_integer(schema: Any) -> tuple[str, str] | None:
+    """An integer in ``schema`` that cannot become part of a grammar: its path and why, or
+    None."""
+    for where, key, value in _walk(schema):
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue
+        if key in ("const", "enum") and abs(value) > EXACT:
+            return where, (f"is {value}, past 2^53, which JSON numbers do not carry exactly; "
+                           "give it as a string")
+        if not INT64[0] <= value <= INT64[1]:
+            return where, f"is {value}, past the 64-bit range; give a smaller number"
+    return None
+
+
+ENDLESS = ("admits only endless values (it refers back to itself with no way out, through "
+           "a required property or a $ref); give the recursion an optional way out")
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The schema a local ``$ref`` (``#``, ``#/$defs/A``) points at, or None."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def endless(schema: Any) -> bool:
+    """Whether every value ``schema`` admits is infinite (a required property, or a required
+    array item, that refers back to its own schema with no way out)."""
+    refs = sorted({v for _, key, v in _walk(schema) if key == "$ref" and isinstance(v, str)
+                   and v.startswith("#")})
+    finite = dict.fromkeys(refs, False)  # least fixed point: nothing finite until shown
+    changed = True
+    while changed:
+        changed = False
+        for ref in refs:
+            if not finite[ref]:
+                target = _resolve(schema, ref)
+                if target is None or _finite(target, finite):
+                    finite[ref] = changed = True
+    return not _finite(schema, finite)
+
+
+def _finite(schema: Any, finite: dict[str, bool], depth: int = 0) -> bool:
+    """Whether ``schema`` admits a finite value, given which ``$ref`` targets do."""
+    if depth > 200 or not isinstance(schema, dict):
+        return schema is not False
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and not finite.get(ref, True):
+        return False
+    for key, need in (("allOf", all), ("anyOf", any), ("oneOf", any)):
+        parts = schema.get(key)
+        if isinstance(parts, list) and parts and \
+                not need(_finite(p, finite, depth + 1) for p in parts):
+            return False
+    types = schema.get("type")
+    types = types if isinstance(types, list) else [types]
+    if any(t not in ("object", "array") for t in types):
+        return True  # a string, a number, null, ... or no type given: a finite value exists
+    ok = {}
+    if "object" in types:
+        props = schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = schema.get("required")
+        ok["object"] = all(_finite(props[name], finite, depth + 1)
+                           for name in (required if isinstance(required, list) else [])
+                           if isinstance(name, str) and name in props)
+    if "array" in types:
+        at_least = schema.get("minItems", 0)
+        at_least = at_least if isinstance(at_least, int) else 0
+        prefix = schema.get("prefixItems")
+        prefix = prefix if isinstance(prefix, list) else []
+        items = schema.get("items", True)
+        ok["array"] = all(_finite(p, finite, depth + 1) for p in prefix[:at_least]) and (
+            at_least <= len(prefix) or _finite(items, finite, depth + 1))
+    return any(ok.values())
