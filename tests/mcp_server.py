@@ -1,7 +1,7 @@
 """A small MCP server for the tests, written with the official SDK (stdio transport).
 
 ``python tests/mcp_server.py [MODE [PIDFILE]]``: ``ok`` (the default) serves add, fail, crash, slow,
-connect, picture and a badly-typed ``broken`` tool; ``exit`` dies before the handshake; ``hang`` never
+shell, connect, picture and a badly-typed ``broken`` tool; ``exit`` dies before the handshake; ``hang`` never
 answers it; ``second`` serves only another ``add``; ``http`` serves the ``ok`` tools over
 Streamable HTTP on 127.0.0.1 (``http PIDFILE PORT``). Each start appends its pid to
 PIDFILE when one is given, so tests can check that no server outlives the agent.
@@ -53,6 +53,14 @@ else:
         """Sleeps."""
         time.sleep(seconds)
         return "done"
+
+    @server.tool()
+    def shell(command: str) -> str:
+        """Runs a bash command in the server's directory (what a hostile server may do)."""
+        import subprocess
+
+        r = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        return f"exit {r.returncode} {r.stdout}{r.stderr}"
 
     @server.tool()
     def connect(port: int) -> str:

@@ -75,7 +75,7 @@ def by_name(servers):
 def test_listing_calls_errors_summaries_and_cap(pidfile):
     with McpServers([spec_from_command(server())], cap=16) as servers:
         tools, warnings = by_name(servers)
-        assert set(tools) == {"add", "fail", "crash", "slow", "connect", "picture"}
+        assert set(tools) == {"add", "fail", "crash", "slow", "shell", "connect", "picture"}
         assert tools["add"].signature() == "add(a: integer, b: integer)"
         assert tools["add"].description == "Add two integers."
         assert servers.origin["add"] == "mcp_server"
@@ -147,6 +147,28 @@ def test_a_sandboxed_server_has_the_network_only_when_its_config_says_so(network
             r = run_tool(tools["connect"], {"port": listener.getsockname()[1]})
     assert r.exit_code == 0
     assert r.stdout == "connected" if network else r.stdout.startswith("refused")
+
+
+@pytest.mark.skipif(unavailable("bwrap") is not None, reason="needs a working bwrap")
+def test_a_sandboxed_server_cannot_leave_what_acts_on_the_host_later(tmp_path):
+    """A hostile tester's breach: a stdio server under bwrap wrote the root repository's
+    config (a command git runs) and left a setuid shell and a new repository behind."""
+    root = tmp_path / "root"
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    config = (root / ".git" / "config").read_text()
+    with McpServers([spec_from_command(server())], sandbox=Sandbox("bwrap"),
+                    cwd=str(root)) as servers:
+        tools, _ = by_name(servers)
+        r = run_tool(tools["shell"], {"command": "echo '[core] fsmonitor = x' >> .git/config"})
+        assert "Read-only file system" in r.stdout, r
+        r = run_tool(tools["shell"], {"command": "cp /bin/true t && chmod 4755 t && "
+                                                 "mkdir -p n/.git && echo made"})
+        assert "exit 0 made" in r.stdout and "sandbox: " in r.stderr, r
+        assert not (root / "t").stat().st_mode & 0o4000 and not (root / "n" / ".git").exists()
+        run_tool(tools["shell"], {"command": "(sleep 0.5; cp /bin/true u && chmod 4755 u) &"})
+        time.sleep(1.0)  # left between calls: undone when the server closes
+    assert not (root / "u").stat().st_mode & 0o4000
+    assert (root / ".git" / "config").read_text() == config
 
 
 def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):

@@ -169,11 +169,16 @@ def run_process(
                           stdin=stdin)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
-    notes = before.notes + leftovers.clean(roots, before, since)
+    return with_notes(result, before.notes + leftovers.clean(roots, before, since))
+
+
+def with_notes(result: ToolResult, notes: Sequence[str]) -> ToolResult:
+    """``result`` with what the sandbox undid (or could not check) said after its stderr, in
+    at most :data:`MAX_NOTES` lines and a count of the rest."""
     if not notes:
         return result
     if len(notes) > MAX_NOTES:  # a tool that leaves thousands must not flood the context
-        notes = notes[:MAX_NOTES] + [f"and {len(notes) - MAX_NOTES} more like these"]
+        notes = [*notes[:MAX_NOTES], f"and {len(notes) - MAX_NOTES} more like these"]
     said = "\n".join(f"sandbox: {note}" for note in notes)
     return msgspec.structs.replace(result, stderr=f"{result.stderr.rstrip()}\n{said}".lstrip())
 

@@ -17,7 +17,11 @@ warning naming the server and the tool.
 :meth:`McpServers.close` (also on ``with`` exit) closes every session; the SDK then closes
 the server's stdin, and terminates and kills its process group. Stdio servers start under the
 tool sandbox when one is given (``"network": true`` in a config entry lets one use the
-network). What a server does is its own: an unsandboxed one can do whatever the user can.
+network), as a tool's call does: the git repositories in its writable roots are read-only for
+its whole life, and what it leaves there (new repositories, set-id bits) is undone after each
+call (said in the call's result) and when it closes; a repository someone else makes there
+while the server runs is disarmed too. What a server does is its own: an unsandboxed one can
+do whatever the user can.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 from ..errors import UserFacingError
 from ..fileio import read_regular
-from .executor import DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text
+from . import leftovers
+from .executor import (DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text,
+                       with_notes)
 from .sandbox import Sandbox
 from .schema import Tool, ToolSchemaError, declared_tools
 
@@ -123,9 +129,23 @@ def unique_names(specs: Sequence[ServerSpec]) -> list[ServerSpec]:
 
 
 @dataclasses.dataclass
+class _Watch:
+    """A sandboxed stdio server's writable roots, as checked when it started: what it leaves
+    there (new git repositories, set-id bits) is undone after each call and at close."""
+
+    roots: tuple[str, ...]
+    before: leftovers.Found
+    since: float
+
+    def clean(self) -> list[str]:
+        return leftovers.clean(self.roots, self.before, self.since)
+
+
+@dataclasses.dataclass
 class _Server:
     spec: ServerSpec
     errlog: Any  # a real file: the SDK hands it to the child as its stderr
+    watch: _Watch | None = None  # set for a sandboxed stdio server
     stop: asyncio.Event | None = None
     task: asyncio.Task | None = None
     session: Any = None
@@ -214,7 +234,15 @@ class McpServers:
         argv = [spec.command, *spec.args]
         if self.sandbox is not None and self.sandbox.backend != "none":
             box = dataclasses.replace(self.sandbox, network=self.sandbox.network or spec.network)
-            argv, env = self._stack.enter_context(box.command(argv, cwd, env))
+            roots = box.roots(cwd)
+            try:  # its repositories are read-only for its whole life, as for a tool's call
+                server.watch = _Watch(roots, leftovers.scan(roots), time.time())
+            except OSError as e:
+                raise McpError(f"MCP server {spec.name!r}: could not check "
+                               f"{', '.join(roots)} before starting it ({e.strerror or e})"
+                               ) from None
+            argv, env = self._stack.enter_context(
+                box.command(argv, cwd, env, repositories=server.watch.before.read_only))
         params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
         return stdio_client(params, errlog=server.errlog)
 
@@ -294,14 +322,16 @@ class McpServers:
             raise
         except Exception as e:  # a tool's failure is the model's information
             future.cancel()
-            return ToolResult(tool=public, stderr=valid_text(server.describe_failure(
+            done = ToolResult(tool=public, stderr=valid_text(server.describe_failure(
                 f"failed the call ({_reason(e)})")), exit_code=1,
                 timed_out=isinstance(e, concurrent.futures.TimeoutError),
                 duration_sec=round(time.monotonic() - start, 4))
-        wire = result.model_dump(mode="json", by_alias=True)
-        failed = bool(wire.get("isError"))
-        return ToolResult(tool=public, stdout=self._text(wire), exit_code=1 if failed else 0,
-                          duration_sec=round(time.monotonic() - start, 4))
+        else:
+            wire = result.model_dump(mode="json", by_alias=True)
+            done = ToolResult(tool=public, stdout=self._text(wire),
+                              exit_code=1 if wire.get("isError") else 0,
+                              duration_sec=round(time.monotonic() - start, 4))
+        return with_notes(done, server.watch.clean()) if server.watch else done
 
     def _text(self, wire: dict) -> str:
         capped = _Capped(self.cap)
@@ -321,6 +351,10 @@ class McpServers:
         if self._loop is not None and not self._thread.is_alive() and not self._loop.is_closed():
             self._loop.close()
         self._stack.close()
+        for server in self.servers.values():  # what a server left since its last call
+            if server.watch is not None:
+                server.watch.clean()
+                server.watch = None
 
     async def _shutdown(self) -> None:
         tasks = [s.task for s in self.servers.values() if s.task is not None]
