@@ -136,7 +136,8 @@ def test_write_a_repositorys_git_config(mode, area):
     assert r.exit_code == 0 and (area / "root" / "work.txt").read_text() == "fine\n"
 
 
-@pytest.mark.parametrize("where", ["a nested repository", "a new .git", "a bare layout"])
+@pytest.mark.parametrize("where", ["a nested repository", "a new .git", "a bare layout",
+                                   "a worktree's commondir"])
 def test_leave_a_git_repository_that_runs_a_command(mode, area, where):
     # the sandboxed tool cannot run it; git would, later, on the host (the review's repro)
     root, hook = area / "root", '[core]\\n\\tfsmonitor = \\"touch /tmp/owned; false\\"\\n'
@@ -148,13 +149,18 @@ def test_leave_a_git_repository_that_runs_a_command(mode, area, where):
         script = (f'mkdir -p src/.git/objects src/.git/refs && echo "ref: refs/heads/main" '
                   f'> src/.git/HEAD && printf "{hook}" > src/.git/config')
         config = root / "src" / ".git"
-    else:
+    elif where == "a bare layout":
         script = (f'mkdir -p pkg/objects pkg/refs && echo "ref: refs/heads/main" > pkg/HEAD '
                   f'&& printf "{hook}" > pkg/config')
         config = root / "pkg"
+    else:  # HEAD beside commondir: git reads the config in the common directory
+        script = (f'mkdir -p wt common/objects common/refs && printf "{hook}" > common/config '
+                  f'&& echo "ref: refs/heads/main" > wt/HEAD && echo ../common > wt/commondir')
+        config = root / "wt"
     r = run(mode, script, root)
     live = (config / "HEAD").exists() or where == "a nested repository"
-    escaped(mode, live and "fsmonitor" in (config / "config").read_text(), r)
+    planted = (root / "common" if where == "a worktree's commondir" else config) / "config"
+    escaped(mode, live and "fsmonitor" in planted.read_text(), r)
     if mode == "bwrap" and where != "a nested repository":  # disarmed (renamed), not deleted
         disarmed = [p for p in root.rglob("*disarmed-by-mlx-agent")]
         assert "sandbox: renamed" in r.stderr and len(disarmed) == 1, r

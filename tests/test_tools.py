@@ -280,6 +280,28 @@ def test_write_file_never_completes_a_bare_repositorys_layout(tmp_path):
     assert r.exit_code != 0 and "would make a directory a git repository" in r.stderr, r
 
 
+def test_write_file_never_completes_a_worktrees_layout_nor_writes_a_git_directory(tmp_path):
+    """A hostile tester's breaches: HEAD beside a commondir file is a git directory too (its
+    config lives in the common one), and a git directory need not be named .git (a bare
+    repository, the one a .git file points to): git runs the config it finds in either."""
+    import subprocess
+
+    tools = {t.name: t for t in builtin_tools(tmp_path)}
+    write = lambda path: run_tool(tools["write_file"], {"path": path, "content": "x"})  # noqa
+    assert write("w/HEAD").exit_code == 0
+    r = write("w/commondir")
+    assert r.exit_code != 0 and "would make a directory a git repository" in r.stderr, r
+    subprocess.run(["git", "init", "-q", "--separate-git-dir", str(tmp_path / "store"),
+                    str(tmp_path / "work")], check=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "remote.git")], check=True)
+    for path in ("store/config", "store/hooks/pre-commit", "remote.git/config",
+                 "remote.git/new/x"):
+        r = write(path)
+        assert r.exit_code != 0 and "is a git directory" in r.stderr, (path, r)
+    assert "x" not in (tmp_path / "store" / "config").read_text()
+    assert write("work/notes.txt").exit_code == 0  # the work tree is the user's files
+
+
 def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):
     # one 5 GB file used to take grep's whole timeout and hide every file after it
     with open(tmp_path / "a_big", "wb") as f:

@@ -4,8 +4,9 @@ A sandbox confines the tool while it runs; some files it writes act afterwards, 
 
 - **git repositories.** git runs programs named in a repository's config
   (``core.fsmonitor``, ``core.hooksPath``) and hooks whenever a user runs it there. A tool
-  that creates one (a ``.git`` file or directory, or a bare repository's layout: ``HEAD``
-  beside ``objects/`` and ``refs/``) in a folder the user later works in runs code on the
+  that creates one (a ``.git`` file or directory, or a git directory's layout: ``HEAD``
+  beside ``objects/`` and ``refs/``, or beside a worktree's ``commondir``; see
+  :func:`.rootfs.is_git_dir`) in a folder the user later works in runs code on the
   host. Existing ones are bound read-only for the call (:func:`scan` finds them); a new one
   is disarmed after it: its ``.git`` (or a bare one's ``HEAD``) renamed, nothing deleted.
 - **setuid and setgid programs.** Files a tool writes are owned by the user the runtime
@@ -20,8 +21,7 @@ The walk goes by directory descriptors (no path is too long) and does not follow
 A root of more than :data:`MAX_ENTRIES` entries before a call is not walked to the end: it
 is read-only for the call (fail closed), and the result says so. After a call the walk has
 no limit: a root was at most that size before, and the rest the tool wrote in its own time
-(an entry is walked faster than it is written). Not promised: between the tool's exit and the clean-up (milliseconds) the files exist; git's
-``commondir`` layouts are not looked for; other files that act later (a Makefile, a shell rc
+(an entry is walked faster than it is written). Not promised: between the tool's exit and the clean-up (milliseconds) the files exist; other files that act later (a Makefile, a shell rc
 file, an editor's project settings) are the user's to review, as with any code a tool writes.
 """
 
@@ -32,7 +32,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .rootfs import BARE_REPOSITORY
+from .rootfs import is_git_dir
 
 MAX_ENTRIES = 50_000
 DISARMED = ".disarmed-by-mlx-agent"
@@ -142,7 +142,7 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
             seen += len(dirs) + len(files)
             names = set() if here in disarmed else set(dirs) | set(files)
             for name, is_bare in ((".git", False), ("HEAD", True)):
-                if name not in names or (is_bare and not all(n in names for n in BARE_REPOSITORY)):
+                if name not in names or (is_bare and not is_git_dir(names)):
                     continue
                 try:
                     key = _key(".", fd) if is_bare else _key(name, fd)

@@ -46,22 +46,35 @@ class OutsideRoot(ValueError):
     pass
 
 
-BARE_REPOSITORY = ("HEAD", "objects", "refs")  # what git takes for a bare repository: the
-# three side by side, each of any kind (a HEAD symlink, executable files count too)
+GIT_DIR_PARTS = ("HEAD", "objects", "refs", "commondir")  # each of any kind: a HEAD symlink
+# and executable files count too
+
+
+def is_git_dir(names: set[str]) -> bool:
+    """Whether git takes a directory holding ``names`` for a git directory (one whose config
+    and hooks it runs): ``HEAD`` beside ``objects`` and ``refs`` (a bare repository, or one a
+    ``.git`` file points to), or beside ``commondir`` (a linked worktree's, whose objects and
+    config are elsewhere)."""
+    return "HEAD" in names and ({"objects", "refs"} <= names or "commondir" in names)
+
+
+def _git_parts(dir_fd: int) -> set[str]:
+    present = set()
+    for name in GIT_DIR_PARTS:
+        with contextlib.suppress(OSError):
+            os.lstat(name, dir_fd=dir_fd)
+            present.add(name)
+    return present
 
 
 def _completes_repository(dir_fd: int, part: str) -> bool:
     """Whether writing ``part`` (the file, or a directory on the way) in the directory
-    ``dir_fd`` gives it the last of a bare repository's three parts."""
-    names = {n.lower(): n for n in BARE_REPOSITORY}
+    ``dir_fd`` makes it a git directory (:func:`is_git_dir`)."""
+    names = {n.lower(): n for n in GIT_DIR_PARTS}
     if part not in names:
         return False
-    for other in (n for key, n in names.items() if key != part):
-        try:
-            os.lstat(other, dir_fd=dir_fd)
-        except OSError:
-            return False
-    return True
+    present = _git_parts(dir_fd)
+    return not is_git_dir(present) and is_git_dir(present | {names[part]})
 
 
 def _parts(root: str, path: str) -> list[str]:
@@ -128,6 +141,8 @@ class _Walk:
         on the way and refuses every name in :data:`WRITE_PROTECTED`, however it is reached
         (a symlink's target is walked name by name too)."""
         todo = deque(parts)
+        if create:
+            self._refuse_git_dir()
         while todo:
             part = todo.popleft()
             if part == "..":
@@ -139,8 +154,8 @@ class _Walk:
                                       "later, outside any sandbox)")
             if create and _completes_repository(self.fd, part.lower()):
                 raise PermissionError("the write would make a directory a git repository "
-                                      "(HEAD beside objects/ and refs/), whose config git "
-                                      "runs later, outside any sandbox")
+                                      "(HEAD beside objects/ and refs/, or beside commondir), "
+                                      "whose config git runs later, outside any sandbox")
             if not todo:
                 target = _readlink(self.fd, part)
                 if target is None:
@@ -165,7 +180,18 @@ class _Walk:
                 continue
             self.fds.append(fd)
             self.names.append(part)
+            if create:
+                self._refuse_git_dir()
         return None
+
+    def _refuse_git_dir(self) -> None:
+        """A write may not go into (or through) a git directory by any name: a bare
+        repository, the one a ``.git`` file points to, a worktree's."""
+        if is_git_dir(_git_parts(self.fd)):
+            raise PermissionError(f"{self.relative()!r} is a git directory (HEAD beside "
+                                  "objects/ and refs/, or commondir), which tools may not "
+                                  "write: git runs its config and hooks later, outside any "
+                                  "sandbox")
 
 
 @contextlib.contextmanager
