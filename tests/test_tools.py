@@ -302,6 +302,25 @@ def test_write_file_never_completes_a_worktrees_layout_nor_writes_a_git_director
     assert write("work/notes.txt").exit_code == 0  # the work tree is the user's files
 
 
+def test_list_files_and_grep_walk_a_tree_deeper_than_the_recursion_limit(tmp_path):
+    # os.fwalk recursed a level at a time: one tool's mkdir -p of 1,100 folders made
+    # every later list_files and grep over the root a RecursionError
+    fd = os.open(tmp_path, os.O_RDONLY)
+    for _ in range(1100):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    with open(os.open("note.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd), "w") as f:
+        f.write("hello Dana\n")
+    os.close(fd)
+    tools = {t.name: t for t in builtin_tools(tmp_path)}
+    r = run_tool(tools["grep"], {"pattern": "Dana"})
+    assert r.exit_code == 0 and r.stdout.endswith("/d/note.txt:1: hello Dana"), r.stderr[-300:]
+    r = run_tool(tools["list_files"], {})
+    assert r.exit_code == 0 and "note.txt" in r.stdout, r.stderr[-300:]
+
+
 def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):
     # one 5 GB file used to take grep's whole timeout and hide every file after it
     with open(tmp_path / "a_big", "wb") as f:

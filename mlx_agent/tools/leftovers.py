@@ -14,25 +14,33 @@ A sandbox confines the tool while it runs; some files it writes act afterwards, 
   as that user. The bits are cleared after the call.
 
 :func:`scan` walks the writable roots before a call, :func:`clean` after it and undoes what
-is new (repositories by inode, so a folder moved aside keeps its own), returning one line per
+is new (repositories by inode, kind and link target, so a folder moved aside keeps its own
+and a deleted ``.git`` link's inode number reused for a file is new), returning one line per
 thing undone for the tool's result: about 0.1 s and 0.3 s for a tree of 43,000 entries here.
-The walk goes by directory descriptors (no path is too long) and does not follow links.
+The walk (:func:`.rootfs.walk`) goes by directory descriptors (no path is too long, no depth
+too deep, each level the same cost) and does not follow links; after a call it makes a
+folder the tool left unreadable (mode 0311: git and programs still go through it by name)
+readable to check it.
 
 A root of more than :data:`MAX_ENTRIES` entries before a call is not walked to the end: it
 is read-only for the call (fail closed), and the result says so. After a call the walk has
 no limit: a root was at most that size before, and the rest the tool wrote in its own time
-(an entry is walked faster than it is written). Not promised: between the tool's exit and the clean-up (milliseconds) the files exist; other files that act later (a Makefile, a shell rc
-file, an editor's project settings) are the user's to review, as with any code a tool writes.
+(an entry is walked faster than it is written). Not promised: between the tool's exit and
+the clean-up (milliseconds) the files exist; a folder of another user's that the runtime
+cannot read is named in the result, not checked; other files that act later (a Makefile, a
+shell rc file, an editor's project settings) are the user's to review, as with any code a
+tool writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
-from .rootfs import is_git_dir
+from .rootfs import Here, is_git_dir, walk
 
 MAX_ENTRIES = 50_000
 DISARMED = ".disarmed-by-mlx-agent"
@@ -41,7 +49,7 @@ _SET_ID = stat.S_ISUID | stat.S_ISGID
 
 @dataclass
 class Found:
-    repositories: dict[str, tuple[int, int]] = field(default_factory=dict)  # path: (dev, inode)
+    repositories: dict[str, tuple] = field(default_factory=dict)  # path: its _key
     notes: list[str] = field(default_factory=list)  # what was undone, or could not be
     # roots past MAX_ENTRIES before a call: not checked, so read-only for it (fail closed)
     too_big: list[str] = field(default_factory=list)
@@ -61,9 +69,13 @@ def _exists(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _key(name: str, dir_fd: int) -> tuple[int, int]:
+def _key(name: str, dir_fd: int) -> tuple:
+    """What tells a repository's entry apart: its inode, its kind, and a link's target (a
+    tool may delete a ``.git`` symlink, which the read-only bind does not hold, and get its
+    inode number back for a file of its own)."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    return st.st_dev, st.st_ino
+    target = os.readlink(name, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else None
+    return st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), target
 
 
 def _free_name(name: str, dir_fd: int) -> str:
@@ -74,73 +86,29 @@ def _free_name(name: str, dir_fd: int) -> str:
     return candidate
 
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _walk(root: str, unreadable: Callable[[str, OSError], None]
-          ) -> Iterator[tuple[str, list[str], list[str], int]]:
-    """``os.fwalk``'s top-down ``(path, dirs, files, dir_fd)`` without its recursion (Python
-    3.11's recurses once a level: a thousand nested folders raised RecursionError) and with
-    one descriptor, moved down by name and back up by ``..``: no depth is too deep. ``dirs``
-    may be edited before the walk goes on; links are not followed."""
-    fd, path, todo = os.open(root, _DIR), root, []  # todo: per level, the folders to visit
-    try:
-        while True:
-            dirs, files = [], []
-            try:
-                with os.scandir(fd) as entries:
-                    for entry in entries:
-                        try:
-                            (dirs if entry.is_dir(follow_symlinks=False) else files).append(
-                                entry.name)
-                        except OSError:
-                            files.append(entry.name)
-            except OSError as e:
-                unreadable(path, e)
-            yield path, dirs, files, fd
-            todo.append(dirs[::-1])
-            while True:
-                if todo[-1]:
-                    name = todo[-1].pop()
-                    try:
-                        child = os.open(name, _DIR, dir_fd=fd)
-                    except OSError as e:
-                        unreadable(os.path.join(path, name), e)
-                        continue
-                    os.close(fd)
-                    fd, path = child, os.path.join(path, name)
-                    break
-                todo.pop()
-                if not todo:
-                    return
-                parent = os.open("..", _DIR, dir_fd=fd)
-                os.close(fd)
-                fd, path = parent, os.path.dirname(path)
-    finally:
-        os.close(fd)
-
-
-def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = None,
+def scan(roots: Sequence[str], *, known: dict[str, tuple] | None = None,
          since: float | None = None) -> Found:
-    """The git repositories under ``roots`` (each a ``.git`` entry, or a directory holding
-    ``HEAD``, ``objects`` and ``refs``), by path and inode. With ``known`` (what a scan found
-    before a call that started at ``since``), also undo what the call left: a repository
-    whose inode is not known is disarmed (renamed: a moved folder keeps its repository), and
-    a set-id bit on a file whose inode changed since ``since`` is cleared, in new
-    repositories too. The walk holds directory descriptors, so depth is no limit."""
+    """The git repositories under ``roots`` (each a ``.git`` entry, or a git directory's
+    layout: :func:`.rootfs.is_git_dir`), by path and :func:`_key`. With ``known`` (what a
+    scan found before a call that started at ``since``), also undo what the call left: a
+    repository whose key is not known is disarmed (renamed: a moved folder keeps its
+    repository), and a set-id bit on a file whose inode changed since ``since`` is cleared,
+    in new repositories too. The walk holds directory descriptors, so depth is no limit."""
     found, after = Found(), known is not None
     old = set((known or {}).values())
     for root in roots:
         seen = 0
 
-        def unreadable(where: str, e: OSError) -> None:
+        def unreadable(where: str, e: OSError | None) -> None:
             if after:
-                found.notes.append(f"could not check {where}: {e.strerror}")
+                found.notes.append(f"made {where} readable to check it" if e is None else
+                                   f"could not check {where}: {e.strerror}")
 
-        disarmed: set[str] = set()  # renamed .git directories: walked for set-id files only
-        for here, dirs, files, fd in _walk(root, unreadable):
+        disarmed: set[tuple] = set()  # renamed .git directories: walked for set-id files only
+        for here, dirs, files, fd in walk(root, unreadable, repair=after):
             seen += len(dirs) + len(files)
-            names = set() if here in disarmed else set(dirs) | set(files)
+            inside = bool(disarmed) and _key(".", fd) in disarmed
+            names = set() if inside else set(dirs) | set(files)
             for name, is_bare in ((".git", False), ("HEAD", True)):
                 if name not in names or (is_bare and not is_git_dir(names)):
                     continue
@@ -151,9 +119,10 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
                 if after and key not in old:
                     renamed = _disarm(here, name, fd, dirs, found)
                     if renamed and not is_bare:
-                        disarmed.add(os.path.join(here, renamed))
+                        with contextlib.suppress(OSError):
+                            disarmed.add(_key(renamed, fd))
                     continue
-                found.repositories[here if is_bare else os.path.join(here, name)] = key
+                found.repositories[str(here) if is_bare else here.join(name)] = key
                 if not is_bare and name in dirs:
                     dirs.remove(name)  # its contents are git's, and were there before
             if after:
@@ -169,25 +138,25 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple[int, int]] | None = Non
     return found
 
 
-def _disarm(here: str, name: str, fd: int, dirs: list[str], found: Found) -> str | None:
+def _disarm(here: Here, name: str, fd: int, dirs: list[str], found: Found) -> str | None:
     """Rename a new repository's ``.git`` (or a bare one's ``HEAD``): not deleted, since what
     the tool moved there may be the user's files. Returns the new name."""
     new = _free_name(name + DISARMED, fd)
     try:
         os.rename(name, new, src_dir_fd=fd, dst_dir_fd=fd)
     except OSError as e:
-        found.notes.append(f"could not rename {os.path.join(here, name)}, from a git "
+        found.notes.append(f"could not rename {here.join(name)}, from a git "
                            f"repository the tool made: {e.strerror}; delete it before running "
                            "git there")
         return None
     if name in dirs:  # still walked, under its new name: set-id files may hide inside
         dirs[dirs.index(name)] = new
-    found.notes.append(f"renamed {os.path.join(here, name)} to {new}: the tool made a git "
+    found.notes.append(f"renamed {here.join(name)} to {new}: the tool made a git "
                        "repository, whose config git would run outside the sandbox")
     return new
 
 
-def _clear_set_id(here: str, files: list[str], fd: int, since: float | None,
+def _clear_set_id(here: Here, files: list[str], fd: int, since: float | None,
                   found: Found) -> None:
     for name in files:
         try:
@@ -196,7 +165,7 @@ def _clear_set_id(here: str, files: list[str], fd: int, since: float | None,
             continue
         if not (stat.S_ISREG(st.st_mode) and st.st_mode & _SET_ID and st.st_ctime >= since):
             continue
-        path = os.path.join(here, name)
+        path = here.join(name)
         try:  # by descriptor: a symlink swapped in now cannot redirect the chmod
             file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
         except OSError as e:

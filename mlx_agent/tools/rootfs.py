@@ -30,7 +30,7 @@ import secrets
 import stat
 import sys
 from collections import deque
-from typing import Iterator
+from typing import Callable, Iterator
 
 SKIP_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".pytest_cache"})
 WRITE_PROTECTED = frozenset({".git"})  # lower case: a case-insensitive filesystem matches .GIT
@@ -265,12 +265,114 @@ def files(root: str, path: str = ".") -> Iterator[tuple[str, int]]:
         os.close(start)
 
 
+class Here:
+    """A directory the walk stands in, as a link to its parent: the path is joined only when
+    a message or a bind needs it (joining it at every level made a deep tree of long names
+    cost its depth times its path's length)."""
+
+    __slots__ = ("parent", "name")
+
+    def __init__(self, parent: Here | None, name: str):
+        self.parent, self.name = parent, name
+
+    def __str__(self) -> str:
+        names, node = [], self
+        while node is not None:
+            names.append(node.name)
+            node = node.parent
+        return os.path.join(*reversed(names))
+
+    def join(self, name: str) -> str:
+        return os.path.join(str(self), name)
+
+
+def _readable(name: str, dir_fd: int) -> bool:
+    """Make the directory ``name`` readable and searchable by its owner (the runtime's user:
+    a tool's folders are), through a descriptor that a swapped-in link cannot redirect; False
+    where that cannot be done (another user's folder, or no ``/proc``)."""
+    o_path = getattr(os, "O_PATH", 0)
+    if not o_path or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        fd = os.open(name, o_path | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(os.fstat(fd).st_mode) | 0o500)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def walk(root: str | int, unreadable: Callable[[str, OSError | None], None] = lambda w, e: None,
+         repair: bool = False, top: str | None = None
+         ) -> Iterator[tuple[Here, list[str], list[str], int]]:
+    """``os.fwalk``'s top-down ``(where, dirs, files, dir_fd)`` without its recursion
+    (Python 3.11's recurses once a level: a thousand nested folders raised RecursionError)
+    and with one descriptor, moved down by name and back up by ``..``: no depth is too deep,
+    and each level costs the same. ``dirs`` may be edited before the walk goes on; links are
+    not followed. A folder that cannot be opened is passed to ``unreadable`` with the error;
+    with ``repair`` it is first made readable (see :func:`_readable`) and tried again (then
+    ``unreadable`` gets None): a tool's folder with its read bit off (mode 0311) is still one
+    git and programs go through by name."""
+    # root: a path, or a directory descriptor (not closed; ``top`` names it in paths)
+    fd = os.dup(root) if isinstance(root, int) else os.open(root, _DIR)
+    here, todo = Here(None, top or str(root)), []  # todo: per level, the folders to visit
+    try:
+        while True:
+            dirs, files = [], []
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        try:
+                            (dirs if entry.is_dir(follow_symlinks=False) else files).append(
+                                entry.name)
+                        except OSError:
+                            files.append(entry.name)
+            except OSError as e:
+                unreadable(str(here), e)
+            yield here, dirs, files, fd
+            todo.append(dirs[::-1])
+            while True:
+                if todo[-1]:
+                    name = todo[-1].pop()
+                    try:
+                        child = os.open(name, _DIR, dir_fd=fd)
+                    except PermissionError as e:
+                        if not (repair and _readable(name, fd)):
+                            unreadable(here.join(name), e)
+                            continue
+                        try:
+                            child = os.open(name, _DIR, dir_fd=fd)
+                        except OSError as e:
+                            unreadable(here.join(name), e)
+                            continue
+                        unreadable(here.join(name), None)
+                    except OSError as e:
+                        unreadable(here.join(name), e)
+                        continue
+                    os.close(fd)
+                    fd, here = child, Here(here, name)
+                    break
+                todo.pop()
+                if not todo:
+                    return
+                parent = os.open("..", _DIR, dir_fd=fd)
+                os.close(fd)
+                fd, here = parent, here.parent
+    finally:
+        os.close(fd)
+
+
 def _tree(prefix: str, start: int):
-    # fwalk descends only into real directories (it compares lstat and fstat of each)
-    for top, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=start):
+    # descends only into real directories (opened with O_NOFOLLOW), at any depth
+    for here, dirnames, filenames, dir_fd in walk(start, top="."):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in sorted(filenames):
-            yield os.path.normpath(os.path.join(prefix, top, name)), dir_fd, name
+            yield os.path.normpath(os.path.join(prefix, str(here), name)), dir_fd, name
 
 
 def _open_entry(root: str, rel: str, dir_fd: int | None, name: str | None) -> int | None:
