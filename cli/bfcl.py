@@ -68,7 +68,7 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
                                  + ", ".join(CATEGORIES), param_hint="--categories")
     check_ray_options(ray_address, ray_workers)
     paths.writable_file(out, "--out")
-    paths.writable_file(runs, "--runs")
+    paths.writable_file(runs, "--runs", not_same_as={"--out": out})
     try:
         bfcl()  # before the model loads
     except BFCLMissing as e:

@@ -12,6 +12,7 @@ command fails, so a run that stops early leaves no empty folders behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -31,13 +32,31 @@ def _probe(directory: Path, option: str, path) -> None:
                         "choose a place you can write") from None
 
 
-def writable_file(path: str | None, option: str) -> None:
-    """``path`` can be written as files here are (a temporary file beside it, renamed)."""
-    if not path:
+def writable_file(path: str | None, option: str, *, not_same_as: dict[str, str | None]
+                  | None = None) -> None:
+    """``path`` can be written as files here are (a temporary file beside it, renamed over
+    it): so an existing one must be a regular file (renamed over, ``/dev/null`` or a FIFO
+    would be replaced by a file), and not a file the command reads or writes otherwise
+    (``not_same_as``: option to path)."""
+    if path is None:
         return
+    if not path:
+        raise UserError(f"{option} is empty; give a file path")
     p = Path(path)
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # ENAMETOOLONG, ELOOP, EACCES
+        raise UserError(f"{option} {path}: {e.strerror or e}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise UserError(f"{option} {path} is a directory; give a file path")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{option} {path} is not a regular file (it would be replaced by "
+                        "one); give a file path")
+    for other, other_path in (not_same_as or {}).items():
+        if other_path and _same_file(path, other_path):
+            raise UserError(f"{option} {path} is the file {other} names; give another path")
     parent = p.parent
     if not parent.is_dir():
         raise UserError(f"{option} {path}: the directory {parent} does not exist; create it "
@@ -46,6 +65,13 @@ def writable_file(path: str | None, option: str) -> None:
 
 
 _made: list[Path] = []  # directories writable_dir created, parents first
+
+
+def _same_file(a: str, b: str) -> bool:
+    with contextlib.suppress(OSError):
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def writable_dir(path: str | None, option: str) -> None:

@@ -144,7 +144,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
 
     check_ray_options(ray_address, ray_workers)
     paths.writable_dir(trajectory_dir, "--trajectory-dir")  # first: --out may be inside it
-    paths.writable_file(out, "--out")
+    paths.writable_file(out, "--out", not_same_as={"--tasks": tasks_file})
     box = make_sandbox(sandbox, allow_network, None)
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
     tasks = TaskFile.of(tasks_file)  # read once; a bad tasks file fails before the model loads

@@ -256,6 +256,16 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval", "--tasks", "{tasks}", "--out", "{tmp}"], "is a directory"),
     (["eval", "--tasks", "{tasks}", "--trajectory-dir", "/proc/x"], "--trajectory-dir"),
     (["eval-bfcl", "--out", "/proc/x/b.jsonl"], "--out /proc/x/b.jsonl"),
+    # written by a rename over them: /dev/null (as root) became a regular file
+    (["eval", "--tasks", "{tasks}", "--out", "/dev/null"], "/dev/null is not a regular file"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--save-session", "/dev/null"],
+     "--save-session /dev/null is not a regular file"),
+    (["agent", "--tools", ECHO, "--single", "hi", "--save-session", ""],
+     "--save-session is empty"),
+    (["eval", "--tasks", "{tasks}", "--out", "{tasks}"], "is the file --tasks names"),
+    (["eval-bfcl", "--out", "{tmp}/b.jsonl", "--runs", "{tmp}/./b.jsonl"],
+     "is the file --out names"),
+    (["eval", "--tasks", "{tasks}", "--out", "{tmp}/" + "x" * 300], "File name too long"),
     # a run that fails after its checks leaves no empty folder they made
     (["agent", "/no/model", "--tools", ECHO, "--single", "hi", "--trajectory-dir",
       "{tmp}/runs/a"], "no model at '/no/model'"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -314,11 +315,14 @@ def test_list_files_and_grep_walk_a_tree_deeper_than_the_recursion_limit(tmp_pat
     with open(os.open("note.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd), "w") as f:
         f.write("hello Dana\n")
     os.close(fd)
-    tools = {t.name: t for t in builtin_tools(tmp_path)}
-    r = run_tool(tools["grep"], {"pattern": "Dana"})
-    assert r.exit_code == 0 and r.stdout.endswith("/d/note.txt:1: hello Dana"), r.stderr[-300:]
-    r = run_tool(tools["list_files"], {})
-    assert r.exit_code == 0 and "note.txt" in r.stdout, r.stderr[-300:]
+    try:
+        tools = {t.name: t for t in builtin_tools(tmp_path)}
+        r = run_tool(tools["grep"], {"pattern": "Dana"})
+        assert r.exit_code == 0 and r.stdout.endswith("/d/note.txt:1: hello Dana"), r.stderr
+        r = run_tool(tools["list_files"], {})
+        assert r.exit_code == 0 and "note.txt" in r.stdout, r.stderr[-300:]
+    finally:  # pytest's own clean-up (shutil.rmtree) recurses, and would fail later on it
+        subprocess.run(["rm", "-rf", str(tmp_path / "d")], timeout=60)
 
 
 def test_grep_names_a_huge_file_and_searches_the_files_after_it(tmp_path):
