@@ -8,6 +8,12 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import signal
+import sys
+
 import click
 
 from mlx_agent.errors import UserFacingError
@@ -28,9 +34,34 @@ def warn(message: str) -> None:
     click.secho(f"warning: {message}", err=True, fg="yellow")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt is, so that what Ctrl-C cleans up
+    (runs done written, cut runs' files removed, temporary folders) is cleaned up for it too."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 class Group(click.Group):
     """Turns the runtime's user-facing errors and click's usage errors (a subcommand's
-    options and arguments) into one-line messages with exit code 2."""
+    options and arguments) into one-line messages with exit code 2; SIGTERM into
+    :class:`Terminated` (exit 143), and a standard output that cannot be written (a full
+    disk, ``>/dev/full``) into one line on stderr."""
+
+    def main(self, *args, **kwargs):
+        signal.signal(signal.SIGTERM, _terminate)  # serve's uvicorn installs its own
+        try:
+            return super().main(*args, **kwargs)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EIO, errno.EPIPE, errno.EDQUOT):
+                raise
+            _stdout_failed(e)
+        finally:
+            try:
+                sys.stdout.flush()
+            except OSError as e:
+                _stdout_failed(e)
 
     def parse_args(self, ctx, args):
         try:
@@ -67,9 +98,17 @@ class Group(click.Group):
             raise
         except click.UsageError as e:  # click's own: usage, a hint and the error, 4 lines
             raise _one_line(e, ctx) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             click.echo("", err=True)
-            ctx.exit(130)
+            ctx.exit(143 if isinstance(e, Terminated) else 130)
+
+
+def _stdout_failed(e: OSError) -> None:
+    """Says so on stderr, and exits 2 with nothing left for the interpreter to flush."""
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 — the interpreter flushes it at exit
+    with contextlib.suppress(OSError):
+        click.echo(f"mlx_agent: error: cannot write the output ({e.strerror or e})", err=True)
+    sys.exit(2)
 
 
 def refuse_repeats(cmd: click.Command, args: list[str], ctx: click.Context) -> None:

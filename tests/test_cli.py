@@ -367,9 +367,10 @@ def test_an_option_value_that_looks_like_an_option_is_a_value():
     assert r.returncode == 2 and "-t/--temperature is given twice" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("batch", ["1", "4"])
-def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path, batch):
-    """With --batch, the runs in the batch are cut too (not run to their end unrecorded)."""
+@pytest.mark.parametrize("batch,sig", [("1", "SIGINT"), ("4", "SIGINT"), ("1", "SIGTERM")])
+def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path, batch, sig):
+    """With --batch, the runs in the batch are cut too (not run to their end unrecorded);
+    SIGTERM (a kill, a timeout) cleans up as Ctrl-C does (it lost --out, and left folders)."""
     import json
     import signal
 
@@ -382,10 +383,18 @@ def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path, batch):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:  # one progress line per finished run
         if "eval 1/12" in line:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(getattr(signal, sig))
             break
     proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    assert proc.returncode == (130 if sig == "SIGINT" else 143)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert 1 <= len(rows) < 12  # the finished runs, written; the rest not run
     assert len(list(runs.glob("*.atraj"))) == len(rows)  # no trajectory of a cut run
+
+
+def test_an_output_that_cannot_be_written_is_one_line():
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([*CLI, "--help"], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=60)
+    assert r.returncode == 2 and r.stderr == \
+        "mlx_agent: error: cannot write the output (No space left on device)\n", r.stderr
