@@ -114,6 +114,40 @@ def test_corrupt_gguf_is_a_one_line_error(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def _hostile_headers() -> dict[str, tuple[bytes, str]]:
+    import struct
+
+    def text(x: bytes) -> bytes:
+        return struct.pack("<Q", len(x)) + x
+
+    deep = (b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + text(b"general.architecture")
+            + struct.pack("<I", 8) + text(b"llama") + text(b"token_embd.weight")
+            + struct.pack("<I", 1000) + struct.pack("<Q", 1) * 1000 + struct.pack("<IQ", 0, 0))
+    return {  # what the native reader did with each: segfault, segfault, abort
+        "tensors": (b"GGUF" + struct.pack("<IQQ", 3, 2**63, 0) + b"\0" * 64,
+                    "claims 9223372036854775808 tensors"),
+        "key": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**62) + b"abc",
+                "key 0 needs 4611686018427387904 bytes"),
+        "dims": (deep + b"\0" * 96, "has 1000 dimensions (at most 4)"),
+        "strings": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + text(b"tok") + struct.pack(
+            "<IIQ", 9, 8, 3) + text(b"a") + struct.pack("<Q", 2**40), "runs past the end"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_hostile_headers()))
+def test_a_hostile_header_is_refused_before_the_native_reader_sees_it(tmp_path, case):
+    import subprocess
+    import sys
+
+    data, message = _hostile_headers()[case]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data)
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate", "-m", str(path),
+                        "hi"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-500:]
+    assert "not a readable GGUF file" in r.stderr and message in r.stderr, r.stderr
+
+
 def test_missing_named_model_says_how_to_install(monkeypatch):
     from mlx_agent import models
 

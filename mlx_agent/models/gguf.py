@@ -20,6 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
 
+from . import gguf_header
+
 GROUP_SIZE = 32  # every GGUF block type MLX reads has 32-element blocks
 
 _NAMES = [
@@ -54,6 +56,12 @@ def _rename(name: str) -> str | None:
 
 
 def read(path: Path) -> tuple[dict[str, mx.array], dict]:
+    try:  # first: the native reader trusts the header, and crashed the process on some
+        gguf_header.check(path)
+    except gguf_header.HeaderError as e:
+        raise GGUFError(f"{path} is not a readable GGUF file ({e})") from None
+    except OSError as e:
+        raise GGUFError(f"cannot read {path}: {e.strerror or e}") from None
     try:
         weights, meta = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as e:  # MLX raises bare exceptions for malformed or unsupported files
