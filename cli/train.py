@@ -82,7 +82,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
       mlx_agent agent --adapter adapters/specialist --tools tools.json
     """
     from mlx_agent.models import load
-    from mlx_agent.sft import SFTConfig, read_rows, train
+    from mlx_agent.sft import SFTConfig, check_vocabulary, read_rows, train
 
     if batch_size % processes:
         raise UserError(f"--processes {processes} must divide --batch-size {batch_size}")
@@ -93,6 +93,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
         raise UserError(str(e)) from None
     lm = load(base, weights=weights, context_length=context_length)
     try:
+        check_vocabulary(rows, lm.vocab_size, data)
         stats = train(lm, rows, out, SFTConfig(iters=iters, batch_size=batch_size,
                                                learning_rate=learning_rate, rank=rank,
                                                num_layers=num_layers, val_fraction=val_fraction,

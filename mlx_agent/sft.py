@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 
 from .engine import output_head
-from .fileio import write_jsonl
+from .fileio import read_regular, write_jsonl
 from .models.cpu_layers import use_reference_layers
 
 
@@ -52,13 +53,21 @@ class SFTConfig:
     processes: int = 1  # data-parallel processes on this machine, each a share of every batch
 
 
+MAX_ID = 2**31 - 1  # what an int32 token array holds
+
+
 def read_rows(path: str | Path) -> list[dict]:
+    """The rows of an sft JSONL file (``traces-to-data``'s), each checked: ``input_ids`` a
+    list of token ids, ``loss_mask`` as many 0s and 1s. Ids are checked against a model's
+    vocabulary by :func:`check_vocabulary` (an id past it crashed the process in training)."""
     rows = []
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_regular(path).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} is not UTF-8 text (byte {e.start}); give the JSONL file "
                          "traces-to-data writes") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -68,12 +77,27 @@ def read_rows(path: str | Path) -> list[dict]:
         except (ValueError, KeyError, TypeError, RecursionError):
             raise ValueError(f"{path}:{i}: not a traces-to-data sft row "
                              "(needs input_ids and loss_mask)") from None
+        if not (isinstance(ids, list) and isinstance(mask, list)) or \
+                not all(type(t) is int and 0 <= t <= MAX_ID for t in ids) or \
+                not all(m in (0, 1) and type(m) is int for m in mask):
+            raise ValueError(f"{path}:{i}: input_ids must be a list of token ids and "
+                             "loss_mask a list of 0s and 1s")
         if len(ids) != len(mask) or not ids:
             raise ValueError(f"{path}:{i}: input_ids and loss_mask differ in length")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path} has no rows")
     return rows
+
+
+def check_vocabulary(rows: Sequence[dict], vocab_size: int, source: str) -> None:
+    """Raises ValueError naming the first row with a token id past ``vocab_size``."""
+    for i, row in enumerate(rows, 1):
+        top = max(row["input_ids"])
+        if top >= vocab_size:
+            raise ValueError(f"{source}: row {i} holds token id {top}, past the model's "
+                             f"vocabulary of {vocab_size}; were the rows made for another "
+                             "model?")
 
 
 def masked_loss(model, tokens: mx.array, scored: mx.array, weights: mx.array):
@@ -210,7 +234,25 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     """Train a LoRA adapter on ``rows``; returns the first and last training losses and
     the iterations run (fewer than ``config.iters`` when ``config.minutes`` ran out).
     ``lm`` is left with the trained adapter on its float32 weights, whether the training
-    ran here or, with ``config.processes`` > 1, in processes of its own."""
+    ran here or, with ``config.processes`` > 1, in processes of its own.
+
+    The adapter is written in a folder beside ``out_dir`` and its files moved into
+    ``out_dir`` only when training is done: a failure or Ctrl-C leaves ``out_dir`` as it was
+    (an adapter there, trained on, is not left with a new config over its old weights)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        stats = _train(lm, rows, staging, config)
+        out.mkdir(exist_ok=True)
+        for name in ("adapters.safetensors", "adapter_config.json"):  # the config last
+            os.replace(staging / name, out / name)
+        return stats
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig) -> dict:
     if config.processes > 1 and mx.distributed.init().size() == 1:
         return _train_in_processes(lm, rows, out_dir, config)
     from mlx_lm.tuner.trainer import TrainingArgs, TrainingCallback
@@ -274,7 +316,7 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
     then ``lm`` gets the trained adapter, as in one process."""
     n = config.processes
     if len(rows) < 2 * config.batch_size:  # too few for a share of every batch: one process
-        return train(lm, rows, out_dir, dataclasses.replace(config, processes=1))
+        return _train(lm, rows, out_dir, dataclasses.replace(config, processes=1))
     if lm.identity.adapter_fingerprint:
         raise ValueError("training in several processes loads the model from its file; load "
                          "it without an adapter (continue one with init_adapter)")
@@ -364,6 +406,6 @@ def _worker(argv: list[str]) -> None:
     (Path(stats_path).parent / f"ready{group.rank()}").touch()  # the ring formed
     fields = json.loads(config_json)
     fields["keys"] = tuple(fields["keys"])
-    stats = train(load(model_path), read_rows(rows_path), out_dir, SFTConfig(**fields))
+    stats = _train(load(model_path), read_rows(rows_path), out_dir, SFTConfig(**fields))
     if group.rank() == 0:
         Path(stats_path).write_text(json.dumps(stats))

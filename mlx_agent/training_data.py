@@ -16,6 +16,8 @@ rollout of a prompt, since its pairs come from them.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -47,13 +49,16 @@ class Counts:
 
 
 def reward_of(traj: Trajectory) -> float | None:
+    """The trajectory's reward; None without one, or for one that is not a finite number
+    (a "nan" passed every --min-reward and was written as JSON's invalid NaN)."""
+    reward = None
     if "reward" in traj.summary:
-        try:
-            return float(traj.summary["reward"])
-        except ValueError:
-            return None
-    rewards = [s.reward for s in traj.steps if s.reward is not None]
-    return rewards[-1] if rewards else None
+        with contextlib.suppress(ValueError):
+            reward = float(traj.summary["reward"])
+    else:
+        rewards = [s.reward for s in traj.steps if s.reward is not None]
+        reward = rewards[-1] if rewards else None
+    return reward if reward is not None and math.isfinite(reward) else None
 
 
 def messages(traj: Trajectory) -> list[dict]:
@@ -186,9 +191,10 @@ def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
                          "agent or eval runs")
     if not dry_run and out is not None:
         if not rows:  # an earlier file at ``out`` is kept, not emptied
+            first = f"; {counts.unreadable_why[0]}" if counts.unreadable_why else ""
             raise ValueError(f"no {mode} rows from the {counts.read} trajectories ("
                              + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in
                                          vars(counts).items() if isinstance(v, int) and v)
-                             + "); nothing written")
+                             + f"){first}; nothing written")
         write_jsonl(out, rows)
     return counts

@@ -22,7 +22,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Annotated, Iterator
 
 import msgspec
 
@@ -47,11 +47,14 @@ class ToolResultRecord(msgspec.Struct, omit_defaults=True):
     timed_out: bool = False
 
 
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # a file's ids go to int32 arrays
+
+
 class Step(msgspec.Struct, omit_defaults=True):
     role: str
     content: str
-    input_ids: list[int] | None = None
-    output_ids: list[int] | None = None
+    input_ids: list[TokenId] | None = None
+    output_ids: list[TokenId] | None = None
     prefix_len: int | None = None
     tool_call: ToolCallRecord | None = None
     tool_result: ToolResultRecord | None = None

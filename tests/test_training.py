@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -51,6 +52,23 @@ def test_sft_rows_masks_and_filters(tmp_path):
     assert roles == ["system", "user", "assistant", "tool", "assistant"]
     assert full["messages"][2]["tool_calls"][0]["function"]["name"] == "echo"
     assert read_rows(out) == rows
+
+
+def test_a_reward_that_is_not_a_number_is_no_reward_and_ids_must_be_token_ids(tmp_path):
+    """A hostile tester's files: "nan" passed --min-reward 1 (nan < 1 is false) and was
+    written as JSON's invalid NaN; an id of -5 went into the rows."""
+    d = tmp_path / "traj"
+    path = write_traj(d, "a", "add two numbers please", [20, 21], 1.0)
+    traj = tj.read(path)
+    traj.summary["reward"] = "nan"
+    tj.write(path, traj)
+    counts = convert(d, tmp_path / "sft.jsonl", mode="sft", min_reward=1.0, dry_run=True)
+    assert (counts.low_reward, counts.rows) == (1, 0)
+    traj.summary["reward"] = "1"
+    traj.steps[1].input_ids = [10, -5]
+    tj.write(path, traj)
+    with pytest.raises(ValueError, match="unreadable 1\\); .*Expected `int` >= 0"):
+        convert(d, tmp_path / "sft.jsonl", mode="sft")
 
 
 def test_near_duplicate_prompts_are_dropped(tmp_path):
@@ -210,10 +228,48 @@ def test_workers_that_never_connect_or_never_finish_are_stopped(tmp_path):
 
 
 def test_bad_rows_are_a_clear_error(tmp_path):
+    from mlx_agent.sft import check_vocabulary
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\n')
     with pytest.raises(ValueError, match="needs input_ids and loss_mask"):
         read_rows(bad)
+    # ids that are not ids: a TypeError, std::bad_cast, or (past the vocabulary) a segfault
+    for ids in ("5", '"abc"', "[1, -5]", "[1, 99999999999999999999]", "[1, true]"):
+        bad.write_text('{"input_ids": %s, "loss_mask": [0, 1]}\n' % ids)
+        with pytest.raises(ValueError, match="bad.jsonl:1: input_ids must be a list of token"):
+            read_rows(bad)
+    bad.write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n'
+                   '{"input_ids": [1, 1000000000], "loss_mask": [0, 1]}\n')
+    with pytest.raises(ValueError, match="row 2 holds token id 1000000000, past the model's "
+                                         "vocabulary of 49152"):
+        check_vocabulary(read_rows(bad), 49152, "bad.jsonl")
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_rows(fifo)  # it waited for a writer
+
+
+def test_an_interrupted_training_leaves_the_adapter_folder_as_it_was(tmp_path, monkeypatch):
+    """The config was written first and the weights at the end: Ctrl-C left a new config
+    over an old adapter's weights (rank 4 said, rank 48 stored)."""
+    from mlx_agent import sft
+
+    path, lm, text, rows = hello_model(tmp_path)
+    out = tmp_path / "adapter"
+    out.mkdir()
+    (out / "adapter_config.json").write_text("old config")
+    (out / "adapters.safetensors").write_bytes(b"old weights")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft, "batches", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(lm, rows, out, SFTConfig(iters=5, batch_size=2, rank=4, num_layers=1,
+                                       keys=("attn.q_proj",)))
+    assert (out / "adapter_config.json").read_text() == "old config"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "m.tinygpt"]
 
 
 def test_cli_traces_to_data_and_usage_errors(tmp_path):
