@@ -72,6 +72,7 @@ def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_h
     import dataclasses
     from pathlib import Path
 
+    from mlx_agent.fileio import check_tree
     from mlx_agent.models import load
     from mlx_agent.specialize import (RECIPE, Cluster, Models, SpecializeConfig, prepare_out,
                                       table)
@@ -89,6 +90,12 @@ def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_h
     tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
     for warning in (w for t in tools for w in t.warnings):
         warn(warning)
+    if fixture:
+        try:  # copied for every rollout and task: files, folders and links only
+            check_tree(fixture)
+        except OSError as e:
+            raise UserError(f"--fixture {fixture} cannot be copied: {e.filename}: "
+                            f"{e.strerror}") from None
     prepare_out(out).rmdir()  # before any work: an --out that cannot be written fails now
     box = make_sandbox(sandbox, allow_network, None)
     servers = start_mcp(mcp_commands, mcp_config, box, 30.0, fixture)

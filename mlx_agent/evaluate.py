@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from .batch_runner import BatchRunner, run_pool
 from .cache import ContextFull
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
-from .fileio import read_regular
+from .fileio import check_tree, copy_tree, read_regular
 from .tools import Tool, builtin_tools, load_tools
 from .tools.executor import run_process
 from .tools.sandbox import Sandbox
@@ -117,7 +116,7 @@ class Summary:
 
 def load_tasks(path: str | Path) -> list[Task]:
     path = Path(path)
-    tasks = []
+    tasks, fixtures = [], set()
     try:
         text = read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -148,9 +147,16 @@ def load_tasks(path: str | Path) -> list[Task]:
             raise TaskError(f"{path}:{i}: the prompt is empty")
         if not task.tools and not task.builtin_tools:
             raise TaskError(f"{path}:{i}: a task needs tools or builtin_tools")
-        if task.fixture is not None and not (path.parent / task.fixture).is_dir():
-            raise TaskError(f"{path}:{i}: fixture {task.fixture!r} is not a directory "
-                             f"(it is read relative to {path.parent})")
+        if task.fixture is not None and task.fixture not in fixtures:
+            if not (path.parent / task.fixture).is_dir():
+                raise TaskError(f"{path}:{i}: fixture {task.fixture!r} is not a directory "
+                                 f"(it is read relative to {path.parent})")
+            try:  # copied for every run: files, folders and links only, a bounded number
+                check_tree(path.parent / task.fixture)
+            except OSError as e:
+                raise TaskError(f"{path}:{i}: fixture {task.fixture!r} cannot be copied: "
+                                f"{e.filename}: {e.strerror}") from None
+            fixtures.add(task.fixture)
         choices = task.tool_choice if isinstance(task.tool_choice, list) else [task.tool_choice]
         for c in choices:
             if isinstance(c, dict) and not (isinstance(c.get("name"), str)
@@ -271,7 +277,11 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
     with tempfile.TemporaryDirectory(prefix="mlx-agent-eval-") as tmp:
         workdir = Path(tmp) / "work"
         if task.fixture:
-            shutil.copytree(base / task.fixture, workdir, symlinks=True)
+            try:
+                copy_tree(base / task.fixture, workdir)
+            except OSError as e:
+                raise TaskError(f"task {task.id!r}: cannot copy its fixture: {e.filename}: "
+                                f"{e.strerror}") from None
         else:
             workdir.mkdir()
         tools = load_tools(base / task.tools) if task.tools else []

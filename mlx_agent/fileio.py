@@ -8,6 +8,8 @@ durability of the directory entry itself (no fsync of the directory).
 
 :func:`read_regular` reads a file a user names (tools, tasks, trajectories) and refuses
 anything but a regular file: a FIFO would block the reader forever, a device never end.
+:func:`copy_tree` copies a folder a user names (an eval task's fixture) on the same terms:
+files, folders and links only (a device node in a fixture was copied until the disk filled).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -90,3 +93,41 @@ def read_regular(path: str | os.PathLike) -> bytes:
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     with open(fd, "rb") as f:  # the file object owns fd from here
         return f.read()
+
+
+MAX_TREE_ENTRIES = 100_000
+
+
+def check_tree(path: str | os.PathLike, max_entries: int = MAX_TREE_ENTRIES) -> None:
+    """Raises OSError (``strerror`` saying why) unless the folder ``path`` holds only
+    regular files, folders and symbolic links (not followed), at most ``max_entries``."""
+    todo, seen = [Path(path)], 0
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > max_entries:
+                    raise OSError(errno.EFBIG, f"more than {max_entries:,} entries", str(path))
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISDIR(mode):
+                    todo.append(Path(entry.path))
+                elif not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                    raise OSError(errno.EINVAL, "not a regular file, folder or link",
+                                  entry.path)
+
+
+def copy_tree(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """``src`` copied to ``dst`` (links as links) after :func:`check_tree`; a file swapped
+    for anything else meanwhile is refused too. Raises OSError."""
+    check_tree(src)
+
+    def copy_regular(a: str, b: str) -> None:
+        if not stat.S_ISREG(os.lstat(a).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", a)
+        shutil.copy2(a, b)
+
+    try:
+        shutil.copytree(src, dst, symlinks=True, copy_function=copy_regular)
+    except shutil.Error as e:  # the first of the errors it gathered
+        src_name, _, why = e.args[0][0]
+        raise OSError(errno.EINVAL, why, src_name) from None

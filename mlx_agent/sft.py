@@ -31,7 +31,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 
 from .engine import output_head
-from .fileio import read_regular, write_jsonl
+from .fileio import read_regular, temp_dir_beside, write_jsonl
 from .models.cpu_layers import use_reference_layers
 
 
@@ -241,7 +241,7 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     (an adapter there, trained on, is not left with a new config over its old weights)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    staging = temp_dir_beside(out)
     try:
         stats = _train(lm, rows, staging, config)
         out.mkdir(exist_ok=True)

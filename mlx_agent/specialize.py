@@ -39,7 +39,7 @@ from .agent import agent_format
 from .engine import SamplingParams
 from .errors import UserFacingError
 from .evaluate import Summary, run
-from .fileio import temp_dir_beside, write_jsonl, write_text
+from .fileio import copy_tree, temp_dir_beside, write_jsonl, write_text
 from .sft import SFTConfig, train
 from .synth.config import SynthConfig
 from .synth.conversations import Outcomes, rows
@@ -201,7 +201,11 @@ def _steps(models: Models, tools: list[Tool], tools_data: bytes, tmp: Path,
                 + "; give tools whose parameters can be sampled, with distinct calls")
     held = {}
     if config.fixture:  # the tasks run in fresh copies of it, as the rows' tools did
-        shutil.copytree(config.fixture, tmp / "tasks" / "fixture", symlinks=True)
+        try:
+            copy_tree(config.fixture, tmp / "tasks" / "fixture")
+        except OSError as e:
+            raise SpecializeError(f"cannot copy the fixture {config.fixture}: {e.filename}: "
+                                  f"{e.strerror}") from None
         held["fixture"] = "fixture"
     if config.builtin:
         held["builtin_tools"] = True

@@ -76,6 +76,15 @@ def test_task_file_errors(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
         load_tasks(fifo)  # refused at once: reading it would wait for a writer
+    # a fixture is copied for every run: a FIFO in it was a traceback, a device node (as
+    # /dev/zero) copied until the disk filled
+    (tmp_path / "fx").mkdir()
+    os.mkfifo(tmp_path / "fx" / "pipe")
+    bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "fixture": "fx",
+                               "check": {"answer_pattern": "x"}}))
+    with pytest.raises(ValueError, match="fixture 'fx' cannot be copied: .*pipe: not a "
+                                         "regular file, folder or link"):
+        load_tasks(bad)
 
 
 def test_a_rerun_of_the_same_prompt_records_its_whole_prompt(tiny_lm, tmp_path):

@@ -28,13 +28,13 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..fileio import copy_tree
 from ..tools import Tool, ToolResult, run_tool
 from ..tools.builtin import rebound
 from ..tools.sandbox import Sandbox
@@ -139,7 +139,7 @@ def run_on_copy(tool: Tool, arguments: dict, fixture: str | Path | None, *,
     with tempfile.TemporaryDirectory(prefix="mlx-agent-written-") as tmp:
         cwd = Path(tmp) / "work"
         if fixture:
-            shutil.copytree(fixture, cwd, symlinks=True)
+            copy_tree(fixture, cwd)
         else:
             cwd.mkdir()
         return run_tool(rebound(tool, cwd), arguments, timeout=timeout, cwd=cwd,
