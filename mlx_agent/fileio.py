@@ -76,10 +76,11 @@ def write_jsonl(path: str | os.PathLike, rows) -> None:
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def read_regular(path: str | os.PathLike) -> bytes:
-    """The bytes of the regular file at ``path`` (links followed). Anything else (a FIFO,
-    a device, a directory) is an OSError whose ``strerror`` says so, raised without
-    waiting: the file is opened non-blocking and checked before it is read."""
+def read_regular(path: str | os.PathLike, limit: int = -1) -> bytes:
+    """The bytes of the regular file at ``path`` (links followed; the first ``limit`` only,
+    if given). Anything else (a FIFO, a device, a directory) is an OSError whose
+    ``strerror`` says so, raised without waiting: the file is opened non-blocking and
+    checked before it is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
@@ -92,7 +93,7 @@ def read_regular(path: str | os.PathLike) -> bytes:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     with open(fd, "rb") as f:  # the file object owns fd from here
-        return f.read()
+        return f.read(limit)
 
 
 MAX_TREE_ENTRIES = 100_000

@@ -398,3 +398,12 @@ def test_an_output_that_cannot_be_written_is_one_line():
                            timeout=60)
     assert r.returncode == 2 and r.stderr == \
         "mlx_agent: error: cannot write the output (No space left on device)\n", r.stderr
+
+
+def test_a_model_path_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "model"
+    os.mkfifo(fifo)
+    r = subprocess.run([*CLI, "generate", "-m", str(fifo), "hi"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == f"mlx_agent: error: cannot read {fifo}: not a " \
+        "regular file\n", r.stderr

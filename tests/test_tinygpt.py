@@ -128,6 +128,12 @@ def _with_header(data: bytes, edit) -> bytes:
     (lambda h: h["config"].update(dMlp=32), "disagrees with config"),
     (lambda h: h.pop("manifest"), "no manifest"),
     (lambda h: h.update(weightDtype="bf16"), "unsupported weightDtype"),
+    # a hostile tester's: memory until it ran out, and tracebacks
+    (lambda h: h["config"].update(layers=10**8), "config says 100000000 layers"),
+    (lambda h: h["config"].update(layers=float("inf")), "layers is Infinity, not a whole"),
+    (lambda h: h["config"].update(heads=-1), "heads is -1, not a whole number"),
+    (lambda h: h["config"].update(vocabSize=True), "vocabSize is true, not a whole number"),
+    (lambda h: h["manifest"][0].update(floatOffset=[1]), "floatOffset of .* is past the body"),
 ])
 def test_manifest_disagreeing_with_body_or_config_is_an_error(tmp_path, good_bytes, edit, message):
     path = tmp_path / "bad.tinygpt"

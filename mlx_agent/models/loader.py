@@ -19,6 +19,7 @@ from .. import blas
 from .. import tokenizer as tok
 from ..chat import CHATML, ChatFormat
 from ..engine import Engine
+from ..fileio import read_regular
 from ..kernels import kernel_status
 from . import gguf, tinygpt, tinygpt_format
 from .cpu_layers import use_cpu_kernels
@@ -88,8 +89,10 @@ def _format_of(path: Path) -> str:
         if (path / "config.json").is_file():
             return "hf"
         raise ModelError(f"{path} is a directory without config.json (not a Hugging Face model)")
-    with path.open("rb") as f:
-        magic = f.read(4)
+    try:  # a FIFO or a device would block, or never end
+        magic = read_regular(path, 4)
+    except OSError as e:
+        raise ModelError(f"cannot read {path}: {e.strerror or e}") from None
     if magic == b"GGUF":
         return "gguf"
     if magic == b"TGPT":
@@ -178,14 +181,23 @@ def _load_tinygpt(path: Path):
     weights = model.sanitize({k: mx.array(v) for k, v in f.weights.items()})
     model.load_weights(list(weights.items()), strict=True)
     if f.sentencepiece is not None:
-        tokenizer = tok.from_sentencepiece(f.sentencepiece)
+        try:
+            tokenizer = tok.from_sentencepiece(f.sentencepiece)
+        except RuntimeError as e:  # sentencepiece's own, for a model it cannot parse
+            raise ModelError(f"{path}: its embedded SentencePiece model cannot be read "
+                             f"({str(e).splitlines()[0][:120]})") from None
     elif f.config.get("tokenizerSource"):
-        source = Path(f.config["tokenizerSource"]).expanduser()
+        source = Path(str(f.config["tokenizerSource"])).expanduser()
         if not source.is_absolute():
             source = path.parent / source
         if not source.is_dir():
             raise ModelError(f"{path}: tokenizerSource {source} is not a directory")
-        tokenizer = tok.from_hf_dir(source)
+        try:
+            tokenizer = tok.from_hf_dir(source)
+        except (ValueError, OSError) as e:
+            raise ModelError(f"{path}: tokenizerSource {source} holds no usable tokenizer "
+                             f"({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+                             ) from None
     else:
         if args.vocab_size != 256:
             raise ModelError(

@@ -65,17 +65,28 @@ def is_linear_weight(name: str, shape) -> bool:
 EMBED_NORM = ("embed_norm.weight", "embed_norm.bias")
 
 
+# what a header's config may say: a file claiming 10^8 layers built its manifest until the
+# memory ran out, and Infinity or -1 were tracebacks
+_CONFIG_LIMITS = {"layers": 4096, "dModel": 1 << 16, "ctx": 1 << 20, "heads": 1024,
+                  "dMlp": 1 << 18, "vocabSize": 1 << 22}
+
+
 def expected_manifest(config: dict, embed_norm=()) -> list[tuple[str, tuple[int, ...]]]:
     """Entry names and shapes for a GPT-2 style model with this config, in file order.
 
     ``embed_norm`` names the optional embedding-norm tensors the file has.
     """
-    try:
-        L, C, ctx = int(config["layers"]), int(config["dModel"]), int(config["ctx"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise TinyGPTError(f"header config lacks a valid {e} (needs layers, dModel, ctx)") from None
-    V = int(config.get("vocabSize") or 256)
-    M = int(config.get("dMlp") or 4 * C)
+    for key in ("layers", "dModel", "ctx"):
+        if key not in config:
+            raise TinyGPTError(f"header config lacks {key!r} (needs layers, dModel, ctx)")
+    for key, most in _CONFIG_LIMITS.items():
+        value = config.get(key)
+        if value is not None and not (type(value) is int and 1 <= value <= most):
+            raise TinyGPTError(f"header config {key} is {json.dumps(value)[:40]}, not a whole "
+                               f"number from 1 to {most:,}")
+    L, C, ctx = config["layers"], config["dModel"], config["ctx"]
+    V = config.get("vocabSize") or 256
+    M = config.get("dMlp") or 4 * C
     out = [("token_embedding.weight", (V, C)), ("position_embedding.weight", (ctx, C))]
     out += [(n, (C,)) for n in EMBED_NORM if n in embed_norm]
     out += [("ln_final.weight", (C,)), ("ln_final.bias", (C,))]
@@ -118,6 +129,10 @@ def _check_manifest(manifest: list[dict], config: dict) -> None:
     have = {e["name"]: tuple(e["shape"]) for e in manifest}
     if len(have) != len(manifest):
         raise TinyGPTError("manifest names a tensor twice")
+    layers = config.get("layers")
+    if type(layers) is int and layers > len(manifest):  # before listing what they need
+        raise TinyGPTError(f"config says {layers} layers, and the manifest lists only "
+                           f"{len(manifest)} tensors")
     want = dict(expected_manifest(config, embed_norm=have))
     for name, shape in want.items():
         if name not in have:
@@ -231,8 +246,8 @@ class _Body:
         dtype = "<f2" if itemsize == 2 else "<f4"
         weights, off = {}, 0
         for e, n in zip(self.manifest, self.sizes):
-            start = int(e.get("floatOffset", off))
-            if start < 0 or start + n > total:
+            start = e.get("floatOffset", off)
+            if type(start) is not int or start < 0 or start + n > total:
                 raise TinyGPTError(f"{self.path}: floatOffset of {e['name']} is past the body")
             flat = np.frombuffer(self.body, dtype, n, itemsize * start)
             weights[e["name"]] = _from_stored(e["name"], flat, e["shape"])
