@@ -12,6 +12,7 @@ from collections import Counter
 import click
 
 from .options import _compose
+from .terminal import for_terminal
 
 
 def ray_options(f):
@@ -63,8 +64,8 @@ def run_line(r) -> str:
     """An ``eval`` run's progress line."""
     mark = "✓" if r.reward else "✗"
     tail = f" (failed: {r.error})" if r.error else ""
-    return f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, " \
-           f"{r.seconds:.1f} s{tail}"
+    return for_terminal(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
+                        f"{r.seconds:.1f} s{tail}")  # a task's id is the tasks file's text
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from .fanout import (WorkerTally, check_combination, check_ray_options, ray_opti
                      runs_file)
 from .options import (Finite, load_options, loop_options, make_sandbox, mcp_options,
                       model_argument, sandbox_options, start_mcp, weight_options)
+from .terminal import for_terminal
 
 
 @click.command("traces-to-data")
@@ -42,11 +43,11 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
     try:
         with Progress(len(list(Path(directory).glob("*.atraj"))), "read", unit="file") as bar:
             counts = convert(directory, out, mode=mode, min_reward=min_reward, dry_run=dry_run,
-                             on_file=lambda path: bar.advance(path.name))
+                             on_file=lambda path: bar.advance(for_terminal(path.name)))
     except (ValueError, OSError) as e:
         raise UserError(str(e)) from None
     for why in counts.unreadable_why:
-        warn(f"unreadable: {why}")
+        warn(for_terminal(f"unreadable: {why}"))
     for line in counts.lines():
         click.echo(line)
     if not dry_run:

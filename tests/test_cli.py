@@ -407,3 +407,21 @@ def test_a_model_path_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr == f"mlx_agent: error: cannot read {fifo}: not a " \
         "regular file\n", r.stderr
+
+
+def test_a_task_id_and_a_file_name_reach_the_progress_lines_escaped(tmp_path):
+    """A tasks file's id, or a trajectory's file name, with an escape sequence in it
+    retitled the window and cleared the screen from eval's and traces-to-data's progress."""
+    import json
+
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    task = json.loads(TASK) | {"id": "t\x1b]0;pwn\x07\x1b[2J"}
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    runs = tmp_path / "runs"
+    r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"), "--max-tokens", "4",
+            "--max-steps", "1", "--trajectory-dir", str(runs))
+    assert "\x1b" not in r.stderr and "t\\x1b]0;pwn\\x07\\x1b[2J seed 0" in r.stderr, r.stderr
+    (atraj,) = runs.glob("*.atraj")
+    atraj.rename(runs / "a\x1b[2J.atraj")
+    r = run("traces-to-data", str(runs), "--dry-run")
+    assert "\x1b" not in r.stderr and "a\\x1b[2J.atraj" in r.stderr, r.stderr
