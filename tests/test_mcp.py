@@ -351,3 +351,17 @@ def test_eval_adds_a_servers_tools_to_every_task_prefixed_on_a_clash(tmp_path, p
     (traj,) = (tmp_path / "runs").glob("*.atraj")
     assert "second 5" in traj.read_text(errors="replace")  # the server's answer, not "local"
     assert_gone(pidfile)
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"a/b": {"command": "true"}}, "MCP server 'a/b' failed to start"),  # a path in a name
+    ({"yes": {"command": "yes", "args": ["garbage"]}}, "MCP server 'yes' did not start"),
+])
+def test_a_server_that_cannot_start_is_one_line_whatever_it_prints(tmp_path, config, message):
+    """A server that writes lines that are not JSON-RPC made the SDK log a traceback for
+    each (950,000 lines in 20 s); a name with a slash was a FileNotFoundError."""
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": config}))
+    r = cli("tools", "ls", "--mcp-config", str(path), env={"MLX_AGENT_MCP_START_TIMEOUT": "2"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, \
+        r.stderr[-500:]

@@ -31,6 +31,7 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import os
 import shlex
 import tempfile
@@ -53,9 +54,20 @@ from .executor import (DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env,
 from .sandbox import Sandbox
 from .schema import Tool, ToolSchemaError, declared_tools
 
+# The SDK logs a traceback for every line a server writes that is not JSON-RPC, through the
+# last-resort handler to our stderr (a server printing "yes" wrote 950,000 lines in 20 s);
+# a server that fails is ours to name, in one line.
+logging.getLogger("mcp").addHandler(logging.NullHandler())
+logging.getLogger("mcp").propagate = False
+
 START_TIMEOUT = 20.0
 START_TIMEOUT_ENV = "MLX_AGENT_MCP_START_TIMEOUT"  # seconds; tests set it low
 _LAUNCHERS = frozenset({"python", "python3", "node", "npx", "uvx", "uv", "deno", "bun", "bunx"})
+
+
+def _safe(name: str) -> str:
+    """``name`` as part of a file name: a server named ``a/b`` was a FileNotFoundError."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
 
 
 class McpError(UserFacingError, RuntimeError):
@@ -206,7 +218,8 @@ class McpServers:
 
     def _launch(self, spec: ServerSpec):
         errlog = self._stack.enter_context(
-            tempfile.NamedTemporaryFile(prefix=f"mlx-agent-mcp-{spec.name}-", suffix=".log"))
+            tempfile.NamedTemporaryFile(prefix=f"mlx-agent-mcp-{_safe(spec.name)}-",
+                                        suffix=".log"))
         server = _Server(spec, errlog)
         self.servers[spec.name] = server
         ready: concurrent.futures.Future = concurrent.futures.Future()
