@@ -487,12 +487,18 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
            fn("never", "Cannot be called.", {"z": {"enum": []}}, ["z"]),
            fn("strict_code", "Needs a code.", {"code": {"type": "string",
                                                         "pattern": "^zz[0-9]{9}$"}}, ["code"]),
-           fn("ping", "Ping the host.", {})]
+           fn("ping", "Ping the host.", {}),
+           # a hostile tester's: memory until the process was killed, an OverflowError
+           fn("huge", "Many items.", {"x": {"type": "array", "minItems": 10**9,
+                                            "items": {"type": "string"}}}, ["x"]),
+           fn("fine", "Fine steps.", {"y": {"type": "number", "multipleOf": 1e-300,
+                                            "minimum": 0, "maximum": 1e300}}, ["y"])]
     path = tmp_path / "odd.json"
     path.write_text(json.dumps(odd))
     tools = load_tools(path)
     s = synthesize(tools, SynthConfig(n_train=30, n_heldout=30, run_tools=False))
-    assert sorted(s.report["skipped"]) == ["never", "strict_code"]
+    assert sorted(s.report["skipped"]) == ["fine", "huge", "never", "strict_code"]
+    assert "more than synthesis writes (64)" in s.report["skipped"]["huge"]
     assert_valid(tools, s)
     # every call of "ping" is {}, so it is training's alone; the held-out side stops short
     assert not any("ping" in t.tools for t in s.heldout)

@@ -99,6 +99,7 @@ RANGES = (({"year"}, 1990, 2035), ({"age"}, 1, 99), ({"port"}, 1024, 65535),
           ({"minute"}, 0, 59), ({"rating", "stars"}, 1, 5),
           ({"count", "limit", "top", "n", "num", "max", "page", "results", "size"}, 1, 50))
 DEFAULT_INT, DEFAULT_NUMBER = (1, 999), (0.5, 999.0)
+MAX_ITEMS = 64  # the most items an array argument gets
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,9 @@ class Sampler:
     def _array(self, schema: dict, name: str, context: frozenset[str]) -> list:
         items = schema.get("items", {"type": "string"})
         lo = schema.get("minItems", 1)
+        if lo > MAX_ITEMS:  # 10^9 items grew in memory until the process was killed
+            raise Unsatisfiable(f"{name}: at least {lo} items, more than synthesis writes "
+                                f"({MAX_ITEMS})")
         hi = max(lo, min(schema.get("maxItems", 3), lo + 2))
         item_name = " ".join(singular(w) for w in words(name))
         out: list = []
@@ -253,8 +257,11 @@ class Sampler:
     def _integer(self, schema: dict, name: str) -> int:
         lo, hi = self._bounds(schema, name, DEFAULT_INT)
         step = schema.get("multipleOf", 1)
-        first = math.ceil(lo / step) + ("exclusiveMinimum" in schema and lo % step == 0)
-        last = math.floor(hi / step) - ("exclusiveMaximum" in schema and hi % step == 0)
+        try:
+            first = math.ceil(lo / step) + ("exclusiveMinimum" in schema and lo % step == 0)
+            last = math.floor(hi / step) - ("exclusiveMaximum" in schema and hi % step == 0)
+        except (OverflowError, ValueError):  # a multipleOf of 1e-300 over a huge range
+            raise Unsatisfiable(f"{name}: multipleOf {step} over that range") from None
         if last < first:
             raise Unsatisfiable(f"{name}: the integer range is empty")
         if last - first < 2:  # too few values to split: the schema fixes them
@@ -271,9 +278,12 @@ class Sampler:
         validator = Draft202012Validator(schema)
         for _ in range(64):
             v = self.rng.uniform(lo, hi)
-            v = round(round(v / step) * step, 6) if step else round(v, 2)
-            if validator.is_valid(v) and P.side_of(round(v * 100)) == self.side:
-                return v
+            try:
+                v = round(round(v / step) * step, 6) if step else round(v, 2)
+                if validator.is_valid(v) and P.side_of(round(v * 100)) == self.side:
+                    return v
+            except (OverflowError, ValueError):  # 1e-300 steps: v / step is infinite
+                break
         raise Unsatisfiable(f"{name}: no number in range")
 
     def _string(self, schema: dict, name: str, context: frozenset[str]) -> str:
