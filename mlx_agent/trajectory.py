@@ -81,8 +81,10 @@ class Trajectory(msgspec.Struct, omit_defaults=True):
         mask: list[int] = []
         for step in self.steps:
             if step.input_ids is not None:
-                start = len(seq) if step.prefix_len is None else step.prefix_len
-                seq, mask = seq[:start] + step.input_ids, mask[:start] + [0] * len(step.input_ids)
+                if step.prefix_len is not None:  # in place: a copy each step was quadratic
+                    del seq[step.prefix_len:], mask[step.prefix_len:]
+                seq += step.input_ids
+                mask += [0] * len(step.input_ids)
             if step.output_ids is not None:
                 seq += step.output_ids
                 mask += [1] * len(step.output_ids)
