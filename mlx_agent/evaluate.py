@@ -24,7 +24,10 @@ to the run's directory. Nothing here prints.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -208,7 +211,22 @@ def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str 
         r = run_process(["/bin/bash", "-c", check.shell], tool="check", timeout=timeout,
                         cwd=workdir, sandbox=sandbox)
         return r.exit_code == 0 and not r.timed_out
-    return answer is not None and re.search(check.answer_pattern, answer) is not None
+    return answer is not None and _search(check.answer_pattern, answer, min(timeout, 10.0))
+
+
+_SEARCH = "import json, re, sys; p, t = json.load(sys.stdin); sys.exit(0 if re.search(p, t) else 1)"
+
+
+def _search(pattern: str, text: str, timeout: float) -> bool:
+    """``re.search`` in a child process that the timeout can end (a tasks file's pattern
+    such as ``^(.|.)*QQQ$`` backtracks for hours, and Python cannot interrupt a match):
+    about 20 ms a check. A search past the timeout is no match."""
+    try:
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", _SEARCH], capture_output=True,
+                           input=json.dumps([pattern, text]).encode(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return r.returncode == 0
 
 
 def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[str] = ()) -> None:

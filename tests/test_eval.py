@@ -133,3 +133,18 @@ def test_a_runs_row_counts_tool_errors_guarded_and_retried_steps(tiny_lm, tmp_pa
     assert (row["reward"], row["calls"], row["answered"]) == (1.0, 2, True)
     # the guard masked tokens in the retried step (fail had run) and in ping's repeat
     assert (row["tool_errors"], row["guarded_steps"], row["retried_steps"]) == (1, 2, 1)
+
+
+def test_an_answer_pattern_that_backtracks_for_ever_is_no_match_not_a_hang(tmp_path):
+    import time
+
+    from mlx_agent.evaluate import Check, Task, passed
+
+    def check(pattern: str, answer: str, timeout: float = 60.0) -> bool:
+        task = Task(prompt="x", check=Check(answer_pattern=pattern), tools="t.json")
+        return passed(task, tmp_path, [], answer, timeout=timeout)
+
+    assert check("^Par", "Paris") and not check("^Lyon$", "Paris")
+    start = time.monotonic()
+    assert not check("^(.|.)*QQQ$", "a" * 64, timeout=1.0)  # 2^64 paths to try
+    assert time.monotonic() - start < 10
