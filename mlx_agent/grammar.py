@@ -41,7 +41,6 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
-from jsonschema import Draft202012Validator
 from llguidance import LLMatcher
 
 from . import json_schema
@@ -50,6 +49,7 @@ from .fileio import read_regular
 from .lone_space import Rule, lone_space_rule
 from .tokenizer import special_tokens
 from .tools import Tool
+from .tools.schema import Validator
 
 DEFAULT_MAX_STRING = 128  # characters per string value: fits a 256-token step even at a
 # token per character (digits are split one by one), with room for the JSON around it
@@ -341,7 +341,7 @@ def _forced(pairs: list, choice: str) -> tuple[str, dict]:
         known = ", ".join(n for n, _ in pairs) or "none"
         raise GrammarError(f"the forced call names {name!r}, which is not a tool here "
                            f"(tools: {known})")
-    problems = [e.message for e in Draft202012Validator(tool).iter_errors(args)]
+    problems = [e.message for e in Validator(tool).iter_errors(args)]
     if problems:
         raise GrammarError(f"the forced call of {name!r} does not fit its schema: {problems[0]}")
     order = list(tool.get("properties", {}))

@@ -367,3 +367,15 @@ def test_an_argument_past_linuxs_128_kib_reaches_the_tool_and_stdin_stays_empty(
     for n in (10, 300_000):
         r = run_tool(tool, {"text": "é" * n})
         assert r.exit_code == 0 and r.stdout.split() == [str(2 * n)], r
+
+
+def test_a_pattern_that_backtracks_for_ever_is_checked_with_a_time_limit():
+    """A tools file's pattern against a value a model wrote (without the grammar) or a
+    forced call's: re cannot be interrupted, and this one takes 2^40 steps."""
+    (tool,) = parse_tools(json.dumps([{
+        "name": "t", "description": "d", "_exec": "true", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string", "pattern": "^(a|a)*$"}}}}]))
+    start = time.monotonic()
+    (problem,) = tool.validate({"x": "a" * 40 + "b"})
+    assert "took more than 0.5 s to check" in problem and time.monotonic() - start < 5
+    assert tool.validate({"x": "aaa"}) == [] and "does not match" in tool.validate({"x": "b"})[0]

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from jsonschema import Draft202012Validator
-
+from ..tools.schema import Validator
 from . import pools as P
 
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
@@ -275,7 +274,7 @@ class Sampler:
     def _number(self, schema: dict, name: str) -> float:
         lo, hi = self._bounds(schema, name, DEFAULT_NUMBER)
         step = schema.get("multipleOf")
-        validator = Draft202012Validator(schema)
+        validator = Validator(schema)
         for _ in range(64):
             v = self.rng.uniform(lo, hi)
             try:
@@ -288,7 +287,7 @@ class Sampler:
 
     def _string(self, schema: dict, name: str, context: frozenset[str]) -> str:
         kind = kind_of(name, schema, context)
-        validator = Draft202012Validator(schema)
+        validator = Validator(schema)
         for _ in range(24):
             v = self.draw(kind.pool, words(name))
             if validator.is_valid(v):
@@ -404,7 +403,7 @@ def free_leaves(schema: dict, value: Any) -> Iterator[str]:
         return
     branches = schema.get("anyOf") or schema.get("oneOf")
     if branches:
-        match = next((b for b in branches if Draft202012Validator(b).is_valid(value)), None)
+        match = next((b for b in branches if Validator(b).is_valid(value)), None)
         if match is not None:
             yield from free_leaves(match, value)
         return

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+import regex
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
 
 from .. import json_schema
 from ..errors import UserFacingError
@@ -39,6 +40,28 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 # values in the tools a request declares: validating 10,000 schema values takes about 1 s
 # here, on a thread every request passes through (a file's tools are the user's own)
 MAX_DECLARED_VALUES = 20_000
+
+
+PATTERN_SECONDS = 0.5  # a schema's pattern gets this long to match a value
+
+
+def _pattern(validator, pattern: str, instance: Any, schema: dict):
+    """jsonschema's ``pattern`` with a time limit: a tools file's ``^(a|a)*$`` against
+    forty a's and a b backtracks for hours, and ``re`` cannot be interrupted."""
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        if regex.search(pattern, instance, timeout=PATTERN_SECONDS) is None:
+            yield ValidationError(f"{instance!r} does not match {pattern!r}")
+    except TimeoutError:
+        yield ValidationError(f"{pattern!r} took more than {PATTERN_SECONDS} s to check "
+                              "against the value; simplify the pattern")
+    except regex.error as e:
+        yield ValidationError(f"{pattern!r} is not a regular expression ({e})")
+
+
+# Draft 2020-12 with the bounded pattern: for values a model or a file wrote
+Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
 
 
 class ToolSchemaError(UserFacingError, ValueError):
@@ -123,7 +146,7 @@ class Tool(msgspec.Struct, frozen=True):
         """Why ``arguments`` do not satisfy the schema (empty when they do)."""
         if not isinstance(arguments, dict):
             return [f"arguments must be a JSON object, got {type(arguments).__name__}"]
-        validator = Draft202012Validator(self.parameters)
+        validator = Validator(self.parameters)
         errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
         out = []
         for e in errors:
