@@ -362,6 +362,10 @@ def _tool(properties: dict, required: list | None = None) -> dict:
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": ' + "1" * 4301 + "}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "not valid JSON"),
+    # stop strings are matched at every token on the model thread: a thousand long ones
+    # held it for seconds a token
+    ({"messages": user("x"), "stop": ["z" * 10] * 17}, "Expected `array` of length <= 16"),
+    ({"messages": user("x"), "stop": "z" * 257}, "Expected `str` of length <= 256"),
     # validating this many schema values held the preparing threads for seconds
     ({"messages": user("x"), "tools": [_tool({f"p{i}": {"type": "string"}
                                               for i in range(12_000)})]}, "20,000 JSON values"),

@@ -9,12 +9,18 @@ built by :mod:`.openai_api` and :mod:`.ollama_api`.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 from msgspec import Struct
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+# Stop strings are matched against the reply at every token on the model thread: a thousand
+# of a thousand characters each held it for a second a token, every other request waiting
+# (OpenAI takes 4)
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
+Stop = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
+Stops = Annotated[list[Stop], msgspec.Meta(max_length=MAX_STOPS)]
 
 
 class FunctionCall(Struct):
@@ -67,7 +73,7 @@ class _OpenAIRequest(Struct, kw_only=True):
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
-    stop: Union[str, list[str], None] = None
+    stop: Union[Stop, Stops, None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -103,7 +109,7 @@ class OllamaOptions(Struct):
     min_p: float | None = None
     seed: int | None = None
     num_predict: int | None = None
-    stop: list[str] | None = None
+    stop: Stops | None = None
 
 
 class OllamaToolCall(Struct):
