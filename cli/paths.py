@@ -89,7 +89,7 @@ def writable_dir(path: str | None, option: str) -> None:
         raise UserError(f"{option} {path}: cannot create the directory "
                         f"({e.strerror or e}); choose a place you can write") from None
     finally:
-        _made.extend(p for p in reversed(missing) if p.is_dir())
+        _made.extend(p for p in reversed(missing) if os.path.isdir(p))
     _probe(Path(path), option, path)
 
 

@@ -266,6 +266,9 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval-bfcl", "--out", "{tmp}/b.jsonl", "--runs", "{tmp}/./b.jsonl"],
      "is the file --out names"),
     (["eval", "--tasks", "{tasks}", "--out", "{tmp}/" + "x" * 300], "File name too long"),
+    (["eval", "--tasks", "{tasks}", "--trajectory-dir", "{tmp}/" + "x" * 300],
+     "File name too long"),
+    (["generate", "-m", "{tmp}/" + "x" * 300, "hi"], "no model at"),
     # a run that fails after its checks leaves no empty folder they made
     (["agent", "/no/model", "--tools", ECHO, "--single", "hi", "--trajectory-dir",
       "{tmp}/runs/a"], "no model at '/no/model'"),

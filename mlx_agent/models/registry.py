@@ -66,7 +66,7 @@ def resolve(spec: str | os.PathLike | None) -> Path:
                 return path
         raise ModelError(f"model {spec!r} is not installed; install it with: {install}")
     path = Path(spec).expanduser()
-    if not path.exists():
+    if not os.path.exists(path):  # Path.exists raises for a name too long (Python 3.11)
         names = ", ".join(NAMED_MODELS)
         raise ModelError(f"no model at {spec!r}: not a file, a directory, or a known name ({names})")
     return path
