@@ -89,11 +89,15 @@ class ChatFormat:
 
     @cached_property
     def renders_tools(self) -> bool:
-        """Whether the template shows a ``tools`` list to the model."""
+        """Whether the template shows a ``tools`` list to the model (some show it only in a
+        system message, so a conversation with one is tried too)."""
         probe = [{"type": "function", "function": {
             "name": "probe_tool_x7", "description": "", "parameters": {"type": "object"}}}]
-        msgs = [{"role": "user", "content": "hi"}]
-        try:
-            return "probe_tool_x7" in self.render(msgs, tools=probe)
-        except TemplateError:
-            return False
+        user = {"role": "user", "content": "hi"}
+        for msgs in ([user], [{"role": "system", "content": "s"}, user]):
+            try:
+                if "probe_tool_x7" in self.render(msgs, tools=probe):
+                    return True
+            except TemplateError:
+                pass
+        return False

@@ -289,6 +289,8 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["agent", "--tools", ECHO, "--single", "hi", "--kv-window", "10"],
      "system prompt is 84 tokens, more than the 10-token KV window"),
     # options that do nothing, or nothing sensible
+    (["agent", "--tools", ECHO, "--single", "hi", "--protocol", "hermes"],  # tools unseen
+     "protocol hermes needs a chat template that renders tools"),
     (["agent", "--tools", ECHO, "--single", "hi", "--prompt-cache-max-bytes", "9"],
      "--prompt-cache-max-bytes needs --prompt-cache-dir"),
     (["agent", "--tools", ECHO, "--single", "hi", "--tool-env", "BAD NAME"],

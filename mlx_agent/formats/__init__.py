@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 from .._lazy import exports
+from ..errors import UserFacingError
 
 if TYPE_CHECKING:
     from ..chat import ChatFormat
@@ -58,12 +59,22 @@ class Format(Protocol):
     def stream_filter(self) -> StreamFilter: ...
 
 
+class ProtocolError(UserFacingError, ValueError):
+    """A protocol this model cannot use."""
+
+
 def choose(name: str, chat: ChatFormat) -> str:
-    """Resolve ``auto``: hermes when the chat template renders tools, json otherwise."""
+    """Resolve ``auto``: hermes when the chat template renders tools, json otherwise. Asked
+    for by name, hermes needs such a template: with any other, the tools and the calls
+    made would be left out of the prompt, and the model would call tools it never saw."""
     if name == "auto":
         return "hermes" if chat.renders_tools else "json"
     if name not in ("json", "hermes", "plain"):
-        raise ValueError(f"unknown protocol {name!r}; choose json, hermes or auto")
+        raise ProtocolError(f"unknown protocol {name!r}; choose json, hermes or auto")
+    if name == "hermes" and not chat.renders_tools:
+        raise ProtocolError("protocol hermes needs a chat template that renders tools, and "
+                            "this model's does not (the model would never see them); use "
+                            "--protocol json, or auto")
     return name
 
 
