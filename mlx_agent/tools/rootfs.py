@@ -7,7 +7,12 @@ target is read (``readlinkat``) and walked the same way, and a walk that leaves 
 (``..`` above it, an absolute path elsewhere, a link out) raises :class:`OutsideRoot`.
 Files are opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be regular (a FIFO or device is
 refused, not waited on). Writes go to a temporary file in the held directory, renamed over the
-name (``renameat`` never follows a link at the destination) and removed if anything fails.
+name (``renameat`` never follows a link at the destination) and removed if anything fails;
+none goes into a git directory, by any name (:func:`is_git_dir`), or completes one.
+
+:func:`walk` lists a tree by directory descriptors too, without recursion and at the same
+cost a level however deep (``list_files``, ``grep``, and the sandbox's checks of what a tool
+left, :mod:`.leftovers`).
 
 This module imports only the standard library: the built-in ``grep`` runs it as a script
 (``python -I rootfs.py '<json>'``) in a child process that the tool timeout can kill, since a
