@@ -156,8 +156,10 @@ def test_a_sandboxed_server_cannot_leave_what_acts_on_the_host_later(tmp_path):
     root = tmp_path / "root"
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     config = (root / ".git" / "config").read_text()
-    with McpServers([spec_from_command(server())], sandbox=Sandbox("bwrap"),
-                    cwd=str(root)) as servers:
+    # in the root: a clone under /tmp (CI's) is hidden by the sandbox's private /tmp
+    (root / "server.py").write_text(Path(SERVER).read_text())
+    with McpServers([spec_from_command(f"{sys.executable} {root / 'server.py'}")],
+                    sandbox=Sandbox("bwrap"), cwd=str(root)) as servers:
         tools, _ = by_name(servers)
         r = run_tool(tools["shell"], {"command": "echo '[core] fsmonitor = x' >> .git/config"})
         assert "Read-only file system" in r.stdout, r
