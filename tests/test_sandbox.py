@@ -162,8 +162,12 @@ def test_leave_a_git_repository_that_runs_a_command(mode, area, where):
     planted = (root / "common" if where == "a worktree's commondir" else config) / "config"
     escaped(mode, live and "fsmonitor" in planted.read_text(), r)
     if mode == "bwrap" and where != "a nested repository":  # disarmed (renamed), not deleted
-        disarmed = [p for p in root.rglob("*disarmed-by-mlx-agent")]
+        disarmed = [p for p in root.rglob("*disarmed-by-mlx-agent")
+                    if not p.parent.name.endswith("disarmed-by-mlx-agent")]
         assert "sandbox: renamed" in r.stderr and len(disarmed) == 1, r
+        if where == "a new .git":  # renamed, the folder would be a bare repository still
+            assert not (disarmed[0] / "HEAD").exists() and \
+                (disarmed[0] / "HEAD.disarmed-by-mlx-agent").exists()
 
 
 def _git_runs_the_hook(where: Path, canary: Path) -> bool:
@@ -259,7 +263,7 @@ def test_leave_a_repository_and_a_setuid_program_behind_files_the_tool_wrote(mod
 def test_what_the_sandbox_undid_is_said_in_a_bounded_result(area):
     """A tool that leaves many setuid programs gets its bits cleared, and at most
     MAX_NOTES lines (and a count of the rest) in its result, not one line each."""
-    from mlx_agent.tools.executor import MAX_NOTES
+    from mlx_agent.tools.leftovers import MAX_NOTES
 
     if BWRAP_MISSING:
         pytest.skip(BWRAP_MISSING)
@@ -269,6 +273,40 @@ def test_what_the_sandbox_undid_is_said_in_a_bounded_result(area):
     assert not left and len(list((area / "root").iterdir())) == 300
     lines = [l for l in r.stderr.splitlines() if l.startswith("sandbox:")]
     assert len(lines) == MAX_NOTES + 1 and "and 280 more" in lines[-1], r.stderr[-300:]
+
+
+def test_a_deep_chain_of_setuid_programs_is_undone_in_a_bounded_result(area):
+    """A second probe's: a setuid file at each level of a deep chain of long names made the
+    check write a note each, each holding its whole path (2,000 levels: 28 s and 743 MB)."""
+    from mlx_agent.tools.leftovers import MAX_NOTES
+
+    if BWRAP_MISSING:
+        pytest.skip(BWRAP_MISSING)
+    script = ('n=$(printf "d%.0s" $(seq 250)); for i in $(seq 300); do '
+              'cp /bin/true s && chmod 4755 s && mkdir "$n" && cd "$n" || exit 1; done')
+    r = run("bwrap", script, area / "root")
+    left = subprocess.run(["find", str(area / "root"), "-perm", "/6000", "-type", "f"],
+                          capture_output=True, text=True, timeout=60).stdout.split()
+    lines = [line for line in r.stderr.splitlines() if line.startswith("sandbox:")]
+    assert not left and len(lines) == MAX_NOTES + 1 and "and 280 more" in lines[-1], r
+    assert max(map(len, lines)) < 600  # a path's middle left out
+
+
+def test_a_repository_too_deep_to_bind_makes_the_root_read_only(area):
+    """bwrap binds by path: a repository past PATH_MAX could not be made read-only."""
+    if BWRAP_MISSING:
+        pytest.skip(BWRAP_MISSING)
+    fd = os.open(area / "root", os.O_RDONLY)
+    for _ in range(20):  # 20 folders of 250 characters: 5,000 bytes of path
+        os.mkdir("d" * 250, dir_fd=fd)
+        child = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.mkdir(".git", dir_fd=fd)
+    os.close(fd)
+    r = run("bwrap", "echo hi > note.txt", area / "root")
+    assert r.exit_code != 0 and "nested too deep to protect" in r.stderr, r
+    assert not (area / "root" / "note.txt").exists()
 
 
 def test_leave_a_setuid_program(mode, area):

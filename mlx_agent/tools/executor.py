@@ -135,7 +135,6 @@ _ARG_ROOM = 100_000
 _FROM_STDIN = 'exec 3<&0 </dev/null; s=$(cat <&3); exec 3<&-; eval "$s"'
 
 
-MAX_NOTES = 20  # the sandbox's lines of what it undid, in a tool's result
 
 
 def run_process(
@@ -169,17 +168,19 @@ def run_process(
                           stdin=stdin)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
-    return with_notes(result, before.notes + leftovers.clean(roots, before, since))
+    after = leftovers.clean(roots, before, since)
+    return with_notes(result, before.notes + after.notes, before.more + after.more)
 
 
-def with_notes(result: ToolResult, notes: Sequence[str]) -> ToolResult:
+def with_notes(result: ToolResult, notes: Sequence[str], more: int = 0) -> ToolResult:
     """``result`` with what the sandbox undid (or could not check) said after its stderr, in
-    at most :data:`MAX_NOTES` lines and a count of the rest."""
-    if not notes:
+    at most :data:`.leftovers.MAX_NOTES` lines and a count of the rest (``more``: those not
+    even written)."""
+    extra = max(len(notes) - leftovers.MAX_NOTES, 0) + more
+    if not notes and not extra:
         return result
-    if len(notes) > MAX_NOTES:  # a tool that leaves thousands must not flood the context
-        notes = [*notes[:MAX_NOTES], f"and {len(notes) - MAX_NOTES} more like these"]
-    said = "\n".join(f"sandbox: {note}" for note in notes)
+    lines = [*notes[:leftovers.MAX_NOTES], *([f"and {extra} more like these"] if extra else [])]
+    said = "\n".join(f"sandbox: {line}" for line in lines)
     return msgspec.structs.replace(result, stderr=f"{result.stderr.rstrip()}\n{said}".lstrip())
 
 

@@ -27,9 +27,13 @@ is read-only for the call (fail closed), and the result says so. After a call th
 no limit: a root was at most that size before, and the rest the tool wrote in its own time
 (an entry is walked faster than it is written). Not promised: between the tool's exit and
 the clean-up (milliseconds) the files exist; a folder of another user's that the runtime
-cannot read is named in the result, not checked; other files that act later (a Makefile, a
-shell rc file, an editor's project settings) are the user's to review, as with any code a
-tool writes.
+cannot read is named in the result, not checked; a repository the runtime could not
+disarm (not root, its folder not the runtime's) is said after every call, never bound as the
+user's; other files that act later (a Makefile, a shell rc file, an editor's project
+settings) are the user's to review, as with any code a tool writes. What was undone is said
+in at most :data:`MAX_NOTES` lines and a count (a note's path shows its two ends), and a
+repository nested past ``PATH_MAX`` makes its root read-only for the call (bwrap binds by
+path).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import contextlib
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .rootfs import Here, is_git_dir, walk
 
@@ -47,12 +51,32 @@ DISARMED = ".disarmed-by-mlx-agent"
 _SET_ID = stat.S_ISUID | stat.S_ISGID
 
 
+MAX_NOTES = 20  # lines of what was undone kept for a tool's result; the rest are counted
+PATH_MAX = 4096  # a repository deeper than this cannot be bound read-only by its path
+_SHOWN = 200  # characters of a path a note shows from each end
+_ARMED: set[tuple] = set()  # repositories a tool made that could not be disarmed: never known
+
+
+def _shown(path: str) -> str:
+    return path if len(path) <= 2 * _SHOWN else f"{path[:_SHOWN]}...{path[-_SHOWN:]}"
+
+
 @dataclass
 class Found:
     repositories: dict[str, tuple] = field(default_factory=dict)  # path: its _key
     notes: list[str] = field(default_factory=list)  # what was undone, or could not be
-    # roots past MAX_ENTRIES before a call: not checked, so read-only for it (fail closed)
+    more: int = 0  # notes past MAX_NOTES, counted, not written (a tool can make millions)
+    # roots past MAX_ENTRIES before a call, or holding a repository too deep to bind: not
+    # checked, so read-only for it (fail closed)
     too_big: list[str] = field(default_factory=list)
+
+    def say(self, note: Callable[[], str]) -> None:
+        """Keep ``note()`` (built only when kept: a path can be megabytes deep)."""
+        if len(self.notes) < MAX_NOTES:
+            self.notes.append(note())
+        else:
+            self.more += 1
+
 
     @property
     def read_only(self) -> list[str]:
@@ -101,8 +125,8 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple] | None = None,
 
         def unreadable(where: str, e: OSError | None) -> None:
             if after:
-                found.notes.append(f"made {where} readable to check it" if e is None else
-                                   f"could not check {where}: {e.strerror}")
+                found.say(lambda: f"made {_shown(where)} readable to check it" if e is None
+                          else f"could not check {_shown(where)}: {e.strerror}")
 
         disarmed: set[tuple] = set()  # renamed .git directories: walked for set-id files only
         for here, dirs, files, fd in walk(root, unreadable, repair=after):
@@ -116,12 +140,21 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple] | None = None,
                     key = _key(".", fd) if is_bare else _key(name, fd)
                 except OSError:
                     continue
-                if after and key not in old:
+                if after and (key not in old or key in _ARMED):
                     renamed = _disarm(here, name, fd, dirs, found)
                     if renamed and not is_bare:
                         with contextlib.suppress(OSError):
                             disarmed.add(_key(renamed, fd))
+                    elif renamed is None:
+                        _ARMED.add(key)
                     continue
+                if key in _ARMED:  # left armed by an earlier call: not the user's, not bound
+                    continue
+                if here.length + len(name) + 1 > PATH_MAX:  # bwrap cannot bind it
+                    found.too_big.append(root)
+                    found.say(lambda: f"{_shown(root)} holds a git repository nested too deep "
+                                      "to protect, so it was read-only for this call")
+                    break
                 found.repositories[str(here) if is_bare else here.join(name)] = key
                 if not is_bare and name in dirs:
                     dirs.remove(name)  # its contents are git's, and were there before
@@ -129,30 +162,49 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple] | None = None,
                 _clear_set_id(here, files, fd, since, found)
             # after a call the walk goes to the end: past the limit, what it walks the tool
             # wrote in its own time (a root too big before is read-only for the call)
+            if root in found.too_big:
+                break
             if seen > MAX_ENTRIES and not after:
                 found.too_big.append(root)
-                found.notes.append(f"{root} holds more than {MAX_ENTRIES} entries, too many "
-                                   "to check for git repositories and set-id files, so it "
-                                   "was read-only for this call (give a smaller --root)")
+                found.say(lambda: f"{root} holds more than {MAX_ENTRIES} entries, too many "
+                                  "to check for git repositories and set-id files, so it was "
+                                  "read-only for this call (give a smaller --root)")
                 break
     return found
 
 
-def _disarm(here: Here, name: str, fd: int, dirs: list[str], found: Found) -> str | None:
-    """Rename a new repository's ``.git`` (or a bare one's ``HEAD``): not deleted, since what
-    the tool moved there may be the user's files. Returns the new name."""
-    new = _free_name(name + DISARMED, fd)
+def _rename(name: str, new: str, fd: int) -> None:
+    """Rename in ``fd``'s folder; a folder the tool made read-only (mode 0555: the
+    runtime, not root, was refused) is given its owner's write bit back, and tried again."""
     try:
         os.rename(name, new, src_dir_fd=fd, dst_dir_fd=fd)
+    except PermissionError:
+        os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) | 0o700)
+        os.rename(name, new, src_dir_fd=fd, dst_dir_fd=fd)
+
+
+def _disarm(here: Here, name: str, fd: int, dirs: list[str], found: Found) -> str | None:
+    """Rename a new repository's ``.git`` (or a bare one's ``HEAD``), and the ``HEAD`` inside
+    a ``.git`` folder (else the renamed folder is a bare repository still): not deleted,
+    since what the tool moved there may be the user's files. Returns the new name."""
+    new = _free_name(name + DISARMED, fd)
+    try:
+        _rename(name, new, fd)
     except OSError as e:
-        found.notes.append(f"could not rename {here.join(name)}, from a git "
-                           f"repository the tool made: {e.strerror}; delete it before running "
-                           "git there")
+        found.say(lambda: f"could not rename {_shown(here.join(name))}, from a git repository "
+                          f"the tool made: {e.strerror}; delete it before running git there")
         return None
     if name in dirs:  # still walked, under its new name: set-id files may hide inside
         dirs[dirs.index(name)] = new
-    found.notes.append(f"renamed {here.join(name)} to {new}: the tool made a git "
-                       "repository, whose config git would run outside the sandbox")
+        with contextlib.suppress(OSError):
+            inner = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            try:
+                if _exists("HEAD", inner):
+                    _rename("HEAD", _free_name("HEAD" + DISARMED, inner), inner)
+            finally:
+                os.close(inner)
+    found.say(lambda: f"renamed {_shown(here.join(name))} to {new}: the tool made a git "
+                      "repository, whose config git would run outside the sandbox")
     return new
 
 
@@ -165,29 +217,33 @@ def _clear_set_id(here: Here, files: list[str], fd: int, since: float | None,
             continue
         if not (stat.S_ISREG(st.st_mode) and st.st_mode & _SET_ID and st.st_ctime >= since):
             continue
-        path = here.join(name)
+        def path(name: str = name) -> str:
+            return here.join(name)
+
         try:  # by descriptor: a symlink swapped in now cannot redirect the chmod
             file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
         except OSError as e:
-            found.notes.append(f"could not clear the set-id bit of {path}: {e.strerror}")
+            found.say(lambda: f"could not clear the set-id bit of {_shown(path())}: "
+                              f"{e.strerror}")
             continue
         try:
             now = os.fstat(file_fd)
             if stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                 os.fchmod(file_fd, stat.S_IMODE(now.st_mode) & ~_SET_ID)
-                found.notes.append(f"cleared the set-user/group-id bit of {path}")
+                found.say(lambda: f"cleared the set-user/group-id bit of {_shown(path())}")
         finally:
             os.close(file_fd)
 
 
-def clean(roots: Sequence[str], before: Found, since: float) -> list[str]:
+def clean(roots: Sequence[str], before: Found, since: float) -> Found:
     """Undo what a call that started at ``since`` (``time.time()``) left, as :func:`scan`
-    does with ``before``; one line each, for the tool's result. Never raises: a check that
-    cannot finish says so."""
+    does with ``before``; its notes say what, for the tool's result. Never raises: a check
+    that cannot finish says so."""
     roots = [r for r in roots if r not in before.too_big]  # read-only: nothing was left
     try:
-        return scan(roots, known=before.repositories, since=since - 1.0).notes  # coarse clocks
+        return scan(roots, known=before.repositories, since=since - 1.0)  # coarse clocks
     except (OSError, RecursionError, MemoryError) as e:
-        return [f"could not finish checking {', '.join(roots)} for git repositories and "
-                f"set-id files the tool left ({type(e).__name__}: {e}); check before running "
-                "git or programs there"]
+        return Found(notes=[f"could not finish checking {', '.join(roots)} for git "
+                            f"repositories and set-id files the tool left "
+                            f"({type(e).__name__}: {e}); check before running git or "
+                            "programs there"])

@@ -149,8 +149,10 @@ class _Watch:
     before: leftovers.Found
     since: float
 
-    def clean(self) -> list[str]:
-        return leftovers.clean(self.roots, self.before, self.since)
+    def clean(self, result: ToolResult | None = None) -> ToolResult | None:
+        """Undo what the server left; ``result`` says so."""
+        after = leftovers.clean(self.roots, self.before, self.since)
+        return with_notes(result, after.notes, after.more) if result is not None else None
 
 
 @dataclasses.dataclass
@@ -344,7 +346,7 @@ class McpServers:
             done = ToolResult(tool=public, stdout=self._text(wire),
                               exit_code=1 if wire.get("isError") else 0,
                               duration_sec=round(time.monotonic() - start, 4))
-        return with_notes(done, server.watch.clean()) if server.watch else done
+        return server.watch.clean(done) if server.watch else done
 
     def _text(self, wire: dict) -> str:
         capped = _Capped(self.cap)

@@ -275,10 +275,11 @@ class Here:
     a message or a bind needs it (joining it at every level made a deep tree of long names
     cost its depth times its path's length)."""
 
-    __slots__ = ("parent", "name")
+    __slots__ = ("parent", "name", "length")
 
     def __init__(self, parent: Here | None, name: str):
         self.parent, self.name = parent, name
+        self.length = len(name) + (parent.length + 1 if parent is not None else 0)  # str's
 
     def __str__(self) -> str:
         names, node = [], self
