@@ -18,12 +18,24 @@ import click
 
 from mlx_agent.errors import UserFacingError
 
+from .terminal import for_terminal
+
+
+MAX_MESSAGE = 600  # characters of an error shown (a library's may list hundreds of names)
+
 
 class UserError(click.ClickException):
     exit_code = 2
 
     def show(self, file=None):
-        click.echo(f"mlx_agent: error: {self.format_message()}", err=True)
+        """One line, whatever the message holds: its lines joined, control characters
+        escaped (a name read from a hostile file may hold an escape sequence), and cut."""
+        text = "; ".join(line.strip() for line in self.format_message().splitlines()
+                         if line.strip())
+        text = for_terminal(text)
+        if len(text) > MAX_MESSAGE:
+            text = text[:MAX_MESSAGE - 3] + "..."
+        click.echo(f"mlx_agent: error: {text}", err=True)
 
 
 # a group run with no arguments shows its help through a UsageError (click >= 8.2)

@@ -40,6 +40,10 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
         raise click.UsageError("give --out FILE, or --dry-run")
     if not dry_run:
         paths.writable_file(out, "--out")
+        if Path(out).suffix == ".atraj" and \
+                Path(out).resolve().parent == Path(directory).resolve():
+            raise UserError(f"--out {out} would replace one of the trajectories it reads; "
+                            "write the rows elsewhere")
     try:
         with Progress(len(list(Path(directory).glob("*.atraj"))), "read", unit="file") as bar:
             counts = convert(directory, out, mode=mode, min_reward=min_reward, dry_run=dry_run,

@@ -14,6 +14,7 @@ lists and strings.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -41,6 +42,38 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+RANGE_BUDGET = 1_000_000  # numbers ``range`` may give out in one render, all loops together
+MAX_REPEAT = 100_000  # the longest string or list a template may make by ``*``
+_budget = threading.local()
+
+
+def _range(*args: int) -> range:
+    """``range`` with one budget for the whole render: the sandbox caps each range at
+    100,000, and two nested loops of that made a model file's template run for hours."""
+    r = range(*args)
+    _budget.left = getattr(_budget, "left", RANGE_BUDGET) - len(r)
+    if _budget.left < 0:
+        raise TemplateError(f"the chat template loops over more than {RANGE_BUDGET:,} numbers")
+    return r
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with ``*`` and ``**`` bounded (``"x" * 10**9`` took a gigabyte)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**" and isinstance(right, int) and abs(right) > 64:
+            raise TemplateError("the chat template raises a number to too high a power")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and \
+                        n > MAX_REPEAT:
+                    raise TemplateError("the chat template repeats a string or list too "
+                                        "often")
+        return super().call_binop(context, operator, left, right)
+
+
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
                       separators=separators, sort_keys=sort_keys)
@@ -55,16 +88,17 @@ class ChatFormat:
 
     @cached_property
     def _compiled(self):
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.filters["tojson"] = _tojson
+        env.globals["range"] = _range
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             return env.from_string(self.template)
         except jinja2.TemplateSyntaxError as e:
             raise TemplateError(f"chat template does not parse: {e}") from None
+        except RecursionError:
+            raise TemplateError("chat template is nested too deeply to parse") from None
 
     def render(
         self,
@@ -74,7 +108,10 @@ class ChatFormat:
         add_generation_prompt: bool = True,
         **extra,
     ) -> str:
-        """The prompt text for ``messages`` (and ``tools``, if the template uses them)."""
+        """The prompt text for ``messages`` (and ``tools``, if the template uses them). A
+        template that fails in any way (a model file's may divide by zero, or recurse) is a
+        TemplateError."""
+        _budget.left = RANGE_BUDGET
         try:
             return self._compiled.render(
                 messages=messages,
@@ -84,8 +121,13 @@ class ChatFormat:
                 eos_token=self.eos_token,
                 **{**self.variables, **extra},
             )
+        except TemplateError:
+            raise
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template failed: {e}") from None
+        except (ArithmeticError, RecursionError, TypeError, ValueError, LookupError,
+                AttributeError, MemoryError) as e:
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
 
     @cached_property
     def renders_tools(self) -> bool:

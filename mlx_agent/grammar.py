@@ -497,15 +497,20 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
         raise GrammarError(f"{path} is empty; write a {kind.replace('-', ' ')} in it")
     if kind == "json-schema":
         try:
-            grammar = LLMatcher.grammar_from_json_schema(text)
             schema = json.loads(text)
         except (ValueError, RecursionError) as e:
             raise GrammarError(f"{path} is not a JSON schema: {e}") from None
-        inexact = json_schema.inexact_integer(schema)
+        inexact = json_schema.inexact_integer(schema)  # first: llguidance crashed on some
         if inexact:
             raise GrammarError(f"{path}: '{inexact[0]}' {inexact[1]}")
+        if json_schema.too_deep(schema):
+            raise GrammarError(f"{path} {json_schema.TOO_DEEP}")
         if json_schema.endless(schema):
             raise GrammarError(f"{path} {json_schema.ENDLESS}")
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(text)
+        except ValueError as e:
+            raise GrammarError(f"{path} is not a JSON schema: {e}") from None
     else:
         grammar = LLMatcher.grammar_from_lark(text)
     check_compiles(grammar, tokenizer, path)
@@ -590,6 +595,8 @@ def schema_constraint(lm, schema: dict) -> Constraint:
     inexact = json_schema.inexact_integer(schema)
     if inexact:
         raise GrammarError(f"the response_format schema's '{inexact[0]}' {inexact[1]}")
+    if json_schema.too_deep(schema):
+        raise GrammarError(f"the response_format schema {json_schema.TOO_DEEP}")
     if json_schema.endless(schema):
         raise GrammarError(f"the response_format schema {json_schema.ENDLESS}")
     constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+MAX_DEPTH = 512  # levels of nesting, $ref links counted (JSON nesting is capped by parsers)
 EXACT = 2 ** 53  # integers a double holds exactly, and so JSON parsers that read doubles
 INT64 = (-(2 ** 63), 2 ** 64 - 1)  # what llguidance takes at all (i64 and u64)
 
@@ -69,6 +70,8 @@ def inexact_integer(schema: Any) -> tuple[str, str] | None:
     return None
 
 
+TOO_DEEP = (f"nests more than {MAX_DEPTH} levels deep, counting the $ref links it follows; "
+            "flatten it")
 ENDLESS = ("admits only endless values (it refers back to itself with no way out, through "
            "a required property or a $ref); give the recursion an optional way out")
 
@@ -84,16 +87,55 @@ def _resolve(root: Any, ref: str) -> Any:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and \
+                len(part) < 10 and int(part) < len(node):  # not "²", nor 5,000 digits
             node = node[int(part)]
         else:
             return None
     return node
 
 
+def too_deep(schema: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``schema`` nests more than ``limit`` levels, counting each ``$ref`` it
+    follows (not around a cycle) as a level: a chain of a thousand ``$defs``, each naming
+    the next, is shallow as JSON and crashed llguidance's compiler (a segfault)."""
+    heights: dict[str, int] = {}
+    active: set[str] = set()
+
+    def height(node: Any) -> int:
+        best = 0
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref not in active:
+                if ref not in heights:
+                    target = _resolve(schema, ref) if ref.startswith("#") else None
+                    active.add(ref)
+                    heights[ref] = height(target) if target is not None else 0
+                    active.discard(ref)
+                best = heights[ref] + 1
+            children = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            return 0
+        for child in children:
+            if best > limit:
+                break
+            best = max(best, height(child) + 1)
+        return best
+
+    try:
+        return height(schema) > limit
+    except RecursionError:  # deeper than Python's own limit: deeper than ours
+        return True
+
+
 def endless(schema: Any) -> bool:
     """Whether every value ``schema`` admits is infinite (a required property, or a required
-    array item, that refers back to its own schema with no way out)."""
+    array item, that refers back to its own schema with no way out). A schema with a nested
+    ``$id`` (its refs resolve against another base) is not judged."""
+    if any(key == "$id" and where for where, key, _ in _walk(schema)):
+        return False
     refs = sorted({v for _, key, v in _walk(schema) if key == "$ref" and isinstance(v, str)
                    and v.startswith("#")})
     finite = dict.fromkeys(refs, False)  # least fixed point: nothing finite until shown

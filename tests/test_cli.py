@@ -277,6 +277,7 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
       "--out", "{tmp}/runs/o.jsonl"], "no model at '/no/model'"),
     (["sft", "--data", "{tasks}", "--out", "/proc/x"], "--out /proc/x: cannot create"),
     (["traces-to-data", "{tmp}", "--out", "{tmp}/sft.jsonl"], "holds no .atraj files"),
+    (["traces-to-data", "{tmp}", "--out", "{tmp}/x.atraj"], "would replace one of the traj"),
     # numbers that are not numbers
     (["agent", "--tools", ECHO, "--single", "hi", "--tool-timeout", "nan"],
      "'nan' is not a finite number"),
@@ -431,3 +432,17 @@ def test_a_task_id_and_a_file_name_reach_the_progress_lines_escaped(tmp_path):
     atraj.rename(runs / "a\x1b[2J.atraj")
     r = run("traces-to-data", str(runs), "--dry-run")
     assert "\x1b" not in r.stderr and "a\\x1b[2J.atraj" in r.stderr, r.stderr
+
+
+def test_an_error_is_one_line_whatever_its_message_holds(capsys):
+    """A library's message can list a hundred names a line each, or carry an escape
+    sequence read from a hostile file (a GGUF's, a tinygpt's tokenizerSource)."""
+    from mlx_agent.cli.errors import UserError
+
+    UserError("Missing 2 parameters:\n  a.weight\n  b.weight").show()
+    UserError("tokenizerSource \x1b]0;PWNED\x07 is not a directory").show()
+    UserError("x" * 5000).show()
+    first, second, third = capsys.readouterr().err.splitlines()
+    assert first == "mlx_agent: error: Missing 2 parameters:; a.weight; b.weight"
+    assert second == "mlx_agent: error: tokenizerSource \\x1b]0;PWNED\\x07 is not a directory"
+    assert len(third) < 700 and third.endswith("...")

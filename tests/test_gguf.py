@@ -30,7 +30,7 @@ def to_gguf_name(name: str) -> str:
     return f"{GGUF_NAMES[module]}.{leaf}"
 
 
-def write_tiny_gguf(path, model, arch="llama", f16=False, add_bos=False):
+def write_tiny_gguf(path, model, arch="llama", f16=False, add_bos=False, **changes):
     from mlx.utils import tree_flatten
 
     a = TINY_LLAMA
@@ -59,6 +59,7 @@ def write_tiny_gguf(path, model, arch="llama", f16=False, add_bos=False):
         "tokenizer.chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
                                    "{{ m['content'] }}<|im_end|>\n{% endfor %}",
     }
+    meta.update(changes)  # a test's hostile metadata
     mx.save_gguf(str(path), tensors, meta)
 
 
@@ -146,6 +147,32 @@ def test_a_hostile_header_is_refused_before_the_native_reader_sees_it(tmp_path, 
                         "hi"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-500:]
     assert "not a readable GGUF file" in r.stderr and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("key,value,message", [
+    # a second probe's: memory until it ran out, tracebacks, a load that never ended
+    ("llama.block_count", 5_000_000, "llama.block_count is 5000000, not a whole number"),
+    ("llama.block_count", 3, "says 3 blocks, and the file holds tensors for 2"),
+    ("llama.attention.head_count", 0, "head_count is 0, not a whole number"),
+    ("llama.context_length", 0, "context_length is 0, not a whole number"),
+    ("tokenizer.ggml.bos_token_id", 100_000, "its metadata is not as a llama GGUF's"),
+    ("tokenizer.chat_template", "{{ 1 / 0 }}", "chat template failed: ZeroDivisionError"),
+    ("tokenizer.chat_template", "{% for i in range(100000) %}{% for j in range(100000) %}"
+                                "{% endfor %}{% endfor %}", "loops over more than 1,000,000"),
+    ("tokenizer.chat_template", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+     "chat template failed: RecursionError"),
+])
+def test_hostile_metadata_is_one_line(tmp_path, key, value, message):
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, make_tiny_llama(), **{key: mx.array(value, dtype=mx.uint32)
+                                                if isinstance(value, int) else value})
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate", "--chat",
+                        "-m", str(path), "hi"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, \
+        r.stderr[-500:]
 
 
 def test_missing_named_model_says_how_to_install(monkeypatch):

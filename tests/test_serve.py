@@ -316,6 +316,15 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
     assert other.choices[0].message.content is not None
 
 
+def _chain(n: int) -> dict:
+    """A schema whose $defs name each other n deep: finite, and shallow as JSON."""
+    defs = {f"d{i:05d}": {"type": "object", "required": ["n"],
+                          "properties": {"n": {"$ref": f"#/$defs/d{i + 1:05d}"}}}
+            for i in range(n)}
+    defs[f"d{n:05d}"] = {"type": "string"}
+    return {"type": "object", "properties": {"p": {"$ref": "#/$defs/d00000"}}, "$defs": defs}
+
+
 def _tool(properties: dict, required: list | None = None) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": properties, **({"required": required} if required
@@ -356,6 +365,18 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#"}},
                                 "required": ["a"]}}}}, "admits only endless values"),
+    # a second probe's: a chain of $defs, shallow as JSON, crashed llguidance (a segfault:
+    # the server died); a "²" or 5,000 digits as a $ref's index; a typeless endless schema
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": _chain(1000)}}}, "nests more than 512 levels deep"),
+    ({"messages": user("x"), "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": _chain(1000)}}]}, "nests more than 512 levels deep"),
+    ({"messages": user("x"), "tools": [_tool({"a": {"$ref": "#/required/²"}})]},
+     "cannot be compiled"),
+    ({"messages": user("x"), "tool_choice": "required", "tools": [{"type": "function",
+      "function": {"name": "f", "parameters": {"properties": {"a": {"$ref": "#"}},
+                                               "required": ["a"]}}}]},
+     "admits only endless values"),
     # a number of 4,301 digits in an arguments string: Python's int() refuses it
     ({"tools": TOOLS, "messages": [
         {"role": "user", "content": "hi"},

@@ -134,6 +134,7 @@ def _with_header(data: bytes, edit) -> bytes:
     (lambda h: h["config"].update(heads=-1), "heads is -1, not a whole number"),
     (lambda h: h["config"].update(vocabSize=True), "vocabSize is true, not a whole number"),
     (lambda h: h["manifest"][0].update(floatOffset=[1]), "floatOffset of .* is past the body"),
+    (lambda h: h.update(int4BlockSize=float("inf")), "int4BlockSize Infinity is not a whole"),
 ])
 def test_manifest_disagreeing_with_body_or_config_is_an_error(tmp_path, good_bytes, edit, message):
     path = tmp_path / "bad.tinygpt"

@@ -81,10 +81,30 @@ def _int(meta: dict, key: str, default=None):
     return v.item() if isinstance(v, mx.array) else v
 
 
+# what a llama GGUF's metadata may say: a 400-byte file claiming 5,000,000 blocks built
+# layers until the memory ran out, and a head count of 0 divided by zero
+_LIMITS = {"llama.attention.head_count": 1024, "llama.attention.head_count_kv": 1024,
+           "llama.embedding_length": 1 << 16, "llama.block_count": 4096,
+           "llama.feed_forward_length": 1 << 18, "llama.vocab_size": 1 << 22,
+           "llama.attention.key_length": 1 << 12, "llama.context_length": 1 << 22}
+
+
+def _check_limits(meta: dict) -> None:
+    for key, most in _LIMITS.items():
+        if key in meta:
+            value = _int(meta, key)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            if not (isinstance(value, int) and 1 <= value <= most):
+                raise GGUFError(f"GGUF metadata {key} is {value!r}, not a whole number from 1 "
+                                f"to {most:,}")
+
+
 def model_args(meta: dict) -> llama.ModelArgs:
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise GGUFError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
+    _check_limits(meta)
     heads = int(_int(meta, "llama.attention.head_count"))
     hidden = int(_int(meta, "llama.embedding_length"))
     n_vocab = len(meta.get("tokenizer.ggml.tokens", [])) or None
@@ -114,6 +134,10 @@ def build(weights: dict[str, mx.array], meta: dict) -> tuple[nn.Module, llama.Mo
         if new is not None:
             renamed[new] = w
     args.tie_word_embeddings = "lm_head.weight" not in renamed
+    blocks = {name.split(".")[2] for name in renamed if name.startswith("model.layers.")}
+    if args.num_hidden_layers > len(blocks):  # before building them
+        raise GGUFError(f"GGUF metadata says {args.num_hidden_layers} blocks, and the file "
+                        f"holds tensors for {len(blocks)}")
     model = llama.Model(args)
 
     def bits_of(path: str) -> int | None:

@@ -161,13 +161,19 @@ def _load_gguf(path: Path):
         weights, meta = gguf.read(path)
         model, args = gguf.build(weights, meta)
         tokenizer = tok.from_gguf(meta)
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        bos = meta.get("tokenizer.ggml.bos_token_id")
+        bos_id = int(bos.item()) if add_bos is not None and bool(add_bos.item()) and \
+            bos is not None else None
+        if bos_id is not None and not 0 <= bos_id < args.vocab_size:
+            raise gguf.GGUFError(f"GGUF bos_token_id {bos_id} is past the vocabulary")
     except (gguf.GGUFError, ValueError) as e:
         raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    except (TypeError, AttributeError, IndexError, KeyError, OverflowError,
+            ZeroDivisionError) as e:  # metadata of the wrong kind (a hostile file)
+        raise ModelError(f"{path}: its metadata is not as a llama GGUF's "
+                         f"({type(e).__name__}: {e})") from None
     template = meta.get("tokenizer.chat_template") or CHATML
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    bos_id = int(bos.item()) if add_bos is not None and bool(add_bos.item()) and bos is not None \
-        else None
     return _Parts(model, tokenizer, template, args.max_position_embeddings, path.stem, bos_id)
 
 

@@ -173,7 +173,10 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
     _check_manifest(manifest, config)
     (step,) = struct.unpack_from("<i", data, 12 + hlen)
     body = _Body(path, memoryview(data)[16 + hlen :], manifest)
-    block = int(header.get("int4BlockSize") or DEFAULT_INT4_BLOCK)
+    block = header.get("int4BlockSize") or DEFAULT_INT4_BLOCK
+    if type(block) is not int:  # Infinity or a list were tracebacks, even in an fp32 file
+        raise TinyGPTError(f"{path}: int4BlockSize {json.dumps(block)[:40]} is not a whole "
+                           "number")
     adam = None
     if layout == "training":
         weights, adam = body.training()

@@ -244,7 +244,9 @@ def _schema_problem(params: dict) -> str | None:
     inexact = json_schema.inexact_integer(params)
     if inexact:
         return f"field 'parameters.{inexact[0]}' {inexact[1]}"
-    if json_schema.endless(params):
+    if json_schema.too_deep(params):
+        return f"field 'parameters' {json_schema.TOO_DEEP}"
+    if json_schema.endless({**params, "type": "object"}):  # arguments are an object
         return f"field 'parameters' {json_schema.ENDLESS}"
     return None
 
