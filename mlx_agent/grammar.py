@@ -500,13 +500,7 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
             schema = json.loads(text)
         except (ValueError, RecursionError) as e:
             raise GrammarError(f"{path} is not a JSON schema: {e}") from None
-        inexact = json_schema.inexact_integer(schema)  # first: llguidance crashed on some
-        if inexact:
-            raise GrammarError(f"{path}: '{inexact[0]}' {inexact[1]}")
-        if json_schema.too_deep(schema):
-            raise GrammarError(f"{path} {json_schema.TOO_DEEP}")
-        if json_schema.endless(schema):
-            raise GrammarError(f"{path} {json_schema.ENDLESS}")
+        _check_schema(schema, str(path))  # first: llguidance crashed on some
         try:
             grammar = LLMatcher.grammar_from_json_schema(text)
         except ValueError as e:
@@ -515,6 +509,18 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
         grammar = LLMatcher.grammar_from_lark(text)
     check_compiles(grammar, tokenizer, path)
     return grammar
+
+
+def _check_schema(schema, what: str) -> None:
+    """Raises GrammarError naming ``what`` for a schema no grammar should be made of (see
+    :mod:`mlx_agent.json_schema`)."""
+    inexact = json_schema.inexact_integer(schema)
+    if inexact:
+        raise GrammarError(f"{what}: '{inexact[0]}' {inexact[1]}")
+    if json_schema.too_deep(schema):
+        raise GrammarError(f"{what} {json_schema.TOO_DEEP}")
+    if json_schema.endless(schema):
+        raise GrammarError(f"{what} {json_schema.ENDLESS}")
 
 
 class Constraint:
@@ -592,12 +598,6 @@ def schema_constraint(lm, schema: dict) -> Constraint:
         key = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
         raise GrammarError("the response_format schema is not JSON a grammar can use") from None
-    inexact = json_schema.inexact_integer(schema)
-    if inexact:
-        raise GrammarError(f"the response_format schema's '{inexact[0]}' {inexact[1]}")
-    if json_schema.too_deep(schema):
-        raise GrammarError(f"the response_format schema {json_schema.TOO_DEEP}")
-    if json_schema.endless(schema):
-        raise GrammarError(f"the response_format schema {json_schema.ENDLESS}")
+    _check_schema(schema, "the response_format schema")
     constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)
     return constraint.admitting("the response_format schema", "JSON value")
