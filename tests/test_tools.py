@@ -379,3 +379,15 @@ def test_a_pattern_that_backtracks_for_ever_is_checked_with_a_time_limit():
     (problem,) = tool.validate({"x": "a" * 40 + "b"})
     assert "took more than 0.5 s to check" in problem and time.monotonic() - start < 5
     assert tool.validate({"x": "aaa"}) == [] and "does not match" in tool.validate({"x": "b"})[0]
+
+
+def test_a_pattern_in_json_schemas_dialect_that_re_lacks_is_accepted():
+    r"""``\p{L}`` is in ECMA-262's regex dialect (JSON Schema's) and llguidance's; ``re``
+    refused it, so a valid tool was refused."""
+    (tool,) = parse_tools(json.dumps([{
+        "name": "greet", "description": "d", "_exec": "true", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string", "pattern": r"^\p{L}+$"}}}}]))
+    assert tool.validate({"x": "Zoë"}) == [] and "does not match" in tool.validate({"x": "42"})[0]
+    with pytest.raises(ToolSchemaError, match="is not a 'regex'"):
+        parse_tools(json.dumps([{"name": "t", "description": "d", "_exec": "true", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string", "pattern": "[a-"}}}}]))

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import msgspec
 import regex
-from jsonschema import Draft202012Validator, validators
+from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 
 from .. import json_schema
@@ -62,6 +62,13 @@ def _pattern(validator, pattern: str, instance: Any, schema: dict):
 
 # Draft 2020-12 with the bounded pattern: for values a model or a file wrote
 Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
+
+# A schema's formats as jsonschema checks them, but "regex" by the module that matches the
+# values: ``re`` refused ``\p{L}``, which JSON Schema's regex dialect (ECMA-262) has
+_FORMATS = FormatChecker()
+_FORMATS.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
+_FORMATS.checks("regex", raises=regex.error)(
+    lambda value: not isinstance(value, str) or regex.compile(value) is not None)
 
 
 class ToolSchemaError(UserFacingError, ValueError):
@@ -236,7 +243,7 @@ def _schema_error(key: bytes) -> str | None:
 def _schema_problem(params: dict) -> str | None:
     """What is wrong with ``params`` (naming the field), or None."""
     try:
-        Draft202012Validator.check_schema(params)
+        Draft202012Validator.check_schema(params, format_checker=_FORMATS)
     except SchemaError as e:
         path = ".".join(str(p) for p in e.path)
         return (f"field 'parameters{'.' + path if path else ''}' is not valid JSON Schema: "
