@@ -13,6 +13,7 @@ import errno
 import os
 import signal
 import sys
+import threading
 
 import click
 
@@ -62,7 +63,9 @@ class Group(click.Group):
     disk, ``>/dev/full``) into one line on stderr."""
 
     def main(self, *args, **kwargs):
-        signal.signal(signal.SIGTERM, _terminate)  # serve's uvicorn installs its own
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:  # signals go to the main thread only; serve's uvicorn sets its own
+            previous = signal.signal(signal.SIGTERM, _terminate)
         try:
             return super().main(*args, **kwargs)
         except OSError as e:
@@ -70,6 +73,8 @@ class Group(click.Group):
                 raise
             _stdout_failed(e)
         finally:
+            if main_thread:  # a process that runs the CLI in-process gets its own back
+                signal.signal(signal.SIGTERM, previous)
             try:
                 sys.stdout.flush()
             except OSError as e:

@@ -236,15 +236,15 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     ``lm`` is left with the trained adapter on its float32 weights, whether the training
     ran here or, with ``config.processes`` > 1, in processes of its own.
 
-    The adapter is written in a folder beside ``out_dir`` and its files moved into
-    ``out_dir`` only when training is done: a failure or Ctrl-C leaves ``out_dir`` as it was
-    (an adapter there, trained on, is not left with a new config over its old weights)."""
+    The adapter is written in a hidden folder inside ``out_dir`` (on its filesystem, which
+    may be a mounted volume) and its files renamed into ``out_dir`` only when training is
+    done: a failure or Ctrl-C leaves ``out_dir`` as it was (an adapter there, trained on, is
+    not left with a new config over its old weights)."""
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = temp_dir_beside(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = temp_dir_beside(out / "adapter")  # inside out: one filesystem, so a rename
     try:
         stats = _train(lm, rows, staging, config)
-        out.mkdir(exist_ok=True)
         for name in ("adapters.safetensors", "adapter_config.json"):  # the config last
             os.replace(staging / name, out / name)
         return stats

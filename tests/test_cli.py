@@ -446,3 +446,24 @@ def test_an_error_is_one_line_whatever_its_message_holds(capsys):
     assert first == "mlx_agent: error: Missing 2 parameters:; a.weight; b.weight"
     assert second == "mlx_agent: error: tokenizerSource \\x1b]0;PWNED\\x07 is not a directory"
     assert len(third) < 700 and third.endswith("...")
+
+
+def test_the_cli_runs_in_process_off_the_main_thread_and_leaves_sigterm_as_it_was():
+    """The SIGTERM handler is set on the main thread only (signal.signal raises elsewhere),
+    and put back when the command ends (a later SIGTERM in the embedding process was a
+    KeyboardInterrupt)."""
+    import signal
+    import threading
+
+    from click.testing import CliRunner
+
+    from mlx_agent.cli.main import main
+
+    before = signal.getsignal(signal.SIGTERM)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(CliRunner().invoke(main, ["--help"])))
+    thread.start()
+    thread.join(timeout=60)
+    assert results[0].exit_code == 0, results[0].output
+    assert CliRunner().invoke(main, ["--help"]).exit_code == 0
+    assert signal.getsignal(signal.SIGTERM) is before

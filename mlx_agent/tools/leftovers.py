@@ -20,14 +20,15 @@ thing undone for the tool's result: about 0.1 s and 0.3 s for a tree of 43,000 e
 The walk (:func:`.rootfs.walk`) goes by directory descriptors (no path is too long, no depth
 too deep, each level the same cost) and does not follow links; after a call it makes a
 folder the tool left unreadable (mode 0311: git and programs still go through it by name)
-readable to check it.
+readable to check it, where the folder changed during the call.
 
 A root of more than :data:`MAX_ENTRIES` entries before a call is not walked to the end: it
 is read-only for the call (fail closed), and the result says so. After a call the walk has
 no limit: a root was at most that size before, and the rest the tool wrote in its own time
 (an entry is walked faster than it is written). Not promised: between the tool's exit and
-the clean-up (milliseconds) the files exist; a folder of another user's that the runtime
-cannot read is named in the result, not checked; a repository the runtime could not
+the clean-up (milliseconds) the files exist; a folder the runtime cannot read before a call
+is read-only for it, and one it cannot read after (another user's) is named in the result,
+not checked; a repository the runtime could not
 disarm (not root, its folder not the runtime's) is said after every call, never bound as the
 user's; other files that act later (a Makefile, a shell rc file, an editor's project
 settings) are the user's to review, as with any code a tool writes. What was undone is said
@@ -69,6 +70,9 @@ class Found:
     # roots past MAX_ENTRIES before a call, or holding a repository too deep to bind: not
     # checked, so read-only for it (fail closed)
     too_big: list[str] = field(default_factory=list)
+    # folders the check before a call could not read: read-only for it, so what is in them
+    # after the call was there before (and is not the tool's to be undone)
+    unreadable: list[str] = field(default_factory=list)
 
     def say(self, note: Callable[[], str]) -> None:
         """Keep ``note()`` (built only when kept: a path can be megabytes deep)."""
@@ -80,9 +84,9 @@ class Found:
 
     @property
     def read_only(self) -> list[str]:
-        """What the sandbox binds read-only for the call: the repositories and the roots
-        too big to check."""
-        return [*self.repositories, *self.too_big]
+        """What the sandbox binds read-only for the call: the repositories, the folders the
+        check could not read, and the roots too big to check."""
+        return [*self.repositories, *self.unreadable, *self.too_big]
 
 
 def _exists(name: str, dir_fd: int) -> bool:
@@ -111,7 +115,7 @@ def _free_name(name: str, dir_fd: int) -> str:
 
 
 def scan(roots: Sequence[str], *, known: dict[str, tuple] | None = None,
-         since: float | None = None) -> Found:
+         since: float | None = None, unreadable_before: Sequence[str] = ()) -> Found:
     """The git repositories under ``roots`` (each a ``.git`` entry, or a git directory's
     layout: :func:`.rootfs.is_git_dir`), by path and :func:`_key`. With ``known`` (what a
     scan found before a call that started at ``since``), also undo what the call left: a
@@ -127,9 +131,18 @@ def scan(roots: Sequence[str], *, known: dict[str, tuple] | None = None,
             if after:
                 found.say(lambda: f"made {_shown(where)} readable to check it" if e is None
                           else f"could not check {_shown(where)}: {e.strerror}")
+            elif len(where) > PATH_MAX:  # cannot be bound read-only: fail closed
+                if root not in found.too_big:
+                    found.too_big.append(root)
+                    found.say(lambda: f"{_shown(root)} holds a folder this check cannot read, "
+                                      "nested too deep to protect, so it was read-only for "
+                                      "this call")
+            else:
+                found.unreadable.append(where)
 
         disarmed: set[tuple] = set()  # renamed .git directories: walked for set-id files only
-        for here, dirs, files, fd in walk(root, unreadable, repair=after):
+        for here, dirs, files, fd in walk(root, unreadable, repair_since=since,
+                                          keep=frozenset(unreadable_before)):
             seen += len(dirs) + len(files)
             inside = bool(disarmed) and _key(".", fd) in disarmed
             names = set() if inside else set(dirs) | set(files)
@@ -241,7 +254,8 @@ def clean(roots: Sequence[str], before: Found, since: float) -> Found:
     that cannot finish says so."""
     roots = [r for r in roots if r not in before.too_big]  # read-only: nothing was left
     try:
-        return scan(roots, known=before.repositories, since=since - 1.0)  # coarse clocks
+        return scan(roots, known=before.repositories, since=since - 1.0,  # coarse clocks
+                    unreadable_before=before.unreadable)
     except (OSError, RecursionError, MemoryError) as e:
         return Found(notes=[f"could not finish checking {', '.join(roots)} for git "
                             f"repositories and set-id files the tool left "

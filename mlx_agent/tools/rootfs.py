@@ -292,6 +292,13 @@ class Here:
         return os.path.join(str(self), name)
 
 
+def _changed(name: str, dir_fd: int, since: float) -> bool:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ctime >= since
+    except OSError:
+        return False
+
+
 def _readable(name: str, dir_fd: int) -> bool:
     """Make the directory ``name`` readable and searchable by its owner (the runtime's user:
     a tool's folders are), through a descriptor that a swapped-in link cannot redirect; False
@@ -314,16 +321,18 @@ def _readable(name: str, dir_fd: int) -> bool:
 
 
 def walk(root: str | int, unreadable: Callable[[str, OSError | None], None] = lambda w, e: None,
-         repair: bool = False, top: str | None = None
+         repair_since: float | None = None, top: str | None = None,
+         keep: frozenset[str] = frozenset()
          ) -> Iterator[tuple[Here, list[str], list[str], int]]:
     """``os.fwalk``'s top-down ``(where, dirs, files, dir_fd)`` without its recursion
     (Python 3.11's recurses once a level: a thousand nested folders raised RecursionError)
     and with one descriptor, moved down by name and back up by ``..``: no depth is too deep,
     and each level costs the same. ``dirs`` may be edited before the walk goes on; links are
     not followed. A folder that cannot be opened is passed to ``unreadable`` with the error;
-    with ``repair`` it is first made readable (see :func:`_readable`) and tried again (then
-    ``unreadable`` gets None): a tool's folder with its read bit off (mode 0311) is still one
-    git and programs go through by name."""
+    one changed since ``repair_since`` (``time.time()``; a tool's, or one a tool changed) is
+    first made readable (see :func:`_readable`) and tried again (then ``unreadable`` gets
+    None): a tool's folder with its read bit off (mode 0311) is still one git and programs
+    go through by name. A folder named in ``keep`` (unreadable before) is left as it was."""
     # root: a path, or a directory descriptor (not closed; ``top`` names it in paths)
     fd = os.dup(root) if isinstance(root, int) else os.open(root, _DIR)
     here, todo = Here(None, top or str(root)), []  # todo: per level, the folders to visit
@@ -348,7 +357,8 @@ def walk(root: str | int, unreadable: Callable[[str, OSError | None], None] = la
                     try:
                         child = os.open(name, _DIR, dir_fd=fd)
                     except PermissionError as e:
-                        if not (repair and _readable(name, fd)):
+                        if not (repair_since is not None and _changed(name, fd, repair_since)
+                                and here.join(name) not in keep and _readable(name, fd)):
                             unreadable(here.join(name), e)
                             continue
                         try:
