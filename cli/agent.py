@@ -52,6 +52,9 @@ class Sink:
         detail = f": {stderr.splitlines()[0]}" if event.exit_code and stderr else ""
         click.secho(for_terminal(f"  ↳ {event.tool}({args}) → {status} "
                                  f"({event.duration_sec:.2f} s){detail}"), err=True, fg="cyan")
+        for line in stderr.splitlines():  # what the sandbox undid is the user's to know too
+            if line.startswith("sandbox: "):
+                click.secho(for_terminal(f"    {line}"), err=True, fg="yellow")
 
     def _answer(self, event) -> None:
         mark = "(fallback: the reply had no valid shape)" if event.fallback else ""

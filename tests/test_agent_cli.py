@@ -168,3 +168,23 @@ def test_files_adapter_reads_a_file_and_states_what_it_says(tmp_path):
     answers = [e.text for e in events if isinstance(e, ev.Answer)]
     assert [c.tool for c in calls] == ["read_file"], calls
     assert len(answers) == 1 and "March 3" in answers[0], answers
+
+
+def test_what_the_sandbox_undid_is_shown_to_the_user_too(tmp_path):
+    """The model reads the sandbox's notes in the tool's result; the user saw only
+    "exit 0" (a reviewer: a repository left armed was said to the model alone)."""
+    from mlx_agent.tools.sandbox import unavailable
+
+    if unavailable("bwrap") is not None:
+        pytest.skip(unavailable("bwrap"))
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "install", "description": "Install the helper",
+                                  "_exec": "cp /bin/true helper && chmod 4755 helper"}]))
+    root = tmp_path / "root"
+    root.mkdir()
+    r = run("--tools", str(tools), "--root", str(root), "--sandbox", "bwrap",
+            "--tool-choice", "install,none", "--max-steps", "2", "--max-tokens", "16",
+            "--single", "Install the helper.")
+    assert r.returncode == 0, r.stderr
+    assert "    sandbox: cleared the set-user/group-id bit of" in r.stderr, r.stderr
+    assert not (root / "helper").stat().st_mode & 0o4000
