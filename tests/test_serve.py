@@ -239,6 +239,9 @@ def test_ollama_endpoints(serve, tiny_lm):
         assert status == 400 and "model" in r["error"]
     status, r = s.post("/api/show", b'{"model": ' + b"1" * 4301 + b"}")  # was a 500
     assert status == 400 and "not valid JSON" in r["error"]
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Once", "stream": False,
+                                         "options": {"num_predict": 10**9}})
+    assert status == 400 and r["error"].startswith("options.num_predict must be"), r
     assert s.get("/api/tags")["models"][0]["name"] == "tiny"
     assert "version" in s.get("/api/version") and s.get("/health")["status"] == "ok"
     status, r = s.post("/api/chat", {"model": "llama3", "messages": user("hi")})

@@ -24,12 +24,13 @@ class Limits:
     default_sampling: SamplingParams
 
     def __call__(self, max_tokens: int | None, temperature: float | None, top_p: float | None,
-                 seed: int | None, top_k: int | None = None, min_p: float | None = None
-                 ) -> tuple[int | None, SamplingParams]:
+                 seed: int | None, top_k: int | None = None, min_p: float | None = None,
+                 max_tokens_name: str = "max_tokens") -> tuple[int | None, SamplingParams]:
+        """``max_tokens_name``: the field as the client sent it (Ollama's num_predict)."""
         ctx = self.context_length
         if max_tokens is not None and not 1 <= max_tokens <= ctx:
-            raise BadRequest(f"max_tokens must be between 1 and the context length {ctx}, "
-                             f"got {max_tokens}", param="max_tokens")
+            raise BadRequest(f"{max_tokens_name} must be between 1 and the context length "
+                             f"{ctx}, got {max_tokens}", param=max_tokens_name)
         if temperature is not None and not 0 <= temperature <= 2:
             raise BadRequest(f"temperature must be between 0 and 2, got {temperature}",
                              param="temperature")
