@@ -394,10 +394,12 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
     for t in threads:
         t.start()
     results: dict[int, R] = {}
-    error, interrupted = None, False
+    error, interrupted, current = None, False, None
     try:
         while len(results) < len(items) and error is None:
-            i, ok, value = done.get()
+            current = None
+            current = done.get()  # held: Ctrl-C may come before it is handed on
+            i, ok, value = current
             if not ok:
                 error = value
                 break
@@ -412,6 +414,8 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
         stop.set()
         for t in threads:
             t.join()
+        if interrupted and current is not None and current[1] and current[0] not in results:
+            on_done(current[0], current[2])  # taken from the queue, not yet handed on
         while interrupted:  # items that finished all the same are done: handed on, not lost
             try:
                 i, ok, value = done.get_nowait()

@@ -320,13 +320,13 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
         recorder = Recorder(trajectory_dir, task=task.id,
                             model_fingerprint=lm.identity.fingerprint,
                             sampling=dataclasses.asdict(sampling)) if trajectory_dir else None
-        try:
-            agent = Agent(lm, engine, tools, agent_format(protocol, lm), config, emit=emit,
-                          recorder=recorder, sampler=sampler)
-        except ContextFull as e:  # the task's tools alone overflow the context
-            raise TaskError(f"task {task.id!r}: {e}") from None
         start = time.perf_counter()
         try:
+            try:
+                agent = Agent(lm, engine, tools, agent_format(protocol, lm), config, emit=emit,
+                              recorder=recorder, sampler=sampler)
+            except ContextFull as e:  # the task's tools alone overflow the context
+                raise TaskError(f"task {task.id!r}: {e}") from None
             out = agent.ask(task.prompt)
             if out.stats.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it)
                 raise KeyboardInterrupt
