@@ -513,7 +513,10 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
 
 def _check_schema(schema, what: str) -> None:
     """Raises GrammarError naming ``what`` for a schema no grammar should be made of (see
-    :mod:`mlx_agent.json_schema`)."""
+    :mod:`mlx_agent.json_schema`): a response_format's or a file's is bounded as the tools a
+    request declares are."""
+    if json_schema.too_many_nodes(schema, json_schema.MAX_VALUES):
+        raise GrammarError(f"{what} {json_schema.TOO_MANY}")
     inexact = json_schema.inexact_integer(schema)
     if inexact:
         raise GrammarError(f"{what}: '{inexact[0]}' {inexact[1]}")

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+# values a schema may hold: the checks below, jsonschema's validation (about 0.1 ms a value)
+# and endless()'s passes (one per link of the longest $ref chain) all grow with it
+MAX_VALUES = 20_000
 MAX_DEPTH = 512  # levels of nesting, $ref links counted (JSON nesting is capped by parsers)
 EXACT = 2 ** 53  # integers a double holds exactly, and so JSON parsers that read doubles
 INT64 = (-(2 ** 63), 2 ** 64 - 1)  # what llguidance takes at all (i64 and u64)
@@ -72,6 +75,8 @@ def inexact_integer(schema: Any) -> tuple[str, str] | None:
 
 TOO_DEEP = (f"nests more than {MAX_DEPTH} levels deep, counting the $ref links it follows; "
             "flatten it")
+TOO_MANY = (f"holds more than {MAX_VALUES:,} JSON values, more than a schema needs; make "
+            "it smaller")
 ENDLESS = ("admits only endless values (it refers back to itself with no way out, through "
            "a required property or a $ref); give the recursion an optional way out")
 

@@ -390,6 +390,8 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     # held it for seconds a token
     ({"messages": user("x"), "stop": ["z" * 10] * 17}, "Expected `array` of length <= 16"),
     ({"messages": user("x"), "stop": "z" * 257}, "Expected `str` of length <= 256"),
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"enum": list(range(20_001))}}}}, "more than 20,000 JSON values"),
     # validating this many schema values held the preparing threads for seconds
     ({"messages": user("x"), "tools": [_tool({f"p{i}": {"type": "string"}
                                               for i in range(12_000)})]}, "20,000 JSON values"),

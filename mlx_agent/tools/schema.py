@@ -39,7 +39,7 @@ RESERVED = frozenset({"auto", "none", "required"})  # tool_choice's own words
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 # values in the tools a request declares: validating 10,000 schema values takes about 1 s
 # here, on a thread every request passes through (a file's tools are the user's own)
-MAX_DECLARED_VALUES = 20_000
+MAX_DECLARED_VALUES = json_schema.MAX_VALUES
 
 
 PATTERN_SECONDS = 0.5  # a schema's pattern gets this long to match a value
