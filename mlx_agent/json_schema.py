@@ -139,7 +139,7 @@ def endless(schema: Any) -> bool:
     """Whether every value ``schema`` admits is infinite (a required property, or a required
     array item, that refers back to its own schema with no way out). A schema with a nested
     ``$id`` (its refs resolve against another base) is not judged."""
-    if any(key == "$id" and where for where, key, _ in _walk(schema)):
+    if any(key == "$id" and where != "$id" for where, key, _ in _walk(schema)):  # nested
         return False
     refs = sorted({v for _, key, v in _walk(schema) if key == "$ref" and isinstance(v, str)
                    and v.startswith("#")})

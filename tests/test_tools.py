@@ -391,3 +391,12 @@ def test_a_pattern_in_json_schemas_dialect_that_re_lacks_is_accepted():
     with pytest.raises(ToolSchemaError, match="is not a 'regex'"):
         parse_tools(json.dumps([{"name": "t", "description": "d", "_exec": "true", "parameters": {
             "type": "object", "properties": {"x": {"type": "string", "pattern": "[a-"}}}}]))
+
+
+def test_an_endless_schema_with_an_id_at_its_root_is_still_refused():
+    """Only a nested $id (a new base for its refs) makes the endless check stand aside; a
+    root one, as most published schemas carry, made it stand aside too."""
+    params = {"$id": "https://example.com/s", "type": "object",
+              "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    with pytest.raises(ToolSchemaError, match="admits only endless values"):
+        declared_tools([{"type": "function", "function": {"name": "f", "parameters": params}}])
