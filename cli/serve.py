@@ -58,11 +58,10 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
 
     Sampling options are the defaults for requests that set none.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from mlx_agent.engine import SamplingParams
     from mlx_agent.models import load
     from mlx_agent.serve import ChatService, http, make_app
+    from mlx_agent.thread_state import executor
     from mlx_agent.tools import load_tools
 
     if tool_metrics_out:  # before the model loads, as the port
@@ -74,7 +73,7 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     # Everything that touches MLX runs on one thread (MLX's streams are per thread on
     # Metal): alone, the one that loads the model, which the server hands every request;
     # batched, the batch runner's model thread, which max_batch request threads feed.
-    pool = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="mlx-agent-model")
+    pool = executor(max_batch, "mlx-agent-model")
 
     def build():
         lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)

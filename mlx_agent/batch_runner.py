@@ -34,6 +34,7 @@ import mlx.core as mx
 from .batch import BatchDecoder, Row
 from .engine import (Constraint, Engine, PrefillStats, Sampler, common_prefix, greedy_sampler,
                      keep_snapshot)
+from .thread_state import release_on_exit
 
 T, C, R = TypeVar("T"), TypeVar("C"), TypeVar("R")
 
@@ -378,6 +379,7 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
     stop = threading.Event()
 
     def work(context) -> None:
+        release_on_exit()
         while not stop.is_set():
             try:
                 i, item = todo.get_nowait()

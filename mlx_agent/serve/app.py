@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from ..engine import SamplingParams
 from ..errors import UserFacingError
+from ..thread_state import executor
 from . import ollama_api, openai_api, schema
 from .common import BadRequest, Limits
 from .service import ChatCall, ChatResult, ChatService
@@ -47,10 +48,9 @@ class Server:
         self.max_body_bytes = max_body_bytes
         # a thread per lane (one lane: the thread that touches the model; pass the one that
         # loaded it, on Metal)
-        self.pool = pool or ThreadPoolExecutor(max_workers=len(service.lanes),
-                                               thread_name_prefix="mlx-agent-model")
+        self.pool = pool or executor(len(service.lanes), "mlx-agent-model")
         # rendering and tokenizing requests: off the model thread, so a big one blocks no one
-        self.prep_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mlx-agent-prep")
+        self.prep_pool = executor(2, "mlx-agent-prep")
         self.names = {service.model_name, f"{service.model_name}:latest"}
         self.live: set[threading.Event] = set()  # cancel flags of running requests
 
