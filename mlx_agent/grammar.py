@@ -584,23 +584,25 @@ class Constraint:
 
 
 @functools.lru_cache(maxsize=16)
-def _schema_grammar(schema_json: str, tokenizer) -> str:
+def _schema_grammar(schema_json: str, tokenizer, what: str) -> str:
     try:
         grammar = LLMatcher.grammar_from_json_schema(
             schema_json, defaults={"whitespace_flexible": False})
     except ValueError as e:
-        raise GrammarError(f"the response_format schema is not usable: {e}") from None
-    check_compiles(grammar, tokenizer, "the response_format schema")
+        raise GrammarError(f"{what} is not usable: {e}") from None
+    check_compiles(grammar, tokenizer, what)
     return grammar
 
 
-def schema_constraint(lm, schema: dict) -> Constraint:
-    """A constraint that allows JSON of ``schema`` only (``response_format``)."""
+def schema_constraint(lm, schema: dict, field: str = "response_format") -> Constraint:
+    """A constraint that allows JSON of ``schema`` only (a request's ``field``: OpenAI's
+    ``response_format``, Ollama's ``format``, named in errors)."""
     tokenizer = ll_tokenizer(lm)
+    what = f"the {field} schema"
     try:
         key = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
-        raise GrammarError("the response_format schema is not JSON a grammar can use") from None
-    _check_schema(schema, "the response_format schema")
-    constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer), lm.vocab_size)
-    return constraint.admitting("the response_format schema", "JSON value")
+        raise GrammarError(f"{what} is not JSON a grammar can use") from None
+    _check_schema(schema, what)
+    constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer, what), lm.vocab_size)
+    return constraint.admitting(what, "JSON value")

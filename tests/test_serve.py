@@ -586,6 +586,12 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": nothing}}})
     assert status == 400 and "admits only endless values" in r["error"]["message"], r
+    for path, extra in (("/api/chat", {"messages": user("x")}), ("/api/generate", {"prompt": "x"})):
+        status, r = s.post(path, {"model": "tiny", "format": nothing, **extra})
+        assert status == 400 and r["error"].startswith("the format schema admits only"), r
+    status, r = s.post("/api/chat", {"model": "tiny", "format": schema, "tools": TOOLS,
+                                     "messages": user("x")})
+    assert status == 400 and r["error"].startswith("format with tools"), r
 
 
 def test_a_bad_streaming_request_is_a_400_before_the_stream(serve):

@@ -237,7 +237,7 @@ class Server:
                                      "response": "", "done": True, "done_reason": "load"})
             prepared = await self._prepare(lambda: self.service.prepare_completion(
                 req.prompt, raw=req.raw, system=req.system,
-                json_schema=ollama_api.format_schema(req.format)))
+                json_schema=ollama_api.format_schema(req.format), schema_field="format"))
 
             def work(on_text, cancelled):
                 return self.service.complete(

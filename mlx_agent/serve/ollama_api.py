@@ -46,7 +46,8 @@ def chat_call(req: schema.OllamaChatRequest, limits: Limits) -> ChatCall:
         except RecursionError:
             raise BadRequest("a tool schema is nested too deeply") from None
     return ChatCall(messages=messages, tools=tools, max_tokens=max_tokens, sampling=params,
-                    stop=stops(req.options), json_schema=format_schema(req.format))
+                    stop=stops(req.options), json_schema=format_schema(req.format),
+                    schema_field="format")
 
 
 def _message(m: schema.OllamaMessage) -> dict:

@@ -72,6 +72,7 @@ class ChatCall:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     json_schema: dict | None = None  # response_format: the reply is JSON of this schema
+    schema_field: str = "response_format"  # the request field it came from, for errors
 
 
 @dataclass
@@ -190,8 +191,8 @@ class ChatService:
         if call.tool_choice not in ("auto", "none") and not tools:
             raise RequestError(f"tool_choice {call.tool_choice!r} needs tools")
         if call.json_schema is not None and tools:
-            raise RequestError("response_format with tools is not supported; send one or "
-                               "the other")
+            raise RequestError(f"{call.schema_field} with tools is not supported; send one "
+                               "or the other")
         deferred = bool(tools) and self.tool_mode == "deferred"
         if deferred and any(t.name == GET_TOOL_INFO for t in tools):
             raise RequestError(f"a tool named {GET_TOOL_INFO!r} clashes with the server's "
@@ -284,14 +285,16 @@ class ChatService:
                              [call_bytes(self.lm, ll, text) for t, args in made
                               for text in refused_texts(prep.fmt.name, t, args)], ll)
         if call.json_schema is not None:
-            return schema_constraint(self.lm, call.json_schema)
+            return schema_constraint(self.lm, call.json_schema, call.schema_field)
         return None
 
     # -- raw completion --------------------------------------------------------------------
 
     def prepare_completion(self, prompt: str, *, raw: bool = True, system: str | None = None,
-                           json_schema: dict | None = None) -> PreparedCompletion:
-        """The prompt ids (``raw`` text, or a one-message chat) and the constraint."""
+                           json_schema: dict | None = None,
+                           schema_field: str = "response_format") -> PreparedCompletion:
+        """The prompt ids (``raw`` text, or a one-message chat) and the constraint
+        (``json_schema`` from the request's ``schema_field``)."""
         self._check_size(len(prompt) + len(system or ""))
         if raw:
             ids = self.lm.prompt_ids(prompt)
@@ -304,7 +307,7 @@ class ChatService:
         if len(ids) >= self.context_length:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds "
                                f"{self.context_length}")
-        return PreparedCompletion(ids, schema_constraint(self.lm, json_schema)
+        return PreparedCompletion(ids, schema_constraint(self.lm, json_schema, schema_field)
                                   if json_schema else None, continuation=raw)
 
     def complete(self, prep: PreparedCompletion, *, max_tokens: int,
