@@ -814,6 +814,20 @@ def test_a_client_that_leaves_mid_body_is_no_traceback(serve, capfd):
     assert "Traceback" not in err and "Exception in ASGI application" not in err, err
 
 
+def test_bytes_that_are_not_http_get_a_json_400(serve):
+    s = serve()
+    for junk in (b"GARBAGE\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+                 b"GET / HTTP/1.1\r\nHost: a\r\nHost\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", s.port)) as c:
+            c.sendall(junk)
+            reply = _read_all(c, 5)
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, reply
+        assert "not valid HTTP/1.1" in json.loads(body)["error"]["message"], reply
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    assert status == 200, r
+
+
 def test_a_long_prompt_stops_prefilling_when_its_client_leaves(tiny_lm):
     service = ChatService(tiny_lm, model_name="tiny")
     prep = service.prepare(ChatCall(messages=user("tell me more " * 500), max_tokens=4))

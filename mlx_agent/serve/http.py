@@ -10,7 +10,8 @@ asyncio accepts a small batch at a time, so a flood is refused before it takes t
 descriptors. Between requests uvicorn's keep-alive timeout (5 s) closes idle connections.
 
 A 408 whose request line arrived has the error body of that path's API (Ollama's under
-``/api/``); a 503, refused before any request, has OpenAI's.
+``/api/``); a 503, refused before any request, and a 400 for bytes that are not HTTP/1.1
+(uvicorn's is a plain-text line) have OpenAI's.
 
 Not promised: limits per client address (one client can still take every connection for
 ``request_timeout`` seconds), or anything for HTTP/2 or websockets (not served).
@@ -107,6 +108,12 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are not HTTP/1.1 (a plain-text line there): the
+        APIs' JSON error instead, and the same lingering close as a 408's."""
+        self._refuse(400, "Bad Request", "the request is not valid HTTP/1.1; send a request "
+                     "line, headers and a body of the length they declare")
 
     def _follow(self) -> None:
         """Armed while a request is arriving (its first bytes are here, its body is not all
