@@ -966,3 +966,64 @@ def test_unknown_paths_and_wrong_methods_answer_in_json(serve):
         body = json.loads(caught.value.read())
         message = body["error"] if path.startswith("/api/") else body["error"]["message"]
         assert caught.value.code == status and needle in message, body
+
+
+@pytest.mark.real_model
+def test_sigterm_stops_running_generations_at_once_with_a_503():
+    import re
+    import signal
+
+    # a reply the grammar keeps going for thousands of tokens: only the shutdown ends it
+    endless = {"messages": user("Say something."), "max_tokens": 4000, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "string", "minLength": 20000}}}}
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_agent.cli.main", "serve", "--port", "0",
+                             "--no-adapter"], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # start-up lines, until the address
+            if found := re.search(r"http://127\.0\.0\.1:(\d+)", line):
+                break
+        base = f"http://127.0.0.1:{found.group(1)}"
+
+        def post(body):
+            req = urllib.request.Request(base + "/v1/chat/completions", headers={
+                "Content-Type": "application/json"}, data=json.dumps(body).encode())
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        streamed: list[str] = []
+
+        def stream():
+            req = urllib.request.Request(base + "/v1/chat/completions", headers={
+                "Content-Type": "application/json"}, data=json.dumps(
+                    {**endless, "stream": True}).encode())
+            with urllib.request.urlopen(req, timeout=60) as r:
+                streamed.extend(line.decode() for line in r)
+
+        threads = [threading.Thread(target=stream)]
+        waiting: list = []  # queued behind the stream on the one model thread
+        threads.append(threading.Thread(target=lambda: waiting.append(post(endless))))
+        for t in threads:
+            t.start()
+        deadline = time.time() + 60
+        while len(streamed) < 4:  # the stream's generation is running
+            assert time.time() < deadline
+            time.sleep(0.05)
+        start = time.time()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=30)
+        rc = proc.wait(timeout=30)
+        took = time.time() - start
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    assert rc == 0 and took < 4, (rc, took, err)  # not uvicorn's 5 s grace period
+    assert "Traceback" not in err and "CancelledError" not in err, err
+    status, body = waiting[0]
+    assert status == 503 and "shutting down" in json.loads(body)["error"]["message"], body
+    events = [line for line in streamed if line.startswith("data: ")]
+    assert "shutting down" in events[-2] and events[-1] == "data: [DONE]\n", events[-3:]

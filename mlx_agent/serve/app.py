@@ -37,6 +37,7 @@ from .common import BadRequest, Limits
 from .service import ChatCall, ChatResult, ChatService
 
 VERSION = "0.1.0"
+SHUTTING_DOWN = "the server is shutting down; send the request again once it is back"
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 
 
@@ -53,10 +54,19 @@ class Server:
         self.prep_pool = executor(2, "mlx-agent-prep")
         self.names = {service.model_name, f"{service.model_name}:latest"}
         self.live: set[threading.Event] = set()  # cancel flags of running requests
+        self.stopping = False  # the process is shutting down: see stop()
+
+    def stop(self) -> None:
+        """The process is shutting down (SIGTERM, Ctrl-C): running generations stop at their
+        next token (or prefill chunk) and answer 503, as does any request after this one.
+        Called from the signal handler, so the clients are told at once rather than after
+        the server's grace period for open connections."""
+        self.stopping = True
+        for cancel in list(self.live):
+            cancel.set()
 
     async def shutdown(self) -> None:
-        for cancel in list(self.live):  # running generations stop at their next token
-            cancel.set()
+        self.stop()
         self.prep_pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.pool.shutdown, wait=True, cancel_futures=True)
 
@@ -95,7 +105,14 @@ class Server:
 
     async def _prepare(self, fn: Callable[[], Any]) -> Any:
         """Check and render a request off the model thread."""
+        self._check_running()
         return await self._settle(asyncio.get_running_loop().run_in_executor(self.prep_pool, fn))
+
+    def _check_running(self, result: ChatResult | None = None) -> None:
+        """A 503 once the server is stopping: for a request not yet started, or for one
+        whose generation the shutdown cut (``result``, finished "cancelled")."""
+        if self.stopping and (result is None or result.finish_reason == "cancelled"):
+            raise BadRequest(SHUTTING_DOWN, status=503, code="server_shutting_down")
 
     async def _run(self, request: Request, fn: Callable[[Callable[[], bool]], ChatResult]
                    ) -> ChatResult:
@@ -113,7 +130,9 @@ class Server:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            return await self._settle(job)
+            result = await self._settle(job)
+            self._check_running(result)
+            return result
         finally:  # done, failed, or this handler was cancelled: stop the generation
             cancel.set()
             self.live.discard(cancel)
@@ -147,7 +166,9 @@ class Server:
                 while (item := await queue.get())[0] != "done":
                     yield item
                 try:
-                    yield "result", await self._settle(job)
+                    result = await self._settle(job)
+                    self._check_running(result)
+                    yield "result", result
                 except BadRequest as e:
                     yield "error", e
                 except Exception as e:  # a bug of ours, after the headers went out

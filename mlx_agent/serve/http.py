@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import resource
+from typing import Callable
 
 import h11
 import uvicorn
@@ -181,10 +182,25 @@ def config(app, request_timeout: float = REQUEST_TIMEOUT,
                           backlog=_ACCEPT_BATCH)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, calling ``on_exit`` when the exit signal comes: uvicorn's own
+    shutdown reaches the app only after its grace period for open connections, and
+    generations running until then were cut with a 500 and a traceback each."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)
+
+
 def serve(app, sock, request_timeout: float = REQUEST_TIMEOUT,
           max_connections: int | None = None) -> None:
-    """Run ``app`` on the listening ``sock`` until Ctrl-C (open streams get 5 s)."""
-    server = uvicorn.Server(config(app, request_timeout, max_connections))
+    """Run ``app`` on the listening ``sock`` until SIGTERM or Ctrl-C: running generations
+    stop at once and answer 503 (the app's ``state.server.stop``); streams still open get 5 s."""
+    server = _Server(config(app, request_timeout, max_connections), app.state.server.stop)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:
