@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -186,6 +187,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     """
     from mlx_agent.agent import Agent, AgentConfig, agent_format
     from mlx_agent.engine import SamplingParams
+    from mlx_agent.fileio import PinnedFolder
     from mlx_agent.models import load
 
     if single is not None and not single.strip():
@@ -196,8 +198,10 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         if not name.isidentifier() or not name.isascii():
             raise click.BadParameter(f"{name!r} is not an environment variable's name",
                                      param_hint="--tool-env")
-    paths.appendable_file(transcript, "--transcript")
-    paths.writable_file(save_session, "--save-session")
+    read = {"--tools": tools_file, "--mcp-config": mcp_config}  # --resume may be saved over
+    paths.appendable_file(transcript, "--transcript", not_same_as=read)
+    paths.writable_file(save_session, "--save-session",
+                        not_same_as={**read, "--transcript": transcript})
     paths.writable_dir(trajectory_dir, "--trajectory-dir")
     box = make_sandbox(sandbox, allow_network, root, write_cwd=False)  # only --root is theirs
     servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
@@ -229,8 +233,9 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             _prime(bot, prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype)
         if resume:
             _resume(bot, resume)
-        if save_session:
-            stack.callback(_save, bot, save_session)
+        if save_session:  # its folder pinned before any tool runs: tools may reach it
+            folder = PinnedFolder(Path(save_session).parent, "the --save-session folder")
+            stack.callback(_save, bot, folder, Path(save_session).name)
 
         def turn(text: str) -> int:
             """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise."""
@@ -282,9 +287,15 @@ def _resume(bot, path: str) -> None:
         warn(f"cannot resume {path}: {e}; starting a new conversation")
 
 
-def _save(bot, path: str) -> None:
+def _save(bot, folder, name: str) -> None:
+    from mlx_agent.fileio import FolderReplaced
+
+    path = folder.path / name
     try:
+        path = folder.check() / name
         bot.save_session(path)
+    except FolderReplaced as e:
+        warn(f"cannot save the session: {e}")
     except OSError as e:
         warn(f"cannot save the session to {path}: {e.strerror or e}")
 

@@ -54,9 +54,7 @@ def writable_file(path: str | None, option: str, *, not_same_as: dict[str, str |
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UserError(f"{option} {path} is not a regular file (it would be replaced by "
                         "one); give a file path")
-    for other, other_path in (not_same_as or {}).items():
-        if other_path and _same_file(path, other_path):
-            raise UserError(f"{option} {path} is the file {other} names; give another path")
+    _not_same(path, option, not_same_as)
     parent = p.parent
     if not parent.is_dir():
         raise UserError(f"{option} {path}: the directory {parent} does not exist; create it "
@@ -65,6 +63,12 @@ def writable_file(path: str | None, option: str, *, not_same_as: dict[str, str |
 
 
 _made: list[Path] = []  # directories writable_dir created, parents first
+
+
+def _not_same(path: str, option: str, others: dict[str, str | None] | None) -> None:
+    for other, other_path in (others or {}).items():
+        if other_path and _same_file(path, other_path):
+            raise UserError(f"{option} {path} is the file {other} names; give another path")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -103,11 +107,14 @@ def remove_made() -> None:
             pass
 
 
-def appendable_file(path: str | None, option: str) -> None:
-    """``path`` is (or can be created as) a regular file to append to; opened without
+def appendable_file(path: str | None, option: str, *, not_same_as: dict[str, str | None]
+                    | None = None) -> None:
+    """``path`` is (or can be created as) a regular file to append to, and not a file the
+    command reads or writes otherwise (``not_same_as``: option to path); opened without
     blocking, so a FIFO there is an error, not a wait for a reader."""
     if not path:
         return
+    _not_same(path, option, not_same_as)
     existed = os.path.lexists(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)

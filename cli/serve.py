@@ -65,7 +65,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     from mlx_agent.tools import load_tools
 
     if tool_metrics_out:  # before the model loads, as the port
-        paths.appendable_file(tool_metrics_out, "--tool-metrics-out")
+        paths.appendable_file(tool_metrics_out, "--tool-metrics-out",
+                              not_same_as={"--tools": tools_file})
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
     tools = load_tools(tools_file, runnable=False) if tools_file else []  # clients run them
     for warning in (w for t in tools for w in t.warnings):

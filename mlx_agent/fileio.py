@@ -10,6 +10,9 @@ durability of the directory entry itself (no fsync of the directory).
 anything but a regular file: a FIFO would block the reader forever, a device never end.
 :func:`copy_tree` copies a folder a user names (an eval task's fixture) on the same terms:
 files, folders and links only (a device node in a fixture was copied until the disk filled).
+:class:`PinnedFolder` is an output folder named at the start of a run that tools may reach
+(the agent's ``--trajectory-dir`` inside its ``--root``): each write first checks it is still
+the folder it was, so a tool that swapped it for a link elsewhere cannot redirect the write.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
+
+from .errors import UserFacingError
 
 
 def _read_umask() -> int:
@@ -132,3 +137,35 @@ def copy_tree(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     except shutil.Error as e:  # the first of the errors it gathered
         src_name, _, why = e.args[0][0]
         raise OSError(errno.EINVAL, why, src_name) from None
+
+
+class FolderReplaced(UserFacingError):
+    """An output folder is no longer the folder it was when the run began."""
+
+
+class PinnedFolder:
+    """A folder as it was when the run began (created if missing): :meth:`check` raises
+    :class:`FolderReplaced` when the path now leads elsewhere (it, or a folder above it,
+    was replaced by a link or another folder). Writes happen between tool calls, so a check
+    just before a write sees what a tool left. Not promised: protection from a process
+    racing the write itself (the sandbox ends a call's processes with the call)."""
+
+    def __init__(self, path: str | os.PathLike, what: str):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.path, self.what = Path(os.path.realpath(path)), what
+        self._key = self._identity()
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+    def check(self) -> Path:
+        """The folder's path, after checking it is the same folder and reached without links."""
+        if os.path.realpath(self.path) != str(self.path) or self._identity() != self._key:
+            raise FolderReplaced(f"{self.what} {self.path} was replaced or moved during the run "
+                                 "(by a tool?); nothing more is written there: keep it outside "
+                                 "the tools' --root")
+        return self.path

@@ -27,7 +27,7 @@ from typing import Annotated, Iterator
 import msgspec
 
 from .errors import UserFacingError
-from .fileio import read_regular, write_bytes
+from .fileio import PinnedFolder, read_regular, write_bytes
 
 VERSION = 1
 SUFFIX = ".atraj"
@@ -145,8 +145,8 @@ class Recorder:
     def __init__(self, directory: str | os.PathLike, *, task: str | None = None,
                  model_fingerprint: str | None = None, sampling: dict | None = None,
                  checkpoint_path: str | None = None):
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.folder = PinnedFolder(directory, "the trajectory folder")  # tools may reach it
+        self.dir = self.folder.path
         self.traj = Trajectory(id=str(uuid.uuid4()), task=task,
                                model_fingerprint=model_fingerprint, sampling=sampling,
                                checkpoint_path=checkpoint_path, turn_stats=[])
@@ -155,10 +155,12 @@ class Recorder:
     def add(self, step: Step) -> None:
         step.timestamp = round(time.time(), 3)
         self.traj.steps.append(step)
+        self.folder.check()
         write(self.path, self.traj, durable=False)  # atomic; synced at the end of the turn
 
     def finish_turn(self, stats: dict) -> None:
         self.traj.turn_stats.append(stats)
         self.traj.summary.update({"turns": str(len(self.traj.turn_stats)),
                                   "stop": str(stats.get("stop", ""))})
+        self.folder.check()
         write(self.path, self.traj)
