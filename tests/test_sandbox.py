@@ -136,6 +136,33 @@ def test_write_a_repositorys_git_config(mode, area):
     assert r.exit_code == 0 and (area / "root" / "work.txt").read_text() == "fine\n"
 
 
+def test_plant_code_in_a_virtual_environment_inside_the_root(mode, area):
+    # make puts .venv in the project, and --root . is the usual root: a .pth file planted
+    # there runs, unconfined, at the runtime's next start (a hostile tester's breach)
+    import site
+
+    root = area / "root"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")],
+                   check=True, timeout=120)
+    venv_site = next((root / "venv" / "lib").glob("python*/site-packages"))
+    (venv_site / "runtime.pth").write_text(  # this runtime's packages, .pth files and all
+        f"import site; list(map(site.addsitedir, {site.getsitepackages()!r}))\n")
+    planted = venv_site / "planted.pth"
+    script = f"""
+        from mlx_agent.tools import Sandbox
+        from mlx_agent.tools.executor import run_process, tool_env
+        r = run_process(["/bin/sh", "-c", "echo 'import os' > {planted}"], tool="t",
+                        timeout=10, cwd={str(root)!r}, env=tool_env(), sandbox=Sandbox({mode!r}))
+        print(r.exit_code)
+    """
+    r = subprocess.run([str(root / "venv" / "bin" / "python"), "-c", textwrap.dedent(script)],
+                       capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stderr  # the runtime ran from the venv in the root
+    escaped(mode, planted.exists(), r.stdout)
+    r = run(mode, "echo fine > work.txt", root)  # the rest of the root stays writable
+    assert r.exit_code == 0 and (root / "work.txt").read_text() == "fine\n"
+
+
 @pytest.mark.parametrize("where", ["a nested repository", "a new .git", "a bare layout",
                                    "a worktree's commondir"])
 def test_leave_a_git_repository_that_runs_a_command(mode, area, where):

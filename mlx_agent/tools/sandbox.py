@@ -11,7 +11,8 @@ daemons keep their sockets: Docker, D-Bus) is hidden; ``/proc/sys`` and
 ``/proc/sysrq-trigger`` are read-only (a runtime running as root is root inside too, and
 root may write global sysctls without any capability); the git repositories in the
 writable roots are read-only (git runs their config and hooks later, outside any sandbox;
-:mod:`.leftovers` finds them, and undoes new ones after the call). bwrap is started with the
+:mod:`.leftovers` finds them, and undoes new ones after the call), and so is this runtime's
+own code where it lies inside them (:func:`own_code`: a virtual environment in the project). bwrap is started with the
 reduced
 environment, so its own init process shows nothing more in ``/proc/1/environ``.
 
@@ -65,6 +66,8 @@ class Policy:
     # the working directory when it is not writable: bound read-only, so a private /tmp
     # does not hide it
     visible: tuple[str, ...] = ()
+    # this runtime's own code inside the writable roots (:func:`own_code`): read-only
+    own_code: tuple[str, ...] = ()
 
     def environ(self) -> dict[str, str]:
         return {**dict(self.env), "HOME": self.home, "TMPDIR": self.tmp}
@@ -86,11 +89,33 @@ def bwrap_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
         args += ["--ro-bind", path, path]
     for root in policy.writable:
         args += ["--bind", root, root]
+    for path in policy.own_code:  # a .pth file planted there would run at the next start
+        args += ["--ro-bind", path, path]
     for repo in policy.repositories:
         # read-only: its config and hooks run later, unconfined, when the user runs git
         # (core.fsmonitor, hooks/pre-commit); new ones are removed after the call
         args += ["--ro-bind-try", repo, repo]
     return [*args, "--chdir", policy.cwd, "--", *argv]
+
+
+@functools.cache
+def own_code() -> tuple[str, ...]:
+    """Where this runtime's code lives: the interpreter's prefixes (a virtual environment)
+    and this package's folders, symlinks resolved. A tool that could write there (a virtual
+    environment inside ``--root``, as ``make`` makes one in a project) could plant a ``.pth``
+    file or a module that runs, unconfined, the next time the runtime starts."""
+    import mlx_agent
+
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(mlx_agent.__file__)}
+    for name in ("mlx_agent.cli", "mlx_agent.kernels"):  # their own folders when editable
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            paths.add(os.path.dirname(module.__file__))
+    return tuple(sorted({os.path.realpath(p) for p in paths}))
+
+
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def _hidden_runtime() -> tuple[str, ...]:
@@ -192,7 +217,8 @@ class Sandbox:
         return Policy(cwd=cwd, writable=writable, network=self.network,
                       env=tuple(sorted(env.items())), home=home, tmp=tmp,
                       runtime=_hidden_runtime(), repositories=tuple(sorted(repositories)),
-                      visible=() if cwd in writable else (cwd,))
+                      visible=() if cwd in writable else (cwd,),
+                      own_code=tuple(p for p in own_code() if _inside(p, writable)))
 
     @contextmanager
     def command(self, argv: Sequence[str], cwd: str, env: Mapping[str, str],
