@@ -121,8 +121,10 @@ class SamplingParams:
     def sampler(self) -> Sampler:
         """A new sampler for these settings (mlx-lm's filters, in ``make_sampler``'s order).
 
-        With a seed it draws from a key of its own: the same seed gives the same tokens,
-        and nothing else's randomness changes. A greedy sampler is marked ``greedy`` so the
+        With a seed it draws from a key of its own: the same seed and the same logits give
+        the same tokens, and nothing else's randomness changes (a prompt prefilled in other
+        chunks, or partly reused from a cache, has logits that differ by float rounding, so a
+        draw near a tie may differ). A greedy sampler is marked ``greedy`` so the
         engine can skip the log-softmax.
         """
         if self.temperature == 0:
