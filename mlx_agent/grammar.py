@@ -312,6 +312,42 @@ def _check_tools(signature: str, tokenizer, max_len: int) -> None:
 _UNBOUNDED = 1 << 20
 
 
+def _special_literal(schema: Any, specials: Sequence[str]) -> tuple[str, str] | None:
+    """The first text the grammar of ``schema`` may have to write (a property name, a
+    ``const`` or ``enum`` value) that holds one of ``specials``, with that special token."""
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        texts = list(node["properties"]) if isinstance(node.get("properties"), dict) else []
+        if "const" in node:
+            texts.append(json.dumps(node["const"], ensure_ascii=False))
+        if isinstance(node.get("enum"), list):
+            texts += [json.dumps(v, ensure_ascii=False) for v in node["enum"]]
+        for text in texts:
+            for special in specials:
+                if special in text:
+                    return text, special
+        _each_subschema(node, todo.append)
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _check_literals(signature: str, specials: tuple[str, ...]) -> None:
+    """Refuses a schema (``signature``: JSON ``[[what, schema], ...]``) that makes the model
+    write a special token's text: llguidance writes it as the special token itself, which
+    ends the reply (the stop token) or is no text at all (a tester's enum of "<|im_end|>"
+    gave a reply of one quote)."""
+    for what, schema in json.loads(signature):
+        found = _special_literal(schema, specials)
+        if found is not None:
+            text, special = found
+            raise GrammarError(f"{what} has {text[:80]!r}, which holds the special token "
+                               f"{special!r}: the model can write it only as that token, "
+                               "which ends or breaks the reply; reword it")
+
+
 def _one_tool(params: dict, max_len: int, tokenizer) -> tuple[str, str]:
     """The grammar of one call's arguments (required) and llguidance's report on it."""
     (arguments,), defs = _arguments_schemas([params], max_len)
@@ -473,6 +509,8 @@ def tool_constraint(lm, protocol: str, tools: Sequence[Tool], max_tokens: int,
     the grammar is compiled once per tool set, choice and budget, the matcher is new."""
     tokenizer = ll_tokenizer(lm)
     budget = string_budget(max_tokens)
+    _check_literals(json.dumps([[f"tool {t.name!r}: its parameters schema", t.parameters]
+                                for t in tools]), tuple(special_tokens(lm.tokenizer)))
     if protocol == "json":
         grammar = json_protocol_grammar(tools, tokenizer, budget, choice, parallel,
                                         bound_answer)
@@ -604,5 +642,6 @@ def schema_constraint(lm, schema: dict, field: str = "response_format") -> Const
     except (TypeError, ValueError, RecursionError):
         raise GrammarError(f"{what} is not JSON a grammar can use") from None
     _check_schema(schema, what)
+    _check_literals(json.dumps([[what, schema]]), tuple(special_tokens(lm.tokenizer)))
     constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer, what), lm.vocab_size)
     return constraint.admitting(what, "JSON value")

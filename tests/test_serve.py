@@ -392,6 +392,13 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("x"), "stop": "z" * 257}, "Expected `str` of length <= 256"),
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"enum": list(range(20_001))}}}}, "more than 20,000 JSON values"),
+    # llguidance writes a special token's text as that token: the stop token, mid-JSON (a
+    # 200 whose content was one quote); a property name did the same to a forced call
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"enum": ["<|im_end|>"]}}}}, "holds the special token '<|im_end|>'"),
+    ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
+        {"a <|im_start|>": {"type": "string"}}, required=["a <|im_start|>"])]},
+     "holds the special token '<|im_start|>'"),
     # validating this many schema values held the preparing threads for seconds
     ({"messages": user("x"), "tools": [_tool({f"p{i}": {"type": "string"}
                                               for i in range(12_000)})]}, "20,000 JSON values"),
