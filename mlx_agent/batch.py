@@ -38,6 +38,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from .cache import ContextFull
 from .engine import Constraint, Engine, Sampler, greedy_sampler
+from .grammar import GrammarError
 from .kernels import apply_bitmask
 
 
@@ -57,6 +58,7 @@ class Row:
     generated: list[int] = field(default_factory=list)
     finished: bool = False
     logits: mx.array | None = None  # (vocab,) after the last token fed
+    error: Exception | None = None  # its grammar gave up: finished, and its caller is told
 
     @property
     def greedy(self) -> bool:
@@ -161,9 +163,13 @@ class BatchDecoder:
             row.logits = logits[i]
             row.generated.append(token)
             row.engine.tokens.append(token)
-            if row.constraint is not None:
-                row.constraint.consume(token)
+            if row.constraint is not None and row.error is None:
+                try:
+                    row.constraint.consume(token)
+                except GrammarError as e:  # this row's alone
+                    row.error = e
             row.finished = (token in row.stop_ids or len(row.generated) >= row.max_tokens
+                            or row.error is not None
                             or (row.constraint is not None and row.constraint.done))
         self.leave([r for r in rows if r.finished])
         return tokens
@@ -186,7 +192,7 @@ class BatchDecoder:
 
     def _masks(self, rows: list[Row], vocab: int) -> mx.array:
         """Every row's allowed-token bitmask, stacked (all allowed where no grammar)."""
-        masks = [r.constraint.mask() if r.constraint is not None else None for r in rows]
+        masks = [self._mask(r) for r in rows]
         width = max([-(-vocab // 32)] + [m.shape[-1] for m in masks if m is not None])
         if self._full_mask is None or self._full_mask.shape[-1] != width:
             self._full_mask = mx.full((width,), -1, dtype=mx.int32)
@@ -198,6 +204,19 @@ class BatchDecoder:
                 m = mx.pad(m, [(0, width - m.shape[-1])])
             out.append(m.astype(mx.int32))
         return mx.stack(out)
+
+
+    @staticmethod
+    def _mask(row: Row) -> mx.array | None:
+        """A row's mask; None (all allowed) once its grammar gave up, which is the row's
+        own error (the step ends it), not the batch's."""
+        if row.constraint is None or row.error is not None:
+            return None
+        try:
+            return row.constraint.mask()
+        except GrammarError as e:
+            row.error = e
+            return None
 
 
 def _argmax_only(rows: list[Row]) -> bool:

@@ -285,6 +285,8 @@ class BatchRunner:
                 t = by_row[id(row)]
                 t.tokens.append(token)
                 t.wants = False
+                if row.error is not None:  # its grammar gave up: the token is not handed on
+                    t.error = row.error
                 if row.finished:
                     t.left = True
             self._tickets = [t for t in self._tickets if not t.left]

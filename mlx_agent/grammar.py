@@ -587,6 +587,7 @@ class Constraint:
         with a letter are masked too, where the grammar would take a token that starts with
         a space instead (:mod:`mlx_agent.lone_space`)."""
         self.matcher.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
+        self._check_failed()
         rule = self._after_space
         if rule is not None:
             n = min(len(rule.allowed), self.words)
@@ -608,6 +609,7 @@ class Constraint:
 
     def consume(self, token: int) -> None:
         self.matcher.consume_token(token)
+        self._check_failed()
         text = self.tokenizer.decode_bytes([token])
         self._after_space = None
         if text.endswith(b" ") and not text.strip():
@@ -619,6 +621,15 @@ class Constraint:
     def done(self) -> bool:
         """The grammar reached its end state (or failed): no more tokens."""
         return self.matcher.is_stopped() or self.matcher.is_error()
+
+    def _check_failed(self) -> None:
+        """A GrammarError when llguidance gave up mid-reply: a schema that compiled can
+        still be too much for its lexer a few tokens in ("too many expressions
+        constructed"); the reply used to end there as if finished (an empty "stop")."""
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar gave up mid-reply ({self.matcher.get_error()[:200]})"
+                               "; simplify the schema (fewer or shorter lengths, patterns or "
+                               "references)")
 
 
 @functools.lru_cache(maxsize=16)

@@ -1034,3 +1034,29 @@ def test_sigterm_stops_running_generations_at_once_with_a_503():
     assert status == 503 and "shutting down" in json.loads(body)["error"]["message"], body
     events = [line for line in streamed if line.startswith("data: ")]
     assert "shutting down" in events[-2] and events[-1] == "data: [DONE]\n", events[-3:]
+
+
+GIVES_UP = [  # compile, then llguidance gives up a token or two in (a tester's two)
+    {"messages": user("Call e."), "tool_choice": "required", "max_tokens": 30, "tools": [_tool(
+        {"a": {"type": "string", "minLength": 5000}}, required=["a"])]},
+    {"messages": user("Call it."), "tool_choice": "required", "max_tokens": 30, "tools": [
+        {"type": "function", "function": {"name": "x", "parameters": {
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/a"}},
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}}}]},
+]
+
+
+@pytest.mark.parametrize("body", GIVES_UP)
+def test_a_grammar_that_gives_up_mid_reply_is_an_error_not_an_empty_stop(serve, batched, body):
+    alone = serve()
+    together_, runner = batched(lanes=2)
+    for s in (alone, together_):
+        status, r = s.post("/v1/chat/completions", body)
+        assert status == 400 and "gave up mid-reply" in r["error"]["message"], r
+        req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(
+            {**body, "stream": True}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            events = [line.decode() for line in resp if line.startswith(b"data: ")]
+        assert "gave up mid-reply" in events[-2] and events[-1] == "data: [DONE]\n", events
+        status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+        assert status == 200, r  # and the server (the batch's other rows) keeps serving
