@@ -82,7 +82,9 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
             score_category = _local(model_spec, adapter, weights, context_length,
                                     tool_mode, protocol, max_tokens, batch)
         rows = []
-        run_rows = stack.enter_context(runs_file(runs))
+        order = {q["id"]: i for i, q in enumerate(  # BFCL's ids are unique across categories
+            q for name in names for q in category_questions(name, limit))}
+        run_rows = stack.enter_context(runs_file(runs, order))
         for name in names:
             with Progress(len(category_questions(name, limit)), name, unit="q") as bar:
                 score = score_category(name, limit, bar,

@@ -69,10 +69,12 @@ def run_line(r) -> str:
 
 
 @contextlib.contextmanager
-def runs_file(out: str | None):
+def runs_file(out: str | None, order: dict[str, int] | None = None):
     """A list to append run rows to, written to ``out`` (JSONL, atomically) when the block
     ends, however it ends: an interrupted run leaves a complete file of the runs done (and
-    a run that failed before its first run leaves no file)."""
+    a run that failed before its first run leaves no file). Rows are written by ``order``
+    (a row's ``task`` to its place) and then seed, not as they finished (``--batch`` and
+    Ray finish runs out of order)."""
     from mlx_agent.fileio import write_jsonl
 
     rows: list[dict] = []
@@ -82,4 +84,6 @@ def runs_file(out: str | None):
         ended = True
     finally:
         if out and (rows or ended):
+            if order is not None:
+                rows.sort(key=lambda r: (order.get(r["task"], len(order)), r["seed"]))
             write_jsonl(out, rows)

@@ -161,7 +161,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
                  "allow_repeat_calls": allow_repeat_calls, "retry_after_error": retry_after_error,
                  "sampling": SamplingParams(temperature=temperature)}
     tally = WorkerTally()
-    with runs_file(out) as rows, Progress(total, "eval", unit="run") as bar:
+    order = {task.id: i for i, task in enumerate(tasks.tasks)}
+    with runs_file(out, order) as rows, Progress(total, "eval", unit="run") as bar:
         def show(r, worker=None):
             rows.append(r.row())
             bar.advance(tally(run_line(r), worker))

@@ -89,11 +89,16 @@ def test_evalbfcl_batch_agrees_with_batch_1(tmp_path):
         f = tmp_path / f"b{batch}.jsonl"
         r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "eval-bfcl",
                             "--categories", "simple", "--limit", "6", "--max-tokens", "48",
-                            "--batch", str(batch), "--out", str(f)],
+                            "--batch", str(batch), "--out", str(f),
+                            "--runs", str(tmp_path / f"runs{batch}.jsonl")],
                            capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr
         assert "simple 6/6 100%" in r.stderr  # progress lines on a pipe
         out[batch] = json.loads(f.read_text())
+        runs = (tmp_path / f"runs{batch}.jsonl").read_text().splitlines()
+        # in question order, as they finished or not (batch 4 finished _1 first)
+        assert [json.loads(line)["task"] for line in runs] == \
+            [f"simple_python_{i}" for i in range(6)]
     assert out[1]["accuracy"] == out[4]["accuracy"] and out[4]["n"] == 6
 
 
