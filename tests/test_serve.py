@@ -339,6 +339,9 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": "hi"}, "Expected `array`"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, "max_tokens"),
+    # 0 was read as "not sent" and the request served with max_tokens (or the default)
+    ({"messages": user("hi"), "max_completion_tokens": 0, "max_tokens": 5},
+     "max_completion_tokens must be between 1 and"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, "not found"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},

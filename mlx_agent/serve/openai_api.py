@@ -25,8 +25,12 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
         raise BadRequest("n must be 1", param="n")
     if not req.messages:
         raise BadRequest("messages must not be empty", param="messages")
-    max_tokens, sampling = limits(req.max_completion_tokens or req.max_tokens,
-                                  req.temperature, req.top_p, req.seed)
+    # max_completion_tokens is OpenAI's newer name: it wins, a 0 included (0 is refused)
+    newer = req.max_completion_tokens is not None
+    max_tokens, sampling = limits(req.max_completion_tokens if newer else req.max_tokens,
+                                  req.temperature, req.top_p, req.seed,
+                                  max_tokens_name="max_completion_tokens" if newer
+                                  else "max_tokens")
     tools = None
     if req.tools is not None:
         try:
