@@ -343,6 +343,10 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("hi"), "max_completion_tokens": 0, "max_tokens": 5},
      "max_completion_tokens must be between 1 and"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    # answered with a 200 and logprobs null: what was asked for silently missing
+    ({"messages": user("hi"), "logprobs": True}, "logprobs are not supported"),
+    ({"messages": user("hi"), "logprobs": False, "top_logprobs": 2},
+     "top_logprobs is not supported"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, "not found"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},
      "tool name"),
@@ -404,7 +408,8 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
     status, r = s.post("/v1/chat/completions", body)
     assert status == 400 and needle in r["error"]["message"], r
     assert r["error"]["type"] == "invalid_request_error"
-    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                                "logprobs": False, "top_logprobs": 0})
     assert status == 200 and r["choices"][0]["message"]["role"] == "assistant"
 
 

@@ -23,6 +23,12 @@ def error_body(e: BadRequest) -> dict:
 def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     if req.n != 1:
         raise BadRequest("n must be 1", param="n")
+    if req.logprobs:  # accepted, then answered with logprobs null: refused instead
+        raise BadRequest("logprobs are not supported; send logprobs false or leave it out",
+                         param="logprobs")
+    if req.top_logprobs:
+        raise BadRequest("top_logprobs is not supported (no logprobs are computed); send 0 "
+                         "or leave it out", param="top_logprobs")
     if not req.messages:
         raise BadRequest("messages must not be empty", param="messages")
     # max_completion_tokens is OpenAI's newer name: it wins, a 0 included (0 is refused)
