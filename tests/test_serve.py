@@ -253,6 +253,21 @@ def test_ollama_endpoints(serve, tiny_lm):
         assert status == 400 and "images are not supported" in r["error"], r
 
 
+def test_ollama_load_requests_answer_done_with_reason_load(serve):
+    """No messages (or no prompt) is how Ollama's clients load a model: /api/chat was a 400."""
+    s = serve()
+    for path, body, part in (("/api/chat", {"messages": []},
+                              {"message": {"role": "assistant", "content": ""}}),
+                             ("/api/generate", {"prompt": ""}, {"response": ""})):
+        status, r = s.post(path, {"model": "tiny", **body})
+        assert status == 200, r
+        assert {k: r[k] for k in ("model", "done", "done_reason", *part)} == \
+            {"model": "tiny", "done": True, "done_reason": "load", **part}, r
+        assert r["created_at"].endswith("Z")
+        status, r = s.post(path, {"model": "tiny", **body, "options": {"temperature": 9}})
+        assert status == 400 and "temperature" in r["error"], r
+
+
 def test_deferred_mode_answers_get_tool_info_itself(serve, tiny_lm, tmp_path):
     info = '{"tool":"get_tool_info","arguments":{"name":"get_weather"}}'
     call = '{"tool":"get_weather","arguments":{"city":"Rome","unit":"c"}}'
