@@ -377,6 +377,16 @@ def _tool(properties: dict, required: list | None = None) -> dict:
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "\\ud800"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "lone surrogate"),
+    # a tool result that answers no call was a 200 (OpenAI answers 400)
+    ({"messages": [{"role": "tool", "content": "r", "tool_call_id": "zzz"}]},
+     "messages[0] has role tool but follows no assistant message with tool_calls"),
+    ({"tools": TOOLS, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "and?"},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "messages[4] has role tool"),
     # a hostile tester's 500s: integers llguidance cannot take, or not exactly
     ({"messages": user("x"), "tools": [_tool({"a": {"type": "integer",
                                                      "maximum": 10**20}})]},

@@ -48,10 +48,24 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     choice = req.tool_choice or "auto"
     if isinstance(choice, schema.NamedToolChoice):
         choice = choice.function.name
+    _check_tool_results(req.messages)
     return ChatCall(messages=[_message(m) for m in req.messages], tools=tools,
                     tool_choice=choice, parallel=req.parallel_tool_calls,
                     max_tokens=max_tokens, sampling=sampling, stop=req.stops(),
                     json_schema=response_schema(req.response_format))
+
+
+def _check_tool_results(messages: list[schema.Message]) -> None:
+    """A tool message answers a call: it must follow an assistant message with tool_calls
+    (after that message's other results), as OpenAI requires."""
+    calls = False  # the run of messages so far is an assistant's calls and their results
+    for i, m in enumerate(messages):
+        if m.role == "tool" and not calls:
+            raise BadRequest(f"messages[{i}] has role tool but follows no assistant message "
+                             "with tool_calls; send a tool result right after the assistant "
+                             "message (and its other results) whose call it answers",
+                             param=f"messages[{i}]")
+        calls = bool(m.tool_calls) if m.role == "assistant" else calls and m.role == "tool"
 
 
 def _message(m: schema.Message) -> dict:
