@@ -438,6 +438,40 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
     assert status == 200 and r["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_everything_the_prompt_renders_counts_toward_the_size_check(serve):
+    """Only messages' content was counted before tokenizing: a 7.5 MB tool description or
+    tool-call arguments took 12 s to tokenize before the 400, other requests waiting."""
+    s = serve(context_length=1024)
+    big = "x" * (s.service.max_chars + 1)
+    call = {"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": big})}}
+    for path, body in [
+        ("/v1/chat/completions", {"messages": user("hi"), "tools": [
+            {"type": "function", "function": {"name": "f", "description": big}}]}),
+        ("/v1/chat/completions", {"messages": user("hi"), "tools": [
+            _tool({"a": {"type": "string", "description": big}})]}),
+        ("/v1/chat/completions", {"tools": TOOLS, "messages": user("hi") + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi",
+                                                "name": big}]}),
+        ("/api/chat", {"model": "tiny", "messages": user("hi") + [  # arguments as an object
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "get_weather", "arguments": {"city": big}}}]}]}),
+    ]:
+        status, r = s.post(path, body)
+        message = r["error"] if path.startswith("/api/") else r["error"]["message"]
+        assert status == 400 and "characters, more than the 1024-token context" in message, r
+    # deferred mode renders a one-line index, and one tool's schema in a hop
+    deferred = serve(context_length=1024, tool_mode="deferred")
+    status, r = deferred.post("/v1/chat/completions", {"messages": user("hi"), "tools": [
+        _tool({"a": {"type": "string", "description": big}})]})
+    assert status == 400 and "characters, more than" in r["error"]["message"], r
+    status, r = deferred.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                                       "tools": TOOLS})
+    assert status == 200, r
+
+
 def stream_then_leave(s) -> None:
     """Start a long streamed chat, read a few lines, and go away mid-stream."""
     req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(
