@@ -847,6 +847,29 @@ def test_requests_that_once_broke_the_server_for_everyone_after_them(serve):
     assert status == 200, r
 
 
+def test_a_temperature_or_top_p_too_small_for_float32_is_greedy(serve):
+    """1e-300 (or 1e-39) scaled the logprobs past float32's range, or dropped every token:
+    random tokens or an empty reply, with a 200."""
+    s = serve()
+
+    def replies(sampling: dict) -> list[str]:
+        _, chat = s.post("/v1/chat/completions", {"messages": user("Hello"), "max_tokens": 8,
+                                                  "seed": 1, **sampling})
+        _, text = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 8, "seed": 1,
+                                             **sampling})
+        _, ollama = s.post("/api/generate", {"model": "tiny", "prompt": "Once", "stream": False,
+                                             "options": {"num_predict": 8, "seed": 1,
+                                                         **sampling}})
+        return [chat["choices"][0]["message"]["content"], text["choices"][0]["text"],
+                ollama["response"]]
+
+    greedy = replies({"temperature": 0})
+    assert all(greedy), greedy
+    for sampling in ({"temperature": 1e-300}, {"temperature": 1e-39},
+                     {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 1e-39}):
+        assert replies(sampling) == greedy, sampling
+
+
 def test_a_metrics_file_that_cannot_be_written_never_fails_a_request(serve, tmp_path, capfd):
     s = serve(metrics_out=tmp_path)  # a directory: every append fails
     for _ in range(2):
