@@ -394,6 +394,10 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("x"), "tools": [_tool({"a": {"const": 2**53 + 1}})]}, "past 2^53"),
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"enum": [2**53 + 1]}}}}, "'enum[0]' is 9007199254740993"),
+    # checked against the meta-schema as tools' parameters are: this was a 200 with "-100"
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "number", "multipleOf": -1}}}},
+     "the response_format schema: 'multipleOf' is not valid JSON Schema: -1 is less than"),
     # accepted, and the grammar dead-ended after "{": a 200 with an empty reply
     ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
         {"a": {"$ref": "#"}}, required=["a"])]}, "admits only endless values"),
@@ -659,6 +663,10 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     status, r = s.post("/api/chat", {"model": "tiny", "format": schema, "tools": TOOLS,
                                      "messages": user("x")})
     assert status == 400 and r["error"].startswith("format with tools"), r
+    for path, extra in (("/api/chat", {"messages": user("x")}), ("/api/generate", {"prompt": "x"})):
+        status, r = s.post(path, {"model": "tiny", "format": {"type": "nope"}, **extra})
+        assert status == 400 and r["error"].startswith(
+            "the format schema: 'type' is not valid JSON Schema"), r
 
 
 def test_a_bad_streaming_request_is_a_400_before_the_stream(serve):
