@@ -400,10 +400,14 @@ def _tool(properties: dict, required: list | None = None) -> dict:
      "the response_format schema: 'multipleOf' is not valid JSON Schema: -1 is less than"),
     # accepted, and the grammar dead-ended after "{": a 200 with an empty reply
     ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
-        {"a": {"$ref": "#"}}, required=["a"])]}, "admits only endless values"),
+        {"a": {"$ref": "#"}}, required=["a"])]}, "admits no value the grammar can finish"),
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#"}},
-                                "required": ["a"]}}}}, "admits only endless values"),
+                                "required": ["a"]}}}}, "admits no value the grammar can finish"),
+    # no recursion, and no value: the 400 spoke of endless values and a recursion's way out
+    ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
+        {"a": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False,
+               "minItems": 2}}, required=["a"])]}, "or bounds no value meets"),
     # a second probe's: a chain of $defs, shallow as JSON, crashed llguidance (a segfault:
     # the server died); a "²" or 5,000 digits as a $ref's index; a typeless endless schema
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
@@ -415,7 +419,7 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("x"), "tool_choice": "required", "tools": [{"type": "function",
       "function": {"name": "f", "parameters": {"properties": {"a": {"$ref": "#"}},
                                                "required": ["a"]}}}]},
-     "admits only endless values"),
+     "admits no value the grammar can finish"),
     # a number of 4,301 digits in an arguments string: Python's int() refuses it
     ({"tools": TOOLS, "messages": [
         {"role": "user", "content": "hi"},
@@ -656,10 +660,10 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     nothing = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # was a 200, ""
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": nothing}}})
-    assert status == 400 and "admits only endless values" in r["error"]["message"], r
+    assert status == 400 and "admits no value the grammar can finish" in r["error"]["message"], r
     for path, extra in (("/api/chat", {"messages": user("x")}), ("/api/generate", {"prompt": "x"})):
         status, r = s.post(path, {"model": "tiny", "format": nothing, **extra})
-        assert status == 400 and r["error"].startswith("the format schema admits only"), r
+        assert status == 400 and r["error"].startswith("the format schema admits no value"), r
     status, r = s.post("/api/chat", {"model": "tiny", "format": schema, "tools": TOOLS,
                                      "messages": user("x")})
     assert status == 400 and r["error"].startswith("format with tools"), r
