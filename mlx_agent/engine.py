@@ -96,9 +96,18 @@ def _categorical(temperature: float, filters: list[Callable], seed: int | None) 
     return sample
 
 
+# Below this a temperature or top-p is greedy. Logprobs are float32, scaled by 1 / temperature:
+# at 1e-39 the scale is past float32's range (1e-300 too), every logprob -inf and the draw
+# random; a top-p that small rounds to 0 in float32 and drops every token. Either way what is
+# asked for is the most likely token (any top-p under 1 / vocabulary size keeps only it), and
+# 1e-30 leaves both far inside float32's range.
+MIN_SAMPLED = 1e-30
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings; ``temperature == 0`` is greedy (argmax)."""
+    """Sampling settings; ``temperature == 0`` is greedy (argmax), and so is a temperature
+    or top-p below :data:`MIN_SAMPLED` (the most likely token, where float32 cannot say)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -127,7 +136,7 @@ class SamplingParams:
         draw near a tie may differ). A greedy sampler is marked ``greedy`` so the
         engine can skip the log-softmax.
         """
-        if self.temperature == 0:
+        if self.temperature < MIN_SAMPLED or self.top_p < MIN_SAMPLED:
             return greedy_sampler
         filters = []
         if 0 < self.top_p < 1:

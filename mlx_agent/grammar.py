@@ -49,7 +49,7 @@ from .fileio import read_regular
 from .lone_space import Rule, lone_space_rule
 from .tokenizer import special_tokens
 from .tools import Tool
-from .tools.schema import Validator
+from .tools.schema import Validator, meta_schema_problem
 
 DEFAULT_MAX_STRING = 128  # characters per string value: fits a 256-token step even at a
 # token per character (digits are split one by one), with room for the JSON around it
@@ -652,7 +652,17 @@ def schema_constraint(lm, schema: dict, field: str = "response_format") -> Const
         key = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
         raise GrammarError(f"{what} is not JSON a grammar can use") from None
-    _check_schema(schema, what)
+    _check_schema(schema, what)  # first: its size bounds the validation below
+    bad = _meta_schema_problem(key)  # as a tool's parameters are checked
+    if bad:
+        where = f": '{bad[0]}'" if bad[0] else ""
+        raise GrammarError(f"{what}{where} is not valid JSON Schema: {bad[1]}")
     _check_literals(json.dumps([[what, schema]]), tuple(special_tokens(lm.tokenizer)))
     constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer, what), lm.vocab_size)
     return constraint.admitting(what, "JSON value")
+
+
+@functools.lru_cache(maxsize=64)
+def _meta_schema_problem(key: str) -> tuple[str, str] | None:
+    """Checked once per distinct schema: a client sends the same one with every request."""
+    return meta_schema_problem(json.loads(key))

@@ -11,7 +11,9 @@ finite value ends.
 - :func:`endless`: ``{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}`` admits only
   an infinite object; llguidance compiles it and the grammar dead-ends after ``{``. A value
   is finite when some choice of its schema needs nothing endless: computed as a least fixed
-  point over the schema's local ``$ref`` targets.
+  point over the schema's local ``$ref`` targets. Bounds that no value meets at all
+  (``minItems: 2`` with one ``prefixItems`` entry and ``items: false``) fail the same test,
+  without recursion.
 
 Not promised: ``endless`` reads ``required`` properties, ``minItems`` with ``items`` and
 ``prefixItems``, ``allOf``/``anyOf``/``oneOf`` and local ``$ref`` pointers, and treats
@@ -77,8 +79,11 @@ TOO_DEEP = (f"nests more than {MAX_DEPTH} levels deep, counting the $ref links i
             "flatten it")
 TOO_MANY = (f"holds more than {MAX_VALUES:,} JSON values, more than a schema needs; make "
             "it smaller")
-ENDLESS = ("admits only endless values (it refers back to itself with no way out, through "
-           "a required property or a $ref); give the recursion an optional way out")
+# endless() finds both: a value every choice of which recurses, and bounds nothing meets
+ENDLESS = ("admits no value the grammar can finish: a recursion with no optional way out "
+           "(through a required property, a required array item or a $ref), or bounds no "
+           "value meets (minItems past what prefixItems and items allow, a required property "
+           "of schema false); give the recursion a way out or loosen the bounds")
 
 
 def _resolve(root: Any, ref: str) -> Any:
@@ -136,9 +141,11 @@ def too_deep(schema: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 def endless(schema: Any) -> bool:
-    """Whether every value ``schema`` admits is infinite (a required property, or a required
-    array item, that refers back to its own schema with no way out). A schema with a nested
-    ``$id`` (its refs resolve against another base) is not judged."""
+    """Whether ``schema`` admits no finite value: every value it admits is infinite (a
+    required property, or a required array item, that refers back to its own schema with no
+    way out), or none meets its bounds (``minItems`` past what ``prefixItems`` and ``items:
+    false`` allow, a required property of schema ``false``). A schema with a nested ``$id``
+    (its refs resolve against another base) is not judged."""
     if any(key == "$id" and where != "$id" for where, key, _ in _walk(schema)):  # nested
         return False
     refs = sorted({v for _, key, v in _walk(schema) if key == "$ref" and isinstance(v, str)

@@ -253,6 +253,21 @@ def test_ollama_endpoints(serve, tiny_lm):
         assert status == 400 and "images are not supported" in r["error"], r
 
 
+def test_ollama_load_requests_answer_done_with_reason_load(serve):
+    """No messages (or no prompt) is how Ollama's clients load a model: /api/chat was a 400."""
+    s = serve()
+    for path, body, part in (("/api/chat", {"messages": []},
+                              {"message": {"role": "assistant", "content": ""}}),
+                             ("/api/generate", {"prompt": ""}, {"response": ""})):
+        status, r = s.post(path, {"model": "tiny", **body})
+        assert status == 200, r
+        assert {k: r[k] for k in ("model", "done", "done_reason", *part)} == \
+            {"model": "tiny", "done": True, "done_reason": "load", **part}, r
+        assert r["created_at"].endswith("Z")
+        status, r = s.post(path, {"model": "tiny", **body, "options": {"temperature": 9}})
+        assert status == 400 and "temperature" in r["error"], r
+
+
 def test_deferred_mode_answers_get_tool_info_itself(serve, tiny_lm, tmp_path):
     info = '{"tool":"get_tool_info","arguments":{"name":"get_weather"}}'
     call = '{"tool":"get_weather","arguments":{"city":"Rome","unit":"c"}}'
@@ -339,7 +354,14 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": "hi"}, "Expected `array`"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, "max_tokens"),
+    # 0 was read as "not sent" and the request served with max_tokens (or the default)
+    ({"messages": user("hi"), "max_completion_tokens": 0, "max_tokens": 5},
+     "max_completion_tokens must be between 1 and"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    # answered with a 200 and logprobs null: what was asked for silently missing
+    ({"messages": user("hi"), "logprobs": True}, "logprobs are not supported"),
+    ({"messages": user("hi"), "logprobs": False, "top_logprobs": 2},
+     "top_logprobs is not supported"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, "not found"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},
      "tool name"),
@@ -355,6 +377,16 @@ def _tool(properties: dict, required: list | None = None) -> dict:
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "\\ud800"}'}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "lone surrogate"),
+    # a tool result that answers no call was a 200 (OpenAI answers 400)
+    ({"messages": [{"role": "tool", "content": "r", "tool_call_id": "zzz"}]},
+     "messages[0] has role tool but follows no assistant message with tool_calls"),
+    ({"tools": TOOLS, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "user", "content": "and?"},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}, "messages[4] has role tool"),
     # a hostile tester's 500s: integers llguidance cannot take, or not exactly
     ({"messages": user("x"), "tools": [_tool({"a": {"type": "integer",
                                                      "maximum": 10**20}})]},
@@ -362,12 +394,20 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("x"), "tools": [_tool({"a": {"const": 2**53 + 1}})]}, "past 2^53"),
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"enum": [2**53 + 1]}}}}, "'enum[0]' is 9007199254740993"),
+    # checked against the meta-schema as tools' parameters are: this was a 200 with "-100"
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "number", "multipleOf": -1}}}},
+     "the response_format schema: 'multipleOf' is not valid JSON Schema: -1 is less than"),
     # accepted, and the grammar dead-ended after "{": a 200 with an empty reply
     ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
-        {"a": {"$ref": "#"}}, required=["a"])]}, "admits only endless values"),
+        {"a": {"$ref": "#"}}, required=["a"])]}, "admits no value the grammar can finish"),
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#"}},
-                                "required": ["a"]}}}}, "admits only endless values"),
+                                "required": ["a"]}}}}, "admits no value the grammar can finish"),
+    # no recursion, and no value: the 400 spoke of endless values and a recursion's way out
+    ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
+        {"a": {"type": "array", "prefixItems": [{"type": "integer"}], "items": False,
+               "minItems": 2}}, required=["a"])]}, "or bounds no value meets"),
     # a second probe's: a chain of $defs, shallow as JSON, crashed llguidance (a segfault:
     # the server died); a "²" or 5,000 digits as a $ref's index; a typeless endless schema
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
@@ -379,7 +419,7 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("x"), "tool_choice": "required", "tools": [{"type": "function",
       "function": {"name": "f", "parameters": {"properties": {"a": {"$ref": "#"}},
                                                "required": ["a"]}}}]},
-     "admits only endless values"),
+     "admits no value the grammar can finish"),
     # a number of 4,301 digits in an arguments string: Python's int() refuses it
     ({"tools": TOOLS, "messages": [
         {"role": "user", "content": "hi"},
@@ -408,8 +448,43 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(serve, body, needle):
     status, r = s.post("/v1/chat/completions", body)
     assert status == 400 and needle in r["error"]["message"], r
     assert r["error"]["type"] == "invalid_request_error"
-    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
+    status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                                "logprobs": False, "top_logprobs": 0})
     assert status == 200 and r["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_everything_the_prompt_renders_counts_toward_the_size_check(serve):
+    """Only messages' content was counted before tokenizing: a 7.5 MB tool description or
+    tool-call arguments took 12 s to tokenize before the 400, other requests waiting."""
+    s = serve(context_length=1024)
+    big = "x" * (s.service.max_chars + 1)
+    call = {"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": big})}}
+    for path, body in [
+        ("/v1/chat/completions", {"messages": user("hi"), "tools": [
+            {"type": "function", "function": {"name": "f", "description": big}}]}),
+        ("/v1/chat/completions", {"messages": user("hi"), "tools": [
+            _tool({"a": {"type": "string", "description": big}})]}),
+        ("/v1/chat/completions", {"tools": TOOLS, "messages": user("hi") + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi",
+                                                "name": big}]}),
+        ("/api/chat", {"model": "tiny", "messages": user("hi") + [  # arguments as an object
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "get_weather", "arguments": {"city": big}}}]}]}),
+    ]:
+        status, r = s.post(path, body)
+        message = r["error"] if path.startswith("/api/") else r["error"]["message"]
+        assert status == 400 and "characters, more than the 1024-token context" in message, r
+    # deferred mode renders a one-line index, and one tool's schema in a hop
+    deferred = serve(context_length=1024, tool_mode="deferred")
+    status, r = deferred.post("/v1/chat/completions", {"messages": user("hi"), "tools": [
+        _tool({"a": {"type": "string", "description": big}})]})
+    assert status == 400 and "characters, more than" in r["error"]["message"], r
+    status, r = deferred.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                                       "tools": TOOLS})
+    assert status == 200, r
 
 
 def stream_then_leave(s) -> None:
@@ -592,13 +667,17 @@ def test_response_format_constrains_the_reply_to_the_schema(serve):
     nothing = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # was a 200, ""
     status, r = s.post("/v1/chat/completions", {"messages": user("x"), "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": nothing}}})
-    assert status == 400 and "admits only endless values" in r["error"]["message"], r
+    assert status == 400 and "admits no value the grammar can finish" in r["error"]["message"], r
     for path, extra in (("/api/chat", {"messages": user("x")}), ("/api/generate", {"prompt": "x"})):
         status, r = s.post(path, {"model": "tiny", "format": nothing, **extra})
-        assert status == 400 and r["error"].startswith("the format schema admits only"), r
+        assert status == 400 and r["error"].startswith("the format schema admits no value"), r
     status, r = s.post("/api/chat", {"model": "tiny", "format": schema, "tools": TOOLS,
                                      "messages": user("x")})
     assert status == 400 and r["error"].startswith("format with tools"), r
+    for path, extra in (("/api/chat", {"messages": user("x")}), ("/api/generate", {"prompt": "x"})):
+        status, r = s.post(path, {"model": "tiny", "format": {"type": "nope"}, **extra})
+        assert status == 400 and r["error"].startswith(
+            "the format schema: 'type' is not valid JSON Schema"), r
 
 
 def test_a_bad_streaming_request_is_a_400_before_the_stream(serve):
@@ -785,6 +864,29 @@ def test_requests_that_once_broke_the_server_for_everyone_after_them(serve):
     status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 4,
                                                 "tools": tools})
     assert status == 200, r
+
+
+def test_a_temperature_or_top_p_too_small_for_float32_is_greedy(serve):
+    """1e-300 (or 1e-39) scaled the logprobs past float32's range, or dropped every token:
+    random tokens or an empty reply, with a 200."""
+    s = serve()
+
+    def replies(sampling: dict) -> list[str]:
+        _, chat = s.post("/v1/chat/completions", {"messages": user("Hello"), "max_tokens": 8,
+                                                  "seed": 1, **sampling})
+        _, text = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 8, "seed": 1,
+                                             **sampling})
+        _, ollama = s.post("/api/generate", {"model": "tiny", "prompt": "Once", "stream": False,
+                                             "options": {"num_predict": 8, "seed": 1,
+                                                         **sampling}})
+        return [chat["choices"][0]["message"]["content"], text["choices"][0]["text"],
+                ollama["response"]]
+
+    greedy = replies({"temperature": 0})
+    assert all(greedy), greedy
+    for sampling in ({"temperature": 1e-300}, {"temperature": 1e-39},
+                     {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 1e-39}):
+        assert replies(sampling) == greedy, sampling
 
 
 def test_a_metrics_file_that_cannot_be_written_never_fails_a_request(serve, tmp_path, capfd):

@@ -238,6 +238,9 @@ class Server:
         try:
             req = await self._body(request, schema.OllamaChatRequest)
             self._check_model(req.model, ollama=True)
+            if not req.messages:  # Ollama's "load the model" request
+                ollama_api.sampling(req.options, self.limits)  # its options still checked
+                return JSONResponse(ollama_api.loaded(req.model, chat=True))
             out = await self._chat(request, ollama_api.chat_call(req, self.limits), req.stream)
         except BadRequest as e:
             return JSONResponse({"error": str(e)}, status_code=e.status)
@@ -254,8 +257,7 @@ class Server:
             if req.images:
                 raise BadRequest(ollama_api.NO_IMAGES)
             if not req.prompt:  # Ollama's "load the model" request
-                return JSONResponse({"model": req.model, "created_at": ollama_api.now_iso(),
-                                     "response": "", "done": True, "done_reason": "load"})
+                return JSONResponse(ollama_api.loaded(req.model, chat=False))
             prepared = await self._prepare(lambda: self.service.prepare_completion(
                 req.prompt, raw=req.raw, system=req.system,
                 json_schema=ollama_api.format_schema(req.format), schema_field="format"))

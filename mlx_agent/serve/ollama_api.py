@@ -74,6 +74,14 @@ def format_schema(fmt: Any) -> dict | None:
     raise BadRequest('format must be "json" or a JSON schema')
 
 
+def loaded(model: str, chat: bool) -> dict:
+    """The answer to Ollama's "load the model" request: ``/api/chat`` with no messages,
+    ``/api/generate`` with no prompt."""
+    part = {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return {"model": model, "created_at": now_iso(), **part, "done": True,
+            "done_reason": "load"}
+
+
 def stats(result: ChatResult) -> dict:
     ns = int(result.seconds * 1e9)
     return {"done": True, "done_reason": "stop" if result.finish_reason == "tool_calls"

@@ -23,10 +23,20 @@ def error_body(e: BadRequest) -> dict:
 def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     if req.n != 1:
         raise BadRequest("n must be 1", param="n")
+    if req.logprobs:  # accepted, then answered with logprobs null: refused instead
+        raise BadRequest("logprobs are not supported; send logprobs false or leave it out",
+                         param="logprobs")
+    if req.top_logprobs:
+        raise BadRequest("top_logprobs is not supported (no logprobs are computed); send 0 "
+                         "or leave it out", param="top_logprobs")
     if not req.messages:
         raise BadRequest("messages must not be empty", param="messages")
-    max_tokens, sampling = limits(req.max_completion_tokens or req.max_tokens,
-                                  req.temperature, req.top_p, req.seed)
+    # max_completion_tokens is OpenAI's newer name: it wins, a 0 included (0 is refused)
+    newer = req.max_completion_tokens is not None
+    max_tokens, sampling = limits(req.max_completion_tokens if newer else req.max_tokens,
+                                  req.temperature, req.top_p, req.seed,
+                                  max_tokens_name="max_completion_tokens" if newer
+                                  else "max_tokens")
     tools = None
     if req.tools is not None:
         try:
@@ -38,10 +48,24 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     choice = req.tool_choice or "auto"
     if isinstance(choice, schema.NamedToolChoice):
         choice = choice.function.name
+    _check_tool_results(req.messages)
     return ChatCall(messages=[_message(m) for m in req.messages], tools=tools,
                     tool_choice=choice, parallel=req.parallel_tool_calls,
                     max_tokens=max_tokens, sampling=sampling, stop=req.stops(),
                     json_schema=response_schema(req.response_format))
+
+
+def _check_tool_results(messages: list[schema.Message]) -> None:
+    """A tool message answers a call: it must follow an assistant message with tool_calls
+    (after that message's other results), as OpenAI requires."""
+    calls = False  # the run of messages so far is an assistant's calls and their results
+    for i, m in enumerate(messages):
+        if m.role == "tool" and not calls:
+            raise BadRequest(f"messages[{i}] has role tool but follows no assistant message "
+                             "with tool_calls; send a tool result right after the assistant "
+                             "message (and its other results) whose call it answers",
+                             param=f"messages[{i}]")
+        calls = bool(m.tool_calls) if m.role == "assistant" else calls and m.role == "tool"
 
 
 def _message(m: schema.Message) -> dict:

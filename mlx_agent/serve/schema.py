@@ -3,8 +3,9 @@
 Decoding is the validation: a known field of the wrong type is a :class:`msgspec.ValidationError`
 that names it (the server answers 400). Fields this server does not use are accepted and
 ignored, as OpenAI's own server does with fields it does not know, so clients that send
-``user``, ``logprobs: false`` or ``keep_alive`` work unchanged. Responses are plain dicts
-built by :mod:`.openai_api` and :mod:`.ollama_api`.
+``user`` or ``keep_alive`` work unchanged; a chat request's ``logprobs: false`` is accepted,
+``logprobs: true`` or a ``top_logprobs`` above 0 refused (this server computes none).
+Responses are plain dicts built by :mod:`.openai_api` and :mod:`.ollama_api`.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class ChatRequest(_OpenAIRequest, kw_only=True):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     response_format: ResponseFormat | None = None
+    logprobs: bool | None = None  # refused when true: the server has none to give
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(_OpenAIRequest, kw_only=True):

@@ -40,8 +40,8 @@ from typing import Callable, Sequence
 
 from ..engine import Constraint, Engine, PrefillStopped, SamplingParams
 from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMemo,
-                       StreamFilter, arguments_of, choose, get_tool_info_tool, make_format,
-                       text_of, tool_info)
+                       StreamFilter, arguments_of, choose, compact, get_tool_info_tool,
+                       make_format, text_of, tool_info)
 from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import ll_tokenizer, schema_constraint, tool_constraint
@@ -187,13 +187,13 @@ class ChatService:
         # except one asking for JSON of a schema: that is what it wants instead
         default = self.tools if call.json_schema is None else []
         tools = default if call.tools is None else call.tools
-        self._check_size(sum(len(text_of(m.get("content"))) for m in call.messages))
+        deferred = bool(tools) and self.tool_mode == "deferred"
+        self._check_size(_rendered_chars(call.messages, tools, deferred))
         if call.tool_choice not in ("auto", "none") and not tools:
             raise RequestError(f"tool_choice {call.tool_choice!r} needs tools")
         if call.json_schema is not None and tools:
             raise RequestError(f"{call.schema_field} with tools is not supported; send one "
                                "or the other")
-        deferred = bool(tools) and self.tool_mode == "deferred"
         if deferred and any(t.name == GET_TOOL_INFO for t in tools):
             raise RequestError(f"a tool named {GET_TOOL_INFO!r} clashes with the server's "
                                "deferred-mode tool; rename it")
@@ -254,7 +254,8 @@ class ChatService:
         return ChatResult(content, [], "stop" if gen.shown.hit else gen.finish, usage, hops)
 
     def _check_size(self, chars: int) -> None:
-        """Refuse text that cannot fit the context before tokenizing any of it."""
+        """Refuse text that cannot fit the context before tokenizing any of it (a 7.5 MB
+        tool description took 12 s to tokenize before its 400, other requests waiting)."""
         if chars > self.max_chars:
             raise RequestError(f"the prompt is {chars} characters, more than the "
                                f"{self.context_length}-token context can hold; send less")
@@ -398,6 +399,26 @@ class ChatService:
                     print(f"mlx_agent: warning: cannot append to {self.metrics_out}: "
                           f"{e.strerror}; tool metrics are not written", file=sys.stderr)
                 self._metrics_failed = True
+
+
+def _rendered_chars(messages: list[dict], tools: Sequence[Tool], deferred: bool) -> int:
+    """Characters of what the prompt renders: messages' content and names, their tool calls'
+    names and arguments, and the tools: names, descriptions and parameter schemas as JSON
+    (in deferred mode the index's names and first lines, and the largest tool's schema, which
+    a ``get_tool_info`` hop shows)."""
+    chars = 0
+    for m in messages:
+        chars += len(text_of(m.get("content"))) + len(m.get("name") or "")
+        for c in m.get("tool_calls") or ():
+            args = c["function"].get("arguments") or ""
+            chars += len(c["function"].get("name") or "") + \
+                len(args if isinstance(args, str) else compact(args))
+    full = [len(t.name) + len(t.description) + len(compact(t.parameters)) for t in tools]
+    if not deferred:
+        return chars + sum(full)
+    index = sum(len(t.name) + len((t.description.strip().splitlines() or [""])[0])
+                for t in tools)
+    return chars + index + max(full, default=0)
 
 
 def _info_turns(calls: list[Call], tools: list[Tool]) -> list[dict]:

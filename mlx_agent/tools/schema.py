@@ -240,14 +240,23 @@ def _schema_error(key: bytes) -> str | None:
     return _schema_problem(msgspec.json.decode(key))
 
 
+def meta_schema_problem(schema: Any) -> tuple[str, str] | None:
+    """Where ``schema`` breaks JSON Schema's meta-schema (a dotted path, "" for the root) and
+    how, or None. Bound its size first (:func:`json_schema.too_many_nodes`): this costs about
+    0.1 ms a value."""
+    try:
+        Draft202012Validator.check_schema(schema, format_checker=_FORMATS)
+    except SchemaError as e:
+        return ".".join(str(p) for p in e.path), e.message
+    return None
+
+
 def _schema_problem(params: dict) -> str | None:
     """What is wrong with ``params`` (naming the field), or None."""
-    try:
-        Draft202012Validator.check_schema(params, format_checker=_FORMATS)
-    except SchemaError as e:
-        path = ".".join(str(p) for p in e.path)
-        return (f"field 'parameters{'.' + path if path else ''}' is not valid JSON Schema: "
-                f"{e.message}")
+    bad = meta_schema_problem(params)
+    if bad:
+        return (f"field 'parameters{'.' + bad[0] if bad[0] else ''}' is not valid JSON Schema: "
+                f"{bad[1]}")
     inexact = json_schema.inexact_integer(params)
     if inexact:
         return f"field 'parameters.{inexact[0]}' {inexact[1]}"
