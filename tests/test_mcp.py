@@ -211,6 +211,19 @@ def test_colliding_names_get_their_server_prefix(tmp_path):
     assert "'broken'" in r.stderr and "'mcp_server'" in r.stderr
 
 
+def test_a_prefixed_name_that_is_taken_too_is_left_out_not_shadowed(tmp_path):
+    tools_file = tmp_path / "tools.json"  # the server's add would become mcp_server__add
+    tools_file.write_text(json.dumps([{"name": "add", "_exec": "echo file"},
+                                      {"name": "mcp_server__add", "_exec": "echo file"}]))
+    r = cli("tools", "ls", "--tools", str(tools_file), "--mcp", server())
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [line for line in lines if line.startswith("mcp_server__add(")] == \
+        [f"mcp_server__add()  [{tools_file}]"], lines  # listed once, as the file's
+    assert "tool 'add' would be named 'mcp_server__add', which another tool has; left out" \
+        in r.stderr, r.stderr
+
+
 def test_config_file_names_servers_and_passes_env_and_cwd(tmp_path, pidfile):
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"calc": {

@@ -285,17 +285,23 @@ class McpServers:
 
     def tools(self, taken: Sequence[str] = ()) -> tuple[list[Tool], list[str]]:
         """The servers' tools and a warning for each left out; a name offered twice (or
-        already in ``taken``) becomes ``server__name``."""
+        already in ``taken``) becomes ``server__name``, and one whose name is still taken
+        (a tools file's ``server__name``, a server listing a name twice) is left out."""
         offered: dict[str, int] = {}
         for server in self.servers.values():
             for entry in server.listed:
                 offered[entry.get("name")] = offered.get(entry.get("name"), 0) + 1
-        tools, warnings = [], []
+        tools, warnings, used = [], [], set(taken)
         for server in self.servers.values():
             for entry in server.listed:
                 name = entry.get("name")
                 public = name if offered[name] == 1 and name not in taken else \
                     f"{server.spec.name}__{name}"
+                if public in used:
+                    warnings.append(f"MCP server {server.spec.name!r}: tool {name!r} would be "
+                                    f"named {public!r}, which another tool has; left out")
+                    continue
+                used.add(public)
                 try:
                     tools.append(self._tool(server, entry, public))
                     self.origin[public] = server.spec.name
