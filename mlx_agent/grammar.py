@@ -555,7 +555,7 @@ def _check_schema(schema, what: str) -> None:
     request declares are."""
     if json_schema.too_many_nodes(schema, json_schema.MAX_VALUES):
         raise GrammarError(f"{what} {json_schema.TOO_MANY}")
-    inexact = json_schema.inexact_integer(schema)
+    inexact = json_schema.inexact_integer(schema) or json_schema.unusable(schema)
     if inexact:
         raise GrammarError(f"{what}: '{inexact[0]}' {inexact[1]}")
     if json_schema.too_deep(schema):

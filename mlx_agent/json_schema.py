@@ -8,6 +8,8 @@ finite value ends.
 - :func:`inexact_integer`: a ``const`` or ``enum`` integer past 2^53 cannot be written back
   exactly (llguidance reads numbers as doubles: 9007199254740993 came out ...992), and one
   past the 64-bit range anywhere cannot be handed to llguidance at all.
+- :func:`unusable`: counts that are not whole numbers, remote or dangling ``$ref``s and
+  ``$ref`` chains that loop, which JSON Schema allows and llguidance cannot compile.
 - :func:`endless`: ``{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}`` admits only
   an infinite object; llguidance compiles it and the grammar dead-ends after ``{``. A value
   is finite when some choice of its schema needs nothing endless: computed as a least fixed
@@ -73,6 +75,69 @@ def inexact_integer(schema: Any) -> tuple[str, str] | None:
         if not INT64[0] <= value <= INT64[1]:
             return where, f"is {value}, past the 64-bit range; give a smaller number"
     return None
+
+
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+           "minContains", "maxContains")
+_DATA = ("const", "enum", "default", "examples")  # values, not schemas: not looked into
+
+
+def unusable(schema: Any) -> tuple[str, str] | None:
+    """A keyword JSON Schema allows that no grammar can be made of, as its path and why, or
+    None: a count given as a non-integer number (``"maxLength": 5.0`` is valid JSON Schema;
+    llguidance wants an integer), a ``$ref`` that is not local (nothing is fetched) or points
+    at nothing, and a chain of ``$ref``s that comes back to itself before reaching a schema
+    (``a`` is ``b``, ``b`` is ``a``): these compiled nowhere, after the tools file loaded."""
+    judged: dict[str, str | None] = {}  # each $ref followed once, however many use it
+    todo = [(schema, "")]
+    while todo:
+        node, where = todo.pop()
+        if isinstance(node, list):
+            todo.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key in _COUNTS and isinstance(value, float):
+                return path, f"is {value!r}; give a whole number without a decimal point"
+            if key == "$ref" and isinstance(value, str):
+                problem = _ref_problem(schema, value, judged)
+                if problem:
+                    return path, problem
+            if key not in _DATA:
+                todo.append((value, path))
+    return None
+
+
+def _ref_problem(root: Any, ref: str, judged: dict[str, str | None]) -> str | None:
+    """What is wrong with following ``ref`` to a schema, or None; every ``$ref`` on the way
+    is entered in ``judged``."""
+    if not ref.startswith("#"):
+        return f"is {ref[:80]!r}, not a reference inside the schema (#/...); nothing is fetched"
+    chain: list[str] = []
+    on_chain: set[str] = set()
+    problem = None
+    while ref not in judged:
+        if ref in on_chain:
+            loop = " -> ".join([*chain[chain.index(ref):], ref])
+            problem = f"starts a chain of references that loops without a schema ({loop[:160]})"
+            break
+        chain.append(ref)
+        on_chain.add(ref)
+        target = _resolve(root, ref)
+        if target is None:
+            problem = f"is {ref[:80]!r}, which points at nothing in the schema"
+            break
+        nxt = target.get("$ref") if isinstance(target, dict) else None
+        if not isinstance(nxt, str) or not nxt.startswith("#"):
+            break  # a schema (or a remote ref, judged where it is written)
+        ref = nxt
+    else:
+        problem = judged[ref]
+    for r in chain:
+        judged[r] = problem
+    return problem
 
 
 TOO_DEEP = (f"nests more than {MAX_DEPTH} levels deep, counting the $ref links it follows; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -226,14 +227,28 @@ def test_boolean_property_schemas_are_schemas(tmp_path):
 def test_the_signature_reads_types_through_refs_and_unions():
     # Pydantic's shapes: a nested model by $ref, Optional[int] as anyOf with null
     (tool,) = declared_tools([{"name": "book", "parameters": {
-        "type": "object", "$defs": {"City": {"type": "object", "properties": {}},
-                                    "Loop": {"$ref": "#/$defs/Loop"}},
+        "type": "object", "$defs": {"City": {"type": "object", "properties": {}}},
         "properties": {"origin": {"$ref": "#/$defs/City"},
-                       "nights": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-                       "loop": {"$ref": "#/$defs/Loop"}, "gone": {"$ref": "#/$defs/Gone"}},
+                       "nights": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
         "required": ["origin"]}}])
-    assert tool.signature() == \
-        "book(origin: object, gone?: string, loop?: string, nights?: integer|null)"
+    assert tool.signature() == "book(origin: object, nights?: integer|null)"
+
+
+@pytest.mark.parametrize("props, message", [
+    # valid JSON Schema that no grammar can be made of: refused as the file loads, not
+    # after the model did (where the error named no file)
+    ({"loop": {"$ref": "#/$defs/Loop"}}, "'parameters.properties.loop.$ref' starts a chain "
+     "of references that loops without a schema (#/$defs/Loop -> #/$defs/Loop)"),
+    ({"gone": {"$ref": "#/$defs/Gone"}}, "'#/$defs/Gone', which points at nothing"),
+    ({"far": {"$ref": "https://example.com/s.json"}}, "not a reference inside the schema"),
+    ({"n": {"type": "string", "maxLength": 5.0}}, "'parameters.properties.n.maxLength' is "
+     "5.0; give a whole number"),
+    ({"n": {"type": "array", "minItems": 1e30}}, "is 1e+30; give a whole number"),
+])
+def test_a_schema_no_grammar_can_be_made_of_is_refused_at_load(props, message):
+    with pytest.raises(ToolSchemaError, match=re.escape(message)):
+        declared_tools([{"name": "t", "parameters": {
+            "type": "object", "$defs": {"Loop": {"$ref": "#/$defs/Loop"}}, "properties": props}}])
 
 
 def test_a_tools_file_that_is_no_regular_file_or_nests_too_deeply_is_one_error(tmp_path):

@@ -257,7 +257,7 @@ def _schema_problem(params: dict) -> str | None:
     if bad:
         return (f"field 'parameters{'.' + bad[0] if bad[0] else ''}' is not valid JSON Schema: "
                 f"{bad[1]}")
-    inexact = json_schema.inexact_integer(params)
+    inexact = json_schema.inexact_integer(params) or json_schema.unusable(params)
     if inexact:
         return f"field 'parameters.{inexact[0]}' {inexact[1]}"
     if json_schema.too_deep(params):
