@@ -42,7 +42,7 @@ from .batch_runner import BatchRunner, run_pool
 from .cache import ContextFull
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
-from .fileio import check_tree, copy_tree, read_regular
+from .fileio import check_tree, copy_tree, jsonl_lines, read_regular
 from .tools import Tool, builtin_tools, load_tools
 from .tools.executor import run_process
 from .tools.sandbox import Sandbox
@@ -124,7 +124,7 @@ def load_tasks(path: str | Path) -> list[Task]:
         text = read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TaskError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
         try:

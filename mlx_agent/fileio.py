@@ -10,6 +10,7 @@ durability of the directory entry itself (no fsync of the directory).
 anything but a regular file: a FIFO would block the reader forever, a device never end.
 :func:`copy_tree` copies a folder a user names (an eval task's fixture) on the same terms:
 files, folders and links only (a device node in a fixture was copied until the disk filled).
+:func:`jsonl_lines` cuts a JSONL file's text at newlines only, as its writers mean them.
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ def read_regular(path: str | os.PathLike, limit: int = -1) -> bytes:
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     with open(fd, "rb") as f:  # the file object owns fd from here
         return f.read(limit)
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSONL file's text, cut at "\\n" only (a "\\r" before it dropped, a
+    byte-order mark at the start too). ``str.splitlines`` also cuts at U+2028, U+0085, \\x1c
+    and the like, which :func:`write_jsonl` leaves raw inside JSON strings."""
+    return [line.removesuffix("\r") for line in text.removeprefix("\ufeff").split("\n")]
 
 
 MAX_TREE_ENTRIES = 100_000

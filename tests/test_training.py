@@ -250,6 +250,17 @@ def test_bad_rows_are_a_clear_error(tmp_path):
         read_rows(fifo)  # it waited for a writer
 
 
+def test_rows_are_cut_at_newlines_only(tmp_path):
+    """traces-to-data writes with ensure_ascii=False: a tool output's U+2028 or \\x1c stays
+    raw in a row, and str.splitlines cut the row there ("not a traces-to-data sft row")."""
+    from mlx_agent.fileio import write_jsonl
+
+    rows = [{"input_ids": [1, 2], "loss_mask": [0, 1], "text": "a\u2028b\x85c\x1dd\x0ce"},
+            {"input_ids": [3], "loss_mask": [1]}]
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert read_rows(tmp_path / "rows.jsonl") == rows
+
+
 def test_an_interrupted_training_leaves_the_adapter_folder_as_it_was(tmp_path, monkeypatch):
     """The config was written first and the weights at the end: Ctrl-C left a new config
     over an old adapter's weights (rank 4 said, rank 48 stored)."""
