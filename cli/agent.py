@@ -245,7 +245,10 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
 
 
 def _confirm(name: str, arguments: dict) -> bool:
-    return click.confirm(f"run {name}({json.dumps(arguments, ensure_ascii=False)})?",
+    # the model wrote the arguments: a bidi override or an escape sequence in them could make
+    # the call read as another one
+    call = for_terminal(f"{name}({json.dumps(arguments, ensure_ascii=False)})")
+    return click.confirm(f"run {call}?",
                          default=False, err=True)
 
 
