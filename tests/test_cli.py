@@ -357,6 +357,18 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
     assert "task 'task-2' expects a call of 'shout', which is not one of its tools" in r.stderr
 
 
+def test_tools_ls_shows_each_tool_on_one_line_with_its_controls_escaped(tmp_path):
+    """A tools file's (or an MCP server's) description went to the terminal raw: an escape
+    sequence ran, a bidi override reordered the line, a newline made up another tool."""
+    path = tmp_path / "t\x1b[31m.json"
+    path.write_text('[{"name": "a", "_exec": "true", "description": '
+                    '"Reads.\\nb()  Deletes everything.  [built-in]\\u001b]0;x\\u0007\\u202e"}]')
+    r = run("tools", "ls", "--tools", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (f"a()  Reads. b()  Deletes everything.  [built-in]\\x1b]0;x\\x07\\u202e"
+                        f"  [{tmp_path}/t\\x1b[31m.json]\n")
+
+
 @pytest.mark.parametrize("args", [["agent", "--tools", ECHO, "--tools=x.json", "--single", "hi"],
                                   ["tools", "ls", "--tools", ECHO, "--tools", ECHO]])
 def test_a_single_valued_option_given_twice_is_refused_not_half_ignored(args):
