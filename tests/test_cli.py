@@ -369,6 +369,27 @@ def test_tools_ls_shows_each_tool_on_one_line_with_its_controls_escaped(tmp_path
                         f"  [{tmp_path}/t\\x1b[31m.json]\n")
 
 
+def test_a_large_tools_file_is_checked_for_clashes_in_linear_time(tmp_path):
+    """Each name was counted over the whole list: 40,000 tools took 40 s to list."""
+    import json
+    import time
+
+    path = tmp_path / "tools.json"
+    tools = [{"name": f"t{i}", "_exec": "true"} for i in range(40_000)]
+    path.write_text(json.dumps(tools))
+    start = time.monotonic()
+    r = run("tools", "ls", "--tools", str(path), "--builtin-tools", "--root", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.count("\n") > 40_000, r.stderr
+    assert time.monotonic() - start < 10
+    path.write_text(json.dumps(tools + [{"name": "read_file", "_exec": "true"}]))
+    r = run("tools", "ls", "--tools", str(path), "--builtin-tools", "--root", str(tmp_path))
+    assert r.returncode == 2 and "tool 'read_file' is defined twice (a --tools entry and a " \
+        "built-in)" in r.stderr, r.stderr
+    path.write_text(json.dumps(tools + [{"name": "t5", "_exec": "true"}]))
+    r = run("tools", "ls", "--tools", str(path))
+    assert r.returncode == 2 and "tool 't5' is defined twice" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args", [["agent", "--tools", ECHO, "--tools=x.json", "--single", "hi"],
                                   ["tools", "ls", "--tools", ECHO, "--tools", ECHO]])
 def test_a_single_valued_option_given_twice_is_refused_not_half_ignored(args):

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import msgspec
 from mcp import ClientSession
@@ -283,7 +283,7 @@ class McpServers:
             server.session = None
             server.dead = server.dead or "closed"
 
-    def tools(self, taken: Sequence[str] = ()) -> tuple[list[Tool], list[str]]:
+    def tools(self, taken: Collection[str] = ()) -> tuple[list[Tool], list[str]]:
         """The servers' tools and a warning for each left out; a name offered twice (or
         already in ``taken``) becomes ``server__name``."""
         offered: dict[str, int] = {}

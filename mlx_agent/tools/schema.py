@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -328,8 +329,8 @@ def tools_from_entries(entries: Any, source: str, runnable: bool = True) -> list
         except msgspec.ValidationError as e:
             raise ToolSchemaError(f"{label}: {_field_message(e)}") from None
         tools.append(_tool_from(function, source, runnable))
-    names = [t.name for t in tools]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    names = Counter(t.name for t in tools)  # not list.count per name: 40,000 tools took 40 s
+    dupes = sorted(n for n, k in names.items() if k > 1)
     if dupes:
         raise ToolSchemaError(f"{source}: tool {dupes[0]!r} is defined twice")
     return tools
