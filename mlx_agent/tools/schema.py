@@ -34,8 +34,9 @@ from ..errors import UserFacingError
 from ..fileio import read_regular
 from .exec_checks import special_variable, unquoted_references
 
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CLIENT_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # OpenAI's rule, plus dots (BFCL uses them)
+# used with fullmatch: with match, "$" also matched before a final newline ("echo\n" passed)
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CLIENT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's rule, plus dots (BFCL uses them)
 RESERVED = frozenset({"auto", "none", "required"})  # tool_choice's own words
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 # values in the tools a request declares: validating 10,000 schema values takes about 1 s
@@ -172,9 +173,9 @@ class Tool(msgspec.Struct, frozen=True):
 
 def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
     name = function.name
-    if runnable and not IDENTIFIER.match(name):
+    if runnable and not IDENTIFIER.fullmatch(name):
         raise ToolSchemaError(f"{where}: tool name {name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)")
-    if not runnable and not CLIENT_NAME.match(name):
+    if not runnable and not CLIENT_NAME.fullmatch(name):
         raise ToolSchemaError(f"{where}: tool name {name!r} must be 1-64 letters, digits, "
                               "'_', '-' or '.'")
     if name in RESERVED:
@@ -197,7 +198,7 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
         raise ToolSchemaError(f"{where}: has both '_exec' and '_handler'; keep one")
     exec_args = tuple(function.exec_args) if function.exec_args is not None else tuple(sorted(props))
     for arg in exec_args:
-        if not IDENTIFIER.match(arg):
+        if not IDENTIFIER.fullmatch(arg):
             raise ToolSchemaError(f"{where}: field '_exec_args' entry {arg!r} is not an identifier")
         if arg not in props:  # it would always be empty
             raise ToolSchemaError(f"{where}: field '_exec_args' names {arg!r}, which is not a "
