@@ -117,11 +117,14 @@ class Summary:
         }
 
 
+MAX_TASKS_FILE_BYTES = 256 << 20  # a million tasks of a couple hundred bytes fit
+
+
 def load_tasks(path: str | Path) -> list[Task]:
     path = Path(path)
     tasks, fixtures = [], set()
     try:
-        text = read_regular(path).decode("utf-8")
+        text = read_regular(path, max_bytes=MAX_TASKS_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TaskError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     for i, line in enumerate(jsonl_lines(text), 1):

@@ -13,7 +13,8 @@ conversation (hermes) made the engine drop cached tokens, so that replaying
 cache.
 
 Files are written atomically (temporary file, rename) after every step, so a crash loses at
-most the step in flight. Nothing here runs a model.
+most the step in flight. A file over :data:`MAX_BYTES` is refused unread. Nothing here runs a
+model.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from .fileio import read_regular, write_bytes
 
 VERSION = 1
 SUFFIX = ".atraj"
+# A step's ids are written as JSON numbers, about 6 bytes a token: 256 MiB holds some 40
+# million, over 300 whole re-renders of a 128k-token context; an agent's default limits write
+# far less, and the file is rewritten whole after every step, so one this size is already
+# seconds a step. A larger file is refused before it is read (3 GB took 3.1 GB and 11 s).
+MAX_BYTES = 256 << 20
 
 
 class ToolCallRecord(msgspec.Struct, omit_defaults=True):
@@ -110,7 +116,7 @@ def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> No
 
 def read(path: str | os.PathLike) -> Trajectory:
     try:
-        traj = _decoder.decode(read_regular(path))
+        traj = _decoder.decode(read_regular(path, max_bytes=MAX_BYTES))
     except OSError as e:
         raise TrajectoryError(f"cannot read {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:

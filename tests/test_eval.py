@@ -87,6 +87,19 @@ def test_task_file_errors(tmp_path):
         load_tasks(bad)
 
 
+def test_a_tasks_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    import pytest
+
+    from mlx_agent.evaluate import MAX_TASKS_FILE_BYTES
+
+    path = tmp_path / "t.jsonl"
+    with open(path, "wb") as f:
+        f.truncate(MAX_TASKS_FILE_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ValueError, match=f"cannot read {path}: it is "
+                                         f"{MAX_TASKS_FILE_BYTES + 1:,} bytes, over the 256 MiB"):
+        load_tasks(path)
+
+
 def test_task_files_are_cut_at_newlines_only(tmp_path):
     """U+2028, U+0085, \\x1c and the like stay raw inside JSON strings (synth writes them
     with ensure_ascii=False): str.splitlines cut a task in two there. A byte-order mark and

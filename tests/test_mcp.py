@@ -238,6 +238,16 @@ def test_bad_config_is_one_line(tmp_path, content, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_config_past_the_size_limit_is_one_line(tmp_path):
+    config = tmp_path / "mcp.json"
+    with open(config, "wb") as f:
+        f.truncate(3 << 30)  # sparse: it was read whole, 3 GB of memory
+    r = cli("tools", "ls", "--mcp-config", str(config))
+    assert r.returncode == 2 and r.stderr == (
+        f"mlx_agent: error: cannot read MCP config {config}: it is {3 << 30:,} bytes, over the "
+        "1 MiB limit\n"), r.stderr
+
+
 def test_a_server_that_exits_at_start_is_one_line_naming_it(pidfile):
     r = cli("tools", "ls", "--mcp", server("exit"), "--sandbox", "none")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr

@@ -66,6 +66,19 @@ def test_schema_errors_name_file_tool_and_field(tmp_path, entry, message):
     assert str(path) in str(err.value)
 
 
+def test_a_tools_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    """A 3 GB sparse tools file was read whole (3.1 GB, 11 s) before its JSON was found bad."""
+    from mlx_agent.tools import load_tools
+    from mlx_agent.tools.schema import MAX_FILE_BYTES
+
+    path = tmp_path / "tools.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(ToolSchemaError, match=f"cannot read tools file {path}: it is "
+                                              f"{MAX_FILE_BYTES + 1:,} bytes, over the 16 MiB"):
+        load_tools(path)
+
+
 def test_a_declared_name_with_a_final_newline_is_refused():
     """A client's tool names were checked with match and "$", which matches before a final
     newline: "f\\n" passed."""

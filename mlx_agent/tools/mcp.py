@@ -58,6 +58,8 @@ from .schema import Tool, ToolSchemaError, declared_tools
 # last-resort handler to our stderr (a server printing "yes" wrote 950,000 lines in 20 s);
 # a server that fails is ours to name, in one line.
 logging.getLogger("mcp").addHandler(logging.NullHandler())
+
+MAX_CONFIG_BYTES = 1 << 20  # an MCP config names a few servers
 logging.getLogger("mcp").propagate = False
 
 START_TIMEOUT = 20.0
@@ -107,7 +109,7 @@ def spec_from_command(text: str) -> ServerSpec:
 def load_config(path: str | os.PathLike) -> list[ServerSpec]:
     """The servers of an ``{"mcpServers": {name: {...}}}`` file."""
     try:
-        raw = msgspec.json.decode(read_regular(path))
+        raw = msgspec.json.decode(read_regular(path, max_bytes=MAX_CONFIG_BYTES))
     except OSError as e:
         raise McpError(f"cannot read MCP config {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:

@@ -42,6 +42,7 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 # values in the tools a request declares: validating 10,000 schema values takes about 1 s
 # here, on a thread every request passes through (a file's tools are the user's own)
 MAX_DECLARED_VALUES = json_schema.MAX_VALUES
+MAX_FILE_BYTES = 16 << 20  # a tools file; a catalogue of thousands of tools is a few MiB
 
 
 PATTERN_SECONDS = 0.5  # a schema's pattern gets this long to match a value
@@ -353,7 +354,7 @@ def _field_message(e: msgspec.ValidationError) -> str:
 def load_tools(path: str | Path, runnable: bool = True) -> list[Tool]:
     path = Path(path)
     try:
-        data = read_regular(path)
+        data = read_regular(path, max_bytes=MAX_FILE_BYTES)
     except OSError as e:
         raise ToolSchemaError(f"cannot read tools file {path}: {e.strerror}") from None
     return parse_tools(data, source=str(path), runnable=runnable)
