@@ -357,6 +357,12 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
     assert "task 'task-2' expects a call of 'shout', which is not one of its tools" in r.stderr
 
 
+def test_an_unbounded_float_option_has_a_plain_help_line():
+    r = run("traces-to-data", "--help")
+    assert r.returncode == 0 and "--min-reward FLOAT  Keep only" in r.stdout, r.stdout
+    assert "None" not in r.stdout
+
+
 def test_tools_ls_shows_each_tool_on_one_line_with_its_controls_escaped(tmp_path):
     """A tools file's (or an MCP server's) description went to the terminal raw: an escape
     sequence ran, a bidi override reordered the line, a newline made up another tool."""
