@@ -354,7 +354,26 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
     (tmp_path / "tasks.jsonl").write_text(TASK + TASK.replace('"echo"', '"shout"'))
     r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "task 'task-2' expects a call of 'shout', which is not one of its tools" in r.stderr
+    assert f"{tmp_path / 'tasks.jsonl'}:2: task 'task-2' expects a call of 'shout', which is " \
+        "not one of its tools" in r.stderr
+
+
+@pytest.mark.parametrize("choice,message", [
+    ('"nonexistent"', "tool_choice names 'nonexistent', which is not one of the task's tools "
+                      "(echo); use auto, required, none or a tool's name"),
+    ('["echo", {"name": "shout"}]', "tool_choice names 'shout'"),
+    ('{"name": "echo", "arguments": {"text": 5}}',
+     "tool_choice's forced call of 'echo' does not fit its schema: text: 5 is not of type "
+     "'string'"),
+])
+def test_eval_names_the_line_of_a_bad_tool_choice(tmp_path, choice, message):
+    """The error came when the run began, naming neither the file nor the line."""
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    (tmp_path / "tasks.jsonl").write_text(TASK + TASK.replace("}}]}}", '}}]}, "tool_choice": '
+                                                              + choice + "}"))
+    r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path / 'tasks.jsonl'}:2: {message}" in r.stderr, r.stderr
 
 
 def test_an_unbounded_float_option_has_a_plain_help_line():
