@@ -173,6 +173,20 @@ def test_a_sandboxed_server_cannot_leave_what_acts_on_the_host_later(tmp_path):
     assert (root / ".git" / "config").read_text() == config
 
 
+@pytest.mark.skipif(unavailable("bwrap") is not None, reason="needs a working bwrap")
+def test_a_sandboxed_server_that_locks_its_root_gives_it_back(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "server.py").write_text(Path(SERVER).read_text())
+    with McpServers([spec_from_command(f"{sys.executable} {root / 'server.py'}")],
+                    sandbox=Sandbox("bwrap"), cwd=str(root)) as servers:
+        tools, _ = by_name(servers)
+        r = run_tool(tools["shell"], {"command": "chmod 000 ."})
+        assert f"sandbox: gave {root} back its owner's permissions (the tool had left it at " \
+               "mode 0000)" in r.stderr, r
+        assert root.stat().st_mode & 0o700 == 0o700
+
+
 def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):
     with McpServers([spec_from_command(server())], call_timeout=0.5) as servers:
         tools, _ = by_name(servers)

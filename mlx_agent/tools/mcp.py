@@ -145,16 +145,20 @@ def unique_names(specs: Sequence[ServerSpec]) -> list[ServerSpec]:
 @dataclasses.dataclass
 class _Watch:
     """A sandboxed stdio server's writable roots, as checked when it started: what it leaves
-    there (new git repositories, set-id bits) is undone after each call and at close."""
+    there (new git repositories, set-id bits, a root it locked) is undone after each call and
+    at close."""
 
     roots: tuple[str, ...]
     before: leftovers.Found
     since: float
+    modes: dict[str, int] = dataclasses.field(default_factory=dict)  # the roots' at start
 
     def clean(self, result: ToolResult | None = None) -> ToolResult | None:
         """Undo what the server left; ``result`` says so."""
+        restored = leftovers.restore_roots(self.modes)
         after = leftovers.clean(self.roots, self.before, self.since)
-        return with_notes(result, after.notes, after.more) if result is not None else None
+        return with_notes(result, restored + after.notes, after.more) \
+            if result is not None else None
 
 
 @dataclasses.dataclass
@@ -253,7 +257,8 @@ class McpServers:
             box = dataclasses.replace(self.sandbox, network=self.sandbox.network or spec.network)
             roots = box.roots(cwd)
             try:  # its repositories are read-only for its whole life, as for a tool's call
-                server.watch = _Watch(roots, leftovers.scan(roots), time.time())
+                server.watch = _Watch(roots, leftovers.scan(roots), time.time(),
+                                      leftovers.root_modes(roots))
             except OSError as e:
                 raise McpError(f"MCP server {spec.name!r}: could not check "
                                f"{', '.join(roots)} before starting it ({e.strerror or e})"
