@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -85,12 +86,12 @@ def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout
             tools += builtin_tools(root, timeout=timeout, env_names=env_names, sandbox=sandbox)
         except NotADirectoryError as e:
             raise UserError(str(e)) from None
-    names = [t.name for t in tools]
-    clash = sorted({n for n in names if names.count(n) > 1})
+    names = Counter(t.name for t in tools)  # not list.count per name: 40,000 tools took 40 s
+    clash = sorted(n for n, k in names.items() if k > 1)
     if clash:
         raise UserError(f"tool {clash[0]!r} is defined twice (a --tools entry and a built-in)")
     if mcp is not None:  # after the check: a server's tool that clashes gets its server's prefix
-        served, warnings = mcp.tools(taken=names)
+        served, warnings = mcp.tools(taken=names.keys())
         for warning in warnings:
             warn(warning)
         tools += served
@@ -250,7 +251,10 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
 
 
 def _confirm(name: str, arguments: dict) -> bool:
-    return click.confirm(f"run {name}({json.dumps(arguments, ensure_ascii=False)})?",
+    # the model wrote the arguments: a bidi override or an escape sequence in them could make
+    # the call read as another one
+    call = for_terminal(f"{name}({json.dumps(arguments, ensure_ascii=False)})")
+    return click.confirm(f"run {call}?",
                          default=False, err=True)
 
 

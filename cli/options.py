@@ -191,6 +191,15 @@ TEXT = Utf8Text()
 class Finite(click.FloatRange):
     """A FloatRange that also refuses nan and inf (Python's float() reads both)."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.min is None and self.max is None:
+            self.name = "float"  # shown as FLOAT, not FLOAT RANGE
+
+    def _describe_range(self) -> str:
+        # click describes an unbounded range as "x<=None"; its help then shows nothing
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value, param, ctx):
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):

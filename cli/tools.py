@@ -1,4 +1,7 @@
-"""``mlx_agent tools ls``: the tool catalogue the agent would get, one line per tool."""
+"""``mlx_agent tools ls``: the tool catalogue the agent would get, one line per tool.
+
+A description comes from a tools file or an MCP server: its controls are shown escaped (see
+:func:`.terminal.for_terminal`) and its newlines as spaces, so each tool stays one line."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import click
 from .agent import build_tools
 from .errors import Group
 from .options import make_sandbox, mcp_options, sandbox_options, start_mcp
+from .terminal import for_terminal
 
 
 @click.group(cls=Group)
@@ -39,4 +43,5 @@ def ls(tools_file, builtin_tools, root, mcp_commands, mcp_config, sandbox, allow
             source = f"mcp:{servers.origin[tool.name]}"
         else:
             source = "built-in" if tool.builtin is not None else tools_file
-        click.echo(f"{tool.signature()}  {tool.description}".rstrip() + f"  [{source}]")
+        line = f"{tool.signature()}  {tool.description}".rstrip() + f"  [{source}]"
+        click.echo(for_terminal(line).replace("\n", " "))

@@ -156,7 +156,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     tasks = TaskFile.of(tasks_file)  # read once; a bad tasks file fails before the model loads
     total = len(tasks.tasks) * seeds
     served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks)))
-    check_expected_tools(tasks, [t.name for t in served])
+    check_expected_tools(tasks, served)
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
                  "allow_repeat_calls": allow_repeat_calls, "retry_after_error": retry_after_error,
                  "sampling": SamplingParams(temperature=temperature)}

@@ -42,7 +42,7 @@ from .batch_runner import BatchRunner, run_pool
 from .cache import ContextFull
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
-from .fileio import check_tree, copy_tree, read_regular
+from .fileio import check_tree, copy_tree, jsonl_lines, read_regular
 from .tools import Tool, builtin_tools, load_tools
 from .tools.executor import run_process
 from .tools.sandbox import Sandbox
@@ -117,14 +117,22 @@ class Summary:
         }
 
 
+MAX_TASKS_FILE_BYTES = 256 << 20  # a million tasks of a couple hundred bytes fit
+
+
 def load_tasks(path: str | Path) -> list[Task]:
+    return [task for _, task in _numbered_tasks(path)]
+
+
+def _numbered_tasks(path: str | Path) -> list[tuple[int, Task]]:
+    """The tasks of the file, each with its line number."""
     path = Path(path)
     tasks, fixtures = [], set()
     try:
-        text = read_regular(path).decode("utf-8")
+        text = read_regular(path, max_bytes=MAX_TASKS_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TaskError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -166,7 +174,7 @@ def load_tasks(path: str | Path) -> list[Task]:
                                             and isinstance(c.get("arguments", {}), dict)):
                 raise TaskError(f"{path}:{i}: a tool_choice call needs "
                                  '{"name": "...", "arguments": {...}}')
-        tasks.append(msgspec.structs.replace(task, id=task.id or f"task-{i}"))
+        tasks.append((i, msgspec.structs.replace(task, id=task.id or f"task-{i}")))
     if not tasks:
         raise TaskError(f"{path} has no tasks")
     return tasks
@@ -179,14 +187,22 @@ class TaskFile:
 
     path: Path
     tasks: list[Task]
+    lines: tuple[int, ...] = ()  # each task's line in the file
 
     @property
     def base(self) -> Path:
         return self.path.parent
 
+    def where(self, k: int) -> str:
+        """``file:line`` of the ``k``-th task, as the file's other errors begin."""
+        return f"{self.path}:{self.lines[k]}" if self.lines else str(self.path)
+
     @classmethod
     def of(cls, tasks: str | Path | TaskFile) -> TaskFile:
-        return tasks if isinstance(tasks, TaskFile) else cls(Path(tasks), load_tasks(tasks))
+        if isinstance(tasks, TaskFile):
+            return tasks
+        numbered = _numbered_tasks(tasks)
+        return cls(Path(tasks), [t for _, t in numbered], tuple(i for i, _ in numbered))
 
 
 def passed(task: Task, workdir: Path, calls: list[tuple[str, Any]], answer: str | None,
@@ -229,22 +245,36 @@ def _search(pattern: str, text: str, timeout: float) -> bool:
     return r.returncode == 0
 
 
-def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[str] = ()) -> None:
+def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = ()) -> None:
     """Raises TaskError for a task that expects a call of a tool it does not have (its tools
     file, the built-ins when it asks for them, or ``extra``: an MCP server's): it could
-    never pass."""
+    never pass; or whose ``tool_choice`` names a tool it does not have, or forces a call
+    whose arguments do not fit the tool's schema (found when the run began, naming no file)."""
     tasks = TaskFile.of(tasks)
-    builtin = [t.name for t in builtin_tools(tasks.base)]
-    catalogues: dict[str, set[str]] = {}
-    for task in tasks.tasks:
+    builtin = {t.name: t for t in builtin_tools(tasks.base)}
+    catalogues: dict[str, dict[str, Tool]] = {}
+    for k, task in enumerate(tasks.tasks):
         if task.tools and task.tools not in catalogues:
-            catalogues[task.tools] = {t.name for t in load_tools(tasks.base / task.tools)}
-        have = catalogues.get(task.tools, set()) | set(extra) | \
-            (set(builtin) if task.builtin_tools else set())
+            catalogues[task.tools] = {t.name: t for t in load_tools(tasks.base / task.tools)}
+        have = {**catalogues.get(task.tools, {}), **{t.name: t for t in extra},
+                **(builtin if task.builtin_tools else {})}
         for want in task.check.tool_calls or ():
             if want["name"] not in have:
-                raise TaskError(f"{tasks.path}: task {task.id!r} expects a call of "
+                raise TaskError(f"{tasks.where(k)}: task {task.id!r} expects a call of "
                                 f"{want['name']!r}, which is not one of its tools")
+        choices = task.tool_choice if isinstance(task.tool_choice, list) else [task.tool_choice]
+        for c in choices:
+            name = c.get("name") if isinstance(c, dict) else c
+            if c is None or name in ("auto", "none", "required"):
+                continue
+            if name not in have:
+                raise TaskError(f"{tasks.where(k)}: tool_choice names {name!r}, which is not "
+                                f"one of the task's tools ({', '.join(sorted(have)) or 'none'}); "
+                                "use auto, required, none or a tool's name")
+            problems = have[name].validate(c.get("arguments", {})) if isinstance(c, dict) else []
+            if problems:
+                raise TaskError(f"{tasks.where(k)}: tool_choice's forced call of {name!r} does "
+                                f"not fit its schema: {problems[0]}")
 
 
 def tool_names(tasks: str | Path | TaskFile) -> set[str]:

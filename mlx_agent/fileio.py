@@ -7,12 +7,14 @@ files get the usual permissions (0666 less the umask), not mkstemp's 0600. Not p
 durability of the directory entry itself (no fsync of the directory).
 
 :func:`read_regular` reads a file a user names (tools, tasks, trajectories) and refuses
-anything but a regular file: a FIFO would block the reader forever, a device never end.
+anything but a regular file: a FIFO would block the reader forever, a device never end; and,
+given a cap, a file larger than it, before reading any of it.
 :func:`copy_tree` copies a folder a user names (an eval task's fixture) on the same terms:
 files, folders and links only (a device node in a fixture was copied until the disk filled).
 :class:`PinnedFolder` is an output folder named at the start of a run that tools may reach
 (the agent's ``--trajectory-dir`` inside its ``--root``): each write first checks it is still
 the folder it was, so a tool that swapped it for a link elsewhere cannot redirect the write.
+:func:`jsonl_lines` cuts a JSONL file's text at newlines only, as its writers mean them.
 """
 
 from __future__ import annotations
@@ -81,14 +83,17 @@ def write_jsonl(path: str | os.PathLike, rows) -> None:
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def read_regular(path: str | os.PathLike, limit: int = -1) -> bytes:
+def read_regular(path: str | os.PathLike, limit: int = -1,
+                 max_bytes: int | None = None) -> bytes:
     """The bytes of the regular file at ``path`` (links followed; the first ``limit`` only,
     if given). Anything else (a FIFO, a device, a directory) is an OSError whose
     ``strerror`` says so, raised without waiting: the file is opened non-blocking and
-    checked before it is read."""
+    checked before it is read. So is a file of more than ``max_bytes``, if given, before
+    any of it is read (a 3 GB tools file was read whole to find its JSON invalid)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        st = os.fstat(fd)
+        regular = stat.S_ISREG(st.st_mode)
         if regular:
             os.set_blocking(fd, True)
     except OSError:
@@ -97,8 +102,28 @@ def read_regular(path: str | os.PathLike, limit: int = -1) -> bytes:
     if not regular:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if max_bytes is not None and st.st_size > max_bytes:
+        os.close(fd)
+        raise _too_large(path, st.st_size, max_bytes)
     with open(fd, "rb") as f:  # the file object owns fd from here
-        return f.read(limit)
+        if max_bytes is None:
+            return f.read(limit)
+        data = f.read(max_bytes + 1 if limit < 0 else min(limit, max_bytes + 1))
+    if len(data) > max_bytes:  # it grew after the check
+        raise _too_large(path, len(data), max_bytes)
+    return data
+
+
+def _too_large(path, size: int, max_bytes: int) -> OSError:
+    limit = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes:,}-byte"
+    return OSError(errno.EFBIG, f"it is {size:,} bytes, over the {limit} limit", str(path))
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSONL file's text, cut at "\\n" only (a "\\r" before it dropped, a
+    byte-order mark at the start too). ``str.splitlines`` also cuts at U+2028, U+0085, \\x1c
+    and the like, which :func:`write_jsonl` leaves raw inside JSON strings."""
+    return [line.removesuffix("\r") for line in text.removeprefix("\ufeff").split("\n")]
 
 
 MAX_TREE_ENTRIES = 100_000

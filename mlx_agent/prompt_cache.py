@@ -357,9 +357,10 @@ class _Listed(msgspec.Struct):
     """The metadata ``cache ls`` shows, as a prompt cache of any format writes it."""
 
     kind: Literal["prompt"]
-    key: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
-    tokens: Annotated[str, msgspec.Meta(pattern="^[0-9]{1,10}$")]
-    created: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,10}(\.[0-9]{1,9})?$")]
+    # \Z, not $: "$" also matches before a final newline
+    key: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
+    tokens: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,10}\Z")]
+    created: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,10}(\.[0-9]{1,9})?\Z")]
     model: str = "?"
     format: str = ""
 

@@ -31,7 +31,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 
 from .engine import output_head
-from .fileio import read_regular, temp_dir_beside, write_jsonl
+from .fileio import jsonl_lines, read_regular, temp_dir_beside, write_jsonl
 from .models.cpu_layers import use_reference_layers
 
 
@@ -68,7 +68,7 @@ def read_rows(path: str | Path) -> list[dict]:
                          "traces-to-data writes") from None
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
         try:

@@ -10,10 +10,11 @@ field ``prefix_len``: where in the token sequence a step's ``input_ids`` start. 
 length of everything before when the cache was reused whole, and is shorter when a re-rendered
 conversation (hermes) made the engine drop cached tokens, so that replaying
 ``seq = seq[:prefix_len] + input_ids + output_ids`` step by step gives exactly the ids in the KV
-cache.
+cache; a file whose ``prefix_len`` falls outside the sequence so far is not a valid one.
 
 Files are written atomically (temporary file, rename) after every step, so a crash loses at
-most the step in flight. Nothing here runs a model.
+most the step in flight. A file over :data:`MAX_BYTES` is refused unread. Nothing here runs a
+model.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from .fileio import PinnedFolder, read_regular, write_bytes
 
 VERSION = 1
 SUFFIX = ".atraj"
+# A step's ids are written as JSON numbers, about 6 bytes a token: 256 MiB holds some 40
+# million, over 300 whole re-renders of a 128k-token context; an agent's default limits write
+# far less, and the file is rewritten whole after every step, so one this size is already
+# seconds a step. A larger file is refused before it is read (3 GB took 3.1 GB and 11 s).
+MAX_BYTES = 256 << 20
 
 
 class ToolCallRecord(msgspec.Struct, omit_defaults=True):
@@ -110,7 +116,7 @@ def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> No
 
 def read(path: str | os.PathLike) -> Trajectory:
     try:
-        traj = _decoder.decode(read_regular(path))
+        traj = _decoder.decode(read_regular(path, max_bytes=MAX_BYTES))
     except OSError as e:
         raise TrajectoryError(f"cannot read {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
@@ -120,7 +126,23 @@ def read(path: str | os.PathLike) -> Trajectory:
                               "to read") from None
     if traj.version not in (None, VERSION):
         raise TrajectoryError(f"{path}: .atraj version {traj.version} is not supported (only 1)")
+    _check_prefixes(path, traj)
     return traj
+
+
+def _check_prefixes(path, traj: Trajectory) -> None:
+    """Each step's ``prefix_len`` must fall within the sequence replayed so far: a negative
+    one or one past it replayed silently into ids that were never in the model's cache."""
+    length = 0
+    for i, step in enumerate(traj.steps):
+        if step.prefix_len is not None and not 0 <= step.prefix_len <= length:
+            raise TrajectoryError(f"{path} is not a valid .atraj file: step {i}'s prefix_len "
+                                  f"{step.prefix_len} is outside 0..{length}")
+        if step.input_ids is not None:
+            if step.prefix_len is not None:
+                length = step.prefix_len
+            length += len(step.input_ids)
+        length += len(step.output_ids or ())
 
 
 def iter_dir(directory: str | os.PathLike) -> Iterator[tuple[Path, Trajectory]]:

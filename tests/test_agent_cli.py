@@ -59,6 +59,17 @@ def test_agent_usage_errors(args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_confirm_tools_shows_the_arguments_escaped():
+    """The y/N prompt printed the model's arguments raw: a U+202E could make `rm -rf x`
+    read as something else, a C1 control (\\x9b, a one-byte CSI) drive the terminal."""
+    code = ("from mlx_agent.cli.agent import _confirm; import sys; "
+            "sys.exit(_confirm('sh', {'cmd': 'echo \\u202ecba\\x9b\\x1b[2J'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       input="n\n", timeout=60, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    assert "run sh({\"cmd\": \"echo \\u202ecba\\x9b\\u001b[2J\"})? [y/N]" in r.stderr, r.stderr
+
+
 def test_schema_error_names_file_tool_and_field(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"name": "t", "_exec": "x", "parameters": {

@@ -355,7 +355,65 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
     (tmp_path / "tasks.jsonl").write_text(TASK + TASK.replace('"echo"', '"shout"'))
     r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "task 'task-2' expects a call of 'shout', which is not one of its tools" in r.stderr
+    assert f"{tmp_path / 'tasks.jsonl'}:2: task 'task-2' expects a call of 'shout', which is " \
+        "not one of its tools" in r.stderr
+
+
+@pytest.mark.parametrize("choice,message", [
+    ('"nonexistent"', "tool_choice names 'nonexistent', which is not one of the task's tools "
+                      "(echo); use auto, required, none or a tool's name"),
+    ('["echo", {"name": "shout"}]', "tool_choice names 'shout'"),
+    ('{"name": "echo", "arguments": {"text": 5}}',
+     "tool_choice's forced call of 'echo' does not fit its schema: text: 5 is not of type "
+     "'string'"),
+])
+def test_eval_names_the_line_of_a_bad_tool_choice(tmp_path, choice, message):
+    """The error came when the run began, naming neither the file nor the line."""
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    (tmp_path / "tasks.jsonl").write_text(TASK + TASK.replace("}}]}}", '}}]}, "tool_choice": '
+                                                              + choice + "}"))
+    r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path / 'tasks.jsonl'}:2: {message}" in r.stderr, r.stderr
+
+
+def test_an_unbounded_float_option_has_a_plain_help_line():
+    r = run("traces-to-data", "--help")
+    assert r.returncode == 0 and "--min-reward FLOAT  Keep only" in r.stdout, r.stdout
+    assert "None" not in r.stdout
+
+
+def test_tools_ls_shows_each_tool_on_one_line_with_its_controls_escaped(tmp_path):
+    """A tools file's (or an MCP server's) description went to the terminal raw: an escape
+    sequence ran, a bidi override reordered the line, a newline made up another tool."""
+    path = tmp_path / "t\x1b[31m.json"
+    path.write_text('[{"name": "a", "_exec": "true", "description": '
+                    '"Reads.\\nb()  Deletes everything.  [built-in]\\u001b]0;x\\u0007\\u202e"}]')
+    r = run("tools", "ls", "--tools", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (f"a()  Reads. b()  Deletes everything.  [built-in]\\x1b]0;x\\x07\\u202e"
+                        f"  [{tmp_path}/t\\x1b[31m.json]\n")
+
+
+def test_a_large_tools_file_is_checked_for_clashes_in_linear_time(tmp_path):
+    """Each name was counted over the whole list: 40,000 tools took 40 s to list."""
+    import json
+    import time
+
+    path = tmp_path / "tools.json"
+    tools = [{"name": f"t{i}", "_exec": "true"} for i in range(40_000)]
+    path.write_text(json.dumps(tools))
+    start = time.monotonic()
+    r = run("tools", "ls", "--tools", str(path), "--builtin-tools", "--root", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.count("\n") > 40_000, r.stderr
+    assert time.monotonic() - start < 10
+    path.write_text(json.dumps(tools + [{"name": "read_file", "_exec": "true"}]))
+    r = run("tools", "ls", "--tools", str(path), "--builtin-tools", "--root", str(tmp_path))
+    assert r.returncode == 2 and "tool 'read_file' is defined twice (a --tools entry and a " \
+        "built-in)" in r.stderr, r.stderr
+    path.write_text(json.dumps(tools + [{"name": "t5", "_exec": "true"}]))
+    r = run("tools", "ls", "--tools", str(path))
+    assert r.returncode == 2 and "tool 't5' is defined twice" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args", [["agent", "--tools", ECHO, "--tools=x.json", "--single", "hi"],

@@ -87,6 +87,32 @@ def test_task_file_errors(tmp_path):
         load_tasks(bad)
 
 
+def test_a_tasks_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    import pytest
+
+    from mlx_agent.evaluate import MAX_TASKS_FILE_BYTES
+
+    path = tmp_path / "t.jsonl"
+    with open(path, "wb") as f:
+        f.truncate(MAX_TASKS_FILE_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ValueError, match=f"cannot read {path}: it is "
+                                         f"{MAX_TASKS_FILE_BYTES + 1:,} bytes, over the 256 MiB"):
+        load_tasks(path)
+
+
+def test_task_files_are_cut_at_newlines_only(tmp_path):
+    """U+2028, U+0085, \\x1c and the like stay raw inside JSON strings (synth writes them
+    with ensure_ascii=False): str.splitlines cut a task in two there. A byte-order mark and
+    CRLF line ends are read too."""
+    path = tmp_path / "t.jsonl"
+    odd = "a\u2028b\u2029c\x85d\x1ce\x0bf\x0cg"
+    rows = [{"prompt": f"say {odd}", "builtin_tools": True, "check": {"answer_pattern": "x"}},
+            {"prompt": "two", "builtin_tools": True, "check": {"answer_pattern": "y"}}]
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(
+        json.dumps(r, ensure_ascii=False) for r in rows).encode())
+    assert [t.prompt for t in load_tasks(path)] == [f"say {odd}", "two"]
+
+
 def test_a_rerun_of_the_same_prompt_records_its_whole_prompt(tiny_lm, tmp_path):
     """Seed 1 finds seed 0's prompt in the engine's cache; its trajectory still replays to
     the whole conversation (it lacked the user message: the cached part was left out)."""

@@ -173,6 +173,20 @@ def test_a_sandboxed_server_cannot_leave_what_acts_on_the_host_later(tmp_path):
     assert (root / ".git" / "config").read_text() == config
 
 
+@pytest.mark.skipif(unavailable("bwrap") is not None, reason="needs a working bwrap")
+def test_a_sandboxed_server_that_locks_its_root_gives_it_back(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "server.py").write_text(Path(SERVER).read_text())
+    with McpServers([spec_from_command(f"{sys.executable} {root / 'server.py'}")],
+                    sandbox=Sandbox("bwrap"), cwd=str(root)) as servers:
+        tools, _ = by_name(servers)
+        r = run_tool(tools["shell"], {"command": "chmod 000 ."})
+        assert f"sandbox: gave {root} back its owner's permissions (the tool had left it at " \
+               "mode 0000)" in r.stderr, r
+        assert root.stat().st_mode & 0o700 == 0o700
+
+
 def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):
     with McpServers([spec_from_command(server())], call_timeout=0.5) as servers:
         tools, _ = by_name(servers)
@@ -249,6 +263,16 @@ def test_bad_config_is_one_line(tmp_path, content, message):
     config.write_text(content)
     r = cli("tools", "ls", "--mcp-config", str(config))
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_config_past_the_size_limit_is_one_line(tmp_path):
+    config = tmp_path / "mcp.json"
+    with open(config, "wb") as f:
+        f.truncate(3 << 30)  # sparse: it was read whole, 3 GB of memory
+    r = cli("tools", "ls", "--mcp-config", str(config))
+    assert r.returncode == 2 and r.stderr == (
+        f"mlx_agent: error: cannot read MCP config {config}: it is {3 << 30:,} bytes, over the "
+        "1 MiB limit\n"), r.stderr
 
 
 def test_a_server_that_exits_at_start_is_one_line_naming_it(pidfile):

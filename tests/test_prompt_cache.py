@@ -280,6 +280,17 @@ def test_concurrent_writers_and_a_killed_writer_leave_a_valid_file(lm, tmp_path)
     assert [e.tokens for e in pc.entries(tmp_path)] == [len(PROMPT)]
 
 
+def test_listed_metadata_with_a_final_newline_is_not_a_prompt_caches():
+    """The patterns ended in "$", which also matches before a final newline."""
+    import msgspec
+
+    good = {"kind": "prompt", "key": "a" * 64, "tokens": "12", "created": "1.5"}
+    assert msgspec.convert(good, pc._Listed).tokens == "12"
+    for field in ("key", "tokens", "created"):
+        with pytest.raises(msgspec.ValidationError, match=field):
+            msgspec.convert({**good, field: good[field] + "\n"}, pc._Listed)
+
+
 def test_ls_rm_and_prune_keep_the_most_recently_used(lm, tmp_path):
     cache = pc.PromptCache(tmp_path)
     for i in range(12):

@@ -106,6 +106,21 @@ def test_chmod_outside_the_root(mode, area):
     escaped(mode, target.stat().st_mode & 0o777 != 0o600, r)
 
 
+@pytest.mark.parametrize("locked", ["000", "500", "u-x"])
+@pytest.mark.skipif(BWRAP_MISSING is not None, reason=f"bwrap unavailable: {BWRAP_MISSING}")
+def test_a_root_the_tool_locks_gets_its_owner_bits_back(area, locked):
+    """`chmod 000 .` left the user's folder at mode 000, and every later call in the
+    session failed ("bwrap: Can't chdir ... Permission denied")."""
+    root = area / "root"
+    root.chmod(0o750)
+    r = run("bwrap", f"chmod {locked} . && echo locked", root)
+    assert r.stdout == "locked\n" and f"sandbox: gave {root} back its owner's permissions" \
+        in r.stderr, r
+    assert root.stat().st_mode & 0o700 == 0o700
+    r = run("bwrap", "echo again > f && cat f", root)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "again\n", ""), r
+
+
 def test_write_to_home(mode, area, monkeypatch):
     home = area / "home"  # the tool's HOME under none: ours, pointed somewhere harmless
     home.mkdir()

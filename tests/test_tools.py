@@ -46,6 +46,7 @@ def test_both_entry_shapes_and_the_signature_line():
 
 @pytest.mark.parametrize("entry,message", [
     ({"name": "bad name", "_exec": "x"}, "'bad name' is not an identifier"),
+    ({"name": "echo\n", "_exec": "x"}, r"'echo\\n' is not an identifier"),  # "$" took the \n
     ({"name": "t"}, "tool 't': has neither '_exec' nor '_handler'"),
     ({"name": "t", "_exec": "x", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}},
      "field 'parameters.properties.a.type'"),
@@ -54,6 +55,7 @@ def test_both_entry_shapes_and_the_signature_line():
     ({"name": "t", "_exec": 5}, "field '_exec'"),
     ({"name": "t", "_handler": "no_such_mod_q:f"}, "field '_handler'"),
     ({"name": "t", "_exec": "x", "_exec_args": ["a;b"]}, "'_exec_args' entry 'a;b'"),
+    ({"name": "t", "_exec": "x", "_exec_args": ["a\n"]}, r"'_exec_args' entry 'a\\n'"),
 ])
 def test_schema_errors_name_file_tool_and_field(tmp_path, entry, message):
     path = tmp_path / "tools.json"
@@ -63,6 +65,26 @@ def test_schema_errors_name_file_tool_and_field(tmp_path, entry, message):
     with pytest.raises(ToolSchemaError, match=message) as err:
         load_tools(path)
     assert str(path) in str(err.value)
+
+
+def test_a_tools_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    """A 3 GB sparse tools file was read whole (3.1 GB, 11 s) before its JSON was found bad."""
+    from mlx_agent.tools import load_tools
+    from mlx_agent.tools.schema import MAX_FILE_BYTES
+
+    path = tmp_path / "tools.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    with pytest.raises(ToolSchemaError, match=f"cannot read tools file {path}: it is "
+                                              f"{MAX_FILE_BYTES + 1:,} bytes, over the 16 MiB"):
+        load_tools(path)
+
+
+def test_a_declared_name_with_a_final_newline_is_refused():
+    """A client's tool names were checked with match and "$", which matches before a final
+    newline: "f\\n" passed."""
+    with pytest.raises(ToolSchemaError, match="must be 1-64 letters"):
+        declared_tools([{"type": "function", "function": {"name": "f\n"}}])
 
 
 def test_arguments_are_validated_against_the_schema():

@@ -71,6 +71,25 @@ def test_a_reward_that_is_not_a_number_is_no_reward_and_ids_must_be_token_ids(tm
         convert(d, tmp_path / "sft.jsonl", mode="sft")
 
 
+@pytest.mark.parametrize("prefix_len", [-2, 4])
+def test_a_prefix_len_outside_the_sequence_makes_the_file_unreadable(tmp_path, prefix_len):
+    """A negative prefix_len or one past the ids so far replayed into rows that were not the
+    model's tokens, with no warning; now the file is counted unreadable, saying why."""
+    d = tmp_path / "traj"
+    write_traj(d, "a", "add two numbers please", [20, 21], 1.0)
+    path = write_traj(d, "b", "what is the weather in paris today", [23], 1.0)
+    traj = tj.read(path)
+    traj.steps[1].prefix_len = prefix_len  # after the system step's 3 ids: 0..3 is valid
+    tj.write(path, traj)
+    counts = convert(d, tmp_path / "sft.jsonl", mode="sft")
+    assert (counts.read, counts.unreadable, counts.rows) == (2, 1, 1)
+    assert counts.unreadable_why == [f"{path}: {path} is not a valid .atraj file: step 1's "
+                                     f"prefix_len {prefix_len} is outside 0..3"]
+    traj.steps[1].prefix_len = 3  # the end of the sequence is a valid place to start
+    tj.write(path, traj)
+    assert convert(d, tmp_path / "sft.jsonl", mode="sft").unreadable == 0
+
+
 def test_near_duplicate_prompts_are_dropped(tmp_path):
     d = tmp_path / "traj"
     long = "please read the configuration file in the project root and report every key it sets"
@@ -248,6 +267,17 @@ def test_bad_rows_are_a_clear_error(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
         read_rows(fifo)  # it waited for a writer
+
+
+def test_rows_are_cut_at_newlines_only(tmp_path):
+    """traces-to-data writes with ensure_ascii=False: a tool output's U+2028 or \\x1c stays
+    raw in a row, and str.splitlines cut the row there ("not a traces-to-data sft row")."""
+    from mlx_agent.fileio import write_jsonl
+
+    rows = [{"input_ids": [1, 2], "loss_mask": [0, 1], "text": "a\u2028b\x85c\x1dd\x0ce"},
+            {"input_ids": [3], "loss_mask": [1]}]
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert read_rows(tmp_path / "rows.jsonl") == rows
 
 
 def test_an_interrupted_training_leaves_the_adapter_folder_as_it_was(tmp_path, monkeypatch):

@@ -106,3 +106,14 @@ def test_reader_api_and_the_original_fields(tmp_path):
     os.mkfifo(tmp_path / "fifo.atraj")
     with pytest.raises(tj.TrajectoryError, match="not a regular file"):
         tj.read(tmp_path / "fifo.atraj")
+
+
+def test_a_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path):
+    """A 3 GB sparse .atraj was read whole (3.1 GB, 11 s) before its JSON was found bad."""
+    path = tmp_path / "big.atraj"
+    with open(path, "wb") as f:
+        f.truncate(tj.MAX_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(tj.TrajectoryError, match=f"cannot read {path}: it is "
+                                                 f"{tj.MAX_BYTES + 1:,} bytes, over the "
+                                                 "256 MiB limit"):
+        tj.read(path)

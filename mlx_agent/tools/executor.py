@@ -158,6 +158,7 @@ def run_process(
     roots = sandbox.roots(cwd)
     try:  # the repositories to bind read-only; a root that cannot be walked is no crash
         before, since = leftovers.scan(roots), time.time()
+        modes = leftovers.root_modes(roots)
     except OSError as e:
         return error_result(tool, f"could not check {', '.join(roots)} before running: "
                                   f"{e.strerror or e}")
@@ -168,8 +169,9 @@ def run_process(
                           stdin=stdin)
     except OSError as e:
         return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
+    restored = leftovers.restore_roots(modes)  # first: the check walks them
     after = leftovers.clean(roots, before, since)
-    return with_notes(result, before.notes + after.notes, before.more + after.more)
+    return with_notes(result, before.notes + restored + after.notes, before.more + after.more)
 
 
 def with_notes(result: ToolResult, notes: Sequence[str], more: int = 0) -> ToolResult:

@@ -12,6 +12,9 @@ A sandbox confines the tool while it runs; some files it writes act afterwards, 
 - **setuid and setgid programs.** Files a tool writes are owned by the user the runtime
   runs as (root, in many containers); a set-user-id bit it sets lets any local user run them
   as that user. The bits are cleared after the call.
+- **a root the tool locked.** ``chmod 000 .`` left the user's folder at mode 000 and every
+  later call failed to start in it. :func:`root_modes` before a call and
+  :func:`restore_roots` after it give each root back its owner's read, write and search bits.
 
 :func:`scan` walks the writable roots before a call, :func:`clean` after it and undoes what
 is new (repositories by inode, kind and link target, so a folder moved aside keeps its own
@@ -246,6 +249,35 @@ def _clear_set_id(here: Here, files: list[str], fd: int, since: float | None,
                 found.say(lambda: f"cleared the set-user/group-id bit of {_shown(path())}")
         finally:
             os.close(file_fd)
+
+
+def root_modes(roots: Sequence[str]) -> dict[str, int]:
+    """Each root's mode before a call (a root that cannot be read is left out)."""
+    modes = {}
+    for root in roots:
+        with contextlib.suppress(OSError):
+            modes[root] = os.stat(root).st_mode
+    return modes
+
+
+def restore_roots(modes: dict[str, int]) -> list[str]:
+    """Give each root back the owner bits (``rwx``) it had before the call, and a note for
+    each given back. Never raises. A root is a bind mount whose own entry the tool cannot
+    replace (its folder is read-only), so the path is still the root."""
+    notes = []
+    for root, before in modes.items():
+        try:
+            st = os.stat(root)
+            lost = before & 0o700 & ~st.st_mode
+            if not lost or not stat.S_ISDIR(st.st_mode):
+                continue
+            os.chmod(root, stat.S_IMODE(st.st_mode) | lost)
+            notes.append(f"gave {_shown(root)} back its owner's permissions (the tool had left "
+                         f"it at mode {stat.S_IMODE(st.st_mode):04o})")
+        except OSError as e:
+            notes.append(f"could not give {_shown(root)} back its owner's permissions: "
+                         f"{e.strerror}")
+    return notes
 
 
 def clean(roots: Sequence[str], before: Found, since: float) -> Found:

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import msgspec
 from mcp import ClientSession
@@ -58,6 +58,8 @@ from .schema import Tool, ToolSchemaError, declared_tools
 # last-resort handler to our stderr (a server printing "yes" wrote 950,000 lines in 20 s);
 # a server that fails is ours to name, in one line.
 logging.getLogger("mcp").addHandler(logging.NullHandler())
+
+MAX_CONFIG_BYTES = 1 << 20  # an MCP config names a few servers
 logging.getLogger("mcp").propagate = False
 
 START_TIMEOUT = 20.0
@@ -107,7 +109,7 @@ def spec_from_command(text: str) -> ServerSpec:
 def load_config(path: str | os.PathLike) -> list[ServerSpec]:
     """The servers of an ``{"mcpServers": {name: {...}}}`` file."""
     try:
-        raw = msgspec.json.decode(read_regular(path))
+        raw = msgspec.json.decode(read_regular(path, max_bytes=MAX_CONFIG_BYTES))
     except OSError as e:
         raise McpError(f"cannot read MCP config {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
@@ -143,16 +145,20 @@ def unique_names(specs: Sequence[ServerSpec]) -> list[ServerSpec]:
 @dataclasses.dataclass
 class _Watch:
     """A sandboxed stdio server's writable roots, as checked when it started: what it leaves
-    there (new git repositories, set-id bits) is undone after each call and at close."""
+    there (new git repositories, set-id bits, a root it locked) is undone after each call and
+    at close."""
 
     roots: tuple[str, ...]
     before: leftovers.Found
     since: float
+    modes: dict[str, int] = dataclasses.field(default_factory=dict)  # the roots' at start
 
     def clean(self, result: ToolResult | None = None) -> ToolResult | None:
         """Undo what the server left; ``result`` says so."""
+        restored = leftovers.restore_roots(self.modes)
         after = leftovers.clean(self.roots, self.before, self.since)
-        return with_notes(result, after.notes, after.more) if result is not None else None
+        return with_notes(result, restored + after.notes, after.more) \
+            if result is not None else None
 
 
 @dataclasses.dataclass
@@ -251,7 +257,8 @@ class McpServers:
             box = dataclasses.replace(self.sandbox, network=self.sandbox.network or spec.network)
             roots = box.roots(cwd)
             try:  # its repositories are read-only for its whole life, as for a tool's call
-                server.watch = _Watch(roots, leftovers.scan(roots), time.time())
+                server.watch = _Watch(roots, leftovers.scan(roots), time.time(),
+                                      leftovers.root_modes(roots))
             except OSError as e:
                 raise McpError(f"MCP server {spec.name!r}: could not check "
                                f"{', '.join(roots)} before starting it ({e.strerror or e})"
@@ -283,7 +290,7 @@ class McpServers:
             server.session = None
             server.dead = server.dead or "closed"
 
-    def tools(self, taken: Sequence[str] = ()) -> tuple[list[Tool], list[str]]:
+    def tools(self, taken: Collection[str] = ()) -> tuple[list[Tool], list[str]]:
         """The servers' tools and a warning for each left out; a name offered twice (or
         already in ``taken``) becomes ``server__name``, and one whose name is still taken
         (a tools file's ``server__name``, a server listing a name twice) is left out."""
