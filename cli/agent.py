@@ -68,17 +68,18 @@ class Sink:
 
 
 def build_tools(tools_file: str | None, builtin: bool, root: str | None, timeout: float,
-                env_names, sandbox, mcp=None) -> list:
-    """The tools of ``--tools``, ``--builtin-tools`` (``run_tests`` under ``sandbox``) and
-    the started MCP servers ``mcp``, checked for clashing names; warnings about their
-    templates and schemas are printed."""
+                env_names, sandbox, mcp=None, handlers: str = "import") -> list:
+    """The tools of ``--tools`` (its ``_handler`` tools as ``handlers`` says: see
+    ``load_tools``), ``--builtin-tools`` (``run_tests`` under ``sandbox``) and the started
+    MCP servers ``mcp``, checked for clashing names; warnings about their templates and
+    schemas are printed."""
     from mlx_agent.tools import builtin_tools, load_tools
 
     if not tools_file and not builtin and mcp is None:
         raise click.UsageError("give --tools FILE, or --builtin-tools with --root DIR, or --mcp")
     if builtin and not root:
         raise click.UsageError("--builtin-tools needs --root DIR")
-    tools = load_tools(tools_file) if tools_file else []
+    tools = load_tools(tools_file, handlers=handlers) if tools_file else []
     for warning in (w for t in tools for w in t.warnings):
         warn(warning)
     if builtin:

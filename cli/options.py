@@ -241,6 +241,19 @@ def sandbox_options(f):
     )(f)
 
 
+def trust_handlers_option(f):
+    """--trust-handlers: whether tools files read as data may hold Python _handler tools."""
+    return click.option(
+        "--trust-handlers", is_flag=True,
+        help="Run the tools files' _handler tools (Python, in this process, outside the "
+             "sandbox); without it such a tool is an error.")(f)
+
+
+def handler_mode(trust_handlers: bool) -> str:
+    """``load_tools``'s ``handlers`` for a tools file read as data."""
+    return "import" if trust_handlers else "refuse"
+
+
 def make_sandbox(choice: str, allow_network: bool, root: str | None, write_cwd: bool = True):
     """The resolved sandbox for these options; an unavailable explicit one is a user error.
     ``write_cwd=False``: tools may write ``root`` only, not the directory they run in."""

@@ -8,8 +8,9 @@ from mlx_agent.synth.config import SynthConfig
 
 from .errors import UserError, warn
 from .fanout import check_combination, check_ray_options, ray_options
-from .options import (Finite, load_options, make_sandbox, mcp_options, model_argument,
-                      protocol_option, sandbox_options, start_mcp)
+from .options import (Finite, handler_mode, load_options, make_sandbox, mcp_options,
+                      model_argument, protocol_option, sandbox_options, start_mcp,
+                      trust_handlers_option)
 
 SYNTH = SynthConfig()
 NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a file's
@@ -47,13 +48,14 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a fi
               help="Held-out runs at a time, decoded together in one batch.")
 @protocol_option
 @sandbox_options
+@trust_handlers_option
 @mcp_options
 @load_options
 @ray_options
 def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_heldout, seed,
                iters, minutes, processes, max_steps, max_tokens, batch, protocol, sandbox,
-               allow_network, mcp_commands, mcp_config, adapter, weights, context_length,
-               ray_address, ray_workers):
+               allow_network, trust_handlers, mcp_commands, mcp_config, adapter, weights,
+               context_length, ray_address, ray_workers):
     """Fine-tune a specialist for the tools in FILE and measure it on held-out tasks.
 
     Synthesises tasks from the catalogue (as `synth`), writes a conversation for each
@@ -87,7 +89,8 @@ def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_h
         raise UserError(f"--processes must divide the batch of {RECIPE.batch_size} rows "
                         f"({', '.join(divisors)})")
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
-    tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
+    tools = load_tools(tools_file, handlers=handler_mode(trust_handlers)) \
+        if tools_file else []  # a bad file: one line, exit 2
     for warning in (w for t in tools for w in t.warnings):
         warn(warning)
     if fixture:

@@ -7,7 +7,8 @@ import click
 from mlx_agent.synth.config import SynthConfig
 
 from . import paths
-from .options import Finite, make_sandbox, mcp_options, sandbox_options, start_mcp
+from .options import (Finite, handler_mode, make_sandbox, mcp_options, sandbox_options,
+                      start_mcp, trust_handlers_option)
 
 DEFAULTS = SynthConfig()
 SHARE = Finite(0, 1)
@@ -36,9 +37,10 @@ SHARE = Finite(0, 1)
               help="Do not run the tools (then no two-call or answer tasks).")
 @mcp_options
 @sandbox_options
+@trust_handlers_option
 def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_share,
           two_call_share, answer_share, no_run_tools, mcp_commands, mcp_config, sandbox,
-          allow_network):
+          allow_network, trust_handlers):
     """Synthesise tasks for the tools in FILE: a training and a held-out set for `eval`.
 
     Arguments come from each tool's schema, values from pools chosen by parameter name and
@@ -69,7 +71,8 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_shar
         raise click.BadParameter("the shares add up to more than 1", param_hint="--*-share")
     if not tools_file and not mcp_commands and not mcp_config:
         raise click.UsageError("give --tools FILE, or MCP servers with --mcp / --mcp-config")
-    tools = load_tools(tools_file) if tools_file else []  # a bad file: one line, exit 2
+    tools = load_tools(tools_file, handlers=handler_mode(trust_handlers)) \
+        if tools_file else []  # a bad file: one line, exit 2
     box = make_sandbox(sandbox, allow_network, None)
     servers = start_mcp(mcp_commands, mcp_config, box, 10.0, None)
     if servers is not None:

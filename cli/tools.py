@@ -37,7 +37,9 @@ def ls(tools_file, builtin_tools, root, mcp_commands, mcp_config, sandbox, allow
     """
     box = make_sandbox(sandbox, allow_network, root)
     servers = start_mcp(mcp_commands, mcp_config, box, 30.0, root)
-    catalogue = build_tools(tools_file, builtin_tools, root, 30.0, (), box, servers)
+    # a listing imports no _handler's module: that would run its code
+    catalogue = build_tools(tools_file, builtin_tools, root, 30.0, (), box, servers,
+                            handlers="list")
     for tool in catalogue:
         if servers is not None and tool.name in servers.origin:
             source = f"mcp:{servers.origin[tool.name]}"

@@ -10,8 +10,9 @@ from . import paths
 from .errors import UserError, warn
 from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
                      runs_file)
-from .options import (Finite, load_options, loop_options, make_sandbox, mcp_options,
-                      model_argument, sandbox_options, start_mcp, weight_options)
+from .options import (Finite, handler_mode, load_options, loop_options, make_sandbox,
+                      mcp_options, model_argument, sandbox_options, start_mcp,
+                      trust_handlers_option, weight_options)
 from .terminal import for_terminal
 
 
@@ -126,13 +127,14 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Runs at a time, decoded together in one batch.")
 @sandbox_options
+@trust_handlers_option
 @mcp_options
 @load_options
 @ray_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
              no_grammar, allow_repeat_calls, retry_after_error, temperature, batch, sandbox,
-             allow_network, mcp_commands, mcp_config, adapter, weights, context_length,
-             ray_address, ray_workers):
+             allow_network, trust_handlers, mcp_commands, mcp_config, adapter, weights,
+             context_length, ray_address, ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
@@ -144,7 +146,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
       mlx_agent eval --tasks tasks.jsonl --ray auto      # over a Ray cluster
     """
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.evaluate import TaskFile, check_expected_tools, run, tool_names
+    from mlx_agent.evaluate import (TaskFile, check_expected_tools, check_handlers, run,
+                                    tool_names)
     from mlx_agent.models import load
     from mlx_agent.progress import Progress
 
@@ -154,6 +157,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     box = make_sandbox(sandbox, allow_network, None)
     check_combination(ray_address, mcp=mcp_commands or mcp_config)
     tasks = TaskFile.of(tasks_file)  # read once; a bad tasks file fails before the model loads
+    check_handlers(tasks, handler_mode(trust_handlers))  # before any of its tools loads
     total = len(tasks.tasks) * seeds
     served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks)))
     check_expected_tools(tasks, served)

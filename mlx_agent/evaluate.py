@@ -277,6 +277,15 @@ def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = (
                                 f"not fit its schema: {problems[0]}")
 
 
+def check_handlers(tasks: str | Path | TaskFile, handlers: str = "refuse") -> None:
+    """Each tools file the tasks name, loaded with ``handlers`` (``"refuse"``: a Python
+    ``_handler`` tool, which runs outside any sandbox, is an error naming it) before any of
+    them is imported: a tasks file is data, and may come from anyone."""
+    tasks = TaskFile.of(tasks)
+    for name in sorted({t.tools for t in tasks.tasks if t.tools}):
+        load_tools(tasks.base / name, handlers=handlers)
+
+
 def tool_names(tasks: str | Path | TaskFile) -> set[str]:
     """The names of every tool the tasks' tools files define."""
     tasks = TaskFile.of(tasks)

@@ -214,12 +214,6 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
         if not module or not attr:
             raise ToolSchemaError(
                 f"{where}: field '_handler' must look like 'package.module:function'")
-        try:
-            callable_ = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ToolSchemaError(f"{where}: field '_handler' {function.handler!r} cannot be imported ({e})") from None
-        if not callable(callable_):
-            raise ToolSchemaError(f"{where}: field '_handler' {function.handler!r} is not callable")
     return Tool(name=name, description=function.description, parameters=params,
                 exec_template=function.exec_template, exec_args=exec_args,
                 handler=function.handler, warnings=_template_warnings(function, exec_args, where))
@@ -360,10 +354,38 @@ def _field_message(e: msgspec.ValidationError) -> str:
     return f"field {field!r}: {text}" if field else text
 
 
-def load_tools(path: str | Path, runnable: bool = True) -> list[Tool]:
+HANDLERS = ("import", "list", "refuse")
+
+
+def load_tools(path: str | Path, runnable: bool = True, handlers: str = "import") -> list[Tool]:
+    """The tools of the file at ``path``. A ``_handler`` is Python that runs in this process,
+    outside any sandbox, and importing its module runs code already: ``handlers`` says what
+    to do with one. ``"import"`` (the file is the user's own: ``agent --tools``): import it
+    now, so a wrong name fails at start-up; ``"list"`` (``tools ls``): check its form only;
+    ``"refuse"`` (a file that came as data: an eval task's, or ``synth``'s and
+    ``specialize``'s without ``--trust-handlers``): an error naming the tool."""
     path = Path(path)
     try:
         data = read_regular(path, max_bytes=MAX_FILE_BYTES)
     except OSError as e:
         raise ToolSchemaError(f"cannot read tools file {path}: {e.strerror}") from None
-    return parse_tools(data, source=str(path), runnable=runnable)
+    tools = parse_tools(data, source=str(path), runnable=runnable)
+    for tool in tools:
+        if tool.handler and handlers == "refuse":
+            raise ToolSchemaError(
+                f"{path}: tool {tool.name!r} is a Python _handler ({tool.handler}), which "
+                "runs in this process, outside any sandbox; pass --trust-handlers if you "
+                "trust the file, or give the tool an _exec command")
+        if tool.handler and handlers == "import":
+            _import_handler(tool, f"{path}: tool {tool.name!r}")
+    return tools
+
+
+def _import_handler(tool: Tool, where: str) -> None:
+    try:
+        handler = tool.resolve_handler()
+    except Exception as e:  # the module's own code runs: any error, a SyntaxError too
+        raise ToolSchemaError(f"{where}: field '_handler' {tool.handler!r} cannot be imported "
+                              f"({e})") from None
+    if not callable(handler):
+        raise ToolSchemaError(f"{where}: field '_handler' {tool.handler!r} is not callable")
