@@ -255,8 +255,13 @@ def _confirm(name: str, arguments: dict) -> bool:
     # the model wrote the arguments: a bidi override or an escape sequence in them could make
     # the call read as another one
     call = for_terminal(f"{name}({json.dumps(arguments, ensure_ascii=False)})")
-    return click.confirm(f"run {call}?",
-                         default=False, err=True)
+    try:
+        return click.confirm(f"run {call}?", default=False, err=True)
+    except click.Abort:  # click's answer to both Ctrl-C and the end of input
+        if sys.stdin.closed or not sys.stdin.isatty():
+            click.echo("(end of input: not run)", err=True)
+            return False  # as the default, N, says
+        raise KeyboardInterrupt from None  # the agent's own Ctrl-C: the turn stops
 
 
 def _recorder(trajectory_dir, task, lm, config):

@@ -199,3 +199,12 @@ def test_what_the_sandbox_undid_is_shown_to_the_user_too(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "    sandbox: cleared the set-user/group-id bit of" in r.stderr, r.stderr
     assert not (root / "helper").stat().st_mode & 0o4000
+
+
+def test_confirm_tools_at_the_end_of_input_is_no_not_an_abort():
+    r = subprocess.run([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--confirm-tools",
+                        "--tool-choice", "echo,none", "--max-steps", "2", "--max-tokens", "24",
+                        "--single", "Echo hi."], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=300)
+    assert "(end of input: not run)" in r.stderr and "Aborted!" not in r.stderr, r.stderr
+    assert "the user denied this tool call" in r.stderr and r.returncode in (0, 1), r.stderr
