@@ -137,7 +137,7 @@ def repl(turn, json_out: bool = False) -> None:
 @click.option("--root", type=click.Path(file_okay=False), default=None,
               help="Directory the built-in tools work in (and where _exec tools run).")
 @click.option("--single", type=TEXT, default=None, metavar="TEXT",
-              help="Ask once, print the answer, exit.")
+              help="Ask once, print the answer, exit (1 when the turn ended without one).")
 @click.option("--system", type=TEXT, default=None,
               help="System prompt (json: replaces the persona line).")
 @loop_options
