@@ -576,10 +576,12 @@ class Constraint:
         self.words = (vocab_size + 31) // 32  # int32 words in a mask
         self._buf = np.full(self.words, -1, dtype=np.int32)
         self._after_space: Rule | None = None  # lone_space_rule's, after a lone space
+        self._masked = False  # _buf holds the mask for the next token
 
     def reset(self) -> None:
         self.matcher.reset()
         self._after_space = None
+        self._masked = False
 
     def mask_words(self) -> np.ndarray:
         """The allowed-token bitmask for the next token as int32 words (computed on the
@@ -588,6 +590,7 @@ class Constraint:
         a space instead (:mod:`mlx_agent.lone_space`)."""
         self.matcher.unsafe_compute_mask_ptr(self._buf.ctypes.data, self._buf.nbytes)
         self._check_failed()
+        self._masked = True  # the mask the next token is sampled under: see consume()
         rule = self._after_space
         if rule is not None:
             n = min(len(rule.allowed), self.words)
@@ -608,8 +611,12 @@ class Constraint:
         return self
 
     def consume(self, token: int) -> None:
+        offered = self._masked and 0 <= token < 32 * self.words and \
+            bool((int(self._buf[token // 32]) >> (token % 32)) & 1)
+        self._masked = False
         self.matcher.consume_token(token)
-        self._check_failed()
+        if offered:  # a token the grammar offered, and then it failed: it gave up. A token
+            self._check_failed()  # it never offered (a script's) just ends it, as before
         text = self.tokenizer.decode_bytes([token])
         self._after_space = None
         if text.endswith(b" ") and not text.strip():
