@@ -201,7 +201,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             raise click.BadParameter(f"{name!r} is not an environment variable's name",
                                      param_hint="--tool-env")
     read = {"--tools": tools_file, "--mcp-config": mcp_config}  # --resume may be saved over
-    paths.appendable_file(transcript, "--transcript", not_same_as=read)
+    paths.appendable_file(transcript, "--transcript", not_same_as={**read, "--resume": resume})
     paths.writable_file(save_session, "--save-session",
                         not_same_as={**read, "--transcript": transcript})
     paths.writable_dir(trajectory_dir, "--trajectory-dir")
@@ -257,8 +257,8 @@ def _confirm(name: str, arguments: dict) -> bool:
     call = for_terminal(f"{name}({json.dumps(arguments, ensure_ascii=False)})")
     try:
         return click.confirm(f"run {call}?", default=False, err=True)
-    except click.Abort:  # click's answer to both Ctrl-C and the end of input
-        if sys.stdin.closed or not sys.stdin.isatty():
+    except click.Abort as e:  # click's answer to both Ctrl-C and the end of input
+        if isinstance(e.__context__, EOFError):
             click.echo("(end of input: not run)", err=True)
             return False  # as the default, N, says
         raise KeyboardInterrupt from None  # the agent's own Ctrl-C: the turn stops

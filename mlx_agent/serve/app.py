@@ -119,6 +119,8 @@ class Server:
         """Run ``fn(cancelled)`` on the model thread; a client that leaves cancels it."""
         cancel = threading.Event()
         self.live.add(cancel)
+        if self.stopping:  # stop() ran while this request was being prepared
+            cancel.set()
         job = asyncio.get_running_loop().run_in_executor(self.pool, fn, cancel.is_set)
 
         async def watch():
@@ -156,6 +158,8 @@ class Server:
             queue: asyncio.Queue = asyncio.Queue()
             cancel = threading.Event()
             self.live.add(cancel)
+            if self.stopping:  # stop() ran while this request was being prepared
+                cancel.set()
 
             def on_text(text: str) -> None:
                 loop.call_soon_threadsafe(queue.put_nowait, ("text", text))
