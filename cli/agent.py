@@ -316,5 +316,7 @@ def _warn_stop(out, max_steps: int, json_out: bool) -> None:
         warn(f"no answer within --max-steps {max_steps}")
     elif stop == "context":
         warn(f"the context is full ({out.warning}); start a new session or use --kv-window")
+    elif stop == "grammar":
+        warn(out.warning)
     elif stop == "interrupted" and not json_out:
         click.secho("(interrupted)", err=True, fg="yellow")

@@ -208,3 +208,14 @@ def test_confirm_tools_at_the_end_of_input_is_no_not_an_abort():
                        text=True, timeout=300)
     assert "(end of input: not run)" in r.stderr and "Aborted!" not in r.stderr, r.stderr
     assert "the user denied this tool call" in r.stderr and r.returncode in (0, 1), r.stderr
+
+
+def test_a_grammar_that_gives_up_mid_reply_ends_the_turn_not_the_run(tmp_path):
+    tools = tmp_path / "t.json"  # compiles; llguidance gives up a token into the call
+    tools.write_text(json.dumps([{"name": "e", "description": "Echo.", "_exec": "echo ok",
+                                  "parameters": {"type": "object", "required": ["a"], "properties": {
+                                      "a": {"type": "string", "minLength": 5000}}}}]))
+    r = run("--tools", str(tools), "--tool-choice", "e,none", "--max-steps", "2",
+            "--max-tokens", "4000", "--single", "Call e.")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr  # no answer: 1, not 2
+    assert "warning: the grammar gave up mid-reply" in r.stderr, r.stderr

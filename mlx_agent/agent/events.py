@@ -72,7 +72,7 @@ class Counts(msgspec.Struct):
 
 class Stats(Counts, Event, tag="stats", frozen=True, kw_only=True):
     seconds: float = 0.0
-    stop: str = "answer"  # answer | steps | context | interrupted
+    stop: str = "answer"  # answer | steps | context | interrupted | grammar
 
 
 AnyEvent = Union[User, Assistant, ToolCall, ToolResult, Answer, Cache, Stats]

@@ -25,7 +25,7 @@ import msgspec
 from ..cache import ContextFull
 from ..engine import Constraint, Engine, PrefillStats, SamplingParams
 from ..formats import Call, Format, Reply
-from ..grammar import forced_call, ll_tokenizer, tool_constraint
+from ..grammar import GrammarError, forced_call, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..text import TextStream
@@ -121,13 +121,14 @@ class _Query:
     finished: bool  # the reply reached the format's end by itself
     interrupted: bool = False
     guarded_steps: bool = False  # the loop guard masked tokens that would repeat a call
+    gave_up: str | None = None  # the grammar gave up mid-reply (llguidance's limits): why
 
 
 @dataclass
 class _End:
     """Why a turn ends here."""
 
-    stop: str  # answer | context | interrupted
+    stop: str  # answer | context | interrupted | grammar
     answer: str | None = None
     fallback: bool = False
     warning: str | None = None
@@ -243,11 +244,14 @@ class Agent:
         self.emit(ev.Assistant(step=step, raw=q.raw))
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
         self._failed = False
-        results = [] if q.interrupted or not reply.calls else self._execute(reply.calls, stats)
+        stopped = q.interrupted or q.gave_up
+        results = [] if stopped or not reply.calls else self._execute(reply.calls, stats)
         if self.log is not None:
             self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
         if q.interrupted:
             return _End("interrupted")
+        if q.gave_up:
+            return _End("grammar", warning=q.gave_up)
         if not reply.calls:
             if not (q.closed or q.finished) and self.engine.room == 0:
                 return _End("context", reply.content, not reply.complete, "the context is full")
@@ -263,17 +267,20 @@ class Agent:
         stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
                             max_tokens=self.config.max_tokens, stop_ids=self.lm.stop_ids,
                             constraint=constraint)
-        interrupted = False
+        interrupted, gave_up = False, None
         try:
             for _, segment in stream:
                 if segment and scanner.feed(segment):
                     break
         except KeyboardInterrupt:
             interrupted = True
+        except GrammarError as e:  # this turn's alone: the session (an eval's other runs) goes on
+            gave_up = str(e)
         scanner.feed(stream.flush())
         closed = bool(stream.ids) and stream.ids[-1] in self.lm.stop_ids
         return _Query(scanner.text, scanner.turn_text, stream.ids, closed, scanner.finished,
-                      interrupted, isinstance(constraint, LoopGuard) and constraint.interventions > 0)
+                      interrupted, isinstance(constraint, LoopGuard) and constraint.interventions > 0,
+                      gave_up)
 
     def _execute(self, calls: list[Call], stats: TurnStats) -> list[tuple[ToolResult, str]]:
         """Run the calls in order; returns each result with the text the model reads."""
