@@ -88,13 +88,17 @@ def multi_turn_share(model: str | None, cache_dir: str, rounds: int = 4) -> dict
     def sampler(_):
         return mx.array([script.pop(0)])
 
-    agent = Agent(lm, lm.engine(), tools, fmt, AgentConfig(max_steps=rounds + 1),
+    # no grammar: the script forces every token (the grammar would refuse json.dumps' spacing)
+    agent = Agent(lm, lm.engine(), tools, fmt, AgentConfig(max_steps=rounds + 1, grammar=False),
                   sampler=sampler)
     system_ids = agent.conversation.system_ids
     PromptCache(cache_dir).prime(lm.engine(), lm.identity, system_ids)  # the cold launch
     agent.prime(PromptCache(cache_dir))  # this launch: warm
     stats = agent.ask("Check the five services for record r0.").stats
-    return {"turns": stats.turns, "rendered": stats.rendered_tokens,
+    if stats.calls != rounds or stats.stop != "answer":
+        raise RuntimeError(f"the scripted task ran {stats.calls} of {rounds} tool rounds "
+                           f"(stopped: {stats.stop})")
+    return {"turns": stats.turns, "calls": stats.calls, "rendered": stats.rendered_tokens,
             "reused": stats.reused_tokens, "prefilled": stats.prefilled_tokens,
             "share": stats.reused_tokens / stats.rendered_tokens}
 
@@ -136,7 +140,8 @@ def run(model: str | None, tools_file: str | None, echo=print, plot: str | None 
                  f" {row['warm_ms']:>8.0f}ms {row['prefill_save_ms']:>10.0f}ms"
                  f" {row['load_ms']:>6.0f}ms {row['bytes']:>11} {row['warm_ms'] / row['cold_ms']:>9.3f}")
         share = multi_turn_share(model, str(Path(tmp) / "kv-task"))
-    echo(f"scripted task, warm launch, {share['turns']} assistant steps (4 tool rounds): "
+    echo(f"scripted task, warm launch, {share['turns']} assistant steps "
+         f"({share['calls']} tool rounds): "
          f"{share['reused']} of {share['rendered']} rendered tokens served from the cache "
          f"({share['share']:.1%}), {share['prefilled']} prefilled")
     if plot:
