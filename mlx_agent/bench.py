@@ -16,11 +16,14 @@ the share of rendered tokens served from the cache instead of prefilled.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .errors import UserFacingError
 
 SIZES = (256, 1024, 2048, 4096)
 
@@ -103,20 +106,54 @@ def multi_turn_share(model: str | None, cache_dir: str, rounds: int = 4) -> dict
             "share": stats.reused_tokens / stats.rendered_tokens}
 
 
+class WorkerError(RuntimeError):
+    """A launch that failed for a reason of ours; the message is its last line on stderr."""
+
+
 def _launch(model, tools_file, mode, cache_dir) -> dict:
+    """One launch in its own process, started in a neutral folder (``cache_dir``'s parent)
+    with this package first on its path, so that a folder holding an ``mlx_agent/`` of its
+    own shadows nothing; the paths it is given are absolute."""
+    import mlx_agent
+
     cmd = [sys.executable, "-m", "mlx_agent.bench", "worker", tools_file, mode, cache_dir]
     if model:
         cmd.append(model)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    root = str(Path(mlx_agent.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(cache_dir).parent,
+                         env={**os.environ, "PYTHONPATH": path})
+    if out.returncode != 0:
+        lines = [line.strip() for line in out.stderr.splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {out.returncode}"
+        if out.returncode == 2 and last.startswith(_USER_ERROR):
+            raise UserFacingError(f"the {mode} launch failed: {last[len(_USER_ERROR):]}")
+        raise WorkerError(f"the {mode} launch failed: {last}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+_USER_ERROR = "mlx_agent: error: "
+
+
+def check(model: str | None, tools_file: str | None) -> str | None:
+    """Bad input found before the benchmark starts: the model spec and the tools file.
+    Returns the model spec for the launches (a named model's name, else its absolute path)."""
+    from .models.registry import NAMED_MODELS, resolve
+    from .tools import load_tools
+
+    path = resolve(model)
+    if tools_file:
+        load_tools(tools_file)
+    return model if model is None or model in NAMED_MODELS else str(path.resolve())
+
+
 def run(model: str | None, tools_file: str | None, echo=print, plot: str | None = None) -> list:
+    model = check(model, tools_file)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         if tools_file:
-            files.append(("your tools", tools_file))
+            files.append(("your tools", str(Path(tools_file).resolve())))
         for size in SIZES:
             path = Path(tmp) / f"tools-{size}.json"
             # about 62 tokens a tool line plus ~70 of instructions (measured on SmolLM2)
@@ -176,4 +213,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     _, _, tools_file, mode, cache_dir, *model = sys.argv
     import mlx_agent  # noqa: F401  (BLAS before mlx)
 
-    print(json.dumps(worker(model[0] if model else None, tools_file, mode, cache_dir)))
+    try:
+        result = worker(model[0] if model else None, tools_file, mode, cache_dir)
+    except UserFacingError as e:  # one line, which the parent shows
+        print(f"{_USER_ERROR}{' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(result))

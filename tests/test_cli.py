@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -468,3 +469,36 @@ def test_the_cli_runs_in_process_off_the_main_thread_and_leaves_sigterm_as_it_wa
     assert results[0].exit_code == 0, results[0].output
     assert CliRunner().invoke(main, ["--help"]).exit_code == 0
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/no/model"], "no model at '/no/model'"),
+    (["--tools", "{tmp}/bad.json"], "bad.json: not valid JSON"),
+    (["--tools", "{tmp}/no_exec.json"], "has neither '_exec' nor '_handler'"),
+])
+def test_bench_prefill_checks_its_input_before_the_benchmark(tmp_path, args, message):
+    (tmp_path / "bad.json").write_text('{"tools": [')
+    (tmp_path / "no_exec.json").write_text(json.dumps([{"type": "function", "function": {
+        "name": "t", "parameters": {"type": "object", "properties": {}}}}]))
+    r = run("bench", "prefill", *(a.format(tmp=tmp_path) for a in args))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith("mlx_agent: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr
+
+
+def test_a_bench_launch_ignores_an_mlx_agent_folder_in_the_cwd_and_fails_in_one_line(
+        tmp_path, monkeypatch):
+    from mlx_agent.bench import _launch
+    from mlx_agent.errors import UserFacingError
+
+    shadow = tmp_path / "shadow" / "mlx_agent"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise SystemExit('the folder shadowed the package')\n")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(shadow.parent)
+    out = _launch(None, os.path.abspath(ECHO), "none", str(tmp_path / "work" / "kv"))
+    assert out["mode"] == "none" and out["system_tokens"] > 0
+    (tmp_path / "bad.json").write_text("{")  # read by the launch, not checked before it
+    with pytest.raises(UserFacingError) as e:
+        _launch(None, str(tmp_path / "bad.json"), "none", str(tmp_path / "work" / "kv"))
+    assert str(e.value).startswith("the none launch failed: ") and "\n" not in str(e.value)
