@@ -135,12 +135,19 @@ def _launch(model, tools_file, mode, cache_dir) -> dict:
 _USER_ERROR = "mlx_agent: error: "
 
 
-def check(model: str | None, tools_file: str | None) -> str | None:
-    """Bad input found before the benchmark starts: the model spec and the tools file.
-    Returns the model spec for the launches (a named model's name, else its absolute path)."""
+def check(model: str | None, tools_file: str | None, plot: str | None) -> str | None:
+    """Bad input found before the benchmark starts: the model spec, the tools file, and
+    matplotlib for ``plot``. Returns the model spec for the launches (a named model's name,
+    else its absolute path)."""
     from .models.registry import NAMED_MODELS, resolve
     from .tools import load_tools
 
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserFacingError("--plot needs matplotlib, which is not installed "
+                                  "(pip install 'mlx-agent[plot]')") from None
     path = resolve(model)
     if tools_file:
         load_tools(tools_file)
@@ -148,7 +155,7 @@ def check(model: str | None, tools_file: str | None) -> str | None:
 
 
 def run(model: str | None, tools_file: str | None, echo=print, plot: str | None = None) -> list:
-    model = check(model, tools_file)
+    model = check(model, tools_file, plot)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         files = []

@@ -486,6 +486,17 @@ def test_bench_prefill_checks_its_input_before_the_benchmark(tmp_path, args, mes
     assert message in r.stderr
 
 
+def test_bench_prefill_plot_without_matplotlib_fails_before_the_benchmark(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed")
+    r = run("bench", "prefill", "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == ("mlx_agent: error: --plot needs matplotlib, which is not installed "
+                        "(pip install 'mlx-agent[plot]')\n")
+
+
 def test_a_bench_launch_ignores_an_mlx_agent_folder_in_the_cwd_and_fails_in_one_line(
         tmp_path, monkeypatch):
     from mlx_agent.bench import _launch
