@@ -347,8 +347,17 @@ def test_traj_show_takes_several_files_or_a_directory(tmp_path):
         assert [line for line in r.stdout.splitlines() if line.startswith("trajectory")] == \
             ["trajectory id-a", "trajectory id-b"]
     (tmp_path / "c.atraj").write_text("not json")
-    r = run("traj", "show", str(tmp_path))
-    assert r.returncode == 2 and r.stdout == "" and "c.atraj is not a valid" in r.stderr
+    (tmp_path / "d.atraj").write_text('{"version": 1, "id": "x", "st')  # cut short
+    r = run("traj", "show", str(tmp_path))  # the good ones, a warning for each bad one
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if line.startswith("trajectory")] == \
+        ["trajectory id-a", "trajectory id-b"]
+    warnings = r.stderr.splitlines()
+    assert len(warnings) == 2 and all(w.startswith("warning: skipped: ") for w in warnings)
+    assert "c.atraj is not a valid" in warnings[0] and "d.atraj" in warnings[1]
+    r = run("traj", "show", str(tmp_path / "c.atraj"))  # nothing to show: an error
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("mlx_agent: error: ") and "c.atraj is not a valid" in r.stderr
 
 
 def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
