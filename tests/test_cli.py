@@ -522,3 +522,15 @@ def test_a_bench_launch_ignores_an_mlx_agent_folder_in_the_cwd_and_fails_in_one_
     with pytest.raises(UserFacingError) as e:
         _launch(None, str(tmp_path / "bad.json"), "none", str(tmp_path / "work" / "kv"))
     assert str(e.value).startswith("the none launch failed: ") and "\n" not in str(e.value)
+
+
+def test_generate_says_when_the_context_not_max_tokens_ended_it():
+    r = run("generate", "-v", "--context-length", "8", "--max-tokens", "20", "one two three")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("warning: the context is full (8 tokens): stopped after 5 of "
+                        "--max-tokens 20 (raise --context-length)")
+    assert " 5 generated at " in lines[-1] and lines[-1].endswith("finish: context")
+    r = run("generate", "-v", "--context-length", "8", "--max-tokens", "5", "one two three")
+    assert r.returncode == 0 and "warning" not in r.stderr and \
+        r.stderr.rstrip().endswith("finish: length"), r.stderr
