@@ -534,3 +534,8 @@ def test_generate_says_when_the_context_not_max_tokens_ended_it():
     r = run("generate", "-v", "--context-length", "8", "--max-tokens", "5", "one two three")
     assert r.returncode == 0 and "warning" not in r.stderr and \
         r.stderr.rstrip().endswith("finish: length"), r.stderr
+
+
+def test_generate_help_names_the_model_variable_that_sets_the_default():
+    r = run("generate", "--help")
+    assert r.returncode == 0 and "$MLX_AGENT_MODEL" in " ".join(r.stdout.split())
