@@ -272,6 +272,7 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval", "--tasks", "{tasks}", "--trajectory-dir", "{tmp}/" + "x" * 300],
      "File name too long"),
     (["generate", "-m", "{tmp}/" + "x" * 300, "hi"], "no model at"),
+    (["generate", "--adapter", "/no/such", "hi"], "adapter /no/such does not exist"),
     # a run that fails after its checks leaves no empty folder they made
     (["agent", "/no/model", "--tools", ECHO, "--single", "hi", "--trajectory-dir",
       "{tmp}/runs/a"], "no model at '/no/model'"),
