@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .errors import Group
+from .errors import Group, UserError
 from .options import model_argument
 
 
@@ -26,6 +26,13 @@ def prefill(model_spec, tools_file, plot):
     Example:
       mlx_agent bench prefill --tools examples/debugger.json --plot prefill.png
     """
-    from mlx_agent.bench import run
+    from mlx_agent.bench import WorkerError, run
 
-    run(model_spec, tools_file, echo=click.echo, plot=plot)
+    try:
+        run(model_spec, tools_file, echo=click.echo, plot=plot)
+    except WorkerError as e:  # a bug of ours in a launch: its last line, exit status 1
+        raise _Failed(str(e)) from None
+
+
+class _Failed(UserError):
+    exit_code = 1

@@ -17,7 +17,7 @@ from .agent import agent
 from .bench import bench
 from .bfcl import eval_bfcl
 from .cache import cache
-from .errors import Group, UserError
+from .errors import Group, UserError, warn
 from .options import (TEXT, cache_mode, cache_options, max_tokens_option, model_options,
                       sampling_options, utf8_text)
 from .serve import serve
@@ -133,6 +133,11 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
         click.echo(segment, nl=False)
         sys.stdout.flush()
     click.echo(stream.flush())
+    finish = stream.finish_reason
+    if finish == "length" and len(stream.ids) < max_tokens and engine.room == 0:
+        finish = "context"  # the context ended it, not --max-tokens
+        warn(f"the context is full ({engine.context_length} tokens): stopped after "
+             f"{len(stream.ids)} of --max-tokens {max_tokens} (raise --context-length)")
     if verbose:
         ident = lm.identity
         click.echo(
@@ -140,7 +145,7 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
             f"{blas.status().name}] prompt {len(ids)} tokens: {p.prefilled} prefilled in "
             f"{p.seconds * 1000:.0f} ms ({p.prefilled / max(p.seconds, 1e-9):.1f} tok/s); "
             f"{len(stream.ids)} generated at {stream.decode_tps:.1f} tok/s; "
-            f"finish: {stream.finish_reason}",
+            f"finish: {finish}",
             err=True,
         )
 

@@ -27,7 +27,7 @@ def _compose(*decorators):
 
 
 MODEL_HELP = ("GGUF file, Hugging Face directory, .tinygpt file or model name "
-              "[default: smollm2-135m]")
+              f"[default: ${MODEL_ENV}, else smollm2-135m]")
 
 
 def model_argument(name: str = "model_spec", metavar: str = "[MODEL]"):

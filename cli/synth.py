@@ -41,7 +41,8 @@ SHARE = Finite(0, 1)
 def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_share,
           two_call_share, answer_share, no_run_tools, mcp_commands, mcp_config, sandbox,
           allow_network, trust_handlers):
-    """Synthesise tasks for the tools in FILE: a training and a held-out set for `eval`.
+    """Synthesise tasks for the tools of --tools FILE and of MCP servers: a training and a
+    held-out set for `eval`.
 
     Arguments come from each tool's schema, values from pools chosen by parameter name and
     description; requests are phrased through many templates. The held-out set uses other

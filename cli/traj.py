@@ -19,7 +19,8 @@ def traj():
 @click.option("--ids", is_flag=True, help="Also print the token ids of each step.")
 def show(paths, ids):
     """Print trajectories as readable, coloured conversations: each PATH a .atraj file or a
-    directory of them.
+    directory of them. A file that cannot be read is skipped with a warning, as
+    traces-to-data does; the exit status is 2 only when none could be read.
 
     \b
     Examples:
@@ -30,16 +31,24 @@ def show(paths, ids):
 
     from mlx_agent.trajectory import TrajectoryError, read
 
-    from .errors import UserError
+    from .errors import UserError, warn
+    from .terminal import for_terminal
 
     files = [f for p in map(Path, paths)
              for f in (sorted(p.glob("*.atraj")) if p.is_dir() else [p])]
     if not files:
         raise UserError(f"no .atraj files in {', '.join(paths)}")
-    try:  # all read first: a bad file is one line, not half a listing
-        trajectories = [read(f) for f in files]
-    except TrajectoryError as e:
-        raise UserError(str(e)) from None
+    trajectories, bad = [], []
+    for f in files:
+        try:
+            trajectories.append(read(f))
+        except TrajectoryError as e:
+            bad.append(str(e))
+    if not trajectories:
+        raise UserError(bad[0] if len(bad) == 1 else
+                        f"none of the {len(bad)} .atraj files could be read ({bad[0]}, ...)")
+    for why in bad:
+        warn(for_terminal(f"skipped: {why}"))
     for i, t in enumerate(trajectories):
         if i:
             click.echo()

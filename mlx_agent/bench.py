@@ -16,11 +16,14 @@ the share of rendered tokens served from the cache instead of prefilled.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .errors import UserFacingError
 
 SIZES = (256, 1024, 2048, 4096)
 
@@ -88,31 +91,76 @@ def multi_turn_share(model: str | None, cache_dir: str, rounds: int = 4) -> dict
     def sampler(_):
         return mx.array([script.pop(0)])
 
-    agent = Agent(lm, lm.engine(), tools, fmt, AgentConfig(max_steps=rounds + 1),
+    # no grammar: the script forces every token (the grammar would refuse json.dumps' spacing)
+    agent = Agent(lm, lm.engine(), tools, fmt, AgentConfig(max_steps=rounds + 1, grammar=False),
                   sampler=sampler)
     system_ids = agent.conversation.system_ids
     PromptCache(cache_dir).prime(lm.engine(), lm.identity, system_ids)  # the cold launch
     agent.prime(PromptCache(cache_dir))  # this launch: warm
     stats = agent.ask("Check the five services for record r0.").stats
-    return {"turns": stats.turns, "rendered": stats.rendered_tokens,
+    if stats.calls != rounds or stats.stop != "answer":
+        raise RuntimeError(f"the scripted task ran {stats.calls} of {rounds} tool rounds "
+                           f"(stopped: {stats.stop})")
+    return {"turns": stats.turns, "calls": stats.calls, "rendered": stats.rendered_tokens,
             "reused": stats.reused_tokens, "prefilled": stats.prefilled_tokens,
             "share": stats.reused_tokens / stats.rendered_tokens}
 
 
+class WorkerError(RuntimeError):
+    """A launch that failed for a reason of ours; the message is its last line on stderr."""
+
+
 def _launch(model, tools_file, mode, cache_dir) -> dict:
+    """One launch in its own process, started in a neutral folder (``cache_dir``'s parent)
+    with this package first on its path, so that a folder holding an ``mlx_agent/`` of its
+    own shadows nothing; the paths it is given are absolute."""
+    import mlx_agent
+
     cmd = [sys.executable, "-m", "mlx_agent.bench", "worker", tools_file, mode, cache_dir]
     if model:
         cmd.append(model)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    root = str(Path(mlx_agent.__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(cache_dir).parent,
+                         env={**os.environ, "PYTHONPATH": path})
+    if out.returncode != 0:
+        lines = [line.strip() for line in out.stderr.splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {out.returncode}"
+        if out.returncode == 2 and last.startswith(_USER_ERROR):
+            raise UserFacingError(f"the {mode} launch failed: {last[len(_USER_ERROR):]}")
+        raise WorkerError(f"the {mode} launch failed: {last}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+_USER_ERROR = "mlx_agent: error: "
+
+
+def check(model: str | None, tools_file: str | None, plot: str | None) -> str | None:
+    """Bad input found before the benchmark starts: the model spec, the tools file, and
+    matplotlib for ``plot``. Returns the model spec for the launches (a named model's name,
+    else its absolute path)."""
+    from .models.registry import NAMED_MODELS, resolve
+    from .tools import load_tools
+
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserFacingError("--plot needs matplotlib, which is not installed "
+                                  "(pip install 'mlx-agent[plot]')") from None
+    path = resolve(model)
+    if tools_file:
+        load_tools(tools_file)
+    return model if model is None or model in NAMED_MODELS else str(path.resolve())
+
+
 def run(model: str | None, tools_file: str | None, echo=print, plot: str | None = None) -> list:
+    model = check(model, tools_file, plot)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         if tools_file:
-            files.append(("your tools", tools_file))
+            files.append(("your tools", str(Path(tools_file).resolve())))
         for size in SIZES:
             path = Path(tmp) / f"tools-{size}.json"
             # about 62 tokens a tool line plus ~70 of instructions (measured on SmolLM2)
@@ -136,7 +184,8 @@ def run(model: str | None, tools_file: str | None, echo=print, plot: str | None 
                  f" {row['warm_ms']:>8.0f}ms {row['prefill_save_ms']:>10.0f}ms"
                  f" {row['load_ms']:>6.0f}ms {row['bytes']:>11} {row['warm_ms'] / row['cold_ms']:>9.3f}")
         share = multi_turn_share(model, str(Path(tmp) / "kv-task"))
-    echo(f"scripted task, warm launch, {share['turns']} assistant steps (4 tool rounds): "
+    echo(f"scripted task, warm launch, {share['turns']} assistant steps "
+         f"({share['calls']} tool rounds): "
          f"{share['reused']} of {share['rendered']} rendered tokens served from the cache "
          f"({share['share']:.1%}), {share['prefilled']} prefilled")
     if plot:
@@ -171,4 +220,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     _, _, tools_file, mode, cache_dir, *model = sys.argv
     import mlx_agent  # noqa: F401  (BLAS before mlx)
 
-    print(json.dumps(worker(model[0] if model else None, tools_file, mode, cache_dir)))
+    try:
+        result = worker(model[0] if model else None, tools_file, mode, cache_dir)
+    except UserFacingError as e:  # one line, which the parent shows
+        print(f"{_USER_ERROR}{' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps(result))

@@ -296,6 +296,7 @@ def _train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig) -> dict
         it = batches(dataset, min(batch_size, len(dataset)), max_seq_length, seed, loop, part)
         return _until(it, deadline, done, comm_group) if loop else it  # loop: training
 
+    _colour_only_on_a_terminal()
     mlx_lm_train(model, optim.Adam(learning_rate=config.learning_rate), train_rows,
                  val or None, args=args, loss=masked_loss, iterate_batches=iterate,
                  training_callback=Progress())
@@ -303,6 +304,19 @@ def _train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig) -> dict
     return {"first_loss": losses[0] if losses else None,
             "last_loss": losses[-1] if losses else None,
             "train_rows": len(train_rows), "val_rows": len(val), "iters": done[0]}
+
+
+def _colour_only_on_a_terminal() -> None:
+    """mlx-lm's trainer prints through a shared rich console made with colour forced on
+    (``color_system="truecolor"``), so a log file got escape codes; this turns its styles
+    off unless its stream is a terminal (rich's own test, which honours FORCE_COLOR)."""
+    try:
+        from mlx_lm.cli_ui import make_console
+    except ImportError:  # an mlx-lm without it prints plain text
+        return
+    console = make_console()
+    if not console.is_terminal and hasattr(console, "_color_system"):
+        console._color_system = None  # what color_system=None gives: no styles at all
 
 
 def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig) -> dict:

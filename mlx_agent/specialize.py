@@ -235,8 +235,9 @@ def _steps(models: Models, tools: list[Tool], tools_data: bytes, tmp: Path,
 
     sft = dataclasses.replace(config.sft, init_adapter=models.start)
     stats = train(models.load(), written, tmp, sft)
-    log(f"trained {stats['iters']} iterations; loss {stats['first_loss']} -> "
-        f"{stats['last_loss']}")
+    first, last = (f"{x:.4f}" if x is not None else "?"
+                   for x in (stats["first_loss"], stats["last_loss"]))
+    log(f"trained {stats['iters']} iterations; loss {first} → {last}")  # as `sft` says it
     after = _row(_evaluate(lambda: models.load(adapter=str(tmp)), str(tmp), heldout, config),
                  kinds)
     log(f"specialist: {after['success']:.0%} right")

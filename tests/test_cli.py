@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -271,6 +272,7 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval", "--tasks", "{tasks}", "--trajectory-dir", "{tmp}/" + "x" * 300],
      "File name too long"),
     (["generate", "-m", "{tmp}/" + "x" * 300, "hi"], "no model at"),
+    (["generate", "--adapter", "/no/such", "hi"], "adapter /no/such does not exist"),
     # a run that fails after its checks leaves no empty folder they made
     (["agent", "/no/model", "--tools", ECHO, "--single", "hi", "--trajectory-dir",
       "{tmp}/runs/a"], "no model at '/no/model'"),
@@ -346,8 +348,17 @@ def test_traj_show_takes_several_files_or_a_directory(tmp_path):
         assert [line for line in r.stdout.splitlines() if line.startswith("trajectory")] == \
             ["trajectory id-a", "trajectory id-b"]
     (tmp_path / "c.atraj").write_text("not json")
-    r = run("traj", "show", str(tmp_path))
-    assert r.returncode == 2 and r.stdout == "" and "c.atraj is not a valid" in r.stderr
+    (tmp_path / "d.atraj").write_text('{"version": 1, "id": "x", "st')  # cut short
+    r = run("traj", "show", str(tmp_path))  # the good ones, a warning for each bad one
+    assert r.returncode == 0, r.stderr
+    assert [line for line in r.stdout.splitlines() if line.startswith("trajectory")] == \
+        ["trajectory id-a", "trajectory id-b"]
+    warnings = r.stderr.splitlines()
+    assert len(warnings) == 2 and all(w.startswith("warning: skipped: ") for w in warnings)
+    assert "c.atraj is not a valid" in warnings[0] and "d.atraj" in warnings[1]
+    r = run("traj", "show", str(tmp_path / "c.atraj"))  # nothing to show: an error
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("mlx_agent: error: ") and "c.atraj is not a valid" in r.stderr
 
 
 def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
@@ -526,3 +537,64 @@ def test_the_cli_runs_in_process_off_the_main_thread_and_leaves_sigterm_as_it_wa
     assert results[0].exit_code == 0, results[0].output
     assert CliRunner().invoke(main, ["--help"]).exit_code == 0
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("args,message", [
+    (["/no/model"], "no model at '/no/model'"),
+    (["--tools", "{tmp}/bad.json"], "bad.json: not valid JSON"),
+    (["--tools", "{tmp}/no_exec.json"], "has neither '_exec' nor '_handler'"),
+])
+def test_bench_prefill_checks_its_input_before_the_benchmark(tmp_path, args, message):
+    (tmp_path / "bad.json").write_text('{"tools": [')
+    (tmp_path / "no_exec.json").write_text(json.dumps([{"type": "function", "function": {
+        "name": "t", "parameters": {"type": "object", "properties": {}}}}]))
+    r = run("bench", "prefill", *(a.format(tmp=tmp_path) for a in args))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith("mlx_agent: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr
+
+
+def test_bench_prefill_plot_without_matplotlib_fails_before_the_benchmark(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed")
+    r = run("bench", "prefill", "--plot", str(tmp_path / "p.png"))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == ("mlx_agent: error: --plot needs matplotlib, which is not installed "
+                        "(pip install 'mlx-agent[plot]')\n")
+
+
+def test_a_bench_launch_ignores_an_mlx_agent_folder_in_the_cwd_and_fails_in_one_line(
+        tmp_path, monkeypatch):
+    from mlx_agent.bench import _launch
+    from mlx_agent.errors import UserFacingError
+
+    shadow = tmp_path / "shadow" / "mlx_agent"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise SystemExit('the folder shadowed the package')\n")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(shadow.parent)
+    out = _launch(None, os.path.abspath(ECHO), "none", str(tmp_path / "work" / "kv"))
+    assert out["mode"] == "none" and out["system_tokens"] > 0
+    (tmp_path / "bad.json").write_text("{")  # read by the launch, not checked before it
+    with pytest.raises(UserFacingError) as e:
+        _launch(None, str(tmp_path / "bad.json"), "none", str(tmp_path / "work" / "kv"))
+    assert str(e.value).startswith("the none launch failed: ") and "\n" not in str(e.value)
+
+
+def test_generate_says_when_the_context_not_max_tokens_ended_it():
+    r = run("generate", "-v", "--context-length", "8", "--max-tokens", "20", "one two three")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("warning: the context is full (8 tokens): stopped after 5 of "
+                        "--max-tokens 20 (raise --context-length)")
+    assert " 5 generated at " in lines[-1] and lines[-1].endswith("finish: context")
+    r = run("generate", "-v", "--context-length", "8", "--max-tokens", "5", "one two three")
+    assert r.returncode == 0 and "warning" not in r.stderr and \
+        r.stderr.rstrip().endswith("finish: length"), r.stderr
+
+
+def test_generate_help_names_the_model_variable_that_sets_the_default():
+    r = run("generate", "--help")
+    assert r.returncode == 0 and "$MLX_AGENT_MODEL" in " ".join(r.stdout.split())

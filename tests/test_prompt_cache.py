@@ -309,3 +309,12 @@ def test_ls_rm_and_prune_keep_the_most_recently_used(lm, tmp_path):
     assert len(pc.entries(tmp_path)) == 4
     with pytest.raises(ValueError):
         pc.remove(tmp_path, "ab")
+
+
+@pytest.mark.real_model
+def test_bench_scripted_task_runs_all_its_tool_rounds(tmp_path):
+    from mlx_agent.bench import multi_turn_share
+
+    share = multi_turn_share(None, str(tmp_path / "kv"))
+    assert share["calls"] == 4 and share["turns"] == 5  # 4 calls, then the answer
+    assert share["rendered"] > 1500 and 0.5 < share["share"] < 1

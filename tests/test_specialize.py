@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -75,6 +76,9 @@ def test_specialize_writes_a_whole_result_and_its_adapter_loads(tiny_models, tmp
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["lora_parameters"]["rank"] == 8
     assert "specialist" in table(results)[2] and any("rows:" in line for line in lines)
+    trained = [line for line in lines if "] trained " in line]  # after "[   3 s]"
+    assert re.fullmatch(r"\[ *\d+ s\] trained 2 iterations; loss \d+\.\d{4} → \d+\.\d{4}",
+                        trained[0]), trained
 
 
 def test_specialize_trains_on_from_a_given_adapter(tiny_models, tmp_path):

@@ -327,3 +327,26 @@ def test_cli_traces_to_data_and_usage_errors(tmp_path):
     odd = subprocess.run([*cli, "sft", "--data", str(bad), "--out", str(tmp_path / "ad"),
                           "--processes", "3"], capture_output=True, text=True, env=env)
     assert odd.returncode == 2 and "--processes 3 must divide --batch-size 4" in odd.stderr
+
+
+def test_cli_sft_into_a_log_file_has_no_colour_codes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    d = tmp_path / "traj"
+    write_traj(d, "a", "add two numbers please", [20, 21], 1.0)
+    cli = [sys.executable, "-m", "mlx_agent.cli.main"]
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    data = tmp_path / "o.jsonl"
+    subprocess.run([*cli, "traces-to-data", str(d), "--out", str(data)], check=True, env=env,
+                   capture_output=True)
+    with open(tmp_path / "log", "w+") as log:  # a file, as `mlx_agent sft ... >log 2>&1`
+        r = subprocess.run([*cli, "sft", "--data", str(data), "--out", str(tmp_path / "ad"),
+                            "--iters", "2", "--batch-size", "1"], stdout=log, stderr=log,
+                           env=env, timeout=300)
+        log.seek(0)
+        text = log.read()
+    assert r.returncode == 0, text
+    assert "train_loss" in text and "adapter written to" in text
+    assert "\x1b" not in text, repr(text)

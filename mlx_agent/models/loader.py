@@ -255,6 +255,9 @@ def load(
     path = resolve(spec)
     fmt = _format_of(path)
     adapter_path = Path(adapter).expanduser() if adapter else None
+    if adapter_path is not None and not os.path.isdir(adapter_path):  # os.path: no raising
+        raise ModelError(f"adapter {adapter} does not exist" if not os.path.exists(adapter_path)
+                         else f"adapter {adapter} is not a directory (mlx-lm adapter format)")
     if adapter_path is not None and not (adapter_path / "adapter_config.json").is_file():
         raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
     if fmt == "gguf":
