@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -189,7 +190,6 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
     """
     from mlx_agent.agent import Agent, AgentConfig, agent_format
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.fileio import PinnedFolder
     from mlx_agent.models import load
 
     if single is not None and not single.strip():
@@ -206,38 +206,44 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
                         not_same_as={**read, "--transcript": transcript})
     paths.writable_dir(trajectory_dir, "--trajectory-dir")
     box = make_sandbox(sandbox, allow_network, root, write_cwd=False)  # only --root is theirs
-    servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
-    tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box, servers)
-    choices = tuple(c.strip() for c in tool_choice.split(","))
-    if no_grammar and set(choices) != {"auto"}:
-        raise click.UsageError("--tool-choice needs the grammar; drop --no-grammar")
-    lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
-    mode = cache_mode(no_kv_preallocate, kv_window)
-    engine = lm.engine(cache_mode=mode, kv_window=kv_window or None)
-    config = AgentConfig(
-        max_steps=max_steps, max_tokens=max_tokens, tool_timeout=tool_timeout,
-        tool_env=tool_env, tool_cwd=root, sandbox=box,
-        sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
-                                min_p=min_p, seed=seed),
-        confirm=_confirm if confirm_tools else None, grammar=not no_grammar,
-        tool_choice=choices, allow_repeat_calls=allow_repeat_calls,
-        retry_after_error=retry_after_error)
     with contextlib.ExitStack() as stack:
-        log = stack.enter_context(open(transcript, "ab")) if transcript else None
-        recorder = _recorder(trajectory_dir, trajectory_task, lm, config)
+        # the outputs are pinned (the transcript opened) before any tool or MCP server runs:
+        # inside --root, one could swap a folder for a link elsewhere
+        log = stack.enter_context(_transcript(transcript)) if transcript else None
+        trajectories = _pinned(trajectory_dir, "the trajectory folder")
+        session_folder = _pinned(save_session and Path(save_session).parent,
+                                 "the --save-session folder")
+        servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
+        tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box,
+                            servers)
+        choices = tuple(c.strip() for c in tool_choice.split(","))
+        if no_grammar and set(choices) != {"auto"}:
+            raise click.UsageError("--tool-choice needs the grammar; drop --no-grammar")
+        lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
+        mode = cache_mode(no_kv_preallocate, kv_window)
+        engine = lm.engine(cache_mode=mode, kv_window=kv_window or None)
+        config = AgentConfig(
+            max_steps=max_steps, max_tokens=max_tokens, tool_timeout=tool_timeout,
+            tool_env=tool_env, tool_cwd=root, sandbox=box,
+            sampling=SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
+                                    min_p=min_p, seed=seed),
+            confirm=_confirm if confirm_tools else None, grammar=not no_grammar,
+            tool_choice=choices, allow_repeat_calls=allow_repeat_calls,
+            retry_after_error=retry_after_error)
+        recorder = _recorder(trajectories, trajectory_task, lm, config)
         bot = Agent(lm, engine, tools, agent_format(protocol, lm, system), config,
                     emit=Sink(json_out, single is not None, log), recorder=recorder)
         if not json_out:
-            click.secho(f"[{lm.identity.name}, {bot.fmt.name} protocol, {len(tools)} tools, "
+            count = f"{len(tools)} tool" + ("" if len(tools) == 1 else "s")
+            click.secho(f"[{lm.identity.name}, {bot.fmt.name} protocol, {count}, "
                         f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}, "
                         f"{box.describe()}]", err=True, dim=True)
         if prompt_cache_dir:
             _prime(bot, prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype)
         if resume:
             _resume(bot, resume)
-        if save_session:  # its folder pinned before any tool runs: tools may reach it
-            folder = PinnedFolder(Path(save_session).parent, "the --save-session folder")
-            stack.callback(_save, bot, folder, Path(save_session).name)
+        if save_session:
+            stack.callback(_save, bot, session_folder, Path(save_session).name)
 
         def turn(text: str) -> int:
             """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise."""
@@ -264,20 +270,40 @@ def _confirm(name: str, arguments: dict) -> bool:
         raise KeyboardInterrupt from None  # the agent's own Ctrl-C: the turn stops
 
 
-def _recorder(trajectory_dir, task, lm, config):
-    if not trajectory_dir:
+@contextlib.contextmanager
+def _transcript(path: str):
+    """The transcript, open to append; one this run made and left empty (it failed before
+    its first event: a model that did not load) is removed again."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab") as f:
+            yield f
+    finally:
+        if not existed and os.path.getsize(path) == 0:
+            os.unlink(path)
+
+
+def _pinned(path, what: str):
+    """A :class:`~mlx_agent.fileio.PinnedFolder` for ``path`` (None without one)."""
+    from mlx_agent.fileio import PinnedFolder
+
+    if not path:
+        return None
+    try:
+        return PinnedFolder(path, what)
+    except OSError as e:
+        raise UserError(f"cannot write to {what} {path}: {e.strerror or e}") from None
+
+
+def _recorder(folder, task, lm, config):
+    if folder is None:
         return None
     import dataclasses
 
     from mlx_agent.trajectory import Recorder
 
-    try:
-        return Recorder(trajectory_dir, task=task, model_fingerprint=lm.identity.fingerprint,
-                        sampling=dataclasses.asdict(config.sampling),
-                        checkpoint_path=str(lm.path))
-    except OSError as e:
-        raise UserError(f"cannot write trajectories to {trajectory_dir}: "
-                        f"{e.strerror or e}") from None
+    return Recorder(folder, task=task, model_fingerprint=lm.identity.fingerprint,
+                    sampling=dataclasses.asdict(config.sampling), checkpoint_path=str(lm.path))
 
 
 def _prime(bot, directory: str, max_bytes: int | None, storage: str) -> None:

@@ -173,7 +173,8 @@ class PinnedFolder:
     :class:`FolderReplaced` when the path now leads elsewhere (it, or a folder above it,
     was replaced by a link or another folder). Writes happen between tool calls, so a check
     just before a write sees what a tool left. Not promised: protection from a process
-    racing the write itself (the sandbox ends a call's processes with the call)."""
+    racing the write itself (the sandbox ends a call's processes with the call, but a stdio
+    MCP server runs for the whole session)."""
 
     def __init__(self, path: str | os.PathLike, what: str):
         Path(path).mkdir(parents=True, exist_ok=True)

@@ -164,10 +164,12 @@ def set_reward(path: str | os.PathLike, reward: float) -> Trajectory:
 class Recorder:
     """Builds one trajectory step by step and rewrites its file after every step."""
 
-    def __init__(self, directory: str | os.PathLike, *, task: str | None = None,
+    def __init__(self, directory: str | os.PathLike | PinnedFolder, *, task: str | None = None,
                  model_fingerprint: str | None = None, sampling: dict | None = None,
                  checkpoint_path: str | None = None):
-        self.folder = PinnedFolder(directory, "the trajectory folder")  # tools may reach it
+        # tools may reach it: pinned (by the caller, before any ran)
+        self.folder = directory if isinstance(directory, PinnedFolder) else \
+            PinnedFolder(directory, "the trajectory folder")
         self.dir = self.folder.path
         self.traj = Trajectory(id=str(uuid.uuid4()), task=task,
                                model_fingerprint=model_fingerprint, sampling=sampling,

@@ -62,3 +62,21 @@ def test_an_output_file_that_is_an_input_is_refused_before_anything_runs(tmp_pat
     r = run(*args, "--single", "hi", cwd=tmp_path) if args[0] == "agent" else run(*args, cwd=tmp_path)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.real_model
+def test_an_mcp_server_that_swaps_the_trajectory_folder_as_it_starts_does_not_redirect_it(
+        tmp_path):
+    # a stdio server starts (in --root) before the model loads: the folders are pinned first
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "runs").mkdir(parents=True)
+    outside.mkdir()
+    server = os.path.join(os.path.dirname(__file__), "mcp_server.py")
+    swap = (f"import os, runpy, shutil; shutil.rmtree('runs'); os.symlink({str(outside)!r}, "
+            f"'runs'); runpy.run_path({server!r}, run_name='__main__')")
+    r = run("agent", "--mcp", f"{sys.executable} -c \"{swap}\"", "--root", str(root),
+            "--trajectory-dir", str(root / "runs"), "--max-steps", "1", "--max-tokens", "8",
+            "--single", "hi", cwd=tmp_path)
+    assert (root / "runs").is_symlink(), r.stderr  # the server ran and swapped it
+    assert list(outside.iterdir()) == [], r.stderr
+    assert "was replaced or moved during the run" in r.stderr, r.stderr
