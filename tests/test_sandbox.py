@@ -176,6 +176,18 @@ def test_plant_code_in_a_virtual_environment_inside_the_root(mode, area):
     escaped(mode, planted.exists(), r.stdout)
     r = run(mode, "echo fine > work.txt", root)  # the rest of the root stays writable
     assert r.exit_code == 0 and (root / "work.txt").read_text() == "fine\n"
+    # write_file runs in-process, outside any sandbox: it refuses those folders itself
+    script = f"""
+        from mlx_agent.tools import builtin_tools, run_tool
+        tools = {{t.name: t for t in builtin_tools({str(root)!r})}}
+        r = run_tool(tools["write_file"], {{"path": "venv/lib/{venv_site.parent.name}/site-packages/w.pth",
+                                            "content": "import os"}})
+        print(r.exit_code, r.stderr)
+    """
+    r = subprocess.run([str(root / "venv" / "bin" / "python"), "-c", textwrap.dedent(script)],
+                       capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 0 and not (venv_site / "w.pth").exists(), r.stdout + r.stderr
+    assert "this runtime's own code" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("where", ["a nested repository", "a new .git", "a bare layout",

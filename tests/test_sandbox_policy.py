@@ -67,6 +67,16 @@ def test_seatbelt_profile_denies_by_default_and_names_paths_only_as_parameters()
     assert with_network.count("(") == with_network.count(")")
 
 
+def test_seatbelt_denies_writing_the_runtimes_own_code_after_allowing_the_roots():
+    from dataclasses import replace
+
+    text = seatbelt_profile(replace(policy(), own_code=("/work/repo/.venv",)))
+    allow, deny = text.index("(allow file-write*"), text.index("(deny file-write*")
+    assert allow < deny and '(subpath (param "OWN_CODE_0"))' in text[deny:]
+    assert '(param "OWN_CODE_0")' not in text[allow:deny]  # never in the allow rule
+    assert "(deny file-write*" not in seatbelt_profile(policy())
+
+
 def test_seatbelt_argv_passes_the_profile_and_its_parameters():
     argv = seatbelt_argv(policy(writable=('/a "quoted" dir',)), ["/bin/bash", "-c", "ls"])
     assert argv[:3] == ["/usr/bin/sandbox-exec", "-p", seatbelt_profile(policy(writable=("x",)))]

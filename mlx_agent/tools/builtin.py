@@ -15,6 +15,7 @@ in-process, never sandboxed, kept inside the root by the walk above.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -27,7 +28,7 @@ import msgspec
 from . import rootfs
 from .executor import DEFAULT_CAP, ToolResult, _Capped, run_process, tool_env
 from .rootfs import OutsideRoot
-from .sandbox import Sandbox
+from .sandbox import Sandbox, own_code
 from .schema import Tool
 
 __all__ = ["OutsideRoot", "builtin_tools", "rebound"]
@@ -77,8 +78,19 @@ def grep(root: str, timeout: float, cap: int, pattern: str, path: str = ".") -> 
 
 def write_file(root: str, path: str, content: str) -> str:
     data = content.encode("utf-8")  # before any file exists: a lone surrogate fails here
-    rel = rootfs.write_atomic(root, path, data)
+    rel = rootfs.write_atomic(root, path, data, protected=_own_code_folders())
     return f"wrote {len(data)} bytes to {rel}"
+
+
+def _own_code_folders() -> frozenset:
+    """This runtime's code folders as ``(st_dev, st_ino)``: write_file runs in-process, so
+    the sandbox's read-only binds of them (:func:`.sandbox.own_code`) do not cover it."""
+    keys = set()
+    for path in own_code():
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            keys.add((st.st_dev, st.st_ino))
+    return frozenset(keys)
 
 
 def run_tests(root: str, timeout: float, env_names=(),

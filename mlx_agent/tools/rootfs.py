@@ -104,11 +104,12 @@ def _readlink(dir_fd: int, name: str) -> str | None:
 class _Walk:
     """The open directories from the root down to where a walk stands, with their names."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, protected: frozenset = frozenset()):
         self.root = root
         self.fds = [os.open(root, _DIR)]
         self.names: list[str] = []
         self.hops = 0  # links followed and directories made: bounded, whatever races
+        self.protected = protected  # (st_dev, st_ino) of folders a write may not enter
 
     def close(self) -> None:
         for fd in self.fds:
@@ -148,6 +149,7 @@ class _Walk:
         todo = deque(parts)
         if create:
             self._refuse_git_dir()
+            self._refuse_protected()
         while todo:
             part = todo.popleft()
             if part == "..":
@@ -187,7 +189,16 @@ class _Walk:
             self.names.append(part)
             if create:
                 self._refuse_git_dir()
+                self._refuse_protected()
         return None
+
+    def _refuse_protected(self) -> None:
+        """A write may not go into a protected folder (this runtime's own code: a ``.pth``
+        file planted in a virtual environment runs, unconfined, at the next start)."""
+        st = os.fstat(self.fd)
+        if (st.st_dev, st.st_ino) in self.protected:
+            raise PermissionError(f"{self.relative()!r} holds this runtime's own code (its "
+                                  "Python environment or package), which tools may not write")
 
     def _refuse_git_dir(self) -> None:
         """A write may not go into (or through) a git directory by any name: a bare
@@ -200,9 +211,11 @@ class _Walk:
 
 
 @contextlib.contextmanager
-def located(root: str, path: str, create: bool = False) -> Iterator[tuple[_Walk, str | None]]:
-    """The walk to ``path``'s parent directory and its last name (None: a directory)."""
-    walk = _Walk(root)
+def located(root: str, path: str, create: bool = False, protected: frozenset = frozenset()
+            ) -> Iterator[tuple[_Walk, str | None]]:
+    """The walk to ``path``'s parent directory and its last name (None: a directory);
+    ``create`` (a walk to write) refuses the folders in ``protected`` too."""
+    walk = _Walk(root, protected)
     try:
         try:
             name = walk.down(_parts(root, path or "."), create=create)
@@ -405,9 +418,10 @@ def _open_entry(root: str, rel: str, dir_fd: int | None, name: str | None) -> in
         return None
 
 
-def write_atomic(root: str, path: str, data: bytes) -> str:
-    """Replace (or create) the file at ``path`` with ``data``; its relative path."""
-    with located(root, path, create=True) as (walk, name):
+def write_atomic(root: str, path: str, data: bytes, protected: frozenset = frozenset()) -> str:
+    """Replace (or create) the file at ``path`` with ``data``, in no folder of ``protected``
+    (``(st_dev, st_ino)`` pairs, whatever names reach them); its relative path."""
+    with located(root, path, create=True, protected=protected) as (walk, name):
         if name is None:
             raise IsADirectoryError(f"{path!r} is a directory")
         try:

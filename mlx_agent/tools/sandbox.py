@@ -104,13 +104,18 @@ def own_code() -> tuple[str, ...]:
     and this package's folders, symlinks resolved. A tool that could write there (a virtual
     environment inside ``--root``, as ``make`` makes one in a project) could plant a ``.pth``
     file or a module that runs, unconfined, the next time the runtime starts."""
+    import importlib.util
+
     import mlx_agent
 
     paths = {sys.prefix, sys.base_prefix, os.path.dirname(mlx_agent.__file__)}
     for name in ("mlx_agent.cli", "mlx_agent.kernels"):  # their own folders when editable
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            paths.add(os.path.dirname(module.__file__))
+        try:  # found, not imported: the answer must not depend on what was imported first
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            paths.update(spec.submodule_search_locations)
     return tuple(sorted({os.path.realpath(p) for p in paths}))
 
 
@@ -166,13 +171,21 @@ _SEATBELT_NETWORK = """\
 def _seatbelt_paths(policy: Policy) -> dict[str, str]:
     """The -D parameters the profile refers to: paths never appear in its text."""
     paths = {f"WRITABLE_{i}": root for i, root in enumerate(policy.writable)}
-    return {**paths, "SANDBOX_TMP": policy.tmp, "SANDBOX_HOME": policy.home}
+    return {**paths, "SANDBOX_TMP": policy.tmp, "SANDBOX_HOME": policy.home,
+            **{f"OWN_CODE_{i}": path for i, path in enumerate(policy.own_code)}}
 
 
 def seatbelt_profile(policy: Policy) -> str:
-    """The Seatbelt (SBPL) profile for ``policy``; paths come in as ``-D`` parameters."""
-    writable = "".join(f'\n  (subpath (param "{name}"))' for name in _seatbelt_paths(policy))
+    """The Seatbelt (SBPL) profile for ``policy``; paths come in as ``-D`` parameters. The
+    runtime's own code is denied after the writable roots are allowed (the later rule wins)."""
+    names = _seatbelt_paths(policy)
+    writable = "".join(f'\n  (subpath (param "{name}"))' for name in names
+                       if not name.startswith("OWN_CODE_"))
     text = _SEATBELT_BASE + f"(allow file-write*{writable})\n"
+    own = "".join(f'\n  (subpath (param "{name}"))' for name in names
+                  if name.startswith("OWN_CODE_"))
+    if own:
+        text += f"(deny file-write*{own})\n"
     return text + _SEATBELT_NETWORK if policy.network else text
 
 
