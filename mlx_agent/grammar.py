@@ -169,27 +169,18 @@ ANSWER_END = "^([^\\x00]*[^\\x00\\s{\\[(])?$"  # no answer ends on a space or an
 # bracket: the model's ' "' or ' {"' meant a quotation's start, and its quote closed the string
 
 
-# where JSON Schema keeps subschemas: lists of them, maps of names to them, and single ones
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
-                   "dependentSchemas")
-_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-               "propertyNames", "additionalItems", "unevaluatedItems",
-               "unevaluatedProperties")
-
-
 def _each_subschema(schema: dict, rule: Callable[[Any], Any]) -> dict:
     """A copy of ``schema`` with ``rule`` applied to each of its direct subschemas (found by
     keyword, so a property named ``enum`` or ``default`` is a schema like any other, and
     ``const``, ``enum``, ``default`` and ``examples`` stay data)."""
     out = dict(schema)
-    for key in _SUBSCHEMA_LISTS:
+    for key in json_schema.SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
             out[key] = [rule(s) for s in out[key]]
-    for key in _SUBSCHEMA_MAPS:
+    for key in json_schema.SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: rule(s) for name, s in out[key].items()}
-    for key in _SUBSCHEMAS:
+    for key in json_schema.SUBSCHEMAS:
         if isinstance(out.get(key), dict):
             out[key] = rule(out[key])
     return out

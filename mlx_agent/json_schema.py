@@ -79,7 +79,30 @@ def inexact_integer(schema: Any) -> tuple[str, str] | None:
 
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
            "minContains", "maxContains")
-_DATA = ("const", "enum", "default", "examples")  # values, not schemas: not looked into
+# where JSON Schema keeps subschemas: lists of them, maps of names to them, and single ones
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
+                  "dependentSchemas")
+SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+              "propertyNames", "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+
+
+def subschemas(node: dict, where: str = "") -> Iterator[tuple[str, Any]]:
+    """``node``'s direct subschemas with their paths, found by keyword: a property named
+    ``enum`` or ``default`` is a schema like any other, and ``const``, ``enum``, ``default``
+    and ``examples`` stay data."""
+    def at(*keys) -> str:
+        return ".".join([where, *map(str, keys)] if where else map(str, keys))
+
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            yield from ((at(key, i), s) for i, s in enumerate(node[key]))
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            yield from ((at(key, name), s) for name, s in node[key].items())
+    for key in SUBSCHEMAS:
+        if isinstance(node.get(key), dict):
+            yield at(key), node[key]
 
 
 def unusable(schema: Any) -> tuple[str, str] | None:
@@ -89,24 +112,21 @@ def unusable(schema: Any) -> tuple[str, str] | None:
     at nothing, and a chain of ``$ref``s that comes back to itself before reaching a schema
     (``a`` is ``b``, ``b`` is ``a``): these compiled nowhere, after the tools file loaded."""
     judged: dict[str, str | None] = {}  # each $ref followed once, however many use it
-    todo = [(schema, "")]
+    todo = [("", schema)]
     while todo:
-        node, where = todo.pop()
-        if isinstance(node, list):
-            todo.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
-            continue
+        where, node = todo.pop()
         if not isinstance(node, dict):
             continue
-        for key, value in node.items():
-            path = f"{where}.{key}" if where else str(key)
-            if key in _COUNTS and isinstance(value, float):
-                return path, f"is {value!r}; give a whole number without a decimal point"
-            if key == "$ref" and isinstance(value, str):
-                problem = _ref_problem(schema, value, judged)
-                if problem:
-                    return path, problem
-            if key not in _DATA:
-                todo.append((value, path))
+        for key in _COUNTS:
+            if isinstance(node.get(key), float):
+                return f"{where}.{key}".lstrip("."), (f"is {node[key]!r}; give a whole number "
+                                                      "without a decimal point")
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            problem = _ref_problem(schema, ref, judged)
+            if problem:
+                return f"{where}.$ref".lstrip("."), problem
+        todo.extend(reversed(list(subschemas(node, where))))  # in the order written
     return None
 
 
