@@ -235,7 +235,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
                     emit=Sink(json_out, single is not None, log), recorder=recorder)
         if not json_out:
             count = f"{len(tools)} tool" + ("" if len(tools) == 1 else "s")
-            click.secho(f"[{lm.identity.name}, {bot.fmt.name} protocol, {count}, "
+            click.secho(f"[{for_terminal(lm.identity.name)}, {bot.fmt.name} protocol, {count}, "
                         f"{mode} KV cache, grammar {'off' if no_grammar else 'on'}, "
                         f"{box.describe()}]", err=True, dim=True)
         if prompt_cache_dir:

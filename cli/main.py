@@ -23,6 +23,7 @@ from .options import (TEXT, cache_mode, cache_options, max_tokens_option, model_
 from .serve import serve
 from .specialize import specialize
 from .synth import synth
+from .terminal import for_terminal
 from .tools import tools
 from .train import eval_cmd, sft, traces_to_data
 from .traj import traj
@@ -65,7 +66,7 @@ def models():
             where = str(resolve(default))
         except ModelError as e:
             where = f"not found: {e}"
-        click.echo(f"* {default:<18} (from ${MODEL_ENV}) {where}")
+        click.echo(for_terminal(f"* {default:<18} (from ${MODEL_ENV}) {where}"))
     if any(default_adapter(name) for name in NAMED_MODELS):
         click.echo("adapter: a tool-calling adapter, loaded by the commands that call tools "
                    "(--no-adapter: without it); generate runs without it")
@@ -141,7 +142,7 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
     if verbose:
         ident = lm.identity
         click.echo(
-            f"[{ident.name} ({ident.format}, {ident.weight_format}), BLAS "
+            f"[{for_terminal(ident.name)} ({ident.format}, {ident.weight_format}), BLAS "
             f"{blas.status().name}] prompt {len(ids)} tokens: {p.prefilled} prefilled in "
             f"{p.seconds * 1000:.0f} ms ({p.prefilled / max(p.seconds, 1e-9):.1f} tok/s); "
             f"{len(stream.ids)} generated at {stream.decode_tps:.1f} tok/s; "

@@ -598,3 +598,14 @@ def test_generate_says_when_the_context_not_max_tokens_ended_it():
 def test_generate_help_names_the_model_variable_that_sets_the_default():
     r = run("generate", "--help")
     assert r.returncode == 0 and "$MLX_AGENT_MODEL" in " ".join(r.stdout.split())
+
+
+def test_a_model_name_with_escape_sequences_is_shown_escaped(tmp_path):
+    from mlx_agent.models import resolve
+
+    hostile = tmp_path / "x\x1b]0;pwned\x07.gguf"  # the identity's name is the file's stem
+    os.symlink(resolve("smollm2-135m-base"), hostile)
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate", "-v", "-m",
+                        str(hostile), "--max-tokens", "2", "hi"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "\x1b" not in r.stderr and "\\x1b]0;pwned" in r.stderr, r.stderr
