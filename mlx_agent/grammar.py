@@ -305,7 +305,8 @@ _UNBOUNDED = 1 << 20
 
 def _special_literal(schema: Any, specials: Sequence[str]) -> tuple[str, str] | None:
     """The first text the grammar of ``schema`` may have to write (a property name, a
-    ``const`` or ``enum`` value) that holds one of ``specials``, with that special token."""
+    ``const`` or ``enum`` value, a ``pattern``'s literal text) that holds one of
+    ``specials``, with that special token."""
     todo = [schema]
     while todo:
         node = todo.pop()
@@ -316,6 +317,8 @@ def _special_literal(schema: Any, specials: Sequence[str]) -> tuple[str, str] | 
             texts.append(json.dumps(node["const"], ensure_ascii=False))
         if isinstance(node.get("enum"), list):
             texts += [json.dumps(v, ensure_ascii=False) for v in node["enum"]]
+        if isinstance(node.get("pattern"), str):  # its literal text, escapes dropped
+            texts.append(node["pattern"].replace("\\", ""))
         for text in texts:
             for special in specials:
                 if special in text:

@@ -442,6 +442,9 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     # 200 whose content was one quote); a property name did the same to a forced call
     ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"enum": ["<|im_end|>"]}}}}, "holds the special token '<|im_end|>'"),
+    ({"messages": user("x"), "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "pattern": "^<\\|im_end\\|>$"}}}},
+     "holds the special token '<|im_end|>'"),
     ({"messages": user("x"), "tool_choice": "required", "tools": [_tool(
         {"a <|im_start|>": {"type": "string"}}, required=["a <|im_start|>"])]},
      "holds the special token '<|im_start|>'"),
