@@ -127,7 +127,7 @@ def load_tasks(path: str | Path) -> list[Task]:
 def _numbered_tasks(path: str | Path) -> list[tuple[int, Task]]:
     """The tasks of the file, each with its line number."""
     path = Path(path)
-    tasks, fixtures = [], set()
+    tasks, fixtures, lines = [], set(), {}
     try:
         text = read_regular(path, max_bytes=MAX_TASKS_FILE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -174,7 +174,12 @@ def _numbered_tasks(path: str | Path) -> list[tuple[int, Task]]:
                                             and isinstance(c.get("arguments", {}), dict)):
                 raise TaskError(f"{path}:{i}: a tool_choice call needs "
                                  '{"name": "...", "arguments": {...}}')
-        tasks.append((i, msgspec.structs.replace(task, id=task.id or f"task-{i}")))
+        task = msgspec.structs.replace(task, id=task.id or f"task-{i}")
+        if task.id in lines:  # ids name its rows and trajectories, and order them
+            raise TaskError(f"{path}:{i}: task id {task.id!r} is the id of line "
+                            f"{lines[task.id]} too; give each task its own")
+        lines[task.id] = i
+        tasks.append((i, task))
     if not tasks:
         raise TaskError(f"{path} has no tasks")
     return tasks

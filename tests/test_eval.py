@@ -60,6 +60,12 @@ def test_task_file_errors(tmp_path):
     bad.write_text(json.dumps({"prompt": "x", "check": {"shell": "true"}}))
     with pytest.raises(ValueError, match="needs tools or builtin_tools"):
         load_tasks(bad)
+    # ids name a run's rows and trajectories and order them: an explicit one that repeats
+    # the id line 2 would get was taken
+    task = {"prompt": "x", "tools": "t.json", "check": {"shell": "true"}}
+    bad.write_text(json.dumps({**task, "id": "task-2"}) + "\n" + json.dumps(task) + "\n")
+    with pytest.raises(ValueError, match=r"t.jsonl:2: task id 'task-2' is the id of line 1"):
+        load_tasks(bad)
     # found when the file is read, not after the model ran every task
     for arguments in ("x", [1]):
         bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "check": {

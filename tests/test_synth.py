@@ -444,7 +444,8 @@ def test_eval_runs_synthesised_tasks(tiny_lm, tmp_path):
     call = next(t.task for t in s.heldout if t.kind == "call")
     none = next(t.task for t in s.heldout if t.kind == "none")
     path = tmp_path / "tasks.jsonl"
-    path.write_text("".join(json.dumps(t) + "\n" for t in (call, none, none)))
+    again = {**none, "id": none["id"] + "-again"}  # ids are unique in a tasks file
+    path.write_text("".join(json.dumps(t) + "\n" for t in (call, none, again)))
     (tmp_path / "tools.json").write_bytes(CATALOGUE.read_bytes())
     (want,) = calls_of(call)
     replies = [json.dumps({"tool": want["name"], "arguments": want["arguments"]}),
