@@ -131,15 +131,16 @@ def read(path: str | os.PathLike) -> Trajectory:
 
 
 def _check_prefixes(path, traj: Trajectory) -> None:
-    """Each step's ``prefix_len`` must fall within the sequence replayed so far: a negative
-    one or one past it replayed silently into ids that were never in the model's cache."""
+    """Each ``prefix_len`` :meth:`Trajectory.replay` uses (a step's with ``input_ids``) must
+    fall within the sequence replayed so far: a negative one or one past it replayed silently
+    into ids that were never in the model's cache. The length arithmetic is replay's."""
     length = 0
     for i, step in enumerate(traj.steps):
-        if step.prefix_len is not None and not 0 <= step.prefix_len <= length:
-            raise TrajectoryError(f"{path} is not a valid .atraj file: step {i}'s prefix_len "
-                                  f"{step.prefix_len} is outside 0..{length}")
         if step.input_ids is not None:
             if step.prefix_len is not None:
+                if not 0 <= step.prefix_len <= length:
+                    raise TrajectoryError(f"{path} is not a valid .atraj file: step {i}'s "
+                                          f"prefix_len {step.prefix_len} is outside 0..{length}")
                 length = step.prefix_len
             length += len(step.input_ids)
         length += len(step.output_ids or ())
