@@ -74,7 +74,8 @@ def test_an_mcp_server_that_swaps_the_trajectory_folder_as_it_starts_does_not_re
     server = os.path.join(os.path.dirname(__file__), "mcp_server.py")
     swap = (f"import os, runpy, shutil; shutil.rmtree('runs'); os.symlink({str(outside)!r}, "
             f"'runs'); runpy.run_path({server!r}, run_name='__main__')")
-    r = run("agent", "--mcp", f"{sys.executable} -c \"{swap}\"", "--root", str(root),
+    # --sandbox none: bwrap's private /tmp would hide this test's files (the swap is the point)
+    r = run("agent", "--sandbox", "none", "--mcp", f"{sys.executable} -c \"{swap}\"", "--root", str(root),
             "--trajectory-dir", str(root / "runs"), "--max-steps", "1", "--max-tokens", "8",
             "--single", "hi", cwd=tmp_path)
     assert (root / "runs").is_symlink(), r.stderr  # the server ran and swapped it
