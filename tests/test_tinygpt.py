@@ -194,7 +194,7 @@ def test_tinygpt_generate_with_every_cache_mode(tmp_path):
     assert lm.chat.render([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi")
 
 
-def test_embedded_sentencepiece_tokenizer(tmp_path):
+def _sentencepiece_model() -> tuple[bytes, int]:
     spm = pytest.importorskip("sentencepiece")
     model = io.BytesIO()
     text = ["the quick brown fox jumps over the lazy dog", "hello world", "tools call agents"] * 50
@@ -202,7 +202,11 @@ def test_embedded_sentencepiece_tokenizer(tmp_path):
                                    vocab_size=288, model_type="unigram", hard_vocab_limit=False, byte_fallback=True,
                                    minloglevel=2)
     proto = model.getvalue()
-    n = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    return proto, spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+
+
+def test_embedded_sentencepiece_tokenizer(tmp_path):
+    proto, n = _sentencepiece_model()
     f = random_tinygpt_file(config={**TINY_GPT_CONFIG, "vocabSize": n})
     f.sentencepiece = proto
     path = tmp_path / "spm.tinygpt"
@@ -218,6 +222,17 @@ def test_embedded_sentencepiece_tokenizer(tmp_path):
         detok.add_token(i)
     detok.finalize()
     assert detok.text == "hello world"
+
+
+def test_a_sentencepiece_model_larger_than_the_embedding_is_refused(tmp_path):
+    proto, n = _sentencepiece_model()  # a hostile tester's: ids past the rows, a segfault
+    f = random_tinygpt_file(config={**TINY_GPT_CONFIG, "vocabSize": n - 10})
+    f.sentencepiece = proto
+    path = tmp_path / "spm.tinygpt"
+    fmt.write(path, f)
+    with pytest.raises(ModelError, match=f"the tokenizer has {n} tokens but the embedding "
+                                         f"{n - 10} rows"):
+        load(path)
 
 
 def test_tinygpt_without_a_tokenizer_for_its_vocab_is_an_error(tmp_path):

@@ -211,6 +211,10 @@ def _load_tinygpt(path: Path):
                 " embedded SentencePiece model)"
             )
         tokenizer = tok.byte_level()
+    n_tokens = len(tokenizer._tokenizer)
+    if n_tokens > args.vocab_size:  # a token id past the rows reads outside the embedding
+        raise ModelError(f"{path}: the tokenizer has {n_tokens:,} tokens but the embedding "
+                         f"{args.vocab_size:,} rows (vocabSize)")
     template = getattr(tokenizer, "chat_template", None) or CHATML
     return _Parts(model, tokenizer, template, args.ctx, f.header.get("name") or path.stem)
 
