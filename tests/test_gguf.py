@@ -124,7 +124,14 @@ def _hostile_headers() -> dict[str, tuple[bytes, str]]:
     deep = (b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + text(b"general.architecture")
             + struct.pack("<I", 8) + text(b"llama") + text(b"token_embd.weight")
             + struct.pack("<I", 1000) + struct.pack("<Q", 1) * 1000 + struct.pack("<IQ", 0, 0))
-    return {  # what the native reader did with each: segfault, segfault, abort
+    def aligned(n: int) -> bytes:
+        return (b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + text(b"general.alignment")
+                + struct.pack("<II", 4, n) + text(b"token_embd.weight")
+                + struct.pack("<IQIQ", 1, 4, 0, 0) + b"\0" * 64)
+
+    return {  # what the native reader did with each: segfault, segfault, abort, SIGFPE
+        "alignment0": (aligned(0), "general.alignment is 0, not a power of two"),
+        "alignment3": (aligned(3), "general.alignment is 3, not a power of two"),
         "tensors": (b"GGUF" + struct.pack("<IQQ", 3, 2**63, 0) + b"\0" * 64,
                     "claims 9223372036854775808 tensors"),
         "key": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**62) + b"abc",
