@@ -82,3 +82,34 @@ def test_adapter_directory_without_config_is_a_clear_error(tmp_path):
 def test_directory_without_config_json_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="without config.json"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("kind,message", [
+    # a hostile tester's: a FIFO blocked the load forever, the others were tracebacks
+    ("fifo", "adapters.safetensors is not a regular file"),
+    ("dir", "adapters.safetensors is not a regular file"),
+    ("dangling", "has no adapters.safetensors"),
+    ("missing", "has no adapters.safetensors"),
+])
+def test_adapter_weights_that_are_not_a_regular_file_are_refused(tmp_path, kind, message):
+    import os
+    import subprocess
+    import sys
+
+    fmt.write(tmp_path / "m.tinygpt", random_tinygpt_file())
+    ad = tmp_path / "ad"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps(
+        {"num_layers": 2, "lora_parameters": {"rank": 4, "scale": 2.0, "dropout": 0.0}}))
+    weights = ad / "adapters.safetensors"
+    if kind == "fifo":
+        os.mkfifo(weights)
+    elif kind == "dir":
+        weights.mkdir()
+    elif kind == "dangling":
+        weights.symlink_to(tmp_path / "gone")
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate", "-m",
+                        str(tmp_path / "m.tinygpt"), "--adapter", str(ad), "hi"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, \
+        r.stderr[-500:]

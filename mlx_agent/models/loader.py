@@ -4,6 +4,7 @@ name (:mod:`.registry` resolves names). See :mod:`mlx_agent.models`."""
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +238,18 @@ def _load_hf(path: Path, adapter: Path | None):
     return _Parts(model, tokenizer, template, int(ctx), path.name, bos_id)
 
 
+def _check_adapter_weights(adapter, adapter_path: Path) -> None:
+    """adapters.safetensors must be a regular file: MLX opens it blocking (a FIFO waited
+    forever) and raised tracebacks for a folder or a dangling link."""
+    try:
+        mode = os.stat(adapter_path / "adapters.safetensors").st_mode
+    except OSError:
+        raise ModelError(f"adapter {adapter} has no adapters.safetensors (mlx-lm adapter "
+                         "format)") from None
+    if not stat.S_ISREG(mode):
+        raise ModelError(f"adapter {adapter}: adapters.safetensors is not a regular file")
+
+
 def _probe(model: nn.Module) -> tuple[str, int, int, int]:
     """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass."""
     cache = [KVCache() for _ in model.layers]
@@ -264,6 +277,8 @@ def load(
                          else f"adapter {adapter} is not a directory (mlx-lm adapter format)")
     if adapter_path is not None and not (adapter_path / "adapter_config.json").is_file():
         raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
+    if adapter_path is not None:
+        _check_adapter_weights(adapter, adapter_path)
     if fmt == "gguf":
         parts = _load_gguf(path)
     elif fmt == "tinygpt":
