@@ -3,6 +3,8 @@ name (:mod:`.registry` resolves names). See :mod:`mlx_agent.models`."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import stat
 import threading
@@ -250,6 +252,59 @@ def _check_adapter_weights(adapter, adapter_path: Path) -> None:
         raise ModelError(f"adapter {adapter}: adapters.safetensors is not a regular file")
 
 
+MAX_ADAPTER_CONFIG = 1 << 20
+MAX_ADAPTER_LAYERS = 4096  # as a GGUF's llama.block_count
+MAX_LORA_RANK = 4096
+
+
+def _check_adapter_config(adapter, adapter_path: Path) -> None:
+    """adapter_config.json as mlx-lm reads it, each field's type and range checked first: a
+    list, a null, a missing num_layers, a rank of 2^40 or a string scale were tracebacks
+    from inside mlx-lm, and a NaN scale gave garbage."""
+    def bad(what: str):
+        return ModelError(f"adapter {adapter}: adapter_config.json {what}")
+
+    try:
+        config = json.loads(read_regular(adapter_path / "adapter_config.json",
+                                         max_bytes=MAX_ADAPTER_CONFIG))
+    except OSError as e:
+        raise bad(f"cannot be read: {e.strerror or e}") from None
+    except RecursionError:
+        raise bad("is nested too deeply") from None
+    except ValueError as e:  # not UTF-8, not JSON
+        raise bad(f"is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+    if not isinstance(config, dict):
+        raise bad(f"is {type(config).__name__}, not an object")
+    kind = config.get("fine_tune_type", "lora")
+    if kind not in ("lora", "dora", "full"):
+        raise bad(f"fine_tune_type {json.dumps(kind)[:40]} is not lora, dora or full")
+    if kind == "full":
+        return
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    layers = config.get("num_layers")
+    if type(layers) is not int or not (layers == -1 or 1 <= layers <= MAX_ADAPTER_LAYERS):
+        raise bad(f"num_layers is {json.dumps(layers)[:40]}, not -1 (all) or a whole number "
+                  f"from 1 to {MAX_ADAPTER_LAYERS:,}")
+    lora = config.get("lora_parameters")
+    if not isinstance(lora, dict):
+        raise bad(f"lora_parameters is {json.dumps(lora)[:40]}, not an object")
+    rank, scale, dropout = lora.get("rank"), lora.get("scale"), lora.get("dropout")
+    if type(rank) is not int or not 1 <= rank <= MAX_LORA_RANK:
+        raise bad(f"rank is {json.dumps(rank)[:40]}, not a whole number from 1 to "
+                  f"{MAX_LORA_RANK:,}")
+    if not number(scale):
+        raise bad(f"scale is {json.dumps(scale)[:40]}, not a finite number")
+    if not (number(dropout) and 0 <= dropout < 1):
+        raise bad(f"dropout is {json.dumps(dropout)[:40]}, not a number from 0 up to 1")
+    keys = lora.get("keys")
+    if keys is not None and not (isinstance(keys, list)
+                                 and all(isinstance(k, str) for k in keys)):
+        raise bad(f"keys is {json.dumps(keys)[:40]}, not a list of layer names")
+
+
 def _probe(model: nn.Module) -> tuple[str, int, int, int]:
     """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass."""
     cache = [KVCache() for _ in model.layers]
@@ -279,6 +334,7 @@ def load(
         raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
     if adapter_path is not None:
         _check_adapter_weights(adapter, adapter_path)
+        _check_adapter_config(adapter, adapter_path)
     if fmt == "gguf":
         parts = _load_gguf(path)
     elif fmt == "tinygpt":
@@ -292,8 +348,10 @@ def load(
 
         try:
             load_adapters(model, str(adapter_path))
-        except (ValueError, FileNotFoundError, KeyError) as e:
-            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {e}") from None
+        except (ValueError, OSError, KeyError, RuntimeError, TypeError, AttributeError,
+                OverflowError) as e:  # MLX raises RuntimeError for a corrupt safetensors
+            msg = str(e).replace("\n", ";") or type(e).__name__
+            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {msg}") from None
     model.eval()
     mx.eval(model.parameters())  # dequantize and cast now, not inside the first prefill
 
