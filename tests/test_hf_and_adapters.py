@@ -164,3 +164,22 @@ def test_a_corrupt_adapters_safetensors_is_one_line(tmp_path):
         with pytest.raises(ModelError, match="adapter .* does not fit m.tinygpt") as err:
             load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
         assert "\n" not in str(err.value)
+
+
+def test_a_hostile_hf_directory_is_one_line(tmp_path):
+    write_hf_dir(tmp_path / "hf", make_tiny_llama())
+    config, weights = tmp_path / "hf" / "config.json", tmp_path / "hf" / "model.safetensors"
+    good = config.read_text()
+    for text, message in [("[]", "config.json is list, not an object"),
+                          ("[" * 100_000, "config.json is not valid JSON"),
+                          (json.dumps({**TINY_LLAMA, "max_position_embeddings": "x"}),
+                           'max_position_embeddings is "x", not a whole number')]:
+        config.write_text(text)  # a hostile tester's: tracebacks
+        with pytest.raises(ModelError, match=re.escape(message)) as err:
+            load(tmp_path / "hf")
+        assert "\n" not in str(err.value)
+    config.write_text(good)
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated: RuntimeError from MLX
+    with pytest.raises(ModelError, match="hf: ") as err:
+        load(tmp_path / "hf")
+    assert "\n" not in str(err.value)

@@ -225,14 +225,28 @@ def _load_tinygpt(path: Path):
 def _load_hf(path: Path, adapter: Path | None):
     from mlx_lm.utils import load as mlx_lm_load  # lazy: mlx_lm.utils takes seconds
 
+    try:  # mlx-lm unpacks it with ** (a list was a TypeError traceback)
+        config = json.loads(read_regular(path / "config.json", max_bytes=MAX_ADAPTER_CONFIG))
+    except OSError as e:
+        raise ModelError(f"{path}: config.json cannot be read: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ModelError(f"{path}: config.json is not valid JSON "
+                         f"({str(e).splitlines()[0][:80] or type(e).__name__})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: config.json is {type(config).__name__}, not an object")
+    ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    if type(ctx) is not int or not 1 <= ctx <= 1 << 22:
+        raise ModelError(f"{path}: config.json max_position_embeddings is "
+                         f"{json.dumps(ctx)[:40]}, not a whole number from 1 to {1 << 22:,}")
     try:
         model, tokenizer, config = mlx_lm_load(
             str(path), adapter_path=str(adapter) if adapter else None, return_config=True
         )
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        raise ModelError(f"{path}: {e}") from None
+    except Exception as e:  # MLX (RuntimeError for a truncated safetensors), mlx-lm,
+        # transformers and huggingface_hub each raise their own kinds for a bad folder
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ModelError(f"{path}: {msg}") from None
     template = getattr(tokenizer, "chat_template", None) or CHATML
-    ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
     inner = tokenizer._tokenizer
     bos_id = getattr(inner, "bos_token_id", None)
     if bos_id is not None and inner.encode("a", add_special_tokens=True)[:1] != [bos_id]:
