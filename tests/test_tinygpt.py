@@ -135,6 +135,7 @@ def _with_header(data: bytes, edit) -> bytes:
     (lambda h: h["config"].update(vocabSize=True), "vocabSize is true, not a whole number"),
     (lambda h: h["manifest"][0].update(floatOffset=[1]), "floatOffset of .* is past the body"),
     (lambda h: h.update(int4BlockSize=float("inf")), "int4BlockSize Infinity is not a whole"),
+    (lambda h: h.update(sentencepieceModel=""), "sentencepieceModel is empty"),
 ])
 def test_manifest_disagreeing_with_body_or_config_is_an_error(tmp_path, good_bytes, edit, message):
     path = tmp_path / "bad.tinygpt"
@@ -256,3 +257,11 @@ def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):
     with pytest.raises(TinyGPTError, match="missing tensor ln_final.bias"):
         fmt.write(tmp_path / "b.tinygpt", f)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tinygpt"]
+
+
+@pytest.mark.parametrize("name", [{"a": 1}, 7, "", None])
+def test_a_header_name_that_is_not_a_string_gives_the_file_stem(tmp_path, name):
+    f = random_tinygpt_file()  # a hostile tester's {"a": 1}: an AttributeError in a cache slug
+    f.header = {"name": name}
+    fmt.write(tmp_path / "odd.tinygpt", f)
+    assert load(tmp_path / "odd.tinygpt").identity.name == "odd"

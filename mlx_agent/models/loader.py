@@ -219,7 +219,9 @@ def _load_tinygpt(path: Path):
         raise ModelError(f"{path}: the tokenizer has {n_tokens:,} tokens but the embedding "
                          f"{args.vocab_size:,} rows (vocabSize)")
     template = getattr(tokenizer, "chat_template", None) or CHATML
-    return _Parts(model, tokenizer, template, args.ctx, f.header.get("name") or path.stem)
+    name = f.header.get("name")  # named in prompt-cache files: a string, or the file's stem
+    return _Parts(model, tokenizer, template, args.ctx,
+                  name if isinstance(name, str) and name.strip() else path.stem)
 
 
 def _load_hf(path: Path, adapter: Path | None):

@@ -190,6 +190,9 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
             spm = base64.b64decode(spm, validate=True)
         except (ValueError, TypeError):
             raise TinyGPTError(f"{path}: {SENTENCEPIECE_KEY} is not valid base64") from None
+        if not spm:  # "" decodes to no bytes, and SentencePiece failed later, uninitialized
+            raise TinyGPTError(f"{path}: {SENTENCEPIECE_KEY} is empty (leave it out, or embed "
+                               "a SentencePiece model)")
     rest = {k: v for k, v in header.items() if k not in ("config", "manifest", SENTENCEPIECE_KEY)}
     return TinyGPTFile(config=config, weights=weights, layout=layout, step=step, adam=adam,
                        sentencepiece=spm, header=rest, int4_block=block)
