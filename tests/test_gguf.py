@@ -182,6 +182,20 @@ def test_hostile_metadata_is_one_line(tmp_path, key, value, message):
         r.stderr[-500:]
 
 
+@pytest.mark.parametrize("key,value,message", [
+    # a hostile tester's: each loaded, and generated garbage or a model that was never sane
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), "layer_norm_rms_epsilon is nan"),
+    ("llama.attention.layer_norm_rms_epsilon", 0.0, "layer_norm_rms_epsilon is 0.0, not a"),
+    ("llama.rope.freq_base", float("inf"), "freq_base is inf, not a finite number"),
+    ("llama.rope.freq_base", -10000.0, "freq_base is -10000.0, not a finite number above 0"),
+])
+def test_a_non_finite_config_value_is_refused(tmp_path, key, value, message):
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, make_tiny_llama(), **{key: mx.array(value, dtype=mx.float32)})
+    with pytest.raises(ModelError, match=message):
+        load(path)
+
+
 def test_missing_named_model_says_how_to_install(monkeypatch):
     from mlx_agent import models
 

@@ -144,6 +144,15 @@ def test_manifest_disagreeing_with_body_or_config_is_an_error(tmp_path, good_byt
         fmt.read(path)
 
 
+def test_an_int4_block_size_of_zero_is_refused_not_taken_as_64(tmp_path):
+    f = random_tinygpt_file(layout="int4")
+    f.int4_block = 64
+    path = tmp_path / "q.tinygpt"
+    path.write_bytes(_with_header(fmt.encode(f), lambda h: h.update(int4BlockSize=0)))
+    with pytest.raises(TinyGPTError, match="int4BlockSize 0 must be a positive even number"):
+        fmt.read(path)
+
+
 def test_body_shorter_than_manifest_is_an_error(tmp_path, good_bytes):
     def grow(h):  # a manifest claiming a larger MLP than the body holds
         h["config"]["dMlp"] = 128

@@ -130,6 +130,18 @@ def _check_vocab(meta: dict, rows: int) -> None:
                             f"to {len(tokens) - 1:,}")
 
 
+def _finite(meta: dict, key: str, default: float, low: float, high: float) -> float:
+    v = meta.get(key)
+    if v is None:
+        return default
+    value = v.item() if isinstance(v, mx.array) and v.size == 1 else v
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not low < float(value) <= high:  # NaN fails every comparison
+        raise GGUFError(f"GGUF metadata {key} is {str(value)[:40]}, not a finite number above "
+                        f"{low:g} and at most {high:g}")
+    return float(value)
+
+
 def model_args(meta: dict) -> llama.ModelArgs:
     arch = meta.get("general.architecture")
     if arch != "llama":
@@ -147,11 +159,11 @@ def model_args(meta: dict) -> llama.ModelArgs:
         intermediate_size=int(_int(meta, "llama.feed_forward_length")),
         num_attention_heads=heads,
         num_key_value_heads=int(_int(meta, "llama.attention.head_count_kv", heads)),
-        rms_norm_eps=float(_int(meta, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rms_norm_eps=_finite(meta, "llama.attention.layer_norm_rms_epsilon", 1e-5, 0, 1),
         vocab_size=vocab_size,
         head_dim=int(_int(meta, "llama.attention.key_length", hidden // heads)),
         max_position_embeddings=int(_int(meta, "llama.context_length", 2048)),
-        rope_theta=float(_int(meta, "llama.rope.freq_base", 10000.0)),
+        rope_theta=_finite(meta, "llama.rope.freq_base", 10000.0, 0, 1e12),
         rope_traditional=True,
         tie_word_embeddings=True,  # fixed below from the tensors present
     )
