@@ -58,7 +58,8 @@ MAX_ID = 2**31 - 1  # what an int32 token array holds
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of an sft JSONL file (``traces-to-data``'s), each checked: ``input_ids`` a
-    list of token ids, ``loss_mask`` as many 0s and 1s. Ids are checked against a model's
+    list of token ids, ``loss_mask`` as many 0s and 1s with a 1 past the first token (the
+    first is never a target). Ids are checked against a model's
     vocabulary by :func:`check_vocabulary` (an id past it crashed the process in training)."""
     rows = []
     try:
@@ -84,6 +85,9 @@ def read_rows(path: str | Path) -> list[dict]:
                              "loss_mask a list of 0s and 1s")
         if len(ids) != len(mask) or not ids:
             raise ValueError(f"{path}:{i}: input_ids and loss_mask differ in length")
+        if not any(mask[1:]):  # the loss scores targets 1..: none failed inside MLX
+            raise ValueError(f"{path}: row {i} has no scored token after its first (a loss_mask "
+                             "1 past position 0): nothing to train on")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path} has no rows")

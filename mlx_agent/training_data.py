@@ -142,7 +142,7 @@ def sft_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
     rows = []
     for path, traj in items:
         ids, mask = traj.replay()
-        if not any(mask):
+        if not any(mask[1:]):  # the first token is never a target: nothing to train on
             continue
         rows.append({"messages": messages(traj), "input_ids": ids, "loss_mask": mask,
                      "source_atraj": path.name, "task": traj.task, "reward": reward_of(traj)})

@@ -124,7 +124,14 @@ def _hostile_headers() -> dict[str, tuple[bytes, str]]:
     deep = (b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + text(b"general.architecture")
             + struct.pack("<I", 8) + text(b"llama") + text(b"token_embd.weight")
             + struct.pack("<I", 1000) + struct.pack("<Q", 1) * 1000 + struct.pack("<IQ", 0, 0))
-    return {  # what the native reader did with each: segfault, segfault, abort
+    def aligned(n: int) -> bytes:
+        return (b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + text(b"general.alignment")
+                + struct.pack("<II", 4, n) + text(b"token_embd.weight")
+                + struct.pack("<IQIQ", 1, 4, 0, 0) + b"\0" * 64)
+
+    return {  # what the native reader did with each: segfault, segfault, abort, SIGFPE
+        "alignment0": (aligned(0), "general.alignment is 0, not a power of two"),
+        "alignment3": (aligned(3), "general.alignment is 3, not a power of two"),
         "tensors": (b"GGUF" + struct.pack("<IQQ", 3, 2**63, 0) + b"\0" * 64,
                     "claims 9223372036854775808 tensors"),
         "key": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**62) + b"abc",
@@ -155,7 +162,7 @@ def test_a_hostile_header_is_refused_before_the_native_reader_sees_it(tmp_path, 
     ("llama.block_count", 3, "says 3 blocks, and the file holds tensors for 2"),
     ("llama.attention.head_count", 0, "head_count is 0, not a whole number"),
     ("llama.context_length", 0, "context_length is 0, not a whole number"),
-    ("tokenizer.ggml.bos_token_id", 100_000, "its metadata is not as a llama GGUF's"),
+    ("tokenizer.ggml.bos_token_id", 100_000, "bos_token_id is 100000, not a token id"),
     ("tokenizer.chat_template", "{{ 1 / 0 }}", "chat template failed: ZeroDivisionError"),
     ("tokenizer.chat_template", "{% for i in range(100000) %}{% for j in range(100000) %}"
                                 "{% endfor %}{% endfor %}", "loops over more than 1,000,000"),
@@ -175,9 +182,53 @@ def test_hostile_metadata_is_one_line(tmp_path, key, value, message):
         r.stderr[-500:]
 
 
+@pytest.mark.parametrize("key,value,message", [
+    # a hostile tester's: each loaded, and generated garbage or a model that was never sane
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), "layer_norm_rms_epsilon is nan"),
+    ("llama.attention.layer_norm_rms_epsilon", 0.0, "layer_norm_rms_epsilon is 0.0, not a"),
+    ("llama.rope.freq_base", float("inf"), "freq_base is inf, not a finite number"),
+    ("llama.rope.freq_base", -10000.0, "freq_base is -10000.0, not a finite number above 0"),
+])
+def test_a_non_finite_config_value_is_refused(tmp_path, key, value, message):
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, make_tiny_llama(), **{key: mx.array(value, dtype=mx.float32)})
+    with pytest.raises(ModelError, match=message):
+        load(path)
+
+
 def test_missing_named_model_says_how_to_install(monkeypatch):
     from mlx_agent import models
 
     monkeypatch.setitem(models.NAMED_MODELS, "ghost", ("no_such_pkg_x", "m.gguf", "pip install ghost"))
     with pytest.raises(ModelError, match="install it with: pip install ghost"):
         load("ghost")
+
+
+def _more_tokens():
+    chars = _bytes_to_unicode()
+    tokens = [chars[b] for b in range(33, 127)] + ["hi"] + [f"x{i}" for i in range(10)] + [
+        "<|im_start|>", "<|im_end|>"]
+    u32 = lambda x: mx.array(x, dtype=mx.uint32)  # noqa: E731
+    return {"tokenizer.ggml.tokens": tokens, "llama.vocab_size": u32(97),
+            "tokenizer.ggml.token_type": mx.array([1] * (len(tokens) - 2) + [3, 3], mx.int32),
+            "tokenizer.ggml.eos_token_id": u32(len(tokens) - 1),
+            "tokenizer.ggml.bos_token_id": u32(len(tokens) - 2)}
+
+
+@pytest.mark.parametrize("changes,message", [
+    # a hostile tester's: token ids past the embedding's rows read outside it (a segfault)
+    (_more_tokens(), "the tokenizer has 107 tokens but the embedding 97 rows"),
+    ({"tokenizer.ggml.eos_token_id": mx.array(-1, dtype=mx.int32)},
+     "eos_token_id is -1, not a token id from 0 to 96"),
+    ({"tokenizer.ggml.bos_token_id": mx.array(97, dtype=mx.uint32)},
+     "bos_token_id is 97, not a token id"),
+    ({"tokenizer.ggml.eos_token_id": "x"}, "eos_token_id is x, not a token id"),
+    ({"tokenizer.ggml.token_type": mx.array([1, 1], dtype=mx.int32)},
+     "token_type has 2 entries for 97 tokens"),
+])
+def test_a_tokenizer_that_does_not_fit_the_embedding_is_refused(tmp_path, changes, message):
+    path = tmp_path / "bad.gguf"
+    write_tiny_gguf(path, make_tiny_llama(), **changes)
+    with pytest.raises(ModelError, match=message) as err:
+        load(path)
+    assert "\n" not in str(err.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -82,3 +83,103 @@ def test_adapter_directory_without_config_is_a_clear_error(tmp_path):
 def test_directory_without_config_json_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="without config.json"):
         load(tmp_path)
+
+
+@pytest.mark.parametrize("kind,message", [
+    # a hostile tester's: a FIFO blocked the load forever, the others were tracebacks
+    ("fifo", "adapters.safetensors is not a regular file"),
+    ("dir", "adapters.safetensors is not a regular file"),
+    ("dangling", "has no adapters.safetensors"),
+    ("missing", "has no adapters.safetensors"),
+])
+def test_adapter_weights_that_are_not_a_regular_file_are_refused(tmp_path, kind, message):
+    import os
+    import subprocess
+    import sys
+
+    fmt.write(tmp_path / "m.tinygpt", random_tinygpt_file())
+    ad = tmp_path / "ad"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps(
+        {"num_layers": 2, "lora_parameters": {"rank": 4, "scale": 2.0, "dropout": 0.0}}))
+    weights = ad / "adapters.safetensors"
+    if kind == "fifo":
+        os.mkfifo(weights)
+    elif kind == "dir":
+        weights.mkdir()
+    elif kind == "dangling":
+        weights.symlink_to(tmp_path / "gone")
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate", "-m",
+                        str(tmp_path / "m.tinygpt"), "--adapter", str(ad), "hi"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, \
+        r.stderr[-500:]
+
+
+_LORA = {"rank": 4, "scale": 2.0, "dropout": 0.0}
+
+
+@pytest.mark.parametrize("config,message", [
+    # a hostile tester's: tracebacks from inside mlx-lm, a NaN scale's garbage, a rank of
+    # 2^40 an OverflowError, and num_layers 10^18 taken as "all"
+    ([], "adapter_config.json is list, not an object"),
+    (None, "adapter_config.json is NoneType, not an object"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ({"lora_parameters": _LORA}, "num_layers is null, not -1 (all) or a whole number"),
+    ({"num_layers": "2", "lora_parameters": _LORA}, 'num_layers is "2", not'),
+    ({"num_layers": 10**18, "lora_parameters": _LORA}, "num_layers is 1000000000000000000,"),
+    ({"num_layers": 2, "lora_parameters": None}, "lora_parameters is null, not an object"),
+    ({"num_layers": 2, "lora_parameters": {**_LORA, "rank": 2**40}}, "rank is 1099511627776"),
+    ({"num_layers": 2, "lora_parameters": {**_LORA, "rank": 4.0}}, "rank is 4.0, not a whole"),
+    ({"num_layers": 2, "lora_parameters": {**_LORA, "scale": "2"}}, 'scale is "2", not a finite'),
+    ({"num_layers": 2, "lora_parameters": {**_LORA, "scale": float("nan")}}, "scale is NaN"),
+    ({"num_layers": 2, "lora_parameters": {"rank": 4, "scale": 2.0}}, "dropout is null"),
+    ({"num_layers": 2, "lora_parameters": {**_LORA, "keys": "q"}}, 'keys is "q", not a list'),
+    ({"fine_tune_type": "qlora", "num_layers": 2, "lora_parameters": _LORA},
+     'fine_tune_type "qlora" is not lora, dora or full'),
+])
+def test_a_hostile_adapter_config_is_one_line(tmp_path, config, message):
+    fmt.write(tmp_path / "m.tinygpt", random_tinygpt_file())
+    ad = tmp_path / "ad"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(config if isinstance(config, str)
+                                            else json.dumps(config))
+    (ad / "adapters.safetensors").write_bytes(b"")
+    with pytest.raises(ModelError, match=re.escape(message)) as err:
+        load(tmp_path / "m.tinygpt", adapter=ad)
+    assert "\n" not in str(err.value)
+
+
+def test_a_corrupt_adapters_safetensors_is_one_line(tmp_path):
+    f = random_tinygpt_file()
+    fmt.write(tmp_path / "m.tinygpt", f)
+    from mlx_agent.models import tinygpt
+
+    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    write_adapter(tmp_path / "ad", base, lora_keys=("attn.q_proj", "attn.v_proj"))
+    weights = tmp_path / "ad" / "adapters.safetensors"
+    data = weights.read_bytes()
+    for cut in (data[: len(data) // 2], b"\0" * 8, b"junk"):  # truncated, garbage: RuntimeError
+        weights.write_bytes(cut)
+        with pytest.raises(ModelError, match="adapter .* does not fit m.tinygpt") as err:
+            load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
+        assert "\n" not in str(err.value)
+
+
+def test_a_hostile_hf_directory_is_one_line(tmp_path):
+    write_hf_dir(tmp_path / "hf", make_tiny_llama())
+    config, weights = tmp_path / "hf" / "config.json", tmp_path / "hf" / "model.safetensors"
+    good = config.read_text()
+    for text, message in [("[]", "config.json is list, not an object"),
+                          ("[" * 100_000, "config.json is not valid JSON"),
+                          (json.dumps({**TINY_LLAMA, "max_position_embeddings": "x"}),
+                           'max_position_embeddings is "x", not a whole number')]:
+        config.write_text(text)  # a hostile tester's: tracebacks
+        with pytest.raises(ModelError, match=re.escape(message)) as err:
+            load(tmp_path / "hf")
+        assert "\n" not in str(err.value)
+    config.write_text(good)
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated: RuntimeError from MLX
+    with pytest.raises(ModelError, match="hf: ") as err:
+        load(tmp_path / "hf")
+    assert "\n" not in str(err.value)

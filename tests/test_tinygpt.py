@@ -135,11 +135,21 @@ def _with_header(data: bytes, edit) -> bytes:
     (lambda h: h["config"].update(vocabSize=True), "vocabSize is true, not a whole number"),
     (lambda h: h["manifest"][0].update(floatOffset=[1]), "floatOffset of .* is past the body"),
     (lambda h: h.update(int4BlockSize=float("inf")), "int4BlockSize Infinity is not a whole"),
+    (lambda h: h.update(sentencepieceModel=""), "sentencepieceModel is empty"),
 ])
 def test_manifest_disagreeing_with_body_or_config_is_an_error(tmp_path, good_bytes, edit, message):
     path = tmp_path / "bad.tinygpt"
     path.write_bytes(_with_header(good_bytes, edit))
     with pytest.raises(TinyGPTError, match=message):
+        fmt.read(path)
+
+
+def test_an_int4_block_size_of_zero_is_refused_not_taken_as_64(tmp_path):
+    f = random_tinygpt_file(layout="int4")
+    f.int4_block = 64
+    path = tmp_path / "q.tinygpt"
+    path.write_bytes(_with_header(fmt.encode(f), lambda h: h.update(int4BlockSize=0)))
+    with pytest.raises(TinyGPTError, match="int4BlockSize 0 must be a positive even number"):
         fmt.read(path)
 
 
@@ -194,7 +204,7 @@ def test_tinygpt_generate_with_every_cache_mode(tmp_path):
     assert lm.chat.render([{"role": "user", "content": "hi"}]).startswith("<|im_start|>user\nhi")
 
 
-def test_embedded_sentencepiece_tokenizer(tmp_path):
+def _sentencepiece_model() -> tuple[bytes, int]:
     spm = pytest.importorskip("sentencepiece")
     model = io.BytesIO()
     text = ["the quick brown fox jumps over the lazy dog", "hello world", "tools call agents"] * 50
@@ -202,7 +212,11 @@ def test_embedded_sentencepiece_tokenizer(tmp_path):
                                    vocab_size=288, model_type="unigram", hard_vocab_limit=False, byte_fallback=True,
                                    minloglevel=2)
     proto = model.getvalue()
-    n = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    return proto, spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+
+
+def test_embedded_sentencepiece_tokenizer(tmp_path):
+    proto, n = _sentencepiece_model()
     f = random_tinygpt_file(config={**TINY_GPT_CONFIG, "vocabSize": n})
     f.sentencepiece = proto
     path = tmp_path / "spm.tinygpt"
@@ -218,6 +232,17 @@ def test_embedded_sentencepiece_tokenizer(tmp_path):
         detok.add_token(i)
     detok.finalize()
     assert detok.text == "hello world"
+
+
+def test_a_sentencepiece_model_larger_than_the_embedding_is_refused(tmp_path):
+    proto, n = _sentencepiece_model()  # a hostile tester's: ids past the rows, a segfault
+    f = random_tinygpt_file(config={**TINY_GPT_CONFIG, "vocabSize": n - 10})
+    f.sentencepiece = proto
+    path = tmp_path / "spm.tinygpt"
+    fmt.write(path, f)
+    with pytest.raises(ModelError, match=f"the tokenizer has {n} tokens but the embedding "
+                                         f"{n - 10} rows"):
+        load(path)
 
 
 def test_tinygpt_without_a_tokenizer_for_its_vocab_is_an_error(tmp_path):
@@ -241,3 +266,11 @@ def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):
     with pytest.raises(TinyGPTError, match="missing tensor ln_final.bias"):
         fmt.write(tmp_path / "b.tinygpt", f)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tinygpt"]
+
+
+@pytest.mark.parametrize("name", [{"a": 1}, 7, "", None])
+def test_a_header_name_that_is_not_a_string_gives_the_file_stem(tmp_path, name):
+    f = random_tinygpt_file()  # a hostile tester's {"a": 1}: an AttributeError in a cache slug
+    f.header = {"name": name}
+    fmt.write(tmp_path / "odd.tinygpt", f)
+    assert load(tmp_path / "odd.tinygpt").identity.name == "odd"

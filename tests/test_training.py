@@ -263,6 +263,13 @@ def test_bad_rows_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="row 2 holds token id 1000000000, past the model's "
                                          "vocabulary of 49152"):
         check_vocabulary(read_rows(bad), 49152, "bad.jsonl")
+    # nothing to train on: "[logsumexp] Received empty array" from inside MLX
+    for ids, mask in (([1, 2], [0, 0]), ([1, 2], [1, 0]), ([1], [1])):
+        bad.write_text(json.dumps({"input_ids": [5, 6], "loss_mask": [0, 1]}) + "\n"
+                       + json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+        with pytest.raises(ValueError, match="bad.jsonl: row 2 has no scored token after its "
+                                             "first"):
+            read_rows(bad)
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
@@ -275,7 +282,7 @@ def test_rows_are_cut_at_newlines_only(tmp_path):
     from mlx_agent.fileio import write_jsonl
 
     rows = [{"input_ids": [1, 2], "loss_mask": [0, 1], "text": "a\u2028b\x85c\x1dd\x0ce"},
-            {"input_ids": [3], "loss_mask": [1]}]
+            {"input_ids": [3, 4], "loss_mask": [0, 1]}]
     write_jsonl(tmp_path / "rows.jsonl", rows)
     assert read_rows(tmp_path / "rows.jsonl") == rows
 

@@ -100,6 +100,48 @@ def _check_limits(meta: dict) -> None:
                                 f"to {most:,}")
 
 
+_SPECIAL_IDS = ("bos", "eos", "unknown", "padding")
+
+
+def _check_vocab(meta: dict, rows: int) -> None:
+    """The tokenizer must fit the embedding: a token id past its rows, or a special token id
+    past the vocabulary, read memory that is not the model's (a segfault, or garbage)."""
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    if not isinstance(tokens, list):
+        raise GGUFError("GGUF metadata tokenizer.ggml.tokens is not a list of strings")
+    if len(tokens) > rows:
+        raise GGUFError(f"the tokenizer has {len(tokens):,} tokens but the embedding "
+                        f"{rows:,} rows (a token past them would read outside the model)")
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None and (not isinstance(types, mx.array) or types.ndim != 1
+                              or types.size != len(tokens)):
+        size = types.size if isinstance(types, mx.array) else type(types).__name__
+        raise GGUFError(f"GGUF metadata tokenizer.ggml.token_type has {size} entries for "
+                        f"{len(tokens):,} tokens")
+    for name in _SPECIAL_IDS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        v = meta.get(key)
+        if v is None:
+            continue
+        ok = isinstance(v, mx.array) and v.size == 1 and mx.issubdtype(v.dtype, mx.integer)
+        if not ok or not 0 <= int(v.item()) < len(tokens):
+            shown = v.item() if ok else (v.tolist() if isinstance(v, mx.array) else v)
+            raise GGUFError(f"GGUF metadata {key} is {str(shown)[:40]}, not a token id from 0 "
+                            f"to {len(tokens) - 1:,}")
+
+
+def _finite(meta: dict, key: str, default: float, low: float, high: float) -> float:
+    v = meta.get(key)
+    if v is None:
+        return default
+    value = v.item() if isinstance(v, mx.array) and v.size == 1 else v
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not low < float(value) <= high:  # NaN fails every comparison
+        raise GGUFError(f"GGUF metadata {key} is {str(value)[:40]}, not a finite number above "
+                        f"{low:g} and at most {high:g}")
+    return float(value)
+
+
 def model_args(meta: dict) -> llama.ModelArgs:
     arch = meta.get("general.architecture")
     if arch != "llama":
@@ -108,6 +150,8 @@ def model_args(meta: dict) -> llama.ModelArgs:
     heads = int(_int(meta, "llama.attention.head_count"))
     hidden = int(_int(meta, "llama.embedding_length"))
     n_vocab = len(meta.get("tokenizer.ggml.tokens", [])) or None
+    vocab_size = int(_int(meta, "llama.vocab_size", n_vocab))
+    _check_vocab(meta, vocab_size)
     return llama.ModelArgs(
         model_type="llama",
         hidden_size=hidden,
@@ -115,11 +159,11 @@ def model_args(meta: dict) -> llama.ModelArgs:
         intermediate_size=int(_int(meta, "llama.feed_forward_length")),
         num_attention_heads=heads,
         num_key_value_heads=int(_int(meta, "llama.attention.head_count_kv", heads)),
-        rms_norm_eps=float(_int(meta, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        vocab_size=int(_int(meta, "llama.vocab_size", n_vocab)),
+        rms_norm_eps=_finite(meta, "llama.attention.layer_norm_rms_epsilon", 1e-5, 0, 1),
+        vocab_size=vocab_size,
         head_dim=int(_int(meta, "llama.attention.key_length", hidden // heads)),
         max_position_embeddings=int(_int(meta, "llama.context_length", 2048)),
-        rope_theta=float(_int(meta, "llama.rope.freq_base", 10000.0)),
+        rope_theta=_finite(meta, "llama.rope.freq_base", 10000.0, 0, 1e12),
         rope_traditional=True,
         tie_word_embeddings=True,  # fixed below from the tensors present
     )

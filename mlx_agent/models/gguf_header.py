@@ -102,7 +102,9 @@ def _check(r: _Reader) -> None:
         key = r.string(f"key {i}")
         kind = r.u32(f"key {key!r}'s type")
         if key == "general.alignment" and kind == 4:
-            alignment = r.u32("general.alignment") or 32
+            alignment = r.u32("general.alignment")
+            if alignment <= 0 or alignment & (alignment - 1):  # 0 divided by zero natively
+                raise HeaderError(f"general.alignment is {alignment}, not a power of two")
         else:
             r.value(kind, f"key {key!r}")
     infos = []

@@ -3,7 +3,10 @@ name (:mod:`.registry` resolves names). See :mod:`mlx_agent.models`."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,26 +214,111 @@ def _load_tinygpt(path: Path):
                 " embedded SentencePiece model)"
             )
         tokenizer = tok.byte_level()
+    n_tokens = len(tokenizer._tokenizer)
+    if n_tokens > args.vocab_size:  # a token id past the rows reads outside the embedding
+        raise ModelError(f"{path}: the tokenizer has {n_tokens:,} tokens but the embedding "
+                         f"{args.vocab_size:,} rows (vocabSize)")
     template = getattr(tokenizer, "chat_template", None) or CHATML
-    return _Parts(model, tokenizer, template, args.ctx, f.header.get("name") or path.stem)
+    name = f.header.get("name")  # named in prompt-cache files: a string, or the file's stem
+    return _Parts(model, tokenizer, template, args.ctx,
+                  name if isinstance(name, str) and name.strip() else path.stem)
 
 
 def _load_hf(path: Path, adapter: Path | None):
     from mlx_lm.utils import load as mlx_lm_load  # lazy: mlx_lm.utils takes seconds
 
+    try:  # mlx-lm unpacks it with ** (a list was a TypeError traceback)
+        config = json.loads(read_regular(path / "config.json", max_bytes=MAX_ADAPTER_CONFIG))
+    except OSError as e:
+        raise ModelError(f"{path}: config.json cannot be read: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ModelError(f"{path}: config.json is not valid JSON "
+                         f"({str(e).splitlines()[0][:80] or type(e).__name__})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{path}: config.json is {type(config).__name__}, not an object")
+    ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
+    if type(ctx) is not int or not 1 <= ctx <= 1 << 22:
+        raise ModelError(f"{path}: config.json max_position_embeddings is "
+                         f"{json.dumps(ctx)[:40]}, not a whole number from 1 to {1 << 22:,}")
     try:
         model, tokenizer, config = mlx_lm_load(
             str(path), adapter_path=str(adapter) if adapter else None, return_config=True
         )
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        raise ModelError(f"{path}: {e}") from None
+    except Exception as e:  # MLX (RuntimeError for a truncated safetensors), mlx-lm,
+        # transformers and huggingface_hub each raise their own kinds for a bad folder
+        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ModelError(f"{path}: {msg}") from None
     template = getattr(tokenizer, "chat_template", None) or CHATML
-    ctx = config.get("max_position_embeddings") or config.get("max_seq_len") or 4096
     inner = tokenizer._tokenizer
     bos_id = getattr(inner, "bos_token_id", None)
     if bos_id is not None and inner.encode("a", add_special_tokens=True)[:1] != [bos_id]:
         bos_id = None  # the tokenizer itself does not start prompts with BOS
     return _Parts(model, tokenizer, template, int(ctx), path.name, bos_id)
+
+
+def _check_adapter_weights(adapter, adapter_path: Path) -> None:
+    """adapters.safetensors must be a regular file: MLX opens it blocking (a FIFO waited
+    forever) and raised tracebacks for a folder or a dangling link."""
+    try:
+        mode = os.stat(adapter_path / "adapters.safetensors").st_mode
+    except OSError:
+        raise ModelError(f"adapter {adapter} has no adapters.safetensors (mlx-lm adapter "
+                         "format)") from None
+    if not stat.S_ISREG(mode):
+        raise ModelError(f"adapter {adapter}: adapters.safetensors is not a regular file")
+
+
+MAX_ADAPTER_CONFIG = 1 << 20
+MAX_ADAPTER_LAYERS = 4096  # as a GGUF's llama.block_count
+MAX_LORA_RANK = 4096
+
+
+def _check_adapter_config(adapter, adapter_path: Path) -> None:
+    """adapter_config.json as mlx-lm reads it, each field's type and range checked first: a
+    list, a null, a missing num_layers, a rank of 2^40 or a string scale were tracebacks
+    from inside mlx-lm, and a NaN scale gave garbage."""
+    def bad(what: str):
+        return ModelError(f"adapter {adapter}: adapter_config.json {what}")
+
+    try:
+        config = json.loads(read_regular(adapter_path / "adapter_config.json",
+                                         max_bytes=MAX_ADAPTER_CONFIG))
+    except OSError as e:
+        raise bad(f"cannot be read: {e.strerror or e}") from None
+    except RecursionError:
+        raise bad("is nested too deeply") from None
+    except ValueError as e:  # not UTF-8, not JSON
+        raise bad(f"is not valid JSON ({str(e).splitlines()[0][:80]})") from None
+    if not isinstance(config, dict):
+        raise bad(f"is {type(config).__name__}, not an object")
+    kind = config.get("fine_tune_type", "lora")
+    if kind not in ("lora", "dora", "full"):
+        raise bad(f"fine_tune_type {json.dumps(kind)[:40]} is not lora, dora or full")
+    if kind == "full":
+        return
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    layers = config.get("num_layers")
+    if type(layers) is not int or not (layers == -1 or 1 <= layers <= MAX_ADAPTER_LAYERS):
+        raise bad(f"num_layers is {json.dumps(layers)[:40]}, not -1 (all) or a whole number "
+                  f"from 1 to {MAX_ADAPTER_LAYERS:,}")
+    lora = config.get("lora_parameters")
+    if not isinstance(lora, dict):
+        raise bad(f"lora_parameters is {json.dumps(lora)[:40]}, not an object")
+    rank, scale, dropout = lora.get("rank"), lora.get("scale"), lora.get("dropout")
+    if type(rank) is not int or not 1 <= rank <= MAX_LORA_RANK:
+        raise bad(f"rank is {json.dumps(rank)[:40]}, not a whole number from 1 to "
+                  f"{MAX_LORA_RANK:,}")
+    if not number(scale):
+        raise bad(f"scale is {json.dumps(scale)[:40]}, not a finite number")
+    if not (number(dropout) and 0 <= dropout < 1):
+        raise bad(f"dropout is {json.dumps(dropout)[:40]}, not a number from 0 up to 1")
+    keys = lora.get("keys")
+    if keys is not None and not (isinstance(keys, list)
+                                 and all(isinstance(k, str) for k in keys)):
+        raise bad(f"keys is {json.dumps(keys)[:40]}, not a list of layer names")
 
 
 def _probe(model: nn.Module) -> tuple[str, int, int, int]:
@@ -260,6 +348,9 @@ def load(
                          else f"adapter {adapter} is not a directory (mlx-lm adapter format)")
     if adapter_path is not None and not (adapter_path / "adapter_config.json").is_file():
         raise ModelError(f"adapter {adapter} has no adapter_config.json (mlx-lm adapter format)")
+    if adapter_path is not None:
+        _check_adapter_weights(adapter, adapter_path)
+        _check_adapter_config(adapter, adapter_path)
     if fmt == "gguf":
         parts = _load_gguf(path)
     elif fmt == "tinygpt":
@@ -273,8 +364,10 @@ def load(
 
         try:
             load_adapters(model, str(adapter_path))
-        except (ValueError, FileNotFoundError, KeyError) as e:
-            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {e}") from None
+        except (ValueError, OSError, KeyError, RuntimeError, TypeError, AttributeError,
+                OverflowError) as e:  # MLX raises RuntimeError for a corrupt safetensors
+            msg = str(e).replace("\n", ";") or type(e).__name__
+            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {msg}") from None
     model.eval()
     mx.eval(model.parameters())  # dequantize and cast now, not inside the first prefill
 

@@ -173,7 +173,8 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
     _check_manifest(manifest, config)
     (step,) = struct.unpack_from("<i", data, 12 + hlen)
     body = _Body(path, memoryview(data)[16 + hlen :], manifest)
-    block = header.get("int4BlockSize") or DEFAULT_INT4_BLOCK
+    block = header.get("int4BlockSize")  # absent or null: the default; 0 is refused below
+    block = DEFAULT_INT4_BLOCK if block is None else block
     if type(block) is not int:  # Infinity or a list were tracebacks, even in an fp32 file
         raise TinyGPTError(f"{path}: int4BlockSize {json.dumps(block)[:40]} is not a whole "
                            "number")
@@ -190,6 +191,9 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
             spm = base64.b64decode(spm, validate=True)
         except (ValueError, TypeError):
             raise TinyGPTError(f"{path}: {SENTENCEPIECE_KEY} is not valid base64") from None
+        if not spm:  # "" decodes to no bytes, and SentencePiece failed later, uninitialized
+            raise TinyGPTError(f"{path}: {SENTENCEPIECE_KEY} is empty (leave it out, or embed "
+                               "a SentencePiece model)")
     rest = {k: v for k, v in header.items() if k not in ("config", "manifest", SENTENCEPIECE_KEY)}
     return TinyGPTFile(config=config, weights=weights, layout=layout, step=step, adam=adam,
                        sentencepiece=spm, header=rest, int4_block=block)
