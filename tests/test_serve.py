@@ -1123,14 +1123,16 @@ def test_sigterm_stops_running_generations_at_once_with_a_503():
                 streamed.extend(line.decode() for line in r)
 
         threads = [threading.Thread(target=stream)]
-        waiting: list = []  # queued behind the stream on the one model thread
-        threads.append(threading.Thread(target=lambda: waiting.append(post(endless))))
-        for t in threads:
-            t.start()
-        deadline = time.time() + 60
+        threads[0].start()
+        deadline = time.time() + 120
         while len(streamed) < 4:  # the stream's generation is running
             assert time.time() < deadline
             time.sleep(0.05)
+        waiting: list = []  # queued behind the stream on the one model thread (started
+        # second: first, it could take the lane and the stream never begin)
+        threads.append(threading.Thread(target=lambda: waiting.append(post(endless))))
+        threads[1].start()
+        time.sleep(0.5)  # it has arrived and waits its turn
         start = time.time()
         proc.send_signal(signal.SIGTERM)
         for t in threads:
