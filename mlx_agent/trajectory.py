@@ -19,11 +19,12 @@ model.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Iterator
+from typing import Annotated, Iterator, Literal
 
 import msgspec
 
@@ -57,7 +58,7 @@ TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]  # a file's ids go to
 
 
 class Step(msgspec.Struct, omit_defaults=True):
-    role: str
+    role: Literal["system", "user", "assistant", "tool"]  # another would go into rows as is
     content: str
     input_ids: list[TokenId] | None = None
     output_ids: list[TokenId] | None = None
@@ -127,7 +128,23 @@ def read(path: str | os.PathLike) -> Trajectory:
     if traj.version not in (None, VERSION):
         raise TrajectoryError(f"{path}: .atraj version {traj.version} is not supported (only 1)")
     _check_prefixes(path, traj)
+    _check_calls(path, traj)
     return traj
+
+
+def _check_calls(path, traj: Trajectory) -> None:
+    """Each recorded call's ``arguments_json`` must be a JSON object, as the agent writes
+    it: anything else was copied into training rows as the call's arguments."""
+    for i, step in enumerate(traj.steps):
+        if step.tool_call is None:
+            continue
+        try:
+            ok = isinstance(json.loads(step.tool_call.arguments_json), dict)
+        except (ValueError, RecursionError):
+            ok = False
+        if not ok:
+            raise TrajectoryError(f"{path} is not a valid .atraj file: step {i}'s tool call "
+                                  "arguments are not a JSON object")
 
 
 def _check_prefixes(path, traj: Trajectory) -> None:

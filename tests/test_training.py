@@ -90,6 +90,24 @@ def test_a_prefix_len_outside_the_sequence_makes_the_file_unreadable(tmp_path, p
     assert convert(d, tmp_path / "sft.jsonl", mode="sft").unreadable == 0
 
 
+@pytest.mark.parametrize("edit, why", [
+    (lambda step: setattr(step, "role", "wizard"), "Invalid enum value 'wizard'"),
+    (lambda step: setattr(step.tool_call, "arguments_json", "{not json"),
+     "step 2's tool call arguments are not a JSON object"),
+    (lambda step: setattr(step.tool_call, "arguments_json", "[" * 100_000 + "]" * 100_000),
+     "step 2's tool call arguments are not a JSON object"),
+])
+def test_a_role_or_call_arguments_rows_cannot_hold_make_the_file_unreadable(tmp_path, edit, why):
+    """Both were copied into training rows as they were (a tester's 'wizard' role)."""
+    d = tmp_path / "traj"
+    path = write_traj(d, "a", "add two numbers please", [20, 21], 1.0, tool='{"tool": "echo"}')
+    traj = tj.read(path)
+    edit(traj.steps[2])
+    tj.write(path, traj)
+    counts = convert(d, tmp_path / "sft.jsonl", mode="sft", dry_run=True)
+    assert counts.unreadable == 1 and why in counts.unreadable_why[0], counts.unreadable_why
+
+
 def test_near_duplicate_prompts_are_dropped(tmp_path):
     d = tmp_path / "traj"
     long = "please read the configuration file in the project root and report every key it sets"
