@@ -84,11 +84,12 @@ class Layout:
     head_dim: int
     kv_dtype: str
     tokens: int | None = None  # None: any number
+    max_tokens: int | None = None  # with ``tokens`` None: at most this many (a context's)
 
     @classmethod
-    def of(cls, identity, tokens: int | None = None) -> Layout:
+    def of(cls, identity, tokens: int | None = None, max_tokens: int | None = None) -> Layout:
         return cls(identity.num_layers, identity.kv_heads, identity.head_dim,
-                   identity.kv_dtype, tokens)
+                   identity.kv_dtype, tokens, max_tokens)
 
     def check(self, tensors: dict[str, Tensor]) -> None:
         ids = tensors.get("token_ids")
@@ -97,6 +98,9 @@ class Layout:
         n = ids.shape[0]
         if self.tokens is not None and n != self.tokens:
             raise ValueError(f"it holds {n} tokens, this prompt has {self.tokens}")
+        if self.max_tokens is not None and n > self.max_tokens:  # before its data is read
+            raise ValueError(f"it holds {n} tokens, more than the {self.max_tokens}-token "
+                             "context")
         want = {"token_ids": ("I32", (n,))}
         for i in range(self.layers if n else 0):
             for name in (f"keys.{i}", f"values.{i}"):

@@ -299,10 +299,12 @@ def save_session(path: str | os.PathLike, identity, engine, protocol: str, state
     return cache_file.write(Path(path), kv_arrays(tokens, kvs), meta, user_key.load())
 
 
-def load_session(path: str | os.PathLike, identity) -> tuple[str, dict, list[int], list]:
+def load_session(path: str | os.PathLike, identity,
+                 max_tokens: int | None = None) -> tuple[str, dict, list[int], list]:
     """(protocol, state, token ids, per-layer KV) of a session; raises ValueError when it is
-    damaged, unauthenticated, or was made by another model. Token ids and KV are empty when
-    only the conversation was saved."""
+    damaged, unauthenticated, was made by another model, or holds more than ``max_tokens``
+    (checked from its header: a sparse file can claim gigabytes). Token ids and KV are empty
+    when only the conversation was saved."""
     try:
         secret = user_key.load()
         with CacheFile(path, follow_symlinks=True) as f:  # a path the user named
@@ -312,7 +314,7 @@ def load_session(path: str | os.PathLike, identity) -> tuple[str, dict, list[int
                 model = printable(f.metadata.get("model", "?"), 64)
                 raise ValueError(f"it was saved with model {model!r} (a different model, "
                                  "adapter or weight format)")
-            arrays = f.load(secret, Layout.of(identity))
+            arrays = f.load(secret, Layout.of(identity, max_tokens=max_tokens))
             meta = f.metadata
     except OSError as e:
         raise ValueError(_reason(e)) from None

@@ -252,6 +252,40 @@ def test_session_round_trip_continues_without_prefill(tiny_lm, tmp_path):
     assert c.engine.tokens == [] and c.conversation.messages == []
 
 
+def test_a_session_claiming_more_tokens_than_the_context_is_refused_unread(tiny_lm, tmp_path):
+    # a sparse file whose header is consistent but claims 2^25 tokens: resuming read all
+    # 2.3 GB of it before the checksum (a 23 GB one for smollm2-135m: a MemoryError, or the
+    # machine out of memory)
+    import math
+    import resource
+    import struct
+    import time
+
+    a, _, _ = agent(tiny_lm, Script(tiny_lm, '{"answer": "one"}'))
+    a.ask("first")
+    path = tmp_path / "s.safetensors"
+    a.save_session(path)
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header, offset, tokens = json.loads(data[8:8 + n]), 0, 1 << 25
+    for name in sorted(k for k in header if k != "__metadata__"):
+        t = header[name]
+        t["shape"][-1 if name == "token_ids" else 2] = tokens
+        size = {"I32": 4, "F16": 2, "F32": 4}[t["dtype"]] * math.prod(t["shape"])
+        t["data_offsets"], offset = [offset, offset + size], offset + size
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    b, _, _ = agent(tiny_lm, Script(tiny_lm))
+    before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(ValueError, match=f"it holds {tokens} tokens, more than the 2048"):
+        b.resume(path)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
+    assert time.perf_counter() - start < 2 and grown < 256 << 10, grown
+    assert b.engine.tokens == [] and b.conversation.messages == []
+
+
 def test_grammar_on_a_reply_ends_where_the_grammar_does(tiny_lm):
     call = '{"tool":"echo","arguments":{"text":"hi"}}'
     script = Script(tiny_lm, call, '{"answer":"ok"}')

@@ -188,7 +188,9 @@ class Agent:
     def resume(self, path) -> int:
         """Continue a saved conversation; returns how many tokens came back without prefill.
         Raises ValueError (and changes nothing) when the file cannot be used."""
-        name, state, tokens, kvs = load_session(path, self.lm.identity)
+        # a snapshot holds at most this many tokens (a rotating window's, before it rotates)
+        most = max(self.engine.context_length, self.engine.kv_window)
+        name, state, tokens, kvs = load_session(path, self.lm.identity, most)
         if name != self.fmt.name:
             raise ValueError(f"it uses the {name} protocol, this run {self.fmt.name}")
         before = self.conversation.state()
