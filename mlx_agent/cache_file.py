@@ -173,7 +173,7 @@ class CacheFile:
 def write(path: str | os.PathLike, arrays: dict[str, mx.array], metadata: dict[str, str],
           key: bytes) -> int:
     """Write atomically, authenticated with ``key``; returns the file's size. Raises OSError
-    when the directory refuses."""
+    when the directory refuses or the write fails (nothing is left of the file then)."""
     path = Path(path)
     arrays = {n: mx.contiguous(a) for n, a in arrays.items()}
     mx.eval(list(arrays.values()))
@@ -182,7 +182,11 @@ def write(path: str | os.PathLike, arrays: dict[str, mx.array], metadata: dict[s
     meta["mac"] = _mac(key, meta, shapes, {n: memoryview(a) for n, a in arrays.items()})
     # MLX appends ".safetensors" to a name without it: the temporary name must end so
     with atomic_path(path, suffix=".tmp.safetensors") as tmp:
-        mx.save_safetensors(str(tmp), arrays, meta)
+        try:
+            mx.save_safetensors(str(tmp), arrays, meta)
+        except RuntimeError as e:  # MLX's failed write (a full disk, a quota): no errno
+            raise OSError(errno.EIO, f"{printable(str(e))} (is the disk full?)",
+                          str(path)) from None
     return path.stat().st_size
 
 

@@ -133,3 +133,29 @@ def test_a_key_file_open_to_others_is_a_warning_and_nothing_loads(tmp_path):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"run chmod 600 {key}" in r.stderr and "prompt cache is off" in r.stderr
     assert "skipping prefill" not in r.stderr
+
+
+def _full_disk():
+    """In the child: files stop growing at 64 KiB (EFBIG, the signal ignored), as a disk
+    that fills does."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+
+def test_a_full_disk_while_saving_a_cache_or_session_is_a_warning_and_leaves_nothing(tmp_path):
+    # MLX's writer raised a RuntimeError: a traceback after the answer
+    kv, session = tmp_path / "kv", tmp_path / "chat.session"
+    runs = [subprocess.run([*CLI, "agent", "--tools", str(ROOT / "examples/echo.json"),
+                            "--single", "Echo hi", "--max-tokens", "2", "--max-steps", "1",
+                            *extra], capture_output=True, text=True, timeout=300,
+                           preexec_fn=_full_disk)
+            for extra in (["--prompt-cache-dir", str(kv)], ["--save-session", str(session)])]
+    cache, save = (r.stderr for r in runs)
+    assert runs[0].returncode == 0 and "Traceback" not in cache, cache
+    assert "cannot save the prompt cache" in cache and "disk full" in cache, cache
+    assert "Traceback" not in save and "cannot save the session" in save, save
+    assert "disk full" in save, save
+    assert os.listdir(kv) == [] and os.listdir(tmp_path) == ["kv"]  # no partial files
