@@ -106,6 +106,10 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
                                                seed=seed, processes=processes))
     except (ValueError, RuntimeError) as e:
         raise UserError(str(e)) from None
+    if stats["cut_rows"]:
+        cut = stats["cut_rows"]
+        warn(f"left out {cut} row{'s' if cut != 1 else ''} with no scored token within the first "
+             f"{SFTConfig.max_seq_length} tokens, where training cuts rows")
     click.echo(f"trained on {stats['train_rows']} rows ({stats['val_rows']} held out for "
                f"validation); loss {stats['first_loss']:.4f} → {stats['last_loss']:.4f}; "
                f"adapter written to {out}")

@@ -243,15 +243,24 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     The adapter is written in a hidden folder inside ``out_dir`` (on its filesystem, which
     may be a mounted volume) and its files renamed into ``out_dir`` only when training is
     done: a failure or Ctrl-C leaves ``out_dir`` as it was (an adapter there, trained on, is
-    not left with a new config over its old weights)."""
+    not left with a new config over its old weights).
+
+    Rows are cut at ``config.max_seq_length`` tokens; a row whose scored tokens all lie past
+    that has nothing to train on and is left out (counted as ``cut_rows``): a batch of only
+    such rows had no target. Raises ValueError when no row is left."""
+    kept = [r for r in rows if any(r["loss_mask"][1:config.max_seq_length])]
+    if not kept:
+        raise ValueError(f"no row has a scored token (a loss_mask 1 past position 0) within its "
+                         f"first {config.max_seq_length} tokens, where training cuts rows: "
+                         "nothing to train on")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     staging = temp_dir_beside(out / "adapter")  # inside out: one filesystem, so a rename
     try:
-        stats = _train(lm, rows, staging, config)
+        stats = _train(lm, kept, staging, config)
         for name in ("adapters.safetensors", "adapter_config.json"):  # the config last
             os.replace(staging / name, out / name)
-        return stats
+        return {**stats, "cut_rows": len(rows) - len(kept)}
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -305,6 +305,23 @@ def test_rows_are_cut_at_newlines_only(tmp_path):
     assert read_rows(tmp_path / "rows.jsonl") == rows
 
 
+def test_rows_scored_only_past_the_training_length_are_left_out(tmp_path):
+    """Training cuts rows at max_seq_length: a batch of rows whose sampled tokens all lie
+    past it had no target, and training failed inside MLX ("[logsumexp] Received empty
+    array") at whatever step drew it, the adapter lost."""
+    path, lm, text, rows = hello_model(tmp_path)
+    late = {"input_ids": text, "loss_mask": [0] * (len(text) - 1) + [1]}
+    config = SFTConfig(iters=6, batch_size=1, rank=4, num_layers=1, keys=("attn.q_proj",),
+                       max_seq_length=len(text) - 1, val_fraction=0)
+    stats = train(lm, [late, late, rows[0], late], tmp_path / "adapter", config)
+    assert stats["train_rows"] == 1 and stats["cut_rows"] == 3 and stats["iters"] == 6
+    assert (tmp_path / "adapter" / "adapters.safetensors").is_file()
+    with pytest.raises(ValueError, match=f"no row has a scored token .* within its first "
+                                         f"{len(text) - 1} tokens"):
+        train(load(path), [late], tmp_path / "other", config)
+    assert not (tmp_path / "other").exists()
+
+
 def test_an_interrupted_training_leaves_the_adapter_folder_as_it_was(tmp_path, monkeypatch):
     """The config was written first and the weights at the end: Ctrl-C left a new config
     over an old adapter's weights (rank 4 said, rank 48 stored)."""
