@@ -109,10 +109,19 @@ class TrajectoryError(UserFacingError, ValueError):
     """A file that is not a readable ``.atraj``."""
 
 
+class TrajectoryWriteError(UserFacingError):
+    """A trajectory the filesystem would not take (a full disk); the message names it."""
+
+
 def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> None:
-    """Write ``traj`` atomically, ``"version": 1`` included."""
-    write_bytes(path, _encoder.encode(msgspec.structs.replace(traj, version=VERSION)),
-                durable=durable)
+    """Write ``traj`` atomically, ``"version": 1`` included; raises
+    :class:`TrajectoryWriteError`, with nothing written, when the filesystem refuses."""
+    try:
+        write_bytes(path, _encoder.encode(msgspec.structs.replace(traj, version=VERSION)),
+                    durable=durable)
+    except OSError as e:  # it reached the CLI as a standard output that failed
+        raise TrajectoryWriteError(f"cannot write the trajectory {path}: "
+                                   f"{e.strerror or e}") from None
 
 
 def read(path: str | os.PathLike) -> Trajectory:
