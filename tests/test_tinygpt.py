@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 
 import mlx.core as mx
@@ -165,6 +166,23 @@ def test_body_shorter_than_manifest_is_an_error(tmp_path, good_bytes):
     path.write_bytes(_with_header(good_bytes, grow))
     with pytest.raises(TinyGPTError, match="body is .* bytes but"):
         fmt.read(path)
+
+
+@pytest.mark.parametrize("layout", ["training", "inference", "int4"])
+def test_a_body_far_longer_than_the_manifest_is_refused_before_it_is_read(tmp_path, layout):
+    # a sparse 4 GiB file behind a tiny model's header was read whole first (30 GiB: a
+    # MemoryError, or the machine out of memory)
+    import resource
+    import time
+
+    path = tmp_path / "big.tinygpt"
+    fmt.write(path, random_tinygpt_file(layout=layout))
+    os.truncate(path, 4 << 30)
+    before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(TinyGPTError, match="body is .* bytes but the manifest"):
+        fmt.read(path)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
+    assert time.perf_counter() - start < 2 and grown < 256 << 10, grown
 
 
 def test_loaded_tinygpt_matches_a_fresh_module_in_every_layout(tmp_path):

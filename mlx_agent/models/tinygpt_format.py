@@ -163,21 +163,25 @@ def _to_stored(name: str, arr: np.ndarray) -> np.ndarray:
 def read(path: str | os.PathLike) -> TinyGPTFile:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(12)
+            if len(data) == 12:  # the header and the step, as far as the file holds them
+                data += f.read(min(struct.unpack_from("<I", data, 8)[0] + 4, size))
+            header, hlen = _read_header(path, data, size)
+            config, layout = header["config"], _layout_of(header)
+            manifest = _parse_manifest(header)
+            _check_manifest(manifest, config)
+            sizes = [int(np.prod(e["shape"])) for e in manifest]
+            # before the body is read: a sparse file of gigabytes was read whole first
+            _check_body(path, size - 16 - hlen, layout, header, sizes)
+            data += f.read()
     except OSError as e:
         raise TinyGPTError(f"cannot read {path}: {e.strerror}") from None
-    header, hlen = _read_header(path, data)
-    config = header["config"]
-    layout = _layout_of(header)
-    manifest = _parse_manifest(header)
-    _check_manifest(manifest, config)
+    _check_body(path, len(data) - 16 - hlen, layout, header, sizes)  # it may have changed
     (step,) = struct.unpack_from("<i", data, 12 + hlen)
     body = _Body(path, memoryview(data)[16 + hlen :], manifest)
-    block = header.get("int4BlockSize")  # absent or null: the default; 0 is refused below
-    block = DEFAULT_INT4_BLOCK if block is None else block
-    if type(block) is not int:  # Infinity or a list were tracebacks, even in an fp32 file
-        raise TinyGPTError(f"{path}: int4BlockSize {json.dumps(block)[:40]} is not a whole "
-                           "number")
+    block = _int4_block(path, header)
     adam = None
     if layout == "training":
         weights, adam = body.training()
@@ -199,18 +203,28 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
                        sentencepiece=spm, header=rest, int4_block=block)
 
 
-def _read_header(path: Path, data: bytes) -> tuple[dict, int]:
-    """The JSON header (with a config object) and its length, checked against the file."""
-    if len(data) < 12:
-        raise TinyGPTError(f"{path} is truncated ({len(data)} bytes, no header)")
+def _int4_block(path: Path, header: dict) -> int:
+    block = header.get("int4BlockSize")  # absent or null: the default; 0 is refused later
+    block = DEFAULT_INT4_BLOCK if block is None else block
+    if type(block) is not int:  # Infinity or a list were tracebacks, even in an fp32 file
+        raise TinyGPTError(f"{path}: int4BlockSize {json.dumps(block)[:40]} is not a whole "
+                           "number")
+    return block
+
+
+def _read_header(path: Path, data: bytes, size: int) -> tuple[dict, int]:
+    """The JSON header (with a config object) and its length, checked against the file's
+    ``size``; ``data`` is the file's start, the header and step included where it has them."""
+    if size < 12:
+        raise TinyGPTError(f"{path} is truncated ({size} bytes, no header)")
     if data[:4] != MAGIC:
         raise TinyGPTError(f"{path} is not a .tinygpt file (magic {data[:4]!r}, expected b'TGPT')")
     version, hlen = struct.unpack_from("<II", data, 4)
     if version != VERSION:
         raise TinyGPTError(f"{path}: .tinygpt version {version} is not supported (only 2)")
-    if 12 + hlen + 4 > len(data):
+    if 12 + hlen + 4 > min(size, len(data)):
         raise TinyGPTError(
-            f"{path}: header length {hlen} runs past the end of the {len(data)}-byte file"
+            f"{path}: header length {hlen} runs past the end of the {size}-byte file"
         )
     try:
         header = json.loads(data[12 : 12 + hlen].decode("utf-8"))
@@ -221,6 +235,27 @@ def _read_header(path: Path, data: bytes) -> tuple[dict, int]:
     return header, hlen
 
 
+def _check_body(path: Path, length: int, layout: str, header: dict, sizes: list[int]) -> None:
+    """Raises unless a body of ``length`` bytes is what ``layout`` needs for tensors of
+    ``sizes`` elements."""
+    total = sum(sizes)
+    if layout == "training":
+        need, what = 12 * total, "fp32 weights with Adam state"
+    elif layout == "inference":
+        # includesOptimizerState: false without weightDtype may hold fp32 weights
+        itemsize = 4 if header.get("weightDtype") != "fp16" and length == 4 * total else 2
+        need, what = itemsize * total, f"fp{8 * itemsize} weights"
+    else:
+        block = _int4_block(path, header)
+        if block <= 0 or block % 2:
+            raise TinyGPTError(f"{path}: int4BlockSize {block} must be a positive even number")
+        blocks = sum(-(-n // block) for n in sizes)
+        need, what = 2 * blocks + blocks * block // 2, "int4 scales and nibbles"
+    if length != need:
+        raise TinyGPTError(f"{path}: body is {length} bytes but the manifest's {what} needs "
+                           f"{need}" + (" (truncated file?)" if length < need else ""))
+
+
 class _Body:
     """The weights after the header, in one of the three layouts."""
 
@@ -228,15 +263,9 @@ class _Body:
         self.path, self.body, self.manifest = path, body, manifest
         self.sizes = [int(np.prod(e["shape"])) for e in manifest]
 
-    def _need(self, nbytes: int, what: str) -> None:
-        if len(self.body) != nbytes:
-            raise TinyGPTError(
-                f"{self.path}: body is {len(self.body)} bytes but the manifest's {what} needs "
-                f"{nbytes}" + (" (truncated file?)" if len(self.body) < nbytes else "")
-            )
+    # the layouts' readers, after _check_body()
 
     def training(self) -> tuple[dict, dict]:
-        self._need(12 * sum(self.sizes), "fp32 weights with Adam state")
         weights, adam, off = {}, {}, 0
         for e, n in zip(self.manifest, self.sizes):
             parts = [np.frombuffer(self.body, "<f4", n, off + 4 * n * k) for k in range(3)]
@@ -247,9 +276,7 @@ class _Body:
 
     def inference(self, weight_dtype: str | None) -> dict:
         total = sum(self.sizes)
-        # includesOptimizerState: false without weightDtype may hold fp32 weights.
         itemsize = 4 if weight_dtype != "fp16" and len(self.body) == 4 * total else 2
-        self._need(itemsize * total, f"fp{8 * itemsize} weights")
         dtype = "<f2" if itemsize == 2 else "<f4"
         weights, off = {}, 0
         for e, n in zip(self.manifest, self.sizes):
@@ -262,10 +289,7 @@ class _Body:
         return weights
 
     def int4(self, block: int) -> dict:
-        if block <= 0 or block % 2:
-            raise TinyGPTError(f"{self.path}: int4BlockSize {block} must be a positive even number")
         blocks = [-(-n // block) for n in self.sizes]
-        self._need(2 * sum(blocks) + sum(blocks) * block // 2, "int4 scales and nibbles")
         scales = np.frombuffer(self.body, "<f2", sum(blocks), 0).astype(np.float32)
         packed = np.frombuffer(self.body, np.uint8, offset=2 * sum(blocks))
         nib = np.empty(packed.size * 2, np.uint8)
