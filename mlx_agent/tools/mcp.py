@@ -265,7 +265,10 @@ class McpServers:
                                ) from None
             argv, env = self._stack.enter_context(
                 box.command(argv, cwd, env, repositories=server.watch.before.read_only))
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
+        # "replace": with the default "strict", one byte that is not UTF-8 stopped the SDK's
+        # reader for good, and every later answer went unread; now it is a line to skip
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd,
+                                       encoding_error_handler="replace")
         return stdio_client(params, errlog=server.errlog)
 
     async def _serve(self, server: _Server, transport, ready) -> None:
