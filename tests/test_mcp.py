@@ -194,6 +194,7 @@ def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):
         start = time.monotonic()
         r = run_tool(tools["slow"], {"seconds": 5})
         assert r.exit_code == 1 and "'mcp_server'" in r.stderr and "timed out" in r.stderr
+        assert r.timed_out  # the event and the trajectory say so too (the SDK's own timeout)
         assert time.monotonic() - start < 4
         assert run_tool(tools["add"], {"a": 1, "b": 1}).stdout == "2"  # still serving
     assert_gone(pidfile)

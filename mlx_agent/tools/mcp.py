@@ -353,10 +353,14 @@ class McpServers:
             raise
         except Exception as e:  # a tool's failure is the model's information
             future.cancel()
+            took = time.monotonic() - start
+            # the SDK's own read timeout is an MCPError with this code, not a TimeoutError
+            timed_out = isinstance(e, concurrent.futures.TimeoutError) or (
+                getattr(e, "code", None) == mcp_types.REQUEST_TIMEOUT
+                and took >= self.call_timeout)
             done = ToolResult(tool=public, stderr=valid_text(server.describe_failure(
-                f"failed the call ({_reason(e)})")), exit_code=1,
-                timed_out=isinstance(e, concurrent.futures.TimeoutError),
-                duration_sec=round(time.monotonic() - start, 4))
+                f"failed the call ({_reason(e)})")), exit_code=1, timed_out=timed_out,
+                duration_sec=round(took, 4))
         else:
             wire = result.model_dump(mode="json", by_alias=True)
             done = ToolResult(tool=public, stdout=self._text(wire),
