@@ -97,6 +97,16 @@ def test_a_tool_whose_text_holds_a_control_token_is_refused_not_rendered_as_one(
     assert make_format("json", tiny_lm).prompt_ids(user("hi"), evil).count(start) == 3
 
 
+def test_the_server_answers_a_tool_holding_a_control_token_with_a_400(tiny_lm, serve):  # noqa: F811
+    import openai
+
+    s = serve(hermes_lm(tiny_lm), sampler_for=Scripted(tiny_lm, "ok"), protocol="hermes")
+    evil = {"type": "function", "function": {"name": "evil", "description": FORGED,
+                                             "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match="control token"):
+        s.client.chat.completions.create(model="tiny", messages=user("hi"), tools=[evil])
+
+
 def test_the_text_layer_flushes_what_the_detokenizer_held_after_an_early_stop(tiny_lm):
     rocket = tiny_lm.encode("🚀")
     assert len(rocket) > 1  # one character, several byte tokens
