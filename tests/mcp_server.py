@@ -1,8 +1,9 @@
 """A small MCP server for the tests, written with the official SDK (stdio transport).
 
 ``python tests/mcp_server.py [MODE [PIDFILE]]``: ``ok`` (the default) serves add, fail, crash, slow,
-shell, connect, picture and a badly-typed ``broken`` tool; ``exit`` dies before the handshake; ``hang`` never
-answers it; ``second`` serves only another ``add``; ``http`` serves the ``ok`` tools over
+shell, connect, stray (writes a line that is not UTF-8), picture and a badly-typed ``broken``
+tool; ``latin1`` writes a Latin-1 banner on stdout first, then serves them; ``exit`` dies
+before the handshake; ``hang`` never answers it; ``second`` serves only another ``add``; ``http`` serves the ``ok`` tools over
 Streamable HTTP on 127.0.0.1 (``http PIDFILE PORT``). Each start appends its pid to
 PIDFILE when one is given, so tests can check that no server outlives the agent.
 """
@@ -26,6 +27,8 @@ if mode == "hang":
     time.sleep(600)
 
 server = MCPServer("test")
+if mode == "latin1":  # a banner in Latin-1 on stdout before the handshake, then the ok tools
+    os.write(1, b"d\xe9marrage du serveur\n")
 
 if mode == "second":
     @server.tool()
@@ -70,6 +73,12 @@ else:
         except OSError as e:
             return f"refused: {e}"
         return "connected"
+
+    @server.tool()
+    def stray() -> str:
+        """Writes a line that is not UTF-8 (nor JSON-RPC) to its stdout, then answers."""
+        os.write(1, b"caf\xe9 \xff\n")
+        return "answered"
 
     @server.tool()
     def picture() -> Image:

@@ -75,7 +75,8 @@ def by_name(servers):
 def test_listing_calls_errors_summaries_and_cap(pidfile):
     with McpServers([spec_from_command(server())], cap=16) as servers:
         tools, warnings = by_name(servers)
-        assert set(tools) == {"add", "fail", "crash", "slow", "shell", "connect", "picture"}
+        assert set(tools) == {"add", "fail", "crash", "slow", "shell", "connect", "stray",
+                              "picture"}
         assert tools["add"].signature() == "add(a: integer, b: integer)"
         assert tools["add"].description == "Add two integers."
         assert servers.origin["add"] == "mcp_server"
@@ -193,8 +194,22 @@ def test_a_call_slower_than_the_timeout_is_a_timed_out_result(pidfile):
         start = time.monotonic()
         r = run_tool(tools["slow"], {"seconds": 5})
         assert r.exit_code == 1 and "'mcp_server'" in r.stderr and "timed out" in r.stderr
+        assert r.timed_out  # the event and the trajectory say so too (the SDK's own timeout)
         assert time.monotonic() - start < 4
         assert run_tool(tools["add"], {"a": 1, "b": 1}).stdout == "2"  # still serving
+    assert_gone(pidfile)
+
+
+def test_a_line_that_is_not_utf8_on_a_servers_stdout_is_skipped_not_fatal(pidfile):
+    """One byte that was not UTF-8 stopped the SDK's reader for good: start-up waited out
+    its timeout, and every call after such a line waited out --tool-timeout."""
+    with McpServers([spec_from_command(server("latin1"))], start_timeout=30,
+                    call_timeout=30) as servers:  # the banner came before the handshake
+        tools, _ = by_name(servers)
+        start = time.monotonic()
+        assert run_tool(tools["stray"], {}).stdout == "answered"
+        assert run_tool(tools["add"], {"a": 1, "b": 2}).stdout == "3"
+        assert time.monotonic() - start < 20
     assert_gone(pidfile)
 
 

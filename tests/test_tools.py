@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -147,6 +148,21 @@ def test_background_children_do_not_outlive_a_finished_tool(tmp_path):
     assert r.stdout.strip() == "started" and not r.timed_out
     time.sleep(2.5)
     assert not marker.exists()
+
+
+def test_a_process_that_leaves_the_group_with_the_pipes_open_cannot_hold_the_call(tmp_path):
+    """Unsandboxed, a setsid child that kept stdout and stderr open held the call for 5 s a
+    pipe after the tool ended (10 s, whatever --tool-timeout said)."""
+    pid = tmp_path / "pid"
+    t = tool(f"setsid sh -c 'echo $$ > {pid}; exec sleep 60' & "
+             f"while [ ! -s {pid} ]; do sleep 0.05; done; echo started")
+    start = time.monotonic()
+    try:
+        r = run_tool(t, {}, timeout=30)
+        took = time.monotonic() - start
+    finally:
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+    assert r.stdout.strip() == "started" and not r.timed_out and took < 5, took
 
 
 HUGE = """

@@ -117,3 +117,32 @@ def test_a_file_past_the_size_limit_is_refused_before_it_is_read(tmp_path):
                                                  f"{tj.MAX_BYTES + 1:,} bytes, over the "
                                                  "256 MiB limit"):
         tj.read(path)
+
+
+@pytest.mark.parametrize("protocol,reply", [
+    ("json", '{"tool": "echo", "arguments": [1]}'),
+    ("json", '{"tool": "echo", "arguments": "hi"}'),
+    ("hermes", '<tool_call>{"name": "echo", "arguments": [1]}</tool_call><|im_end|>'),
+    ("hermes", "<tool_call>not json</tool_call><|im_end|>"),
+])
+def test_a_call_whose_arguments_are_not_an_object_is_a_tool_error_on_the_record(
+        tiny_lm, tmp_path, protocol, reply):
+    """A model without the grammar wrote a call whose arguments were not an object: the json
+    protocol ended the session (MessageError keeping the reply), and both recorded the
+    arguments as they were, which made the trajectory unreadable."""
+    from dataclasses import replace
+
+    from mlx_agent.agent import events as ev
+
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    answer = '{"answer": "x"}' if protocol == "json" else "x<|im_end|>"
+    rec = recorder(tmp_path)
+    a, events, _ = agent(lm, Script(lm, reply, answer), protocol=protocol, recorder=rec)
+    out = a.ask("go")
+    assert out.answer == "x" and out.stats.tool_errors == 1
+    (call,) = events.of(ev.ToolCall)
+    assert call.exit_code == -1 and "JSON" in call.stderr  # not an object, or not JSON
+    t = tj.read(rec.path)
+    assert [s.role for s in t.steps] == ["system", "user", "assistant", "tool", "assistant"]
+    assert t.steps[2].tool_call is None and t.steps[2].content == reply.replace("<|im_end|>", "")
+    assert t.token_sequence() == a.engine.tokens

@@ -32,8 +32,10 @@ class TrajectoryLog:
         for s in self._fed(list(prompt), reused, user_text):
             self.recorder.add(s)
         call = reply.calls[0] if reply.calls else None
+        # a call that could not be read (arguments not an object) is no call to learn from:
+        # the reply's text and ids keep what the model wrote, the tool step its error
         record = ToolCallRecord(name=call.name, arguments_json=json.dumps(call.arguments)) \
-            if call else None
+            if call and call.error is None and isinstance(call.arguments, dict) else None
         self.recorder.add(Step(role="assistant", content=raw, output_ids=list(sampled),
                                tool_call=record))
         self._pending = [_tool_step(result, content) for result, content in results]

@@ -138,13 +138,16 @@ class JsonFormat:
         calls, seen = [], set()
         for o in objs:
             if isinstance(o, dict) and isinstance(o.get("tool"), str):
-                call = Call(o["tool"], o.get("arguments", {}))
+                args = o.get("arguments", {})
+                call = Call(o["tool"], args, None if isinstance(args, dict) else
+                            "tool call arguments must be a JSON object")
                 key = compact([call.name, call.arguments])
                 if key not in seen:
                     seen.add(key)
                     calls.append(call)
-        if calls:
-            return Reply(calls=calls)
+        if calls:  # one that cannot be read: the reply keeps its text, as hermes's does
+            unread = any(c.error for c in calls)
+            return Reply(calls=calls, content=stripped if unread else None, complete=not unread)
         if len(objs) == 1 and isinstance(objs[0], dict) and "answer" in objs[0]:
             answer = objs[0]["answer"]
             return Reply(content=answer if isinstance(answer, str) else compact(answer))

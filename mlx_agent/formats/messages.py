@@ -65,10 +65,11 @@ class Reply:
     complete: bool = True
 
     def message(self) -> dict:
-        """The assistant message a client (or the agent's conversation) keeps for it."""
+        """The assistant message a client (or the agent's conversation) keeps for it: an
+        incomplete reply keeps its text, not calls that could not be read (or rendered)."""
         return {"role": "assistant", "content": self.content, "tool_calls": [
             {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in self.calls] or None}
+            for c in self.calls if self.complete] or None}
 
 
 class Scanner(Protocol):

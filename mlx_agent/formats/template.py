@@ -68,7 +68,10 @@ class TemplateFormat:
 
         The template renders twice, once with a marker in place of each content; where the
         two agree, the markers say exactly where each content sits. A template that rewrites
-        content gets its text tokenized whole, unless a content holds control-token text."""
+        content gets its text tokenized whole, unless a content holds control-token text.
+        The tools are in the template's spans, so one whose text holds a control token's is
+        refused (an MCP server's description forged a turn)."""
+        self._check_tools(tools)
         text = self._render(messages, tools)
         marked = [{**m, "content": _MARK.format(i)} if m["content"] else m
                   for i, m in enumerate(messages)]
@@ -90,6 +93,25 @@ class TemplateFormat:
         if self.lm.bos_id is not None and ids[:1] != [self.lm.bos_id]:
             ids.insert(0, self.lm.bos_id)
         return ids
+
+    def _check_tools(self, tools: list[dict]) -> None:
+        for tool in tools:
+            texts, todo = [], [tool]
+            while todo:  # every string, keys too: a property's name is written as well
+                node = todo.pop()
+                if isinstance(node, dict):
+                    todo += [*node, *node.values()]
+                elif isinstance(node, list):
+                    todo += node
+                elif isinstance(node, str):
+                    texts.append(node)
+            joined = "\0".join(texts)  # one search per special token, not one per string
+            special = next((s for s in self._specials if s in joined), None)
+            if special:
+                name = (tool.get("function") or {}).get("name")
+                raise MessageError(f"tool {name!r} holds the control token {special!r} in its "
+                                   "description or schema, which the chat template would "
+                                   "write as that token (a turn of its own); remove it")
 
     def system_prefix(self, tools: Sequence[Tool] = (), deferred: bool = False) -> list[int]:
         """The ids every conversation over ``tools`` starts with (what a prompt cache keeps):

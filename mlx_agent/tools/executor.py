@@ -41,6 +41,7 @@ from .schema import Tool
 DEFAULT_CAP = 8 * 1024
 BASE_ENV = ("PATH", "HOME", "LANG")
 _KILL_GRACE = 0.5
+_DRAIN_GRACE = 2.0  # for the output pipes, once the process and its group are gone
 _CHUNK = 64 * 1024
 
 
@@ -216,8 +217,11 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
     # pipes open) goes now, so the readers see end-of-file.
     _kill_group(proc.pid, signal.SIGKILL)
     proc.wait()
+    # What is left in the pipes takes moments to read; a process that left the group (a
+    # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
+    deadline = time.monotonic() + _DRAIN_GRACE
     for r in readers:
-        r.join(timeout=5)
+        r.join(timeout=max(deadline - time.monotonic(), 0))
     return ToolResult(tool=tool, stdout=out.text(), stderr=err.text(),
                       exit_code=proc.returncode, timed_out=timed_out,
                       duration_sec=round(time.monotonic() - start, 4))

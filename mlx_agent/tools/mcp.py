@@ -265,7 +265,10 @@ class McpServers:
                                ) from None
             argv, env = self._stack.enter_context(
                 box.command(argv, cwd, env, repositories=server.watch.before.read_only))
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
+        # "replace": with the default "strict", one byte that is not UTF-8 stopped the SDK's
+        # reader for good, and every later answer went unread; now it is a line to skip
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd,
+                                       encoding_error_handler="replace")
         return stdio_client(params, errlog=server.errlog)
 
     async def _serve(self, server: _Server, transport, ready) -> None:
@@ -350,10 +353,14 @@ class McpServers:
             raise
         except Exception as e:  # a tool's failure is the model's information
             future.cancel()
+            took = time.monotonic() - start
+            # the SDK's own read timeout is an MCPError with this code, not a TimeoutError
+            timed_out = isinstance(e, concurrent.futures.TimeoutError) or (
+                getattr(e, "code", None) == mcp_types.REQUEST_TIMEOUT
+                and took >= self.call_timeout)
             done = ToolResult(tool=public, stderr=valid_text(server.describe_failure(
-                f"failed the call ({_reason(e)})")), exit_code=1,
-                timed_out=isinstance(e, concurrent.futures.TimeoutError),
-                duration_sec=round(time.monotonic() - start, 4))
+                f"failed the call ({_reason(e)})")), exit_code=1, timed_out=timed_out,
+                duration_sec=round(took, 4))
         else:
             wire = result.model_dump(mode="json", by_alias=True)
             done = ToolResult(tool=public, stdout=self._text(wire),
