@@ -16,13 +16,15 @@ rollout of a prompt, since its pairs come from them.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import hashlib
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from .fileio import write_jsonl
 from .trajectory import Trajectory, TrajectoryError, read
@@ -86,15 +88,14 @@ def _shingles(text: str) -> set[bytes]:
 
 
 def load(directory: str | os.PathLike, counts: Counts, min_reward: float | None,
-         on_file: Callable[[Path], None] = lambda p: None) -> list[tuple[Path, Trajectory]]:
-    """Readable trajectories that pass the reward filter; ``on_file`` after each file."""
-    out = []
+         on_file: Callable[[Path], None] = lambda p: None) -> Iterator[tuple[Path, Trajectory]]:
+    """Readable trajectories that pass the reward filter, read one at a time as they are
+    asked for; ``on_file`` after each file."""
     for path in sorted(Path(directory).glob("*.atraj")):
         traj = _kept(path, counts, min_reward)
         if traj is not None:
-            out.append((path, traj))
+            yield path, traj
         on_file(path)
-    return out
 
 
 def _kept(path: Path, counts: Counts, min_reward: float | None) -> Trajectory | None:
@@ -112,20 +113,20 @@ def _kept(path: Path, counts: Counts, min_reward: float | None) -> Trajectory | 
     return traj
 
 
-def dedupe(items: list[tuple[Path, Trajectory]], counts: Counts,
-           near: bool = True) -> list[tuple[Path, Trajectory]]:
-    """Drop exact duplicates, and (``near``) trajectories whose prompt is a near-duplicate."""
+def dedupe(items: Iterable[tuple[Path, Trajectory]], counts: Counts,
+           near: bool = True) -> Iterator[tuple[Path, Trajectory]]:
+    """Drop exact duplicates, and (``near``) trajectories whose prompt is a near-duplicate,
+    as ``items`` come (what is kept of those seen is a digest of their ids and a MinHash)."""
     from datasketch import MinHash, MinHashLSH
 
-    seen: set[tuple[int, ...]] = set()
+    seen: set[bytes] = set()
     lsh = MinHashLSH(threshold=NEAR_DUP_THRESHOLD, num_perm=128)
-    kept = []
     for i, (path, traj) in enumerate(items):
-        ids = tuple(traj.replay()[0])
-        if ids in seen:
+        digest = hashlib.sha256(array.array("q", traj.replay()[0]).tobytes()).digest()
+        if digest in seen:
             counts.exact_duplicates += 1
             continue
-        seen.add(ids)
+        seen.add(digest)
         if near:
             mh = MinHash(num_perm=128)
             mh.update_batch(list(_shingles(prompt_text(traj))))
@@ -133,20 +134,17 @@ def dedupe(items: list[tuple[Path, Trajectory]], counts: Counts,
                 counts.near_duplicates += 1
                 continue
             lsh.insert(str(i), mh)
-        kept.append((path, traj))
-    counts.kept = len(kept)
-    return kept
+        counts.kept += 1
+        yield path, traj
 
 
-def sft_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
-    rows = []
+def sft_rows(items: Iterable[tuple[Path, Trajectory]]) -> Iterator[dict]:
     for path, traj in items:
         ids, mask = traj.replay()
         if not any(mask[1:]):  # the first token is never a target: nothing to train on
             continue
-        rows.append({"messages": messages(traj), "input_ids": ids, "loss_mask": mask,
-                     "source_atraj": path.name, "task": traj.task, "reward": reward_of(traj)})
-    return rows
+        yield {"messages": messages(traj), "input_ids": ids, "loss_mask": mask,
+               "source_atraj": path.name, "task": traj.task, "reward": reward_of(traj)}
 
 
 def dpo_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
@@ -177,6 +175,10 @@ def dpo_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
 def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
             min_reward: float | None = None, dry_run: bool = False,
             on_file: Callable[[Path], None] = lambda p: None) -> Counts:
+    """Write ``mode`` rows from the ``.atraj`` files in ``directory`` to ``out`` (atomically;
+    an earlier file there is kept when no row comes) and count what each filter dropped.
+    sft reads, converts and writes one trajectory at a time; dpo holds the token ids of the
+    rollouts it pairs."""
     if mode not in ("sft", "dpo"):
         raise ValueError(f"unknown mode {mode!r}; choose sft or dpo")
     if not Path(directory).is_dir():
@@ -184,17 +186,25 @@ def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
     counts = Counts()
     # DPO pairs rollouts of one prompt, so only SFT drops near-duplicate prompts
     items = dedupe(load(directory, counts, min_reward, on_file), counts, near=mode == "sft")
-    rows = sft_rows(items) if mode == "sft" else dpo_rows(items)
-    counts.rows = len(rows)
-    if counts.read == 0:
-        raise ValueError(f"{directory} holds no .atraj files; give the --trajectory-dir of "
-                         "agent or eval runs")
-    if not dry_run and out is not None:
-        if not rows:  # an earlier file at ``out`` is kept, not emptied
+    rows = sft_rows(items) if mode == "sft" else iter(dpo_rows(items))
+
+    def counted() -> Iterator[dict]:
+        for row in rows:
+            counts.rows += 1
+            yield row
+        if counts.read == 0:
+            raise ValueError(f"{directory} holds no .atraj files; give the --trajectory-dir "
+                             "of agent or eval runs")
+        if not counts.rows and not dry_run and out is not None:  # ``out`` is left as it was
             first = f"; {counts.unreadable_why[0]}" if counts.unreadable_why else ""
             raise ValueError(f"no {mode} rows from the {counts.read} trajectories ("
                              + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in
                                          vars(counts).items() if isinstance(v, int) and v)
                              + f"){first}; nothing written")
-        write_jsonl(out, rows)
+
+    if dry_run or out is None:
+        for _ in counted():
+            pass
+    else:
+        write_jsonl(out, counted())
     return counts

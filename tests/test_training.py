@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import mlx.core as mx
 import numpy as np
@@ -115,6 +117,36 @@ def test_near_duplicate_prompts_are_dropped(tmp_path):
     write_traj(d, "a", long + " ", [21], 1.0)  # same words, different ids
     counts = convert(d, None, dry_run=True)
     assert (counts.exact_duplicates, counts.near_duplicates, counts.kept) == (0, 1, 1)
+
+
+_PEAK = """
+import resource, sys
+from mlx_agent.training_data import convert
+counts = convert(sys.argv[1], sys.argv[2])
+print(counts.rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_sft_rows_are_converted_and_written_one_trajectory_at_a_time(tmp_path):
+    """A folder of large trajectories was held in memory whole, with every row (a tester's
+    240 MB file took 4.3 GB; several such files, the machine's memory)."""
+    def peak_kib(files: int) -> int:
+        d = tmp_path / f"runs{files}"
+        d.mkdir()
+        for j in range(files):
+            ids = [1000 + (i * 7 + j) % 40_000 for i in range(500_000)]  # 500k ids, ~3.4 MB
+            (d / f"t{j}.atraj").write_text(json.dumps({"version": 1, "id": f"t{j}", "steps": [
+                {"role": "user", "content": f"question {j} on zebra {13 * j}", "input_ids": ids},
+                {"role": "assistant", "content": "ok", "output_ids": [5, 6, 7]}]}))
+        r = subprocess.run([sys.executable, "-c", _PEAK, str(d), str(tmp_path / "rows.jsonl")],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        rows, peak = map(int, r.stdout.split())
+        assert rows == files, r.stderr
+        return peak
+
+    one, six = peak_kib(1), peak_kib(6)
+    # held together, the five more cost some 40 MB each (330 MB against 129 MB)
+    assert six - one < 60 * 1024, (one, six)
 
 
 def test_dpo_pairs_higher_reward_with_lower(tmp_path):
