@@ -379,11 +379,14 @@ def entries(directory: str | os.PathLike) -> list[Entry]:
             st = p.lstat()
         except OSError:
             continue  # removed meanwhile
-        out.append(_entry(p, st))
+        entry = _entry(p, st)
+        if entry is not None:
+            out.append(entry)
     return sorted(out, key=lambda e: e.last_used, reverse=True)
 
 
-def _entry(path: Path, st: os.stat_result) -> Entry:
+def _entry(path: Path, st: os.stat_result) -> Entry | None:
+    """``path``'s entry; None when it was removed meanwhile (another process pruning)."""
     unknown = Entry(key="", path=path, model="?", tokens=0, bytes=st.st_size,
                     created=st.st_mtime, last_used=st.st_mtime)
     if not stat.S_ISREG(st.st_mode):
@@ -394,6 +397,8 @@ def _entry(path: Path, st: os.stat_result) -> Entry:
     except msgspec.ValidationError as e:  # before ValueError: it is one
         return replace(unknown, problem=f"its metadata is not a prompt cache's "
                                         f"({printable(str(e))})")
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError) as e:
         return replace(unknown, problem=_reason(e))
     problem = ""

@@ -318,3 +318,13 @@ def test_bench_scripted_task_runs_all_its_tool_rounds(tmp_path):
     share = multi_turn_share(None, str(tmp_path / "kv"))
     assert share["calls"] == 4 and share["turns"] == 5  # 4 calls, then the answer
     assert share["rendered"] > 1500 and 0.5 < share["share"] < 1
+
+
+def test_a_file_removed_between_listing_and_reading_is_not_listed(tmp_path):
+    """Another process pruning the folder removes files while ``cache ls`` reads them: such a
+    file was listed as "bad: ... No such file or directory"."""
+    kept = tmp_path / "kept.safetensors"
+    kept.write_bytes(b"x")
+    st = kept.stat()  # what the listing saw, before the other process removed the file
+    assert pc._entry(tmp_path / "gone.safetensors", st) is None
+    assert pc._entry(kept, st).problem  # a file that is there and bad is still listed
