@@ -106,9 +106,10 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     bound = sock.getsockname()[1]
     batched = f", batches of up to {max_batch}" if max_batch > 1 else ""
     cap = http.connection_cap(max_connections)  # raises the descriptor limit for it
+    where = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
                f"{tool_mode} tool mode{batched}, up to {cap} connections) on "
-               f"http://{host}:{bound}", err=True)
+               f"http://{where}:{bound}", err=True)
     if max_connections and cap < max_connections:
         click.secho(f"warning: --max-connections {max_connections} is more than the descriptor "
                     f"limit allows; {cap} it is (raise `ulimit -n` for more)", err=True,

@@ -609,3 +609,26 @@ def test_a_model_name_with_escape_sequences_is_shown_escaped(tmp_path):
                         str(hostile), "--max-tokens", "2", "hi"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "\x1b" not in r.stderr and "\\x1b]0;pwned" in r.stderr, r.stderr
+
+
+def test_serve_prints_an_ipv6_address_as_a_url_takes_it(tmp_path):
+    """``--host ::1`` printed http://::1:PORT, which no client parses."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    path = tmp_path / "m.tinygpt"
+    fmt.write(path, random_tinygpt_file())
+    proc = subprocess.Popen([*CLI, "serve", str(path), "--host", "::1", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("serving"):
+                break
+        assert "on http://[::1]:" in line, line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
