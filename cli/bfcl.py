@@ -66,6 +66,10 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
     if unknown:
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
+    twice = next((c for i, c in enumerate(names) if c in names[:i]), None)
+    if twice:  # it would run twice, and --runs would hold each of its questions twice
+        raise click.BadParameter(f"{twice!r} is given twice; give each category once",
+                                 param_hint="--categories")
     check_ray_options(ray_address, ray_workers)
     paths.writable_file(out, "--out")
     paths.writable_file(runs, "--runs", not_same_as={"--out": out})

@@ -303,6 +303,8 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval-bfcl", "--categories", " ,", "--out", "{tmp}/b.jsonl"], "give at least one category"),
     (["generate", "--json-schema", "{tmp}/tools.json", "--grammar", "{tmp}/tools.json", "hi"],
      "give --json-schema or --grammar, not both"),
+    (["eval-bfcl", "--categories", "simple,multiple,simple", "--out", "{tmp}/b.jsonl"],
+     "'simple' is given twice"),  # it ran twice, and --runs had each question twice
 ])
 def test_bad_paths_numbers_and_text_are_one_line_before_the_work(tmp_path, args, message):
     (tmp_path / "tools.json").write_text(open(ECHO).read())
