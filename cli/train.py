@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from mlx_agent.models.registry import MAX_LORA_RANK
+
 from . import paths
 from .errors import UserError, warn
 from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
@@ -69,7 +71,7 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--learning-rate", type=Finite(min=0, min_open=True), default=1e-4,
               show_default=True)
-@click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--rank", type=click.IntRange(1, MAX_LORA_RANK), default=8, show_default=True)
 @click.option("--num-layers", type=click.IntRange(min=1), default=16, show_default=True,
               help="Layers (from the top) that get LoRA.")
 @click.option("--val-fraction", type=Finite(0, 0.5), default=0.1, show_default=True)

@@ -305,6 +305,9 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
      "give --json-schema or --grammar, not both"),
     (["eval-bfcl", "--categories", "simple,multiple,simple", "--out", "{tmp}/b.jsonl"],
      "'simple' is given twice"),  # it ran twice, and --runs had each question twice
+    # the loader refuses an adapter of rank > 4096: sft wrote one (100000000: a segfault)
+    (["sft", "--data", "{tasks}", "--out", "{tmp}/ad", "--rank", "5000"],
+     "Invalid value for '--rank': 5000 is not in the range 1<=x<=4096"),
 ])
 def test_bad_paths_numbers_and_text_are_one_line_before_the_work(tmp_path, args, message):
     (tmp_path / "tools.json").write_text(open(ECHO).read())
