@@ -6,7 +6,7 @@ import click
 
 from . import paths
 from .errors import UserError, warn
-from .options import (ALLOW_REPEAT_HELP, Finite, load_options, max_tokens_option,
+from .options import (ALLOW_REPEAT_HELP, BATCH, Finite, load_options, max_tokens_option,
                       model_argument, prompt_cache_dtype_option, protocol_option,
                       sampling_options)
 
@@ -33,7 +33,7 @@ from .options import (ALLOW_REPEAT_HELP, Finite, load_options, max_tokens_option
 @click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP)
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024,
               show_default=True, help="Larger request bodies get a 413.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--max-batch", type=BATCH, default=1, show_default=True,
               help="Requests decoded together in one batch (more wait their turn).")
 @click.option("--request-timeout", type=Finite(min=0.1), default=30.0,
               show_default=True,

@@ -118,6 +118,7 @@ class Summary:
 
 
 MAX_TASKS_FILE_BYTES = 256 << 20  # a million tasks of a couple hundred bytes fit
+MAX_RUNS = 1_000_000  # tasks times seeds: each run is listed up front (11 days at 1 s a run)
 
 
 def load_tasks(path: str | Path) -> list[Task]:

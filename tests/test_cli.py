@@ -305,6 +305,16 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
      "give --json-schema or --grammar, not both"),
     (["eval-bfcl", "--categories", "simple,multiple,simple", "--out", "{tmp}/b.jsonl"],
      "'simple' is given twice"),  # it ran twice, and --runs had each question twice
+    # counts no machine holds: they ended in a segfault, a MemoryError or the OOM killer
+    (["eval", "--tasks", "{tasks}", "--seeds", "99999999999"],
+     "99,999,999,999 runs, more than the 1,000,000"),
+    (["eval-bfcl", "--batch", "999999999", "--out", "{tmp}/b.jsonl"],
+     "Invalid value for '--batch': 999999999 is not in the range 1<=x<=256"),
+    (["serve", "--max-batch", "999999999"], "is not in the range 1<=x<=256"),
+    (["synth", "--tools", ECHO, "--out", "{tmp}/s", "--n-train", "99999999999"],
+     "is not in the range 1<=x<=100000"),
+    (["specialize", "--tools", ECHO, "--out", "{tmp}/s", "--n-heldout", "99999999999"],
+     "is not in the range 1<=x<=100000"),
     # the loader refuses an adapter of rank > 4096: sft wrote one (100000000: a segfault)
     (["sft", "--data", "{tasks}", "--out", "{tmp}/ad", "--rank", "5000"],
      "Invalid value for '--rank': 5000 is not in the range 1<=x<=4096"),
