@@ -9,7 +9,7 @@ import click
 from . import paths
 from .errors import UserError
 from .fanout import WorkerTally, check_ray_options, ray_options, runs_file
-from .options import load_options, max_tokens_option, model_argument, protocol_option
+from .options import BATCH, load_options, max_tokens_option, model_argument, protocol_option
 
 
 def print_table(rows: list[dict]) -> None:
@@ -33,7 +33,7 @@ def print_table(rows: list[dict]) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Questions per category (default: all).")
 @max_tokens_option()
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch", type=BATCH, default=1, show_default=True,
               help="Questions answered at a time, decoded together in one batch.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="JSONL file: one row per category (rewritten after each).")
@@ -66,6 +66,10 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
     if unknown:
         raise click.BadParameter(f"unknown category {unknown[0]!r}; choose from "
                                  + ", ".join(CATEGORIES), param_hint="--categories")
+    twice = next((c for i, c in enumerate(names) if c in names[:i]), None)
+    if twice:  # it would run twice, and --runs would hold each of its questions twice
+        raise click.BadParameter(f"{twice!r} is given twice; give each category once",
+                                 param_hint="--categories")
     check_ray_options(ray_address, ray_workers)
     paths.writable_file(out, "--out")
     paths.writable_file(runs, "--runs", not_same_as={"--out": out})

@@ -42,6 +42,13 @@ def protocol_option(f):
                              "template renders tools, else json.")(f)
 
 
+# Sequences decoded together (--batch, --max-batch): each holds a KV cache of its own (22 MB
+# for the bundled model, allocated up front), and on the CPU batches past 8 gain nothing
+# (docs/batched-decoding.md); 999999999 ended in a segfault or the OOM killer.
+MAX_BATCH = 256
+BATCH = click.IntRange(1, MAX_BATCH)
+
+
 def max_tokens_option(default: int = MAX_TOKENS, help: str = "Tokens per assistant step."):
     return click.option("--max-tokens", type=click.IntRange(min=1), default=default,
                         show_default=True, help=help)

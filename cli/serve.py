@@ -6,7 +6,7 @@ import click
 
 from . import paths
 from .errors import UserError, warn
-from .options import (ALLOW_REPEAT_HELP, Finite, load_options, max_tokens_option,
+from .options import (ALLOW_REPEAT_HELP, BATCH, Finite, load_options, max_tokens_option,
                       model_argument, prompt_cache_dtype_option, protocol_option,
                       sampling_options)
 
@@ -33,7 +33,7 @@ from .options import (ALLOW_REPEAT_HELP, Finite, load_options, max_tokens_option
 @click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP)
 @click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024,
               show_default=True, help="Larger request bodies get a 413.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--max-batch", type=BATCH, default=1, show_default=True,
               help="Requests decoded together in one batch (more wait their turn).")
 @click.option("--request-timeout", type=Finite(min=0.1), default=30.0,
               show_default=True,
@@ -106,9 +106,10 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     bound = sock.getsockname()[1]
     batched = f", batches of up to {max_batch}" if max_batch > 1 else ""
     cap = http.connection_cap(max_connections)  # raises the descriptor limit for it
+    where = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
     click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
                f"{tool_mode} tool mode{batched}, up to {cap} connections) on "
-               f"http://{host}:{bound}", err=True)
+               f"http://{where}:{bound}", err=True)
     if max_connections and cap < max_connections:
         click.secho(f"warning: --max-connections {max_connections} is more than the descriptor "
                     f"limit allows; {cap} it is (raise `ulimit -n` for more)", err=True,

@@ -8,9 +8,10 @@ from mlx_agent.synth.config import SynthConfig
 
 from .errors import UserError, warn
 from .fanout import check_combination, check_ray_options, ray_options
-from .options import (Finite, handler_mode, load_options, make_sandbox, mcp_options,
+from .options import (BATCH, Finite, handler_mode, load_options, make_sandbox, mcp_options,
                       model_argument, protocol_option, sandbox_options, start_mcp,
                       trust_handlers_option)
+from .synth import TASKS
 
 SYNTH = SynthConfig()
 NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a file's
@@ -28,9 +29,9 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a fi
 @click.option("--builtin-tools", is_flag=True,
               help="Add read_file, list_files, grep, write_file, run_tests, each call and "
                    "task over a fresh copy of --fixture (as `agent --builtin-tools`).")
-@click.option("--n-train", type=click.IntRange(min=1), default=SYNTH.n_train,
+@click.option("--n-train", type=TASKS, default=SYNTH.n_train,
               show_default=True, help="Training tasks (one written conversation each).")
-@click.option("--n-heldout", type=click.IntRange(min=1), default=60, show_default=True,
+@click.option("--n-heldout", type=TASKS, default=60, show_default=True,
               help="Held-out tasks, evaluated before and after.")
 @click.option("--seed", type=int, default=SYNTH.seed, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=150, show_default=True,
@@ -44,7 +45,7 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a fi
               help="Assistant steps per held-out task.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Tokens per assistant step.")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch", type=BATCH, default=1, show_default=True,
               help="Held-out runs at a time, decoded together in one batch.")
 @protocol_option
 @sandbox_options

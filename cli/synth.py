@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from mlx_agent.synth.config import SynthConfig
+from mlx_agent.synth.config import MAX_TASKS, SynthConfig
 
 from . import paths
 from .options import (Finite, handler_mode, make_sandbox, mcp_options, sandbox_options,
@@ -12,6 +12,7 @@ from .options import (Finite, handler_mode, make_sandbox, mcp_options, sandbox_o
 
 DEFAULTS = SynthConfig()
 SHARE = Finite(0, 1)
+TASKS = click.IntRange(1, MAX_TASKS)
 
 
 @click.command()
@@ -19,9 +20,9 @@ SHARE = Finite(0, 1)
               help="Tools file (JSON, as for `agent --tools`).")
 @click.option("--out", type=click.Path(file_okay=False), required=True,
               help="Directory for train.jsonl, heldout.jsonl, tools.json and report.json.")
-@click.option("--n-train", type=click.IntRange(min=1), default=DEFAULTS.n_train,
+@click.option("--n-train", type=TASKS, default=DEFAULTS.n_train,
               show_default=True, help="Training tasks.")
-@click.option("--n-heldout", type=click.IntRange(min=1), default=DEFAULTS.n_heldout,
+@click.option("--n-heldout", type=TASKS, default=DEFAULTS.n_heldout,
               show_default=True, help="Held-out tasks.")
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True)
 @click.option("--no-tool-share", type=SHARE, default=DEFAULTS.no_tool_share, show_default=True,

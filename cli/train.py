@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
+from mlx_agent.models.registry import MAX_LORA_RANK
+
 from . import paths
 from .errors import UserError, warn
 from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
                      runs_file)
-from .options import (Finite, handler_mode, load_options, loop_options, make_sandbox,
+from .options import (BATCH, Finite, handler_mode, load_options, loop_options, make_sandbox,
                       mcp_options, model_argument, sandbox_options, start_mcp,
                       trust_handlers_option, weight_options)
 from .terminal import for_terminal
@@ -69,7 +71,7 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--learning-rate", type=Finite(min=0, min_open=True), default=1e-4,
               show_default=True)
-@click.option("--rank", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--rank", type=click.IntRange(1, MAX_LORA_RANK), default=8, show_default=True)
 @click.option("--num-layers", type=click.IntRange(min=1), default=16, show_default=True,
               help="Layers (from the top) that get LoRA.")
 @click.option("--val-fraction", type=Finite(0, 0.5), default=0.1, show_default=True)
@@ -128,7 +130,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
                    "tool_errors, guarded_steps, retried_steps, seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=Finite(min=0), default=0.0, show_default=True)
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--batch", type=BATCH, default=1, show_default=True,
               help="Runs at a time, decoded together in one batch.")
 @sandbox_options
 @trust_handlers_option
@@ -150,8 +152,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
       mlx_agent eval --tasks tasks.jsonl --ray auto      # over a Ray cluster
     """
     from mlx_agent.engine import SamplingParams
-    from mlx_agent.evaluate import (TaskFile, check_expected_tools, check_handlers, run,
-                                    tool_names)
+    from mlx_agent.evaluate import (MAX_RUNS, TaskFile, check_expected_tools, check_handlers,
+                                    run, tool_names)
     from mlx_agent.models import load
     from mlx_agent.progress import Progress
 
@@ -163,6 +165,9 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     tasks = TaskFile.of(tasks_file)  # read once; a bad tasks file fails before the model loads
     check_handlers(tasks, handler_mode(trust_handlers))  # before any of its tools loads
     total = len(tasks.tasks) * seeds
+    if total > MAX_RUNS:  # --seeds 99999999999 met the OOM killer listing its runs
+        raise UserError(f"--seeds {seeds} for {len(tasks.tasks)} tasks is {total:,} runs, more "
+                        f"than the {MAX_RUNS:,} one eval takes; give fewer seeds")
     served = _served_tools(mcp_commands, mcp_config, box, sorted(tool_names(tasks)))
     check_expected_tools(tasks, served)
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,

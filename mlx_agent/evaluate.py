@@ -118,6 +118,7 @@ class Summary:
 
 
 MAX_TASKS_FILE_BYTES = 256 << 20  # a million tasks of a couple hundred bytes fit
+MAX_RUNS = 1_000_000  # tasks times seeds: each run is listed up front (11 days at 1 s a run)
 
 
 def load_tasks(path: str | Path) -> list[Task]:
@@ -144,6 +145,9 @@ def _numbered_tasks(path: str | Path) -> list[tuple[int, Task]]:
         if len(checks) != 1:
             raise TaskError(f"{path}:{i}: a task needs exactly one check "
                              "(tool_calls, shell or answer_pattern)")
+        if task.check.shell is not None and not task.check.shell.strip():
+            raise TaskError(f"{path}:{i}: the shell check is empty (it would pass every run); "
+                            "give a command that exits 0 when the task is done")
         if task.check.answer_pattern is not None:
             try:
                 re.compile(task.check.answer_pattern)

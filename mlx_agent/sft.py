@@ -243,7 +243,8 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     The adapter is written in a hidden folder inside ``out_dir`` (on its filesystem, which
     may be a mounted volume) and its files renamed into ``out_dir`` only when training is
     done: a failure or Ctrl-C leaves ``out_dir`` as it was (an adapter there, trained on, is
-    not left with a new config over its old weights).
+    not left with a new config over its old weights). A training that diverged (weights
+    that are no longer finite numbers) writes nothing and raises ValueError.
 
     Rows are cut at ``config.max_seq_length`` tokens; a row whose scored tokens all lie past
     that has nothing to train on and is left out (counted as ``cut_rows``): a batch of only
@@ -258,11 +259,21 @@ def train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig = SFTConf
     staging = temp_dir_beside(out / "adapter")  # inside out: one filesystem, so a rename
     try:
         stats = _train(lm, kept, staging, config)
+        _check_finite(staging / "adapters.safetensors", stats["last_loss"])
         for name in ("adapters.safetensors", "adapter_config.json"):  # the config last
             os.replace(staging / name, out / name)
         return {**stats, "cut_rows": len(rows) - len(kept)}
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_finite(weights: Path, last_loss: float | None) -> None:
+    """A learning rate far too high makes the weights inf or NaN: such an adapter makes the
+    model's every logit NaN, and was written as if it were trained."""
+    if all(mx.isfinite(w).all().item() for w in mx.load(str(weights)).values()):
+        return
+    raise ValueError(f"the training diverged (last loss {last_loss}): the adapter's weights "
+                     "are not finite numbers, so none was written; lower the learning rate")
 
 
 def _train(lm, rows: list[dict], out_dir: str | Path, config: SFTConfig) -> dict:

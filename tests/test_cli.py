@@ -303,6 +303,21 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval-bfcl", "--categories", " ,", "--out", "{tmp}/b.jsonl"], "give at least one category"),
     (["generate", "--json-schema", "{tmp}/tools.json", "--grammar", "{tmp}/tools.json", "hi"],
      "give --json-schema or --grammar, not both"),
+    (["eval-bfcl", "--categories", "simple,multiple,simple", "--out", "{tmp}/b.jsonl"],
+     "'simple' is given twice"),  # it ran twice, and --runs had each question twice
+    # counts no machine holds: they ended in a segfault, a MemoryError or the OOM killer
+    (["eval", "--tasks", "{tasks}", "--seeds", "99999999999"],
+     "99,999,999,999 runs, more than the 1,000,000"),
+    (["eval-bfcl", "--batch", "999999999", "--out", "{tmp}/b.jsonl"],
+     "Invalid value for '--batch': 999999999 is not in the range 1<=x<=256"),
+    (["serve", "--max-batch", "999999999"], "is not in the range 1<=x<=256"),
+    (["synth", "--tools", ECHO, "--out", "{tmp}/s", "--n-train", "99999999999"],
+     "is not in the range 1<=x<=100000"),
+    (["specialize", "--tools", ECHO, "--out", "{tmp}/s", "--n-heldout", "99999999999"],
+     "is not in the range 1<=x<=100000"),
+    # the loader refuses an adapter of rank > 4096: sft wrote one (100000000: a segfault)
+    (["sft", "--data", "{tasks}", "--out", "{tmp}/ad", "--rank", "5000"],
+     "Invalid value for '--rank': 5000 is not in the range 1<=x<=4096"),
 ])
 def test_bad_paths_numbers_and_text_are_one_line_before_the_work(tmp_path, args, message):
     (tmp_path / "tools.json").write_text(open(ECHO).read())
@@ -609,3 +624,26 @@ def test_a_model_name_with_escape_sequences_is_shown_escaped(tmp_path):
                         str(hostile), "--max-tokens", "2", "hi"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "\x1b" not in r.stderr and "\\x1b]0;pwned" in r.stderr, r.stderr
+
+
+def test_serve_prints_an_ipv6_address_as_a_url_takes_it(tmp_path):
+    """``--host ::1`` printed http://::1:PORT, which no client parses."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    path = tmp_path / "m.tinygpt"
+    fmt.write(path, random_tinygpt_file())
+    proc = subprocess.Popen([*CLI, "serve", str(path), "--host", "::1", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if line.startswith("serving"):
+                break
+        assert "on http://[::1]:" in line, line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -72,6 +72,11 @@ def test_task_file_errors(tmp_path):
             "tool_calls": [{"name": "echo", "arguments": arguments}]}}))
         with pytest.raises(ValueError, match="each expected tool call needs"):
             load_tasks(bad)
+    # a shell check of no command exits 0: every run passed, whatever the model did
+    for shell in ("", "  "):
+        bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "check": {"shell": shell}}))
+        with pytest.raises(ValueError, match="t.jsonl:1: the shell check is empty"):
+            load_tasks(bad)
     (tmp_path / "a_file").write_text("")
     for fixture in ("missing", "a_file"):
         bad.write_text(json.dumps({"prompt": "x", "tools": "t.json", "fixture": fixture,

@@ -376,6 +376,29 @@ def test_an_interrupted_training_leaves_the_adapter_folder_as_it_was(tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "m.tinygpt"]
 
 
+def test_a_training_that_diverges_writes_no_adapter_and_says_so(tmp_path):
+    """A learning rate far too high made every weight NaN: the adapter was written and the
+    command said "loss nan → nan; adapter written", exit 0; the adapter then broke the model."""
+    import subprocess
+    import sys
+
+    from mlx_agent.fileio import write_jsonl
+
+    path, lm, text, rows = hello_model(tmp_path)
+    write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "ad"
+    r = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "sft", str(path),
+                        "--data", str(tmp_path / "rows.jsonl"), "--out", str(out),
+                        "--iters", "3", "--batch-size", "2", "--learning-rate", "1e38"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("mlx_agent: error: the training diverged") and \
+        "lower the learning rate" in last, r.stderr
+    assert "Traceback" not in r.stderr and "adapter written" not in r.stdout
+    assert not out.exists()  # no adapter, no staging folder, no folder made for them
+
+
 def test_cli_traces_to_data_and_usage_errors(tmp_path):
     import os
     import subprocess

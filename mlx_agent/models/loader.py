@@ -27,7 +27,8 @@ from ..kernels import kernel_status
 from . import gguf, tinygpt, tinygpt_format
 from .cpu_layers import use_cpu_kernels
 from .identity import ModelIdentity, dir_fingerprint, file_fingerprint
-from .registry import NAMED_MODELS, WEIGHT_FORMATS, WEIGHTS_ENV, ModelError, default_spec, resolve
+from .registry import (MAX_LORA_RANK, NAMED_MODELS, WEIGHT_FORMATS, WEIGHTS_ENV, ModelError,
+                       default_spec, resolve)
 
 # transformers passes split_special_tokens by setting a flag on the shared Rust tokenizer for
 # the call: encodes in two threads at once (eval --batch) must not interleave.
@@ -270,7 +271,6 @@ def _check_adapter_weights(adapter, adapter_path: Path) -> None:
 
 MAX_ADAPTER_CONFIG = 1 << 20
 MAX_ADAPTER_LAYERS = 4096  # as a GGUF's llama.block_count
-MAX_LORA_RANK = 4096
 
 
 def _check_adapter_config(adapter, adapter_path: Path) -> None:

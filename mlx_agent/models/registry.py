@@ -17,6 +17,7 @@ DEFAULT_MODEL = "smollm2-135m"
 MODEL_ENV = "MLX_AGENT_MODEL"
 WEIGHT_FORMATS = ("auto", "quantized", "float32")
 WEIGHTS_ENV = "MLX_AGENT_WEIGHTS"
+MAX_LORA_RANK = 4096  # an adapter of a higher rank is refused at load, so sft makes none
 
 # name -> (Python package that ships the file, file name inside it, install command)
 NAMED_MODELS = {

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# Tasks a side may ask for: each is planned up front, and 99999999999 met the OOM killer
+# (a catalogue gives far fewer distinct tasks anyway; the default is 200).
+MAX_TASKS = 100_000
+
+
 @dataclass(frozen=True)
 class SynthConfig:
     n_train: int = 200
