@@ -123,8 +123,11 @@ def specialize(model_spec, tools_file, out, fixture, builtin_tools, n_train, n_h
         return load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
 
     data = Path(tools_file).read_bytes() if tools_file else NO_TOOLS_FILE
-    results = run_specialize(Models(loader, adapter), tools, data, out, config,
-                             log=lambda m: click.echo(m, err=True))
+    try:
+        results = run_specialize(Models(loader, adapter), tools, data, out, config,
+                                 log=lambda m: click.echo(m, err=True))
+    except ValueError as e:  # the training's own (it diverged, no row left), as sft says them
+        raise UserError(str(e)) from None
     for line in table(results):
         click.echo(line)
     click.echo(f"{results['rows']} training rows, {results['sft']['iters']} iterations, "
