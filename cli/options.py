@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import click
 
@@ -47,6 +48,9 @@ def protocol_option(f):
 # (docs/batched-decoding.md); 999999999 ended in a segfault or the OOM killer.
 MAX_BATCH = 256
 BATCH = click.IntRange(1, MAX_BATCH)
+# Training processes: each loads the model and keeps one core busy; more than the CPUs only
+# contend for them, and --processes 64 would have loaded 64 copies of the model.
+PROCESSES = click.IntRange(1, os.cpu_count() or 1)
 
 
 def max_tokens_option(default: int = MAX_TOKENS, help: str = "Tokens per assistant step."):

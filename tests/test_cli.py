@@ -318,6 +318,9 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     # the loader refuses an adapter of rank > 4096: sft wrote one (100000000: a segfault)
     (["sft", "--data", "{tasks}", "--out", "{tmp}/ad", "--rank", "5000"],
      "Invalid value for '--rank': 5000 is not in the range 1<=x<=4096"),
+    # each process loads the model: 64 would have filled the memory of most machines
+    (["sft", "--data", "{tasks}", "--out", "{tmp}/ad", "--batch-size", "1024",
+      "--processes", "1024"], "Invalid value for '--processes': 1024 is not in the range 1<=x<="),
 ])
 def test_bad_paths_numbers_and_text_are_one_line_before_the_work(tmp_path, args, message):
     (tmp_path / "tools.json").write_text(open(ECHO).read())
