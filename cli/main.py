@@ -110,6 +110,8 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
     utf8_text(prompt, source)
     if system and not chat:
         raise click.BadParameter("--system needs --chat", param_hint="--system")
+    if chat and not prompt.strip():  # as `agent --single ""`: an empty turn asks nothing
+        raise UserError("the message is empty; give the question to ask")
     if json_schema and grammar:
         raise click.UsageError("give --json-schema or --grammar, not both")
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)

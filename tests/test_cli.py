@@ -303,6 +303,7 @@ TASK = ('{"prompt": "Say hi.", "tools": "tools.json", '
     (["eval-bfcl", "--categories", " ,", "--out", "{tmp}/b.jsonl"], "give at least one category"),
     (["generate", "--json-schema", "{tmp}/tools.json", "--grammar", "{tmp}/tools.json", "hi"],
      "give --json-schema or --grammar, not both"),
+    (["generate", "--chat", " "], "the message is empty; give the question to ask"),
     (["eval-bfcl", "--categories", "simple,multiple,simple", "--out", "{tmp}/b.jsonl"],
      "'simple' is given twice"),  # it ran twice, and --runs had each question twice
     # counts no machine holds: they ended in a segfault, a MemoryError or the OOM killer
