@@ -12,6 +12,8 @@
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
   objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode, and so
   does every nested object that declares properties (one that declares none stays free).
+  ``uniqueItems``, which llguidance does not implement, is left to the schema check a call
+  passes before it runs.
   Calls are written with no free white space and the separators of :data:`SEPARATORS`
   (the json prompt's examples use the same), the json protocol's arguments in the order its
   prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
@@ -207,6 +209,9 @@ def _bound(schema: Any, max_len: int) -> Any:
             out.setdefault("maximum", _NUMBER_BOUND)
     if out.get("properties") and not {"additionalProperties", "patternProperties"} & set(out):
         out["additionalProperties"] = False
+    # llguidance refuses uniqueItems; a call with a repeated item fails the schema check
+    # before it runs instead (the model is told why)
+    out.pop("uniqueItems", None)
     return out
 
 

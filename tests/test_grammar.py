@@ -188,6 +188,27 @@ def test_nested_objects_that_declare_properties_take_no_other_keys(smol):
     assert accepts(lm, tok, grammar, call % '{"labels":{"a":"x","b":"y"}}')
 
 
+def test_unique_items_arrays_compile_and_duplicates_are_left_to_validation(smol):
+    # llguidance does not implement uniqueItems: every tool with a set-like array (a
+    # Pydantic set[str], synth's generated catalogues' lists of enums) was refused at
+    # start-up, so `eval` could not run the tasks `synth` wrote for those catalogues
+    from mlx_agent.grammar import hermes_grammar
+    from mlx_agent.synth.catalogues import generate_tools
+
+    lm, tok, _ = smol
+    tags = {"type": "array", "items": {"enum": ["red", "blue"]}, "uniqueItems": True}
+    tools = parse_tools(json.dumps([{"name": "tag", "_exec": "x", "parameters": {
+        "type": "object", "properties": {"tags": tags}, "required": ["tags"]}}]))
+    grammar = json_protocol_grammar(tools, tok)
+    assert accepts(lm, tok, grammar, '{"tool":"tag","arguments":{"tags":["red","blue"]}}')
+    assert not accepts(lm, tok, grammar, '{"tool":"tag","arguments":{"tags":["green"]}}')
+    assert tools[0].validate({"tags": ["red", "red"]})  # the check before a call runs
+    hermes_grammar(tools, tok)
+    unique = [t for _, t in generate_tools(0) if "uniqueItems" in json.dumps(t)]
+    assert unique
+    json_protocol_grammar(parse_tools(json.dumps(unique)), tok)
+
+
 def test_parameters_with_local_refs_are_read_where_they_point(smol):
     # Pydantic and zod write $defs and #/$defs/... pointers, which nested under a call's
     # "arguments" pointed at nothing: every such tool was refused
