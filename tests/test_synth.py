@@ -507,6 +507,24 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
     assert {t.kind for t in s.train} == {"call", "none"}
 
 
+def test_a_tool_whose_first_draw_fails_is_drawn_again_not_skipped(tmp_path):
+    """"An id or an email" (anyOf of required lists, every property optional) fails when
+    the sampler leaves both out; one such probe skipped the tool for the whole catalogue
+    (seed 5), though the tasks draw again until arguments validate."""
+    either = fn("get_user", "Look up a user by id or by email.",
+                {"user_id": {"type": "string"}, "email": {"type": "string", "format": "email"}})
+    either["function"]["parameters"]["anyOf"] = [{"required": ["user_id"]},
+                                                 {"required": ["email"]}]
+    path = tmp_path / "either.json"
+    path.write_text(json.dumps([either]))
+    tools = load_tools(path)
+    for seed in range(8):
+        s = synthesize(tools, SynthConfig(n_train=6, n_heldout=2, seed=seed, run_tools=False))
+        assert s.report["skipped"] == {}, (seed, s.report["skipped"])
+        assert s.report["train"]["kinds"]["call"] > 0
+        assert_valid(tools, s)
+
+
 def test_a_catalogue_of_unusable_tools_gets_only_no_tool_tasks_and_ends(tmp_path):
     """With no tool that can be given arguments, the call slots are skipped (they looped
     forever over an empty list of tools)."""

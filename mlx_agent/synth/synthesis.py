@@ -62,13 +62,11 @@ def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None,
                     config.files)
     usable, skipped = [], {}
     for tool in tools:
-        try:
-            problems = tool.validate(probe.arguments(tool))
-            if problems:
-                raise Unsatisfiable(problems[0])
+        why = _unusable(tool, probe)
+        if why is None:
             usable.append(tool)
-        except Unsatisfiable as e:
-            skipped[tool.name] = str(e)
+        else:
+            skipped[tool.name] = why
     answerable = [t for t in usable if results.runnable(t) and results.varies(t, probe)]
     chains = {t.name: chain_targets(usable, t) for t in answerable}
     outside = []
@@ -76,6 +74,22 @@ def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None,
         outside = outside_tools(tools, generated_tools(config.seed) if pool is None else pool)
     return _Catalogue(tools, results, usable, answerable,
                       {k: v for k, v in chains.items() if v}, skipped, outside)
+
+
+def _unusable(tool: Tool, probe: Sampler) -> str | None:
+    """Why no arguments drawn for ``tool`` validate, or None once one set does: drawn as
+    often as a task draws them (one draw of "an id or an email" that left out both skipped
+    the tool for every task)."""
+    why = ""
+    for _ in range(ATTEMPTS):
+        try:
+            problems = tool.validate(probe.arguments(tool))
+        except Unsatisfiable as e:
+            problems = [str(e)]
+        if not problems:
+            return None
+        why = problems[0]
+    return why
 
 
 def generated_tools(seed: int) -> list[Tool]:
