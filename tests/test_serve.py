@@ -525,6 +525,25 @@ def test_completions_endpoint_with_stop_strings(serve, tiny_lm):
     assert "".join(c.choices[0].text for c in chunks) == "alpha beta"
 
 
+@pytest.mark.parametrize("extra, needle", [
+    # each was a 200 with logprobs null, one completion, no suffix: what was asked for missing
+    ({"logprobs": 2}, "logprobs are not supported"),
+    ({"logprobs": 0}, "logprobs are not supported"),
+    ({"best_of": 3}, "best_of must be 1"),
+    ({"suffix": " the end."}, "suffix is not supported"),
+])
+def test_completion_options_the_server_cannot_honour_are_400s(serve, extra, needle):
+    s = serve()
+    for stream in (False, True):
+        status, r = s.post("/v1/completions", {"prompt": "Say:", "max_tokens": 2,
+                                               "stream": stream, **extra})
+        assert status == 400 and needle in r["error"]["message"], r
+        assert r["error"]["param"] == next(iter(extra))
+    status, r = s.post("/v1/completions", {"prompt": "Say:", "max_tokens": 2, "logprobs": None,
+                                           "best_of": 1, "suffix": ""})
+    assert status == 200 and r["choices"][0]["finish_reason"] == "length", r
+
+
 def test_a_completion_keeps_the_space_its_first_token_starts_with(serve, tiny_lm):
     # mlx-lm's detokenizer drops it (right for a chat reply): "is" + "Paris" was "isParis"
     s = serve(sampler_for=Scripted(tiny_lm, *[" Paris, and the"] * 4))

@@ -157,6 +157,14 @@ def completion_head(model: str) -> dict:
 def completion_prompt(req: schema.CompletionRequest) -> str:
     if req.n != 1:
         raise BadRequest("n must be 1", param="n")
+    if req.best_of not in (None, 1):
+        raise BadRequest("best_of must be 1", param="best_of")
+    if req.logprobs is not None:  # even 0 asks for the sampled tokens' logprobs
+        raise BadRequest("logprobs are not supported; leave logprobs out (or null)",
+                         param="logprobs")
+    if req.suffix:
+        raise BadRequest("suffix is not supported (text is only continued, never filled "
+                         "in); leave it out", param="suffix")
     if isinstance(req.prompt, list):
         if len(req.prompt) != 1:
             raise BadRequest("send one prompt per request", param="prompt")

@@ -4,7 +4,8 @@ Decoding is the validation: a known field of the wrong type is a :class:`msgspec
 that names it (the server answers 400). Fields this server does not use are accepted and
 ignored, as OpenAI's own server does with fields it does not know, so clients that send
 ``user`` or ``keep_alive`` work unchanged; a chat request's ``logprobs: false`` is accepted,
-``logprobs: true`` or a ``top_logprobs`` above 0 refused (this server computes none).
+``logprobs: true`` or a ``top_logprobs`` above 0 refused (this server computes none), and
+so is a text completion's ``logprobs`` (any number), ``best_of`` above 1 or ``suffix``.
 Responses are plain dicts built by :mod:`.openai_api` and :mod:`.ollama_api`.
 """
 
@@ -103,6 +104,9 @@ class CompletionRequest(_OpenAIRequest, kw_only=True):
     prompt: Union[str, list[str]]
     max_tokens: int = 16
     echo: bool = False
+    logprobs: int | None = None  # refused unless null: the server has none to give
+    best_of: int | None = None  # refused above 1, as n is
+    suffix: str | None = None  # refused unless empty: text is only ever continued
 
 
 class OllamaOptions(Struct):
