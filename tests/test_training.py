@@ -428,9 +428,11 @@ def test_cli_traces_to_data_and_usage_errors(tmp_path):
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "needs input_ids and loss_mask" in r.stderr
     assert "Traceback" not in r.stderr
+    # 2, not 3: --processes is at most the CPUs, and 3 was refused for that on 2 cores
     odd = subprocess.run([*cli, "sft", "--data", str(bad), "--out", str(tmp_path / "ad"),
-                          "--processes", "3"], capture_output=True, text=True, env=env)
-    assert odd.returncode == 2 and "--processes 3 must divide --batch-size 4" in odd.stderr
+                          "--processes", "2", "--batch-size", "3"], capture_output=True,
+                         text=True, env=env)
+    assert odd.returncode == 2 and "--processes 2 must divide --batch-size 3" in odd.stderr
 
 
 def test_cli_sft_into_a_log_file_has_no_colour_codes(tmp_path):
