@@ -275,12 +275,13 @@ def _transcript(path: str):
     """The transcript, open to append; one this run made and left empty (it failed before
     its first event: a model that did not load) is removed again."""
     existed = os.path.lexists(path)
-    try:
-        with open(path, "ab") as f:
+    with open(path, "ab") as f:
+        try:
             yield f
-    finally:
-        if not existed and os.path.getsize(path) == 0:
-            os.unlink(path)
+        finally:
+            if not existed and f.tell() == 0:  # nothing written (the file is new)
+                with contextlib.suppress(FileNotFoundError):  # a tool in --root removed it
+                    os.unlink(path)
 
 
 def _pinned(path, what: str):

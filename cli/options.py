@@ -53,6 +53,14 @@ BATCH = click.IntRange(1, MAX_BATCH)
 PROCESSES = click.IntRange(1, os.cpu_count() or 1)
 
 
+def processes_option(f):
+    """--processes: training processes on this machine (sft and specialize)."""
+    return click.option(
+        "--processes", type=PROCESSES, default=1, show_default=True,
+        help="Train in N processes on this machine (at most its CPUs), each a share of every "
+             "batch (on the CPU, 2 on 2 cores train about 1.4x as many rows a minute).")(f)
+
+
 def max_tokens_option(default: int = MAX_TOKENS, help: str = "Tokens per assistant step."):
     return click.option("--max-tokens", type=click.IntRange(min=1), default=default,
                         show_default=True, help=help)

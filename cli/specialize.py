@@ -8,9 +8,9 @@ from mlx_agent.synth.config import SynthConfig
 
 from .errors import UserError, warn
 from .fanout import check_combination, check_ray_options, ray_options
-from .options import (BATCH, PROCESSES, Finite, handler_mode, load_options, make_sandbox,
-                      mcp_options, model_argument, protocol_option, sandbox_options, start_mcp,
-                      trust_handlers_option)
+from .options import (BATCH, Finite, handler_mode, load_options, make_sandbox, mcp_options,
+                      model_argument, processes_option, protocol_option, sandbox_options,
+                      start_mcp, trust_handlers_option)
 from .synth import TASKS
 
 SYNTH = SynthConfig()
@@ -38,10 +38,7 @@ NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a fi
               help="Training iterations (batches of 4).")
 @click.option("--minutes", type=Finite(min=0, min_open=True), default=None,
               help="Stop training after this many minutes, whatever --iters says.")
-@click.option("--processes", type=PROCESSES, default=1, show_default=True,
-              help="Train in N processes on this machine (at most its CPUs), each a share of "
-                   "every batch (on the CPU, 2 on 2 cores train about 1.4x as many rows a "
-                   "minute).")
+@processes_option
 @click.option("--max-steps", type=click.IntRange(min=1), default=4, show_default=True,
               help="Assistant steps per held-out task.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,

@@ -12,9 +12,9 @@ from . import paths
 from .errors import UserError, warn
 from .fanout import (WorkerTally, check_combination, check_ray_options, ray_options, run_line,
                      runs_file)
-from .options import (BATCH, PROCESSES, Finite, handler_mode, load_options, loop_options,
-                      make_sandbox, mcp_options, model_argument, sandbox_options, start_mcp,
-                      trust_handlers_option, weight_options)
+from .options import (BATCH, Finite, handler_mode, load_options, loop_options, make_sandbox,
+                      mcp_options, model_argument, processes_option, sandbox_options,
+                      start_mcp, trust_handlers_option, weight_options)
 from .terminal import for_terminal
 
 
@@ -76,10 +76,7 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
               help="Layers (from the top) that get LoRA.")
 @click.option("--val-fraction", type=Finite(0, 0.5), default=0.1, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--processes", type=PROCESSES, default=1, show_default=True,
-              help="Train in N processes on this machine (at most its CPUs), each a share of "
-                   "every batch (on the CPU, 2 on 2 cores train about 1.4x as many rows a "
-                   "minute).")
+@processes_option
 @weight_options
 def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val_fraction,
         seed, processes, weights, context_length):

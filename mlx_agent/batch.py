@@ -205,7 +205,6 @@ class BatchDecoder:
             out.append(m.astype(mx.int32))
         return mx.stack(out)
 
-
     @staticmethod
     def _mask(row: Row) -> mx.array | None:
         """A row's mask; None (all allowed) once its grammar gave up, which is the row's

@@ -106,6 +106,9 @@ def multi_turn_share(model: str | None, cache_dir: str, rounds: int = 4) -> dict
             "share": stats.reused_tokens / stats.rendered_tokens}
 
 
+_USER_ERROR = "mlx_agent: error: "  # a worker's user error, its one line on stderr
+
+
 class WorkerError(RuntimeError):
     """A launch that failed for a reason of ours; the message is its last line on stderr."""
 
@@ -130,9 +133,6 @@ def _launch(model, tools_file, mode, cache_dir) -> dict:
             raise UserFacingError(f"the {mode} launch failed: {last[len(_USER_ERROR):]}")
         raise WorkerError(f"the {mode} launch failed: {last}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-_USER_ERROR = "mlx_agent: error: "
 
 
 def check(model: str | None, tools_file: str | None, plot: str | None) -> str | None:

@@ -83,11 +83,13 @@ def read_rows(path: str | Path) -> list[dict]:
                 not all(m in (0, 1) and type(m) is int for m in mask):
             raise ValueError(f"{path}:{i}: input_ids must be a list of token ids and "
                              "loss_mask a list of 0s and 1s")
-        if len(ids) != len(mask) or not ids:
+        if not ids:
+            raise ValueError(f"{path}:{i}: input_ids is empty: nothing to train on")
+        if len(ids) != len(mask):
             raise ValueError(f"{path}:{i}: input_ids and loss_mask differ in length")
         if not any(mask[1:]):  # the loss scores targets 1..: none failed inside MLX
-            raise ValueError(f"{path}: row {i} has no scored token after its first (a loss_mask "
-                             "1 past position 0): nothing to train on")
+            raise ValueError(f"{path}:{i}: the row has no scored token after its first (a "
+                             "loss_mask 1 past position 0): nothing to train on")
         rows.append(row)
     if not rows:
         raise ValueError(f"{path} has no rows")

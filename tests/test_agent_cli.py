@@ -239,3 +239,19 @@ def test_a_trajectory_the_disk_cannot_hold_is_named_in_the_error(tmp_path):
     assert "cannot write the trajectory " + str(tmp_path / "runs") in r.stderr, r.stderr
     assert "File too large" in r.stderr and "the output" not in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []  # no partial file (and the folder it made removed)
+
+
+def test_a_transcript_removed_during_the_run_ends_it_without_a_traceback(tmp_path):
+    # a tool working in --root may delete the transcript the run made there
+    from mlx_agent.cli.agent import _transcript
+
+    path = tmp_path / "t.jsonl"
+    with _transcript(str(path)):
+        path.unlink()
+    assert not path.exists()
+    with _transcript(str(path)) as f:  # one left empty is still removed
+        pass
+    assert f.closed and not path.exists()
+    with _transcript(str(path)) as f:
+        f.write(b"{}\n")
+    assert path.read_bytes() == b"{}\n"

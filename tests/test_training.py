@@ -317,9 +317,16 @@ def test_bad_rows_are_a_clear_error(tmp_path):
     for ids, mask in (([1, 2], [0, 0]), ([1, 2], [1, 0]), ([1], [1])):
         bad.write_text(json.dumps({"input_ids": [5, 6], "loss_mask": [0, 1]}) + "\n"
                        + json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
-        with pytest.raises(ValueError, match="bad.jsonl: row 2 has no scored token after its "
-                                             "first"):
+        with pytest.raises(ValueError, match="bad.jsonl:2: the row has no scored token after "
+                                             "its first"):
             read_rows(bad)
+    # said as its line, as every other error of the file is (a blank line made them differ)
+    bad.write_text('\n{"input_ids": [1, 2], "loss_mask": [0, 0]}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: the row has no scored token"):
+        read_rows(bad)
+    bad.write_text('{"input_ids": [], "loss_mask": []}\n')  # empty, not of different lengths
+    with pytest.raises(ValueError, match="bad.jsonl:1: input_ids is empty"):
+        read_rows(bad)
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
@@ -421,9 +428,11 @@ def test_cli_traces_to_data_and_usage_errors(tmp_path):
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "needs input_ids and loss_mask" in r.stderr
     assert "Traceback" not in r.stderr
+    # 2, not 3: --processes is at most the CPUs, and 3 was refused for that on 2 cores
     odd = subprocess.run([*cli, "sft", "--data", str(bad), "--out", str(tmp_path / "ad"),
-                          "--processes", "3"], capture_output=True, text=True, env=env)
-    assert odd.returncode == 2 and "--processes 3 must divide --batch-size 4" in odd.stderr
+                          "--processes", "2", "--batch-size", "3"], capture_output=True,
+                         text=True, env=env)
+    assert odd.returncode == 2 and "--processes 2 must divide --batch-size 3" in odd.stderr
 
 
 def test_cli_sft_into_a_log_file_has_no_colour_codes(tmp_path):

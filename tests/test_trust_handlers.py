@@ -8,6 +8,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from mlx_agent.tools import load_tools
+
 CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
 
 
@@ -55,3 +59,10 @@ def test_listing_tools_imports_no_handler_module(tmp_path):
     r = run("tools", "ls", "--tools", "tools.json", "--sandbox", "none", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "zen()" in r.stdout and "Beautiful is better" not in r.stdout + r.stderr
+
+
+def test_an_unknown_handlers_mode_is_refused_not_read_as_list(tmp_path):
+    # a misspelt "refuse" loaded the file's handler tools, which then ran when called
+    hostile(tmp_path)
+    with pytest.raises(ValueError, match="handlers"):
+        load_tools(tmp_path / "tools.json", handlers="refused")

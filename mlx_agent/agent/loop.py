@@ -24,7 +24,7 @@ import msgspec
 
 from ..cache import ContextFull
 from ..engine import Constraint, Engine, PrefillStats, SamplingParams
-from ..formats import Call, Format, Reply
+from ..formats import Call, Format
 from ..grammar import GrammarError, forced_call, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session

@@ -58,9 +58,9 @@ from .schema import Tool, ToolSchemaError, declared_tools
 # last-resort handler to our stderr (a server printing "yes" wrote 950,000 lines in 20 s);
 # a server that fails is ours to name, in one line.
 logging.getLogger("mcp").addHandler(logging.NullHandler())
+logging.getLogger("mcp").propagate = False
 
 MAX_CONFIG_BYTES = 1 << 20  # an MCP config names a few servers
-logging.getLogger("mcp").propagate = False
 
 START_TIMEOUT = 20.0
 START_TIMEOUT_ENV = "MLX_AGENT_MCP_START_TIMEOUT"  # seconds; tests set it low

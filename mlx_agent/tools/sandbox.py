@@ -12,9 +12,9 @@ daemons keep their sockets: Docker, D-Bus) is hidden; ``/proc/sys`` and
 root may write global sysctls without any capability); the git repositories in the
 writable roots are read-only (git runs their config and hooks later, outside any sandbox;
 :mod:`.leftovers` finds them, and undoes new ones after the call), and so is this runtime's
-own code where it lies inside them (:func:`own_code`: a virtual environment in the project). bwrap is started with the
-reduced
-environment, so its own init process shows nothing more in ``/proc/1/environ``.
+own code where it lies inside them (:func:`own_code`: a virtual environment in the project).
+bwrap is started with the reduced environment, so its own init process shows nothing more in
+``/proc/1/environ``.
 
 :class:`Sandbox` is what callers hold (a backend and its options); :func:`resolve` turns
 ``--sandbox auto|bwrap|seatbelt|none`` into one, probing a backend once per process.

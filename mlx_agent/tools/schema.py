@@ -364,6 +364,8 @@ def load_tools(path: str | Path, runnable: bool = True, handlers: str = "import"
     now, so a wrong name fails at start-up; ``"list"`` (``tools ls``): check its form only;
     ``"refuse"`` (a file that came as data: an eval task's, or ``synth``'s and
     ``specialize``'s without ``--trust-handlers``): an error naming the tool."""
+    if handlers not in HANDLERS:  # fail closed: a misspelt "refuse" must not admit them
+        raise ValueError(f"handlers must be one of {', '.join(HANDLERS)}, not {handlers!r}")
     path = Path(path)
     try:
         data = read_regular(path, max_bytes=MAX_FILE_BYTES)
