@@ -50,7 +50,8 @@ MAX_BATCH = 256
 BATCH = click.IntRange(1, MAX_BATCH)
 # Training processes: each loads the model and keeps one core busy; more than the CPUs only
 # contend for them, and --processes 64 would have loaded 64 copies of the model.
-PROCESSES = click.IntRange(1, os.cpu_count() or 1)
+PROCESSES = click.IntRange(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                           else os.cpu_count() or 1)  # the CPUs this process may use
 
 
 def processes_option(f):
