@@ -12,8 +12,8 @@
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
   objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode, and so
   does every nested object that declares properties (one that declares none stays free).
-  ``uniqueItems``, which llguidance does not implement, is left to the schema check a call
-  passes before it runs.
+  ``uniqueItems``, which llguidance does not implement, and ``oneOf``'s exclusivity (its
+  members are read as ``anyOf``'s) are left to the schema check a call passes before it runs.
   Calls are written with no free white space and the separators of :data:`SEPARATORS`
   (the json prompt's examples use the same), the json protocol's arguments in the order its
   prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
@@ -63,9 +63,12 @@ SEPARATORS = {"json": (",", ":"), "hermes": (",", ":")}  # (item, key) each gram
 
 def _guidance(protocol: str) -> dict:
     """llguidance's options for the JSON inside ``protocol``'s replies: no free white
-    space, the separators of :data:`SEPARATORS`."""
+    space, the separators of :data:`SEPARATORS`; ``oneOf`` read as ``anyOf`` (llguidance
+    refuses it otherwise), its exclusivity left to the schema check a call passes before
+    it runs."""
     item, key = SEPARATORS[protocol]
-    return {"whitespace_flexible": False, "item_separator": item, "key_separator": key}
+    return {"whitespace_flexible": False, "item_separator": item, "key_separator": key,
+            "coerce_one_of": True}
 
 
 def _written_order(tool: Tool, protocol: str) -> list[str]:
@@ -352,7 +355,7 @@ def _one_tool(params: dict, max_len: int, tokenizer) -> tuple[str, str]:
     (arguments,), defs = _arguments_schemas([params], max_len)
     one = _with_defs({"type": "object", "properties": {"arguments": arguments},
                       "required": ["arguments"]}, defs)
-    grammar = LLMatcher.grammar_from_json_schema(one)
+    grammar = LLMatcher.grammar_from_json_schema(one, defaults=_guidance("json"))
     return grammar, LLMatcher.validate_grammar(grammar, tokenizer)
 
 

@@ -209,6 +209,27 @@ def test_unique_items_arrays_compile_and_duplicates_are_left_to_validation(smol)
     json_protocol_grammar(parse_tools(json.dumps(unique)), tok)
 
 
+def test_one_of_compiles_as_any_of_and_exclusivity_is_left_to_validation(smol):
+    # llguidance refuses oneOf unless told to read it as anyOf: every tool with a Pydantic
+    # union or an OpenAPI oneOf was refused at start-up
+    from mlx_agent.grammar import hermes_grammar
+
+    lm, tok, _ = smol
+    # members llguidance cannot prove apart: "7" would fit both
+    target = {"oneOf": [{"type": "string", "pattern": "^[0-9]+$"},
+                        {"type": "string", "maxLength": 3}]}
+    tools = parse_tools(json.dumps([{"name": "find", "_exec": "x", "parameters": {
+        "type": "object", "properties": {"who": target}, "required": ["who"]}}]))
+    grammar = json_protocol_grammar(tools, tok)
+    assert accepts(lm, tok, grammar, '{"tool":"find","arguments":{"who":"12345"}}')
+    assert accepts(lm, tok, grammar, '{"tool":"find","arguments":{"who":"ab"}}')
+    assert not accepts(lm, tok, grammar, '{"tool":"find","arguments":{"who":"abcd"}}')
+    assert not tools[0].validate({"who": "12345"})
+    # both members at once: the grammar's anyOf takes it, the check before the call does not
+    assert tools[0].validate({"who": "7"})
+    hermes_grammar(tools, tok)
+
+
 def test_parameters_with_local_refs_are_read_where_they_point(smol):
     # Pydantic and zod write $defs and #/$defs/... pointers, which nested under a call's
     # "arguments" pointed at nothing: every such tool was refused
