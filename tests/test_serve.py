@@ -1092,6 +1092,11 @@ def test_the_connection_cap_leaves_file_descriptors_to_spare():
 
 def test_unknown_paths_and_wrong_methods_answer_in_json(serve):
     s = serve()
+    for method in ("HEAD", "GET"):  # Ollama's heartbeat: its CLI sends HEAD / first (a 404)
+        with urllib.request.urlopen(urllib.request.Request(s.base + "/", method=method),
+                                    timeout=10) as r:
+            assert r.status == 200 and r.read() == (b"" if method == "HEAD" else
+                                                    b"mlx_agent is running (tiny)")
     for method, path, status, needle in [
             ("GET", "/v1/embeddings", 404, "no endpoint /v1/embeddings"),
             ("GET", "/v1/chat/completions", 405, "use POST"),

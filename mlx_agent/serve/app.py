@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine import SamplingParams
@@ -304,6 +304,10 @@ class Server:
     async def ollama_version(self, request: Request) -> Response:
         return JSONResponse({"version": VERSION})
 
+    async def root(self, request: Request) -> Response:
+        """Ollama's heartbeat (its CLI sends ``HEAD /`` before anything else)."""
+        return PlainTextResponse(f"mlx_agent is running ({self.service.model_name})")
+
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": self.service.model_name,
                              "cancelled_generations": self.service.cancelled})
@@ -341,6 +345,7 @@ def make_app(service: ChatService, default_sampling: SamplingParams = SamplingPa
         Route("/api/version", server.ollama_version, methods=["GET"]),
         Route("/api/show", server.ollama_show, methods=["POST"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/", server.root, methods=["GET"]),  # HEAD too
     ]
 
     @contextlib.asynccontextmanager
