@@ -1195,3 +1195,27 @@ def test_a_grammar_that_gives_up_mid_reply_is_an_error_not_an_empty_stop(serve, 
         assert "gave up mid-reply" in events[-2] and events[-1] == "data: [DONE]\n", events
         status, r = s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2})
         assert status == 200, r  # and the server (the batch's other rows) keeps serving
+
+
+def test_a_completion_streams_error_event_has_chats_shape():
+    """A streamed /v1/completions error (a shutdown's 503) carried only its message; chat's
+    carry type, param and code, which clients read (code: server_shutting_down)."""
+    import asyncio
+
+    from mlx_agent.serve import openai_api
+    from mlx_agent.serve.common import BadRequest
+
+    async def events():
+        yield "text", "Once"
+        yield "error", BadRequest("the server is shutting down", status=503,
+                                  code="server_shutting_down")
+
+    async def collect(chunks):
+        return [c async for c in chunks]
+
+    head = openai_api.completion_head("tiny")
+    sent = asyncio.run(collect(openai_api.completion_chunks(events(), head, "", False, False)))
+    error = json.loads(sent[1].removeprefix("data: "))
+    assert error == openai_api.error_body(BadRequest("the server is shutting down", status=503,
+                                                     code="server_shutting_down"))
+    assert error["error"]["code"] == "server_shutting_down" and sent[-1] == "data: [DONE]\n\n"

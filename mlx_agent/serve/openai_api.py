@@ -191,7 +191,7 @@ async def completion_chunks(events: AsyncIterator[tuple[str, Any]], head: dict, 
         if kind == "text":
             yield chunk(value)
         elif kind == "error":
-            yield _data({"error": {"message": str(value)}})
+            yield _data(error_body(value))  # as chat's streams send it: type, param, code
         elif kind == "result":
             yield chunk("", value.finish_reason)
             if include_usage:
