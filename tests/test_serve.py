@@ -1219,3 +1219,14 @@ def test_a_completion_streams_error_event_has_chats_shape():
     assert error == openai_api.error_body(BadRequest("the server is shutting down", status=503,
                                                      code="server_shutting_down"))
     assert error["error"]["code"] == "server_shutting_down" and sent[-1] == "data: [DONE]\n\n"
+
+
+def test_a_body_too_large_gets_its_413_even_from_a_client_that_closes(serve):
+    """urllib sends ``Connection: close`` and its whole body before it reads: the 413 went
+    out after the headers, uvicorn closed with the body unread, and the client met a broken
+    pipe (or a reset) instead of the answer."""
+    s = serve()
+    body = b'{"messages": [{"role": "user", "content": "' + b"a" * (9 << 20) + b'"}]}'
+    status, r = s.post("/v1/chat/completions", body)
+    assert status == 413 and "--max-body-bytes" in r["error"]["message"], r
+    assert s.get("/health")["status"] == "ok"  # and it goes on serving

@@ -8,6 +8,9 @@ client gets a 408 and the connection closes. At most ``max_connections`` are ope
 one more gets a 503 and closes after a short lingering read (at once in a flood), and
 asyncio accepts a small batch at a time, so a flood is refused before it takes the spare
 descriptors. Between requests uvicorn's keep-alive timeout (5 s) closes idle connections.
+A connection closed while its request's body is still arriving (a 413 answered after the
+headers, to a client that asked for ``Connection: close``) lingers the same way, so the
+client reads the answer rather than a reset.
 
 A 408 whose request line arrived has the error body of that path's API (Ollama's under
 ``/api/``); a 503, refused before any request, and a 400 for bytes that are not HTTP/1.1
@@ -80,6 +83,28 @@ def _error(status: int, reason: str, message: str, path: str = "") -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
+class _LingeringClose:
+    """The connection's transport as uvicorn's request cycle sees it: a close while the
+    request's body is still arriving (a 413 answered after the headers, to a client that
+    asked for ``Connection: close``) lingers, as a refusal does; closing with the body unread
+    reset the connection, and a client that writes its whole body before reading (urllib)
+    met a broken pipe instead of the answer."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol):
+        self._transport, self._protocol = transport, protocol
+
+    def close(self) -> None:
+        protocol = self._protocol
+        if protocol.conn.their_state is h11.SEND_BODY and not self._transport.is_closing() \
+                and not protocol._refused:
+            protocol._linger()
+        else:
+            self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
 class GuardedH11Protocol(H11Protocol):
     """One connection: a 503 past the cap, a 408 for a request that does not arrive in time."""
 
@@ -89,7 +114,8 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
         self._refused = False
-        super().connection_made(transport)
+        self._raw = transport  # self.transport is it behind _LingeringClose
+        super().connection_made(_LingeringClose(transport, self))  # type: ignore[arg-type]
         if len(self.connections) > self.max_connections:
             self._refuse(503, "Service Unavailable",
                          "the server has too many open connections; retry in a moment")
@@ -158,14 +184,25 @@ class GuardedH11Protocol(H11Protocol):
         self._disarm()
         try:
             self.transport.write(_error(status, reason, message, path))
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
         except OSError:  # the client is gone already
             self.transport.close()
             return
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after a lingering read of what the client still sends (dropped unread)."""
+        self._refused = True
+        self._disarm()
+        transport = self._raw
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()
+        except OSError:  # the client is gone already
+            transport.close()
+            return
         # a lingering connection holds a descriptor: past the cap and a few, close at once
         flood = len(self.connections) > self.max_connections + _LINGERING
-        self.loop.call_later(0 if flood else _LINGER, self.transport.close)
+        self.loop.call_later(0 if flood else _LINGER, transport.close)
 
 
 def config(app, request_timeout: float = REQUEST_TIMEOUT,
