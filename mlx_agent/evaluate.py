@@ -256,8 +256,8 @@ def _search(pattern: str, text: str, timeout: float) -> bool:
 
 def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = ()) -> None:
     """Raises TaskError for a task that expects a call of a tool it does not have (its tools
-    file, the built-ins when it asks for them, or ``extra``: an MCP server's): it could
-    never pass; or whose ``tool_choice`` names a tool it does not have, or forces a call
+    file, the built-ins when it asks for them, or ``extra``: an MCP server's), or arguments
+    that tool's schema refuses: it could never pass; or whose ``tool_choice`` names a tool it does not have, or forces a call
     whose arguments do not fit the tool's schema: checked before any run, each error begins
     with the task's ``file:line``."""
     tasks = TaskFile.of(tasks)
@@ -272,6 +272,10 @@ def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = (
             if want["name"] not in have:
                 raise TaskError(f"{tasks.where(k)}: task {task.id!r} expects a call of "
                                 f"{want['name']!r}, which is not one of its tools")
+            problems = have[want["name"]].unreachable(want.get("arguments", {}))
+            if problems:  # only calls that fit the schema count: it could never pass
+                raise TaskError(f"{tasks.where(k)}: task {task.id!r} expects arguments no "
+                                f"valid call of {want['name']!r} can have: {problems[0]}")
         choices = task.tool_choice if isinstance(task.tool_choice, list) else [task.tool_choice]
         for c in choices:
             name = c.get("name") if isinstance(c, dict) else c

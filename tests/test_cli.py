@@ -387,6 +387,15 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"{tmp_path / 'tasks.jsonl'}:2: task 'task-2' expects a call of 'shout', which is " \
         "not one of its tools" in r.stderr
+    # only calls that fit the schema count: a value it refuses, or a name it does not
+    # declare, made a task that failed every run, silently
+    for arguments, why in (('{"text": 5}', "text: 5 is not of type 'string'"),
+                           ('{"txt": "hi"}', "txt: not one of the tool's parameters (text)")):
+        (tmp_path / "tasks.jsonl").write_text(TASK.replace('{"text": "hi"}', arguments))
+        r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"tasks.jsonl:1: task 'task-1' expects arguments no valid call of 'echo' can " \
+            f"have: {why}" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("choice,message", [

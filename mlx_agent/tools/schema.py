@@ -152,6 +152,29 @@ class Tool(msgspec.Struct, frozen=True):
             names += [n for n in self._types(member, depth + 1) if n not in names]
         return names
 
+    def unreachable(self, arguments: dict) -> list[str]:
+        """Why no call that satisfies the schema can hold ``arguments``, some of a call's
+        (an eval task's expected ones): a name that is not a parameter, where the schema
+        admits no others, or a value its parameter's schema refuses. Each is judged alone:
+        what the rest of a call would need is not."""
+        params = self.parameters
+        declared = params.get("properties") or {}
+        closed = not params.get("additionalProperties") and not params.get("patternProperties")
+        refs = {k: params[k] for k in ("$defs", "definitions") if k in params}  # for $ref
+        out = []
+        for name, value in arguments.items():
+            if name not in declared:
+                if closed:
+                    out.append(f"{name}: not one of the tool's parameters "
+                               f"({', '.join(declared) or 'it has none'})")
+                continue
+            schema = declared[name]
+            for e in Validator({**refs, **schema} if isinstance(schema, dict) else schema
+                               ).iter_errors(value):
+                where = ".".join(str(p) for p in [name, *e.path])
+                out.append(f"{where}: {e.message}")
+        return out
+
     def validate(self, arguments: Any) -> list[str]:
         """Why ``arguments`` do not satisfy the schema (empty when they do)."""
         if not isinstance(arguments, dict):
