@@ -419,3 +419,33 @@ def test_a_server_that_cannot_start_is_one_line_whatever_it_prints(tmp_path, con
     r = cli("tools", "ls", "--mcp-config", str(path), env={"MLX_AGENT_MCP_START_TIMEOUT": "2"})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, \
         r.stderr[-500:]
+
+
+ENDLESS_PAGES = r"""
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "0"}}
+    else:  # tools/list: a page of 500, and always another
+        result = {"tools": [{"name": f"t{i}", "inputSchema": {"type": "object"}}
+                            for i in range(500)], "nextCursor": "again"}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+
+
+def test_a_server_listing_tools_without_end_is_refused_at_once(tmp_path):
+    # it paged until the start-up timeout, its memory growing all the while
+    script = tmp_path / "endless.py"
+    script.write_text(ENDLESS_PAGES)
+    start = time.monotonic()
+    r = cli("tools", "ls", "--mcp", f"{sys.executable} {script}", "--sandbox", "none",
+            env={"MLX_AGENT_MCP_START_TIMEOUT": "60"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "mlx_agent: error: MCP server 'endless' failed to start (TooManyTools: it lists more "
+        "than 4096 tools; serve fewer)"], r.stderr
+    assert time.monotonic() - start < 50

@@ -61,6 +61,9 @@ logging.getLogger("mcp").addHandler(logging.NullHandler())
 logging.getLogger("mcp").propagate = False
 
 MAX_CONFIG_BYTES = 1 << 20  # an MCP config names a few servers
+# What one server may list: past some hundreds the grammar cannot be compiled anyway, and a
+# server paging without end grew memory until the start-up timeout
+MAX_LISTED_TOOLS = 4096
 
 START_TIMEOUT = 20.0
 START_TIMEOUT_ENV = "MLX_AGENT_MCP_START_TIMEOUT"  # seconds; tests set it low
@@ -416,12 +419,18 @@ def _env_timeout() -> float:
     return seconds
 
 
+class TooManyTools(Exception):
+    """A server that lists more than :data:`MAX_LISTED_TOOLS`."""
+
+
 async def _list_tools(session) -> list[dict]:
     listed, cursor = [], None
     while True:
         page = await session.list_tools(**({"params": _page(cursor)} if cursor else {}))
         listed += [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                    for t in page.tools]
+        if len(listed) > MAX_LISTED_TOOLS:
+            raise TooManyTools(f"it lists more than {MAX_LISTED_TOOLS} tools; serve fewer")
         cursor = getattr(page, "next_cursor", None) or getattr(page, "nextCursor", None)
         if not cursor:
             return listed
