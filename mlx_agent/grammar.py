@@ -359,6 +359,14 @@ def _one_tool(params: dict, max_len: int, tokenizer) -> tuple[str, str]:
     return grammar, LLMatcher.validate_grammar(grammar, tokenizer)
 
 
+def schema_problem(params: dict, max_len: int = DEFAULT_MAX_STRING) -> str | None:
+    """What llguidance refuses in a tool's ``params`` (None when it compiles), judged with
+    no tokenizer: what ``synth`` checks before it writes tasks for a tool that ``agent``
+    and ``eval`` would refuse at start-up. Literals that need the tokenizer are not judged."""
+    err = _one_tool(params, max_len, None)[1]
+    return " ".join(err.split())[:240] if err and not err.startswith("WARNING") else None
+
+
 def forced_call(name: str, arguments: dict) -> str:
     """The choice that allows exactly one call, ``name(arguments)``: the model still
     samples every token, but only that path is open (guided rollouts, corrections)."""

@@ -493,13 +493,19 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
            fn("huge", "Many items.", {"x": {"type": "array", "minItems": 10**9,
                                             "items": {"type": "string"}}}, ["x"]),
            fn("fine", "Fine steps.", {"y": {"type": "number", "multipleOf": 1e-300,
-                                            "minimum": 0, "maximum": 1e300}}, ["y"])]
+                                            "minimum": 0, "maximum": 1e300}}, ["y"]),
+           # valid JSON Schema the tool-call grammar cannot be built from: its tasks were
+           # written, and agent and eval refused them at start-up
+           fn("other", "Anything but a.", {"x": {"type": "string", "not": {"enum": ["a"]}}},
+              ["x"])]
     path = tmp_path / "odd.json"
     path.write_text(json.dumps(odd))
     tools = load_tools(path)
     s = synthesize(tools, SynthConfig(n_train=30, n_heldout=30, run_tools=False))
-    assert sorted(s.report["skipped"]) == ["fine", "huge", "never", "strict_code"]
+    assert sorted(s.report["skipped"]) == ["fine", "huge", "never", "other", "strict_code"]
     assert "more than synthesis writes (64)" in s.report["skipped"]["huge"]
+    assert s.report["skipped"]["other"] == ("the tool-call grammar cannot be built from its "
+                                           'schema (Unimplemented keys: ["not"])')
     assert_valid(tools, s)
     # every call of "ping" is {}, so it is training's alone; the held-out side stops short
     assert not any("ping" in t.tools for t in s.heldout)

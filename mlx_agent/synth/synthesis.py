@@ -77,9 +77,14 @@ def _survey(tools: list[Tool], config: SynthConfig, sandbox: Sandbox | None,
 
 
 def _unusable(tool: Tool, probe: Sampler) -> str | None:
-    """Why no arguments drawn for ``tool`` validate, or None once one set does: drawn as
-    often as a task draws them (one draw of "an id or an email" that left out both skipped
-    the tool for every task)."""
+    """Why ``tool`` cannot be used: a schema the tool-call grammar cannot be built from, or
+    no arguments drawn that validate (drawn as often as a task draws them: one draw of "an
+    id or an email" that left out both skipped the tool for every task); None when it can."""
+    from ..grammar import schema_problem  # llguidance and MLX: only when synthesis runs
+
+    refused = schema_problem(tool.parameters)
+    if refused:  # its tasks would be refused by agent and eval at start-up
+        return f"the tool-call grammar cannot be built from its schema ({refused})"
     why = ""
     for _ in range(ATTEMPTS):
         try:
