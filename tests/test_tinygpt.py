@@ -185,6 +185,22 @@ def test_a_body_far_longer_than_the_manifest_is_refused_before_it_is_read(tmp_pa
     assert time.perf_counter() - start < 2 and grown < 256 << 10, grown
 
 
+def test_a_header_length_past_the_limit_is_refused_before_it_is_read(tmp_path):
+    # the header's claimed length was read (up to 4 GiB of a sparse file) before its check
+    import resource
+    import struct
+
+    path = tmp_path / "big.tinygpt"
+    with open(path, "wb") as f:
+        f.write(fmt.MAGIC + struct.pack("<II", fmt.VERSION, 0xFFFF_FFF0))
+        f.truncate(5 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TinyGPTError, match=r"header length 4,294,967,280 is over the "
+                                           r"67,108,864-byte limit"):
+        fmt.read(path)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 << 10
+
+
 def test_loaded_tinygpt_matches_a_fresh_module_in_every_layout(tmp_path):
     from mlx_agent.models import tinygpt
 

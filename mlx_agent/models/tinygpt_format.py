@@ -39,6 +39,9 @@ VERSION = 2
 LAYOUTS = ("training", "inference", "int4")
 SENTENCEPIECE_KEY = "sentencepieceModel"
 DEFAULT_INT4_BLOCK = 64
+# The JSON header: a config, a manifest and at most an embedded SentencePiece model (a few
+# MB in base64). A claimed length is checked against this before it is read.
+MAX_HEADER_BYTES = 64 << 20
 
 
 class TinyGPTError(ValueError):
@@ -167,7 +170,11 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
             size = os.fstat(f.fileno()).st_size
             data = f.read(12)
             if len(data) == 12:  # the header and the step, as far as the file holds them
-                data += f.read(min(struct.unpack_from("<I", data, 8)[0] + 4, size))
+                hlen = struct.unpack_from("<I", data, 8)[0]
+                if hlen > MAX_HEADER_BYTES:  # before it is read: a sparse file can hold it
+                    raise TinyGPTError(f"{path}: header length {hlen:,} is over the "
+                                       f"{MAX_HEADER_BYTES:,}-byte limit; not a .tinygpt file?")
+                data += f.read(min(hlen + 4, size))
             header, hlen = _read_header(path, data, size)
             config, layout = header["config"], _layout_of(header)
             manifest = _parse_manifest(header)
@@ -175,10 +182,11 @@ def read(path: str | os.PathLike) -> TinyGPTFile:
             sizes = [int(np.prod(e["shape"])) for e in manifest]
             # before the body is read: a sparse file of gigabytes was read whole first
             _check_body(path, size - 16 - hlen, layout, header, sizes)
-            data += f.read()
+            data += f.read(size - len(data))  # what was checked, even if the file grows
     except OSError as e:
         raise TinyGPTError(f"cannot read {path}: {e.strerror}") from None
-    _check_body(path, len(data) - 16 - hlen, layout, header, sizes)  # it may have changed
+    if len(data) != size:
+        raise TinyGPTError(f"{path} was cut short while it was read; read it again")
     (step,) = struct.unpack_from("<i", data, 12 + hlen)
     body = _Body(path, memoryview(data)[16 + hlen :], manifest)
     block = _int4_block(path, header)
@@ -242,8 +250,7 @@ def _check_body(path: Path, length: int, layout: str, header: dict, sizes: list[
     if layout == "training":
         need, what = 12 * total, "fp32 weights with Adam state"
     elif layout == "inference":
-        # includesOptimizerState: false without weightDtype may hold fp32 weights
-        itemsize = 4 if header.get("weightDtype") != "fp16" and length == 4 * total else 2
+        itemsize = _float_size(header.get("weightDtype"), length, total)
         need, what = itemsize * total, f"fp{8 * itemsize} weights"
     else:
         block = _int4_block(path, header)
@@ -254,6 +261,12 @@ def _check_body(path: Path, length: int, layout: str, header: dict, sizes: list[
     if length != need:
         raise TinyGPTError(f"{path}: body is {length} bytes but the manifest's {what} needs "
                            f"{need}" + (" (truncated file?)" if length < need else ""))
+
+
+def _float_size(weight_dtype: str | None, length: int, total: int) -> int:
+    """Bytes per weight of an inference body: fp16, except that ``includesOptimizerState:
+    false`` without ``weightDtype`` may hold fp32 weights (the body's length says)."""
+    return 4 if weight_dtype != "fp16" and length == 4 * total else 2
 
 
 class _Body:
@@ -276,7 +289,7 @@ class _Body:
 
     def inference(self, weight_dtype: str | None) -> dict:
         total = sum(self.sizes)
-        itemsize = 4 if weight_dtype != "fp16" and len(self.body) == 4 * total else 2
+        itemsize = _float_size(weight_dtype, len(self.body), total)
         dtype = "<f2" if itemsize == 2 else "<f4"
         weights, off = {}, 0
         for e, n in zip(self.manifest, self.sizes):
