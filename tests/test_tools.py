@@ -453,3 +453,22 @@ def test_an_endless_schema_with_an_id_at_its_root_is_still_refused():
               "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
     with pytest.raises(ToolSchemaError, match="admits no value the grammar can finish"):
         declared_tools([{"type": "function", "function": {"name": "f", "parameters": params}}])
+
+
+def test_expected_arguments_no_valid_call_can_hold_are_named():
+    # an eval task's expected arguments: some of a call's, each judged where it stands
+    city = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    book = parse_tools(json.dumps([{"name": "book", "_exec": "true", "parameters": {
+        "type": "object", "$defs": {"City": city},
+        "properties": {"to": {"$ref": "#/$defs/City"}, "n": {"type": "integer"}},
+        "required": ["to", "n"]}}]))[0]
+    assert book.unreachable({"n": 2}) == []  # "to" is left out: the rest is not judged
+    assert book.unreachable({"to": {"name": "Oslo"}}) == []  # through its $ref
+    assert book.unreachable({"to": {"name": 5}, "n": "2"}) == [
+        "n: '2' is not of type 'integer'", "to.name: 5 is not of type 'string'"]
+    assert book.unreachable({"m": 2}) == ["m: not one of the tool's parameters (to, n)"]
+    # a schema that admits other names ({} admits any value): an extra one can be written
+    free = parse_tools(json.dumps([{"name": "free", "_exec": "true", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}},
+        "additionalProperties": {}}}]))[0]
+    assert free.unreachable({"m": [1]}) == []

@@ -66,6 +66,12 @@ def _pattern(validator, pattern: str, instance: Any, schema: dict):
 # Draft 2020-12 with the bounded pattern: for values a model or a file wrote
 Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
 
+
+def _described(e: ValidationError) -> str:
+    """A validation error as one line, led by where in the arguments it is."""
+    where = ".".join(str(p) for p in e.path)
+    return f"{where}: {e.message}" if where else e.message
+
 # A schema's formats as jsonschema checks them, but "regex" by the module that matches the
 # values: ``re`` refused ``\p{L}``, which JSON Schema's regex dialect (ECMA-262) has
 _FORMATS = FormatChecker()
@@ -155,37 +161,26 @@ class Tool(msgspec.Struct, frozen=True):
     def unreachable(self, arguments: dict) -> list[str]:
         """Why no call that satisfies the schema can hold ``arguments``, some of a call's
         (an eval task's expected ones): a name that is not a parameter, where the schema
-        admits no others, or a value its parameter's schema refuses. Each is judged alone:
-        what the rest of a call would need is not."""
+        admits no others, or a value the schema refuses where it stands. What the rest of
+        a call would need (``required``, ``anyOf`` over the whole object) is not judged."""
         params = self.parameters
         declared = params.get("properties") or {}
-        closed = not params.get("additionalProperties") and not params.get("patternProperties")
-        refs = {k: params[k] for k in ("$defs", "definitions") if k in params}  # for $ref
-        out = []
-        for name, value in arguments.items():
-            if name not in declared:
-                if closed:
-                    out.append(f"{name}: not one of the tool's parameters "
-                               f"({', '.join(declared) or 'it has none'})")
-                continue
-            schema = declared[name]
-            for e in Validator({**refs, **schema} if isinstance(schema, dict) else schema
-                               ).iter_errors(value):
-                where = ".".join(str(p) for p in [name, *e.path])
-                out.append(f"{where}: {e.message}")
-        return out
+        extra = params.get("additionalProperties")  # absent: the grammar admits no other
+        closed = (extra is None or extra is False) and not params.get("patternProperties")
+        out = [f"{name}: not one of the tool's parameters ({', '.join(declared) or 'none'})"
+               for name in arguments if closed and name not in declared]
+        return out + [_described(e) for e in self._errors(arguments)
+                      if e.path and e.path[0] in arguments]
 
     def validate(self, arguments: Any) -> list[str]:
         """Why ``arguments`` do not satisfy the schema (empty when they do)."""
         if not isinstance(arguments, dict):
             return [f"arguments must be a JSON object, got {type(arguments).__name__}"]
-        validator = Validator(self.parameters)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.path))
-        out = []
-        for e in errors:
-            where = ".".join(str(p) for p in e.path)
-            out.append(f"{where}: {e.message}" if where else e.message)
-        return out
+        return [_described(e) for e in self._errors(arguments)]
+
+    def _errors(self, arguments: dict) -> list[ValidationError]:
+        return sorted(Validator(self.parameters).iter_errors(arguments),
+                      key=lambda e: list(e.path))
 
     def resolve_handler(self) -> Callable[..., Any]:
         if self.builtin is not None:
