@@ -257,9 +257,9 @@ def _search(pattern: str, text: str, timeout: float) -> bool:
 def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = ()) -> None:
     """Raises TaskError for a task that expects a call of a tool it does not have (its tools
     file, the built-ins when it asks for them, or ``extra``: an MCP server's), or arguments
-    that tool's schema refuses: it could never pass; or whose ``tool_choice`` names a tool it does not have, or forces a call
-    whose arguments do not fit the tool's schema: checked before any run, each error begins
-    with the task's ``file:line``."""
+    that tool's schema refuses: it could never pass; or whose ``tool_choice`` names a tool
+    it does not have, or forces a call whose arguments do not fit the tool's schema. Checked
+    before any run; each error begins with the task's ``file:line``."""
     tasks = TaskFile.of(tasks)
     builtin = {t.name: t for t in builtin_tools(tasks.base)}
     catalogues: dict[str, dict[str, Tool]] = {}

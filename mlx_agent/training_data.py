@@ -113,16 +113,22 @@ def _kept(path: Path, counts: Counts, min_reward: float | None) -> Trajectory | 
     return traj
 
 
+# a kept trajectory: its file, itself, and replay()'s ids and mask
+Kept = tuple[Path, Trajectory, list[int], list[int]]
+
+
 def dedupe(items: Iterable[tuple[Path, Trajectory]], counts: Counts,
-           near: bool = True) -> Iterator[tuple[Path, Trajectory]]:
+           near: bool = True) -> Iterator[Kept]:
     """Drop exact duplicates, and (``near``) trajectories whose prompt is a near-duplicate,
-    as ``items`` come (what is kept of those seen is a digest of their ids and a MinHash)."""
+    as ``items`` come (what is kept of those seen is a digest of their ids and a MinHash);
+    each kept one comes with its replay, computed once."""
     from datasketch import MinHash, MinHashLSH
 
     seen: set[bytes] = set()
     lsh = MinHashLSH(threshold=NEAR_DUP_THRESHOLD, num_perm=128)
     for i, (path, traj) in enumerate(items):
-        digest = hashlib.sha256(array.array("q", traj.replay()[0]).tobytes()).digest()
+        ids, mask = traj.replay()
+        digest = hashlib.sha256(array.array("q", ids).tobytes()).digest()
         if digest in seen:
             counts.exact_duplicates += 1
             continue
@@ -135,25 +141,23 @@ def dedupe(items: Iterable[tuple[Path, Trajectory]], counts: Counts,
                 continue
             lsh.insert(str(i), mh)
         counts.kept += 1
-        yield path, traj
+        yield path, traj, ids, mask
 
 
-def sft_rows(items: Iterable[tuple[Path, Trajectory]]) -> Iterator[dict]:
-    for path, traj in items:
-        ids, mask = traj.replay()
+def sft_rows(items: Iterable[Kept]) -> Iterator[dict]:
+    for path, traj, ids, mask in items:
         if not any(mask[1:]):  # the first token is never a target: nothing to train on
             continue
         yield {"messages": messages(traj), "input_ids": ids, "loss_mask": mask,
                "source_atraj": path.name, "task": traj.task, "reward": reward_of(traj)}
 
 
-def dpo_rows(items: Iterable[tuple[Path, Trajectory]]) -> list[dict]:
+def dpo_rows(items: Iterable[Kept]) -> list[dict]:
     groups: dict[tuple, list] = {}
-    for path, traj in items:
+    for path, traj, ids, mask in items:
         r = reward_of(traj)
         if r is None:
             continue
-        ids, mask = traj.replay()
         if 1 not in mask:
             continue
         cut = mask.index(1)
@@ -183,6 +187,9 @@ def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
         raise ValueError(f"unknown mode {mode!r}; choose sft or dpo")
     if not Path(directory).is_dir():
         raise ValueError(f"{directory} is not a directory of .atraj files")
+    if not any(Path(directory).glob("*.atraj")):
+        raise ValueError(f"{directory} holds no .atraj files; give the --trajectory-dir of "
+                         "agent or eval runs")
     counts = Counts()
     # DPO pairs rollouts of one prompt, so only SFT drops near-duplicate prompts
     items = dedupe(load(directory, counts, min_reward, on_file), counts, near=mode == "sft")
@@ -192,9 +199,6 @@ def convert(directory, out: str | os.PathLike | None, *, mode: str = "sft",
         for row in rows:
             counts.rows += 1
             yield row
-        if counts.read == 0:
-            raise ValueError(f"{directory} holds no .atraj files; give the --trajectory-dir "
-                             "of agent or eval runs")
         if not counts.rows and not dry_run and out is not None:  # ``out`` is left as it was
             first = f"; {counts.unreadable_why[0]}" if counts.unreadable_why else ""
             raise ValueError(f"no {mode} rows from the {counts.read} trajectories ("
