@@ -67,9 +67,10 @@ class Reply:
     def message(self) -> dict:
         """The assistant message a client (or the agent's conversation) keeps for it: an
         incomplete reply keeps its text, not calls that could not be read (or rendered)."""
+        calls = self.calls if self.complete else []
         return {"role": "assistant", "content": self.content, "tool_calls": [
             {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in self.calls if self.complete] or None}
+            for c in calls] or None}
 
 
 class Scanner(Protocol):
