@@ -14,6 +14,7 @@ import click
 from mlx_agent.agent.limits import MAX_STEPS, MAX_TOKENS, RETRY_AFTER_ERROR
 from mlx_agent.formats import NAMES as PROTOCOLS
 from mlx_agent.models.registry import MODEL_ENV, WEIGHT_FORMATS, WEIGHTS_ENV, default_adapter
+from mlx_agent.synth.config import MAX_TASKS
 
 from .errors import UserError, warn
 
@@ -48,6 +49,7 @@ def protocol_option(f):
 # (docs/batched-decoding.md); 999999999 ended in a segfault or the OOM killer.
 MAX_BATCH = 256
 BATCH = click.IntRange(1, MAX_BATCH)
+TASKS = click.IntRange(1, MAX_TASKS)  # synth's and specialize's --n-train and --n-heldout
 # Training processes: each loads the model and keeps one core busy; more than the CPUs only
 # contend for them, and --processes 64 would have loaded 64 copies of the model.
 PROCESSES = click.IntRange(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

@@ -8,10 +8,9 @@ from mlx_agent.synth.config import SynthConfig
 
 from .errors import UserError, warn
 from .fanout import check_combination, check_ray_options, ray_options
-from .options import (BATCH, Finite, handler_mode, load_options, make_sandbox, mcp_options,
-                      model_argument, processes_option, protocol_option, sandbox_options,
-                      start_mcp, trust_handlers_option)
-from .synth import TASKS
+from .options import (BATCH, TASKS, Finite, handler_mode, load_options, make_sandbox,
+                      mcp_options, model_argument, processes_option, protocol_option,
+                      sandbox_options, start_mcp, trust_handlers_option)
 
 SYNTH = SynthConfig()
 NO_TOOLS_FILE = b'{"tools": []}\n'  # the tasks' tools file when no tool is a file's

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import click
 
-from mlx_agent.synth.config import MAX_TASKS, SynthConfig
+from mlx_agent.synth.config import SynthConfig
 
 from . import paths
-from .options import (Finite, handler_mode, make_sandbox, mcp_options, sandbox_options,
+from .options import (TASKS, Finite, handler_mode, make_sandbox, mcp_options, sandbox_options,
                       start_mcp, trust_handlers_option)
 
 DEFAULTS = SynthConfig()
 SHARE = Finite(0, 1)
-TASKS = click.IntRange(1, MAX_TASKS)
 
 
 @click.command()
