@@ -14,6 +14,18 @@ from mlx_lm.models import llama
 from mlx_agent.models import tinygpt
 from mlx_agent.models.tinygpt_format import TinyGPTFile, expected_manifest
 
+def files_cap(nbytes: int):
+    """A ``preexec_fn``: in the child, files stop growing at ``nbytes`` (EFBIG, the signal
+    ignored), as they do on a disk that fills."""
+    def cap():
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return cap
+
+
 TINY_LLAMA = dict(
     model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,

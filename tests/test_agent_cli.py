@@ -224,17 +224,12 @@ def test_a_grammar_that_gives_up_mid_reply_ends_the_turn_not_the_run(tmp_path):
 def test_a_trajectory_the_disk_cannot_hold_is_named_in_the_error(tmp_path):
     # the OSError reached the command's catch-all for a failed standard output: "cannot
     # write the output (No space left on device)", with the answer printed fine
-    import resource
-    import signal
-
-    def full_disk():  # in the child: files stop growing at 1 KiB, as on a full disk
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+    from .conftest import files_cap
 
     r = subprocess.run([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--single", "Echo hi",
                         "--max-tokens", "4", "--max-steps", "1", "--trajectory-dir",
                         str(tmp_path / "runs")], capture_output=True, text=True, timeout=300,
-                       preexec_fn=full_disk)
+                       preexec_fn=files_cap(1024))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "cannot write the trajectory " + str(tmp_path / "runs") in r.stderr, r.stderr
     assert "File too large" in r.stderr and "the output" not in r.stderr, r.stderr

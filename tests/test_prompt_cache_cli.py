@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mlx_agent.user_key import ENV as KEY_ENV
 
+from .conftest import files_cap
 from .test_cache_files import MALFORMED, plant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,23 +136,13 @@ def test_a_key_file_open_to_others_is_a_warning_and_nothing_loads(tmp_path):
     assert "skipping prefill" not in r.stderr
 
 
-def _full_disk():
-    """In the child: files stop growing at 64 KiB (EFBIG, the signal ignored), as a disk
-    that fills does."""
-    import resource
-    import signal
-
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
-
-
 def test_a_full_disk_while_saving_a_cache_or_session_is_a_warning_and_leaves_nothing(tmp_path):
     # MLX's writer raised a RuntimeError: a traceback after the answer
     kv, session = tmp_path / "kv", tmp_path / "chat.session"
     r = subprocess.run([*CLI, "agent", "--tools", str(ROOT / "examples/echo.json"), "--single",
                         "Echo hi", "--max-tokens", "2", "--max-steps", "1", "--prompt-cache-dir",
                         str(kv), "--save-session", str(session)], capture_output=True,
-                       text=True, timeout=300, preexec_fn=_full_disk)
+                       text=True, timeout=300, preexec_fn=files_cap(64 << 10))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     cache, save = (next((line for line in r.stderr.splitlines() if what in line), "")
                    for what in ("cannot save the prompt cache", "cannot save the session"))
