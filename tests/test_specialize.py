@@ -18,6 +18,7 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.tuner.utils import load_adapters
 
+from mlx_agent.cli.options import PROCESSES
 from mlx_agent.sft import SFTConfig, train
 from mlx_agent.specialize import Models, SpecializeConfig, SpecializeError, specialize, table
 from mlx_agent.synth.config import SynthConfig
@@ -199,8 +200,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path):
              (("--tools", str(CATALOGUE), "--out", str(blocker)), "is a file"),
              (("--tools", str(CATALOGUE), "--out", str(out), "--processes", "3"),
               # --processes is at most the CPUs: on fewer than 3, 3 is refused for that
-              "--processes must divide the batch of 4 rows (1, 2, 4)" if (os.cpu_count() or 1)
-              >= 3 else "is not in the range 1<=x<=")]
+              "--processes must divide the batch of 4 rows (1, 2, 4)" if PROCESSES.max >= 3
+              else "is not in the range 1<=x<=")]
     for args, message in cases:
         r = cli(*args)
         assert r.returncode == 2, (args, r.stderr)

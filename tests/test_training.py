@@ -386,9 +386,6 @@ def test_an_interrupted_training_leaves_the_adapter_folder_as_it_was(tmp_path, m
 def test_a_training_that_diverges_writes_no_adapter_and_says_so(tmp_path):
     """A learning rate far too high made every weight NaN: the adapter was written and the
     command said "loss nan → nan; adapter written", exit 0; the adapter then broke the model."""
-    import subprocess
-    import sys
-
     from mlx_agent.fileio import write_jsonl
 
     path, lm, text, rows = hello_model(tmp_path)
