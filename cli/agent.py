@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from . import paths
-from .errors import UserError, warn
+from .errors import Terminated, UserError, warn
 from .terminal import for_terminal
 from .options import (TEXT, Finite, cache_mode, cache_options, load_options, loop_options,
                       make_sandbox, mcp_options, model_argument, prompt_cache_dtype_option,
@@ -117,6 +117,8 @@ def repl(turn, json_out: bool = False) -> None:
         except EOFError:
             click.echo(err=json_out)
             return
+        except Terminated:  # SIGTERM ends the session, as it ends any other command
+            raise
         except KeyboardInterrupt:
             click.echo("\n(:quit or Ctrl-D to leave)", err=True)
             continue
@@ -246,8 +248,11 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             stack.callback(_save, bot, session_folder, Path(save_session).name)
 
         def turn(text: str) -> int:
-            """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise."""
+            """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise (SIGTERM
+            cutting the reply ends the session: the turn raises it on)."""
             out = bot.ask(text)
+            if isinstance(out.interrupt, Terminated):
+                raise out.interrupt
             _warn_stop(out, max_steps, json_out)
             return 0 if out.answer is not None else 130 if out.stats.stop == "interrupted" \
                 else 1

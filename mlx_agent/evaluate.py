@@ -381,8 +381,8 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
             except ContextFull as e:  # the task's tools alone overflow the context
                 raise TaskError(f"task {task.id!r}: {e}") from None
             out = agent.ask(task.prompt)
-            if out.stats.stop == "interrupted":  # Ctrl-C cut the reply (the agent caught it)
-                raise KeyboardInterrupt
+            if out.interrupt is not None:  # Ctrl-C or SIGTERM cut the reply (the agent caught it)
+                raise out.interrupt
             s = out.stats
             reward = float(passed(task, workdir, calls, out.answer, attempted=s.calls,
                                   sandbox=overrides.get("sandbox")))

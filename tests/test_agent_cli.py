@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -119,9 +120,9 @@ def default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def interrupted_session(prompt: str | None, max_tokens: int, wait: float):
-    """Start a REPL, send ``prompt`` (none: leave it at the prompt), press Ctrl-C after
-    ``wait`` s, then quit: the process's exit code, stdout and stderr."""
+def interrupted_session(prompt: str | None, max_tokens: int, wait: float, sig: str = "SIGINT"):
+    """Start a REPL, send ``prompt`` (none: leave it at the prompt), press Ctrl-C (or send
+    ``sig``) after ``wait`` s, then quit: the process's exit code, stdout and stderr."""
     import signal
     import time
 
@@ -137,10 +138,11 @@ def interrupted_session(prompt: str | None, max_tokens: int, wait: float):
         proc.stdin.write(prompt + "\n")
         proc.stdin.flush()
     time.sleep(wait)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sig))
     time.sleep(0.5)
-    proc.stdin.write(":quit\n")
-    proc.stdin.flush()
+    with contextlib.suppress(BrokenPipeError):  # SIGTERM: the process may be gone already
+        proc.stdin.write(":quit\n")
+        proc.stdin.flush()
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
 
@@ -156,6 +158,17 @@ def test_ctrl_c_stops_the_turn_not_the_session(prompt, max_tokens, wait):
     assert code == 0, err
     assert "(interrupted)" in err and "Traceback" not in err
     assert out.count("you> ") == 2  # the session asked for the next message
+
+
+@pytest.mark.parametrize("prompt, max_tokens, wait", [
+    ("Tell me a very long story about the sea.", 2000, 2.5), (None, 8, 0.5)],
+    ids=["reply", "prompt"])
+def test_sigterm_ends_the_session_where_ctrl_c_would_not(prompt, max_tokens, wait):
+    """A kill (SIGTERM) ends the REPL with 143, whether it comes during a reply or at the
+    prompt: the agent's Ctrl-C handling cut the reply (or dropped the line) and asked again."""
+    code, out, err = interrupted_session(prompt, max_tokens, wait, sig="SIGTERM")
+    assert code == 143, err
+    assert "Traceback" not in err and out.count("you> ") == 1
 
 
 def test_ctrl_c_at_the_prompt_asks_again():

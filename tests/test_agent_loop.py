@@ -316,3 +316,30 @@ def test_tool_choice_without_the_grammar_or_with_an_unknown_tool_is_refused(tiny
         agent(tiny_lm, None, tool_choice="echo")
     with pytest.raises(GrammarError, match="not a tool"):
         agent(tiny_lm, None, grammar=True, tool_choice=("echo", "nope"))
+
+
+class Kill(KeyboardInterrupt):
+    """What a caller raises for SIGTERM (the CLI's Terminated): it stops, where Ctrl-C cuts."""
+
+
+@pytest.mark.parametrize("where", ["reply", "prefill"])
+def test_an_interrupt_ends_the_turn_and_is_kept_for_the_caller(tiny_lm, where):
+    """The turn ends ``interrupted`` with the very exception that cut it, so that an eval can
+    raise a SIGTERM on as one (it raised a plain KeyboardInterrupt: exit 130, not 143)."""
+    kill = Kill()
+
+    class Cut(Script):
+        def __call__(self, logprobs):
+            if len(self.queue) == 3:
+                raise kill
+            return super().__call__(logprobs)
+
+    script = Cut(tiny_lm, '{"answer": "never finished"}')
+    a, rec, _ = agent(tiny_lm, script)
+    if where == "prefill":
+        def forward(*args, **kwargs):
+            raise kill
+        a.engine._forward = forward
+    out = a.ask("hi")
+    assert (out.stats.stop, out.answer) == ("interrupted", None)
+    assert out.interrupt is kill

@@ -11,7 +11,8 @@ the rendered conversation.
 A turn ends in one place (:meth:`Agent.ask`): ``answer``; ``steps`` when the step budget runs
 out; ``context`` when a non-rotating cache is full (a rotating window keeps going, its
 system prompt pinned), with the reason on :attr:`Outcome.warning`; ``interrupted`` on Ctrl-C
-during generation (the session goes on).
+during generation (the session goes on), the interrupt kept on :attr:`Outcome.interrupt` for
+a caller that stops on it (a subclass the caller raised for SIGTERM stays that subclass).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Outcome:
     fallback: bool
     stats: ev.Stats
     warning: str | None = None  # why a turn stopped early (the context is full)
+    interrupt: KeyboardInterrupt | None = None  # what cut the turn: re-raise it to stop
 
 
 @dataclass
@@ -119,7 +121,7 @@ class _Query:
     sampled: list[int]
     closed: bool  # the model ended the turn with its stop token
     finished: bool  # the reply reached the format's end by itself
-    interrupted: bool = False
+    interrupt: KeyboardInterrupt | None = None  # Ctrl-C (or a subclass) cut the reply
     guarded_steps: bool = False  # the loop guard masked tokens that would repeat a call
     gave_up: str | None = None  # the grammar gave up mid-reply (llguidance's limits): why
 
@@ -132,6 +134,7 @@ class _End:
     answer: str | None = None
     fallback: bool = False
     warning: str | None = None
+    interrupt: KeyboardInterrupt | None = None
 
 
 class Agent:
@@ -222,7 +225,7 @@ class Agent:
         self.emit(final)
         if self.log is not None:
             self.log.finish(final)
-        return Outcome(end.answer, end.fallback, final, end.warning)
+        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt)
 
     def _step(self, step: int, stats: TurnStats, user_text: str | None) -> _End | None:
         """One assistant step; returns why the turn ends, or None to go on."""
@@ -231,8 +234,8 @@ class Agent:
             sync = self.engine.sync(prompt)
         except ContextFull as e:
             return _End("context", warning=str(e))
-        except KeyboardInterrupt:  # during prefill: the engine repaired its cache
-            return _End("interrupted")
+        except KeyboardInterrupt as e:  # during prefill: the engine repaired its cache
+            return _End("interrupted", interrupt=e)
         stats.synced(len(prompt), sync)
         choice = self.config.choice(step)
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
@@ -246,12 +249,12 @@ class Agent:
         self.emit(ev.Assistant(step=step, raw=q.raw))
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
         self._failed = False
-        stopped = q.interrupted or q.gave_up
+        stopped = q.interrupt is not None or q.gave_up
         results = [] if stopped or not reply.calls else self._execute(reply.calls, stats)
         if self.log is not None:
             self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
-        if q.interrupted:
-            return _End("interrupted")
+        if q.interrupt is not None:
+            return _End("interrupted", interrupt=q.interrupt)
         if q.gave_up:
             return _End("grammar", warning=q.gave_up)
         if not reply.calls:
@@ -269,19 +272,19 @@ class Agent:
         stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
                             max_tokens=self.config.max_tokens, stop_ids=self.lm.stop_ids,
                             constraint=constraint)
-        interrupted, gave_up = False, None
+        interrupt, gave_up = None, None
         try:
             for _, segment in stream:
                 if segment and scanner.feed(segment):
                     break
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as e:
+            interrupt = e
         except GrammarError as e:  # this turn's alone: the session (an eval's other runs) goes on
             gave_up = str(e)
         scanner.feed(stream.flush())
         closed = bool(stream.ids) and stream.ids[-1] in self.lm.stop_ids
         return _Query(scanner.text, scanner.turn_text, stream.ids, closed, scanner.finished,
-                      interrupted, isinstance(constraint, LoopGuard) and constraint.interventions > 0,
+                      interrupt, isinstance(constraint, LoopGuard) and constraint.interventions > 0,
                       gave_up)
 
     def _execute(self, calls: list[Call], stats: TurnStats) -> list[tuple[ToolResult, str]]:
