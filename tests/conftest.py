@@ -44,12 +44,13 @@ def make_tiny_llama(seed: int = 0):
 
 def random_tinygpt_file(config=None, seed: int = 0, layout="inference", embed_norm=False):
     config = dict(config or TINY_GPT_CONFIG)
+    if embed_norm:
+        config["useEmbeddingRMSNorm"] = True
     rng = np.random.default_rng(seed)
-    extra = ("embed_norm.weight", "embed_norm.bias") if embed_norm else ()
     weights = {
         name: (rng.standard_normal(shape) * (0.2 if len(shape) == 2 else 0.05)
                + (1.0 if name.endswith("weight") and len(shape) == 1 else 0.0)).astype(np.float32)
-        for name, shape in expected_manifest(config, extra)
+        for name, shape in expected_manifest(config)
     }
     return TinyGPTFile(config=config, weights=weights, layout=layout, header={"name": "tiny"})
 

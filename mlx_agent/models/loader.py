@@ -184,7 +184,7 @@ def _load_gguf(path: Path):
 def _load_tinygpt(path: Path):
     try:
         f = tinygpt_format.read(path)
-        args = tinygpt.ModelArgs.from_config(f.config, embed_norm=tuple(f.weights))
+        args = tinygpt.ModelArgs.from_config(f.config)
     except ValueError as e:
         raise ModelError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     model = tinygpt.Model(args)

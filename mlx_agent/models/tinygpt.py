@@ -2,8 +2,10 @@
 
 GPT-2 style, as the original trains it: learned absolute positions (no RoPE), pre-LN
 blocks with LayerNorm (eps 1e-5), biased q/k/v/o projections, an exact (erf) GELU MLP, a
-final LayerNorm and an output head tied to the token embedding. An optional
-``embed_norm`` LayerNorm follows the embedding sum.
+final LayerNorm and an output head tied to the token embedding. As the original's model
+does: ``useEmbeddingRMSNorm`` adds an ``embed_norm`` RMSNorm on the token embedding, before the
+positions are added, and ``useDeepNorm`` multiplies the residual by (2 * layers) ** 0.25 before
+each sub-layer's output is added to it.
 
 Layout follows mlx-lm's models (args dataclass, blocks, ``Model`` with ``sanitize``), and
 ``Model.model`` returns the final hidden states so the engine can apply the head to the last
@@ -21,6 +23,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import BaseModelArgs, create_attention_mask, scaled_dot_product_attention
 
 UNSUPPORTED_FLAGS = ("slidingWindow", "useYOCO", "nExperts", "useMoE", "useRoPE", "useGQA")
+DEFAULT_HEADS = 8  # the original's loader, for a config that leaves heads out
 
 
 @dataclass
@@ -33,21 +36,23 @@ class ModelArgs(BaseModelArgs):
     d_mlp: int = 256
     vocab_size: int = 256
     embed_norm: bool = False
-    embed_norm_bias: bool = False
+    deep_norm_alpha: float = 1.0
 
     @classmethod
-    def from_config(cls, config: dict, embed_norm: tuple[str, ...] = ()) -> "ModelArgs":
+    def from_config(cls, config: dict) -> "ModelArgs":
         """From a ``.tinygpt`` header config; raises ValueError naming a flag we can't run."""
         for flag in UNSUPPORTED_FLAGS:
-            if config.get(flag):
+            value = config.get(flag)
+            if value and not (flag == "nExperts" and value == 1):  # one expert: dense
                 raise ValueError(f"tinygpt config flag {flag}={config[flag]!r} is not supported")
-        d = int(config["dModel"])
+        d, layers = int(config["dModel"]), int(config["layers"])
         args = cls(
-            layers=int(config["layers"]), d_model=d, ctx=int(config["ctx"]),
-            heads=int(config.get("heads") or 1), d_mlp=int(config.get("dMlp") or 4 * d),
+            layers=layers, d_model=d, ctx=int(config["ctx"]),
+            heads=int(config.get("heads") or DEFAULT_HEADS),
+            d_mlp=int(config.get("dMlp") or 4 * d),
             vocab_size=int(config.get("vocabSize") or 256),
-            embed_norm="embed_norm.weight" in embed_norm,
-            embed_norm_bias="embed_norm.bias" in embed_norm,
+            embed_norm=bool(config.get("useEmbeddingRMSNorm")),
+            deep_norm_alpha=(2.0 * layers) ** 0.25 if config.get("useDeepNorm") else 1.0,
         )
         if d % args.heads:
             raise ValueError(f"tinygpt dModel {d} is not divisible by heads {args.heads}")
@@ -95,10 +100,12 @@ class Block(nn.Module):
         self.attn = Attention(args)
         self.ln2 = nn.LayerNorm(args.d_model, eps=1e-5)
         self.mlp = MLP(args)
+        self.alpha = args.deep_norm_alpha
 
     def __call__(self, x, mask, cache=None):
-        x = x + self.attn(self.ln1(x), mask, cache)
-        return x + self.mlp(self.ln2(x))
+        a = self.alpha
+        x = (x if a == 1.0 else x * a) + self.attn(self.ln1(x), mask, cache)
+        return (x if a == 1.0 else x * a) + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
@@ -110,7 +117,7 @@ class TinyGPT(nn.Module):
         self.token_embedding = nn.Embedding(args.vocab_size, args.d_model)
         self.position_embedding = nn.Embedding(args.ctx, args.d_model)
         if args.embed_norm:
-            self.embed_norm = nn.LayerNorm(args.d_model, eps=1e-5, bias=args.embed_norm_bias)
+            self.embed_norm = nn.RMSNorm(args.d_model, eps=1e-5)
         self.blocks = [Block(args) for _ in range(args.layers)]
         self.ln_final = nn.LayerNorm(args.d_model, eps=1e-5)
 
@@ -120,9 +127,10 @@ class TinyGPT(nn.Module):
         if isinstance(offset, mx.array):  # a batched cache: one offset per row
             offset = offset[:, None]
         positions = mx.minimum(offset + mx.arange(L), self.args.ctx - 1)
-        h = self.token_embedding(inputs) + self.position_embedding(positions)
+        h = self.token_embedding(inputs)
         if self.args.embed_norm:
             h = self.embed_norm(h)
+        h = h + self.position_embedding(positions)
         if cache is None:
             cache = [None] * len(self.blocks)
         mask = create_attention_mask(h, cache[0])

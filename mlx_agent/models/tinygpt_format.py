@@ -13,8 +13,11 @@ UTF-8 JSON header, i32 training step, body. The body is one of:
 
 Quirk kept for interoperability: the manifest gives PyTorch ``[out, in]`` shapes, but the
 bytes of each 2-D Linear weight are stored ``[in, out]``. :func:`read` returns ``[out, in]``
-arrays; :func:`write` transposes back. Our extension: ``sentencepieceModel`` in the header,
-a base64 SentencePiece model proto, which the original reader ignores.
+arrays; :func:`write` transposes back. The original's ``embed_norm.weight`` (after the
+position embedding) is in the manifest exactly when the config says ``useEmbeddingRMSNorm``;
+:func:`write` says so whenever the weights hold that tensor. Our extension:
+``sentencepieceModel`` in the header, a base64 SentencePiece model proto, which the original
+reader ignores.
 
 Arrays are NumPy (float32, or float16 for the inference layout); the model module turns
 them into MLX. Every malformed file raises :class:`TinyGPTError` with one line saying what is
@@ -65,7 +68,8 @@ def is_linear_weight(name: str, shape) -> bool:
     return len(shape) == 2 and "embedding" not in name
 
 
-EMBED_NORM = ("embed_norm.weight", "embed_norm.bias")
+EMBED_NORM = "embed_norm.weight"
+EMBED_NORM_FLAG = "useEmbeddingRMSNorm"
 
 
 # what a header's config may say: a file claiming 10^8 layers built its manifest until the
@@ -74,11 +78,8 @@ _CONFIG_LIMITS = {"layers": 4096, "dModel": 1 << 16, "ctx": 1 << 20, "heads": 10
                   "dMlp": 1 << 18, "vocabSize": 1 << 22}
 
 
-def expected_manifest(config: dict, embed_norm=()) -> list[tuple[str, tuple[int, ...]]]:
-    """Entry names and shapes for a GPT-2 style model with this config, in file order.
-
-    ``embed_norm`` names the optional embedding-norm tensors the file has.
-    """
+def expected_manifest(config: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Entry names and shapes for a GPT-2 style model with this config, in file order."""
     for key in ("layers", "dModel", "ctx"):
         if key not in config:
             raise TinyGPTError(f"header config lacks {key!r} (needs layers, dModel, ctx)")
@@ -91,7 +92,8 @@ def expected_manifest(config: dict, embed_norm=()) -> list[tuple[str, tuple[int,
     V = config.get("vocabSize") or 256
     M = config.get("dMlp") or 4 * C
     out = [("token_embedding.weight", (V, C)), ("position_embedding.weight", (ctx, C))]
-    out += [(n, (C,)) for n in EMBED_NORM if n in embed_norm]
+    if config.get(EMBED_NORM_FLAG):  # the original's model has it only then
+        out.append((EMBED_NORM, (C,)))
     out += [("ln_final.weight", (C,)), ("ln_final.bias", (C,))]
     for i in range(L):
         b = f"blocks.{i}."
@@ -128,7 +130,7 @@ def _parse_manifest(header: dict) -> list[dict]:
 
 
 def _check_manifest(manifest: list[dict], config: dict) -> None:
-    """The manifest must name the architecture's tensors (plus optional embed_norm)."""
+    """The manifest must name the architecture's tensors."""
     have = {e["name"]: tuple(e["shape"]) for e in manifest}
     if len(have) != len(manifest):
         raise TinyGPTError("manifest names a tensor twice")
@@ -136,7 +138,7 @@ def _check_manifest(manifest: list[dict], config: dict) -> None:
     if type(layers) is int and layers > len(manifest):  # before listing what they need
         raise TinyGPTError(f"config says {layers} layers, and the manifest lists only "
                            f"{len(manifest)} tensors")
-    want = dict(expected_manifest(config, embed_norm=have))
+    want = dict(expected_manifest(config))
     for name, shape in want.items():
         if name not in have:
             raise TinyGPTError(f"manifest lacks {name} that config {config} requires")
@@ -146,6 +148,9 @@ def _check_manifest(manifest: list[dict], config: dict) -> None:
                 f" (expected {list(shape)})"
             )
     extra = sorted(set(have) - set(want))
+    if EMBED_NORM in extra:  # the original's model would leave it out, unread
+        raise TinyGPTError(f"manifest has {EMBED_NORM} but config does not say "
+                           f"{EMBED_NORM_FLAG}: true")
     if extra:
         raise TinyGPTError(f"manifest has tensors this architecture lacks: {', '.join(extra[:3])}")
 
@@ -335,7 +340,10 @@ def encode(f: TinyGPTFile) -> bytes:
     """The bytes of ``f`` in its layout."""
     if f.layout not in LAYOUTS:
         raise TinyGPTError(f"unknown layout {f.layout!r}; choose one of {', '.join(LAYOUTS)}")
-    names = [n for n, _ in expected_manifest(f.config, embed_norm=f.weights)]
+    config = dict(f.config)
+    if EMBED_NORM in f.weights:  # the original's reader builds the norm only when told
+        config[EMBED_NORM_FLAG] = True
+    names = [n for n, _ in expected_manifest(config)]
     missing = [n for n in names if n not in f.weights]
     if missing:
         raise TinyGPTError(f"cannot write: missing tensor {missing[0]}")
@@ -369,7 +377,7 @@ def encode(f: TinyGPTFile) -> bytes:
         header["int4BlockSize"] = f.int4_block
         q = [_quantize_int4(stored[n].astype(np.float32), f.int4_block) for n in names]
         chunks = [s.astype("<f2").tobytes() for s, _ in q] + [p.tobytes() for _, p in q]
-    header = {"config": f.config, "manifest": manifest, **header}
+    header = {"config": config, "manifest": manifest, **header}
     if f.sentencepiece is not None:
         header[SENTENCEPIECE_KEY] = base64.b64encode(f.sentencepiece).decode("ascii")
     hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
