@@ -50,7 +50,7 @@ class ToolResultRecord(msgspec.Struct, omit_defaults=True):
     stdout: str
     stderr: str
     exit_code: int
-    duration_sec: float
+    duration_sec: float | None = None  # optional in the original's files; ours always have it
     timed_out: bool = False
 
 
@@ -69,7 +69,9 @@ class Step(msgspec.Struct, omit_defaults=True):
     timestamp: float | None = None
 
 
-class Trajectory(msgspec.Struct, omit_defaults=True):
+# Not omit_defaults: the original's reader requires steps and summary, even empty, and reads
+# null as absent for the optional fields.
+class Trajectory(msgspec.Struct):
     id: str
     steps: list[Step] = msgspec.field(default_factory=list)
     summary: dict[str, str] = msgspec.field(default_factory=dict)
@@ -101,8 +103,13 @@ class Trajectory(msgspec.Struct, omit_defaults=True):
         return self.replay()[0]
 
 
+class _Versioned(msgspec.Struct):
+    version: int | None = None
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Trajectory)
+_version_decoder = msgspec.json.Decoder(_Versioned)
 
 
 class TrajectoryError(UserFacingError, ValueError):
@@ -126,7 +133,12 @@ def write(path: str | os.PathLike, traj: Trajectory, durable: bool = True) -> No
 
 def read(path: str | os.PathLike) -> Trajectory:
     try:
-        traj = _decoder.decode(read_regular(path, max_bytes=MAX_BYTES))
+        data = read_regular(path, max_bytes=MAX_BYTES)
+        # the version first: another version's fields are not this one's to misread
+        version = _version_decoder.decode(data).version
+        if version not in (None, VERSION):
+            raise TrajectoryError(f"{path}: .atraj version {version} is not supported (only 1)")
+        traj = _decoder.decode(data)
     except OSError as e:
         raise TrajectoryError(f"cannot read {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
@@ -134,8 +146,6 @@ def read(path: str | os.PathLike) -> Trajectory:
     except RecursionError:
         raise TrajectoryError(f"{path} is not a valid .atraj file: JSON nested too deeply "
                               "to read") from None
-    if traj.version not in (None, VERSION):
-        raise TrajectoryError(f"{path}: .atraj version {traj.version} is not supported (only 1)")
     _check_prefixes(path, traj)
     _check_calls(path, traj)
     return traj
