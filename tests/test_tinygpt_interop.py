@@ -68,8 +68,8 @@ def original_bytes(config, manifest, weights, *, layout="training", step=7, extr
         body = [stored(n, weights[n]).astype("<f2").tobytes() for n, _ in manifest]
         dtype = {"weightDtype": "fp16", "includesOptimizerState": False}
     header = {"config": config, "manifest": entries, "savedAt": "2025-01-02T03:04:05Z",
-              "finalLoss": {"step": step, "train": 1.25}, "stateByteLength": 4 + sum(map(len, body)),
-              **dtype, **(extra or {})}
+              "finalLoss": {"step": step, "train": 1.25},
+              "stateByteLength": 4 + sum(map(len, body)), **dtype, **(extra or {})}
     # Swift's JSONEncoder with .sortedKeys: compact, sorted, "/" escaped
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     hbytes = text.replace("/", "\\/").encode("utf-8")
