@@ -55,6 +55,10 @@ def traces_to_data(directory, out, mode, min_reward, dry_run):
         raise UserError(str(e)) from None
     for why in counts.unreadable_why:
         warn(for_terminal(f"unreadable: {why}"))
+    if counts.not_token_exact:
+        warn(f"{counts.not_token_exact} trajectories left out: their ids are not what the model "
+             "was fed (no prefix_len: the original posttrainllm's); record them again with "
+             "mlx_agent agent or eval --trajectory-dir")
     for line in counts.lines():
         click.echo(line)
     if not dry_run:

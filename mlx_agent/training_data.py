@@ -8,7 +8,8 @@
   ``prompt_ids`` (up to the first sampled token), ``chosen_ids`` / ``rejected_ids``
   (the rest of the higher- and lower-reward rollout), and their rewards.
 
-Filters, each counted: trajectories below ``min_reward`` (or without a reward when one is
+Filters, each counted: trajectories whose ids are not what the model was fed (the original
+``posttrainllm``'s: :attr:`~mlx_agent.trajectory.Trajectory.token_exact`), below ``min_reward`` (or without a reward when one is
 required), exact duplicates (the same token sequence), and, for sft, near-duplicates of the
 prompt (MinHash over word 3-grams of the user messages, via ``datasketch``); dpo keeps every
 rollout of a prompt, since its pairs come from them.
@@ -37,6 +38,7 @@ _WORD = re.compile(r"\w+")
 class Counts:
     read: int = 0
     unreadable: int = 0
+    not_token_exact: int = 0
     low_reward: int = 0
     exact_duplicates: int = 0
     near_duplicates: int = 0
@@ -105,6 +107,9 @@ def _kept(path: Path, counts: Counts, min_reward: float | None) -> Trajectory | 
     except TrajectoryError as e:
         counts.unreadable += 1
         counts.unreadable_why.append(f"{path}: {e}")
+        return None
+    if not traj.token_exact:  # rows from it would teach ids the model never reads
+        counts.not_token_exact += 1
         return None
     r = reward_of(traj)
     if min_reward is not None and (r is None or r < min_reward):

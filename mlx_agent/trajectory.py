@@ -102,6 +102,15 @@ class Trajectory(msgspec.Struct):
     def token_sequence(self) -> list[int]:
         return self.replay()[0]
 
+    @property
+    def token_exact(self) -> bool:
+        """Whether the ids replay to what the model was fed: its first fed step says where
+        its ids start (``prefix_len``), as every recording of ours does. The original's
+        recorder wrote neither that nor the chat framing around a user's ids, and no ids for
+        tool results: its files replay into a sequence its model never saw."""
+        first = next((s for s in self.steps if s.input_ids is not None), None)
+        return first is not None and first.prefix_len is not None
+
 
 class _Versioned(msgspec.Struct):
     version: int | None = None

@@ -178,3 +178,24 @@ def test_agent_to_rows_is_the_rendered_conversation_token_for_token(tmp_path, re
             runs_of_ones, cur = runs_of_ones + [cur], []
     runs_of_ones += [cur] if cur else []
     assert [decode(x) for x in runs_of_ones] == sampled
+
+
+def test_the_originals_trajectories_make_no_training_rows(tmp_path):
+    """The original's ids are not what its model was fed (a user's text without the chat
+    framing, none for tool results): traces-to-data turned them into rows that taught
+    sequences the model never reads. They are left out, counted and named in a warning; ours
+    in the same folder still make their row."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "original.atraj").write_text(ORIGINAL)
+    rec = tj.Recorder(runs, task="ours")
+    rec.add(tj.Step(role="user", content="hi", input_ids=[1, 2], prefix_len=0))
+    rec.add(tj.Step(role="assistant", content="yo", output_ids=[3, 4]))
+    rec.finish_turn({"stop": "answer"})
+    rows = tmp_path / "sft.jsonl"
+    r = subprocess.run([*CLI, "traces-to-data", str(runs), "--out", str(rows)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "not token exact: 1" in r.stdout and "1 trajectories left out" in r.stderr
+    (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert row["task"] == "ours" and row["input_ids"] == [1, 2, 3, 4]

@@ -136,7 +136,8 @@ def test_sft_rows_are_converted_and_written_one_trajectory_at_a_time(tmp_path):
         for j in range(files):
             ids = [1000 + (i * 7 + j) % 40_000 for i in range(500_000)]  # 500k ids, ~3.4 MB
             (d / f"t{j}.atraj").write_text(json.dumps({"version": 1, "id": f"t{j}", "steps": [
-                {"role": "user", "content": f"question {j} on zebra {13 * j}", "input_ids": ids},
+                {"role": "user", "content": f"question {j} on zebra {13 * j}", "input_ids": ids,
+                 "prefix_len": 0},
                 {"role": "assistant", "content": "ok", "output_ids": [5, 6, 7]}]}))
         r = subprocess.run([sys.executable, "-c", _PEAK, str(d), str(tmp_path / "rows.jsonl")],
                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
