@@ -236,7 +236,11 @@ class PromptCache:
                 self.warn(f"prompt cache {path.name} is not usable: {_reason(e)}; rebuilding it")
                 engine.reset(keep=engine.pinned)
         engine.sync(token_ids)
-        _, kvs = engine.snapshot()
+        try:
+            _, kvs = engine.snapshot()
+        except ValueError as e:  # a prompt longer than a rotating window
+            self.warn(f"cannot save the prompt cache: {e}; continuing without it")
+            return Hit(key, len(token_ids), 0, time.perf_counter() - start, False)
         size = 0 if secret is None else self._save(path, identity, key, token_ids, kvs,
                                                    engine.cache_mode, secret)
         self._remember(key, token_ids, kvs)
