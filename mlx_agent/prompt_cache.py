@@ -279,7 +279,8 @@ class PromptCache:
                       "continuing without it")
             return 0
         if self.max_bytes is not None:
-            for gone in prune(self.dir, self.max_bytes, keep=path):
+            for gone in prune(self.dir, self.max_bytes, keep=path, warn=lambda m: self.warn(
+                    f"cannot prune the prompt cache in {self.dir}: {m}")):
                 self.warn(f"pruned prompt cache {gone.path.name} ({gone.bytes} bytes)")
         return size
 
@@ -414,18 +415,23 @@ def _entry(path: Path, st: os.stat_result) -> Entry | None:
 
 
 def remove(directory: str | os.PathLike, key: str) -> list[Entry]:
-    """Remove the entries whose key starts with ``key`` (at least 6 hex digits)."""
+    """Remove the entries whose key starts with ``key`` (at least 6 hex digits). Raises
+    OSError (see :func:`_unlink`) at the first that cannot be deleted."""
     if len(key) < 6:
         raise ValueError("give at least 6 characters of the key")
     gone = [e for e in entries(directory) if e.key and e.key.startswith(key)]
     for e in gone:
-        e.path.unlink(missing_ok=True)
+        _unlink(e.path)
     return gone
 
 
-def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None) -> list[Entry]:
+def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None,
+          warn: Warn | None = None) -> list[Entry]:
     """Delete least recently used prompt caches until they take at most ``max_bytes``.
-    Files whose metadata is not a prompt cache's are never deleted (nor counted)."""
+    Files whose metadata is not a prompt cache's are never deleted (nor counted). One that
+    cannot be deleted is reported through ``warn`` and skipped (another user's file in a
+    shared folder must not stop the pruning for good); without ``warn``, its OSError (see
+    :func:`_unlink`) is raised."""
     current = [e for e in entries(directory) if e.key]
     total = sum(e.bytes for e in current)
     gone = []
@@ -434,7 +440,23 @@ def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None
             break
         if keep is not None and e.path == keep:
             continue
-        e.path.unlink(missing_ok=True)
+        try:
+            _unlink(e.path)
+        except OSError as err:
+            if warn is None:
+                raise
+            warn(err.strerror)
+            continue
         total -= e.bytes
         gone.append(e)
     return gone
+
+
+def _unlink(path: Path) -> None:
+    """Delete ``path`` (gone already is fine); an OSError whose ``strerror`` names the file
+    when it cannot be (a read-only disk, another user's file in a shared folder)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot remove {printable(path.name)}: {e.strerror}",
+                      str(path)) from None
