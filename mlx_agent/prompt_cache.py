@@ -218,12 +218,15 @@ class PromptCache:
         key = cache_key(identity, token_ids, engine.cache_mode, self.storage)
         path = file_for(self.dir, identity, key)
         start = time.perf_counter()
-        if key in self._memory:
+        # a rotating window shorter than the prompt computes it otherwise than any saved
+        # state (which a window can only have saved whole): prefill it
+        fits = engine.cache_mode != "rotating" or len(token_ids) <= engine.kv_window
+        if key in self._memory and fits:
             tokens, kvs = self._memory[key]
             engine.restore(tokens, kvs)
             return Hit(key, len(tokens), _size(path), time.perf_counter() - start, True)
         secret = self._user_key()
-        if secret is not None:
+        if secret is not None and fits:
             try:
                 kvs = self._load(path, secret, identity, key, token_ids)
                 engine.restore(token_ids, kvs)

@@ -349,3 +349,16 @@ def test_kv_computed_through_a_rotating_window_is_never_saved(lm, tmp_path):
     hit = pc.PromptCache(tmp_path / "kv", warn=warn).prime(engine, lm.identity, prompt)
     assert not hit.hit and engine.tokens == prompt and "cannot save" in warn[0]
     assert not list((tmp_path / "kv").glob("*"))
+    # a wider window's file (the same key: both "rotating") is not this window's state
+    wide = lm.engine(cache_mode="rotating", kv_window=60)
+    wide.pin(10)
+    cache = pc.PromptCache(tmp_path / "kv")
+    assert not cache.prime(wide, lm.identity, prompt).hit
+    for source in (cache, pc.PromptCache(tmp_path / "kv")):  # from memory, from disk
+        engine = lm.engine(cache_mode="rotating", kv_window=30)
+        engine.pin(10)
+        assert not source.prime(engine, lm.identity, prompt).hit
+        engine.sync(prompt + [1])
+        rotating.sync(prompt + [1])
+        np.testing.assert_allclose(np.array(engine.logits), np.array(rotating.logits),
+                                   atol=1e-4)
