@@ -324,7 +324,8 @@ def _prime(bot, directory: str, max_bytes: int | None, storage: str) -> None:
 def _resume(bot, path: str) -> None:
     try:
         n = bot.resume(path)
-        click.echo(f"resumed session {path} ({n} tokens) — skipping prefill", err=True)
+        click.echo(f"resumed session {path} ({n} tokens) — skipping prefill" if n else
+                   f"resumed session {path} (its conversation only: prefilled again)", err=True)
     except ValueError as e:
         warn(f"cannot resume {path}: {e}; starting a new conversation")
 

@@ -58,6 +58,8 @@ def rm(directory, key):
         gone = remove(directory, key)
     except ValueError as e:
         raise UserError(str(e)) from None
+    except OSError as e:
+        raise UserError(e.strerror) from None
     if not gone:
         raise UserError(f"no entry with a key starting {key!r} in {directory}")
     for e in gone:
@@ -72,7 +74,10 @@ def prune_cmd(directory, max_bytes):
     """Remove least recently used entries until the directory fits --max-bytes."""
     from mlx_agent.prompt_cache import entries, prune
 
-    gone = prune(directory, max_bytes)
+    from .errors import warn
+
+    failed = []
+    gone = prune(directory, max_bytes, warn=lambda m: (failed.append(m), warn(m)))
     for e in gone:
         click.echo(f"removed {e.path.name} ({e.bytes} bytes)")
     listed = entries(directory)
@@ -80,3 +85,5 @@ def prune_cmd(directory, max_bytes):
     others = len(listed) - len(left)  # files that are not prompt caches are never deleted
     click.echo(f"{len(left)} entries, {sum(e.bytes for e in left)} bytes left"
                + (f"; {others} other files left alone (see cache ls)" if others else ""))
+    if failed:  # the directory may still be over --max-bytes
+        raise click.exceptions.Exit(1)

@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Protocol, Sequence, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import RotatingKVCache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from .cache import CacheMode, ContextFull, KVSpec, make_cache, set_pinned, trimmable
@@ -242,14 +243,19 @@ class Engine:
     def snapshot(self) -> tuple[list[int], list[tuple[mx.array, mx.array]]]:
         """The cached ids and, per layer, their keys and values in order, ``[1, H, T, D]``.
 
-        Raises ValueError once a rotating window has evicted tokens (then the cache no
-        longer holds a prefix of ``tokens``).
+        Raises ValueError once a rotating window holds more tokens than it spans (then the
+        cache no longer holds a prefix of ``tokens``, or not as full attention computes it).
         """
         n = len(self.tokens)
         kvs = []
         for c in self.cache:
             if getattr(c, "offset", None) != n or (c.keys is not None and c.keys.shape[2] < n):
                 raise ValueError("the KV cache no longer holds every token (the window rotated)")
+            if isinstance(c, RotatingKVCache) and n > c.max_size:
+                # a chunk longer than the window is held whole until the next step, but its
+                # later tokens were computed seeing only the window: not a prefix's KV state
+                raise ValueError("the KV cache holds more tokens than its window, some "
+                                 "computed through the window")
             if n == 0:
                 raise ValueError("nothing to snapshot: the cache is empty")
             kvs.append((c.keys[..., :n, :], c.values[..., :n, :]))

@@ -218,12 +218,15 @@ class PromptCache:
         key = cache_key(identity, token_ids, engine.cache_mode, self.storage)
         path = file_for(self.dir, identity, key)
         start = time.perf_counter()
-        if key in self._memory:
+        # a rotating window shorter than the prompt computes it otherwise than any saved
+        # state (which a window can only have saved whole): prefill it
+        fits = engine.cache_mode != "rotating" or len(token_ids) <= engine.kv_window
+        if key in self._memory and fits:
             tokens, kvs = self._memory[key]
             engine.restore(tokens, kvs)
             return Hit(key, len(tokens), _size(path), time.perf_counter() - start, True)
         secret = self._user_key()
-        if secret is not None:
+        if secret is not None and fits:
             try:
                 kvs = self._load(path, secret, identity, key, token_ids)
                 engine.restore(token_ids, kvs)
@@ -236,7 +239,11 @@ class PromptCache:
                 self.warn(f"prompt cache {path.name} is not usable: {_reason(e)}; rebuilding it")
                 engine.reset(keep=engine.pinned)
         engine.sync(token_ids)
-        _, kvs = engine.snapshot()
+        try:
+            _, kvs = engine.snapshot()
+        except ValueError as e:  # a prompt longer than a rotating window
+            self.warn(f"cannot save the prompt cache: {e}; continuing without it")
+            return Hit(key, len(token_ids), 0, time.perf_counter() - start, False)
         size = 0 if secret is None else self._save(path, identity, key, token_ids, kvs,
                                                    engine.cache_mode, secret)
         self._remember(key, token_ids, kvs)
@@ -275,7 +282,8 @@ class PromptCache:
                       "continuing without it")
             return 0
         if self.max_bytes is not None:
-            for gone in prune(self.dir, self.max_bytes, keep=path):
+            for gone in prune(self.dir, self.max_bytes, keep=path, warn=lambda m: self.warn(
+                    f"cannot prune the prompt cache in {self.dir}: {m}")):
                 self.warn(f"pruned prompt cache {gone.path.name} ({gone.bytes} bytes)")
         return size
 
@@ -410,18 +418,23 @@ def _entry(path: Path, st: os.stat_result) -> Entry | None:
 
 
 def remove(directory: str | os.PathLike, key: str) -> list[Entry]:
-    """Remove the entries whose key starts with ``key`` (at least 6 hex digits)."""
+    """Remove the entries whose key starts with ``key`` (at least 6 hex digits). Raises
+    OSError (see :func:`_unlink`) at the first that cannot be deleted."""
     if len(key) < 6:
         raise ValueError("give at least 6 characters of the key")
     gone = [e for e in entries(directory) if e.key and e.key.startswith(key)]
     for e in gone:
-        e.path.unlink(missing_ok=True)
+        _unlink(e.path)
     return gone
 
 
-def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None) -> list[Entry]:
+def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None,
+          warn: Warn | None = None) -> list[Entry]:
     """Delete least recently used prompt caches until they take at most ``max_bytes``.
-    Files whose metadata is not a prompt cache's are never deleted (nor counted)."""
+    Files whose metadata is not a prompt cache's are never deleted (nor counted). One that
+    cannot be deleted is reported through ``warn`` and skipped (another user's file in a
+    shared folder must not stop the pruning for good); without ``warn``, its OSError (see
+    :func:`_unlink`) is raised."""
     current = [e for e in entries(directory) if e.key]
     total = sum(e.bytes for e in current)
     gone = []
@@ -430,7 +443,23 @@ def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None
             break
         if keep is not None and e.path == keep:
             continue
-        e.path.unlink(missing_ok=True)
+        try:
+            _unlink(e.path)
+        except OSError as err:
+            if warn is None:
+                raise
+            warn(err.strerror)
+            continue
         total -= e.bytes
         gone.append(e)
     return gone
+
+
+def _unlink(path: Path) -> None:
+    """Delete ``path`` (gone already is fine); an OSError whose ``strerror`` names the file
+    when it cannot be (a read-only disk, another user's file in a shared folder)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot remove {printable(path.name)}: {e.strerror}",
+                      str(path)) from None

@@ -13,6 +13,7 @@ from dataclasses import replace
 import mlx.core as mx
 import msgspec
 import pytest
+from mlx_lm.models import llama
 
 from mlx_agent.agent import Agent, AgentConfig, Conversation, agent_format
 from mlx_agent.agent import events as ev
@@ -250,6 +251,43 @@ def test_session_round_trip_continues_without_prefill(tiny_lm, tmp_path):
     with pytest.raises(ValueError, match="different model"):
         load_session(path, other)
     assert c.engine.tokens == [] and c.conversation.messages == []
+
+
+def test_a_session_longer_than_a_rotating_window_resumes_as_that_window_computes(tiny_lm,
+                                                                                tmp_path):
+    """A window would have computed the later tokens of a long session seeing only the
+    window: their saved KV (from full attention) was restored anyway, and the next turn's
+    logits differed from those of a fresh prefill through the window by up to 1.7e-2. Now
+    the conversation comes back and is prefilled again."""
+    import numpy as np
+    from dataclasses import replace
+
+    mx.random.seed(1)  # two layers: the second's keys depend on what the first attended to
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+        num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=49152,
+        tie_word_embeddings=True))
+    mx.eval(model.parameters())
+    lm = replace(tiny_lm, model=model, identity=msgspec.structs.replace(
+        tiny_lm.identity, num_layers=2, name="tiny-smol-2"))
+    a, _, _ = agent(lm, Script(lm, '{"answer": "' + "z" * 40 + '"}'))
+    a.ask("first")
+    path = tmp_path / "s.safetensors"
+    a.save_session(path)
+    window = len(a.conversation.system_ids) + 20
+    assert len(a.engine.tokens) > window
+    b, _, _ = agent(lm, Script(lm), engine=lm.engine(cache_mode="rotating", kv_window=window))
+    assert b.resume(path) == 0
+    assert b.conversation.messages == a.conversation.messages
+    b.conversation.add_user("second")
+    prompt = b.conversation.prompt_ids()
+    b.engine.sync(prompt)
+    fresh = lm.engine(cache_mode="rotating", kv_window=window)
+    fresh.pin(len(a.conversation.system_ids))
+    fresh.sync(prompt)
+    np.testing.assert_allclose(np.array(b.engine.logits), np.array(fresh.logits), atol=1e-4)
+    c, _, _ = agent(lm, Script(lm), engine=lm.engine(cache_mode="rotating", kv_window=4096))
+    assert c.resume(path) == len(a.engine.tokens)  # a window that holds it all: as saved
 
 
 def test_a_session_claiming_more_tokens_than_the_context_is_refused_unread(tiny_lm, tmp_path):

@@ -328,3 +328,37 @@ def test_a_file_removed_between_listing_and_reading_is_not_listed(tmp_path):
     st = kept.stat()  # what the listing saw, before the other process removed the file
     assert pc._entry(tmp_path / "gone.safetensors", st) is None
     assert pc._entry(kept, st).problem  # a file that is there and bad is still listed
+
+
+def test_kv_computed_through_a_rotating_window_is_never_saved(lm, tmp_path):
+    """A rotating window holds a chunk longer than itself whole until its next step, but the
+    chunk's later tokens were computed seeing only the window: that KV state was saved as a
+    plain prefix's (a session resumed without a window drifted 3e-2 from a fresh prefill; a
+    prompt cache keyed "rotating" served it to any other window)."""
+    prompt = list(range(3, 53))
+    rotating = lm.engine(cache_mode="rotating", kv_window=30)
+    rotating.pin(10)
+    rotating.prefill(prompt)
+    with pytest.raises(ValueError, match="window"):
+        rotating.snapshot()
+    pc.save_session(tmp_path / "s.safetensors", lm.identity, rotating, "json", {})
+    assert pc.load_session(tmp_path / "s.safetensors", lm.identity)[2:] == ([], [])
+    warn = Warnings()
+    engine = lm.engine(cache_mode="rotating", kv_window=30)
+    engine.pin(10)
+    hit = pc.PromptCache(tmp_path / "kv", warn=warn).prime(engine, lm.identity, prompt)
+    assert not hit.hit and engine.tokens == prompt and "cannot save" in warn[0]
+    assert not list((tmp_path / "kv").glob("*"))
+    # a wider window's file (the same key: both "rotating") is not this window's state
+    wide = lm.engine(cache_mode="rotating", kv_window=60)
+    wide.pin(10)
+    cache = pc.PromptCache(tmp_path / "kv")
+    assert not cache.prime(wide, lm.identity, prompt).hit
+    for source in (cache, pc.PromptCache(tmp_path / "kv")):  # from memory, from disk
+        engine = lm.engine(cache_mode="rotating", kv_window=30)
+        engine.pin(10)
+        assert not source.prime(engine, lm.identity, prompt).hit
+        engine.sync(prompt + [1])
+        rotating.sync(prompt + [1])
+        np.testing.assert_allclose(np.array(engine.logits), np.array(rotating.logits),
+                                   atol=1e-4)

@@ -148,3 +148,45 @@ def test_a_full_disk_while_saving_a_cache_or_session_is_a_warning_and_leaves_not
                    for what in ("cannot save the prompt cache", "cannot save the session"))
     assert "disk full" in cache and "disk full" in save, r.stderr
     assert os.listdir(kv) == [] and os.listdir(tmp_path) == ["kv"]  # no partial files
+
+
+def _undeletable(path: Path):
+    """Make ``path`` impossible to delete (as a read-only disk or a sticky shared folder
+    does): immutable as root, its folder read-only otherwise. Returns the undo, or None
+    where neither works."""
+    if os.geteuid() != 0:
+        path.parent.chmod(0o500)
+        return lambda: path.parent.chmod(0o700)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        return None
+    return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_cache_file_that_cannot_be_deleted_is_one_line_never_a_traceback(tmp_path):
+    # `cache rm`, `cache prune` and the agent's --prompt-cache-max-bytes raised the OSError
+    kv = tmp_path / "kv"
+    cache = json.loads(agent(kv, "--json-out").stdout.splitlines()[0])
+    (path,) = kv.glob("*.safetensors")
+    undo = _undeletable(path)
+    if undo is None:
+        import pytest
+
+        pytest.skip("chattr cannot make a file immutable here")
+    try:
+        if os.geteuid() == 0:  # the folder itself writable: the new entry saves, then prunes
+            r = agent(kv, "--system", "Another agent.", "--prompt-cache-max-bytes", "0")
+            assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+            assert (f"warning: cannot prune the prompt cache in {kv}: cannot remove "
+                    f"{path.name}: ") in r.stderr
+            assert len(list(kv.glob("*.safetensors"))) == 2
+        r = run("cache", "rm", str(kv), cache["key"][:8])
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith(f"mlx_agent: error: cannot remove {path.name}: ")
+        assert r.stderr.count("\n") == 1
+        r = run("cache", "prune", str(kv), "--max-bytes", "0")  # the others still go
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith(f"warning: cannot remove {path.name}: ")
+        assert r.stderr.count("\n") == 1 and "1 entries" in r.stdout
+        assert list(kv.glob("*.safetensors")) == [path]
+    finally:
+        undo()
