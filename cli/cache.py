@@ -6,7 +6,7 @@ import datetime
 
 import click
 
-from .errors import Group
+from .errors import Group, UserError, warn
 
 
 def _when(ts: float) -> str:
@@ -52,7 +52,6 @@ def rm(directory, key):
     """Remove the entry whose key starts with KEY (6+ characters)."""
     from mlx_agent.prompt_cache import remove
 
-    from .errors import UserError
 
     try:
         gone = remove(directory, key)
@@ -73,8 +72,6 @@ def rm(directory, key):
 def prune_cmd(directory, max_bytes):
     """Remove least recently used entries until the directory fits --max-bytes."""
     from mlx_agent.prompt_cache import entries, prune
-
-    from .errors import warn
 
     failed = []
     gone = prune(directory, max_bytes, warn=lambda m: (failed.append(m), warn(m)))
