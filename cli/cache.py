@@ -52,7 +52,6 @@ def rm(directory, key):
     """Remove the entry whose key starts with KEY (6+ characters)."""
     from mlx_agent.prompt_cache import remove
 
-
     try:
         gone = remove(directory, key)
     except ValueError as e:
