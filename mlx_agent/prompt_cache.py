@@ -418,10 +418,11 @@ def _entry(path: Path, st: os.stat_result) -> Entry | None:
 
 
 def remove(directory: str | os.PathLike, key: str) -> list[Entry]:
-    """Remove the entries whose key starts with ``key`` (at least 6 hex digits). Raises
-    OSError (see :func:`_unlink`) at the first that cannot be deleted."""
+    """Remove the entries whose key starts with ``key`` (at least 6 hex digits, either case).
+    Raises OSError (see :func:`_unlink`) at the first that cannot be deleted."""
     if len(key) < 6:
         raise ValueError("give at least 6 characters of the key")
+    key = key.lower()  # keys are written in lowercase hex; one copied from elsewhere may not be
     gone = [e for e in entries(directory) if e.key and e.key.startswith(key)]
     for e in gone:
         _unlink(e.path)
