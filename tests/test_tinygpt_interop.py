@@ -284,3 +284,16 @@ def test_a_config_without_heads_runs_with_the_originals_eight(tmp_path):
     path = tmp_path / "noheads.tinygpt"
     path.write_bytes(original_bytes(config, manifest, w))
     np.testing.assert_allclose(our_logits(path), original_logits(w, IDS, heads=8), atol=2e-4)
+
+
+def test_weight_dtype_is_read_in_either_case_as_the_original_reads_it(tmp_path):
+    """The original lowercases weightDtype: "FP16" was refused here as unsupported."""
+    manifest = original_manifest()
+    w = random_weights(manifest, seed=5)
+    path = tmp_path / "upper.tinygpt"
+    path.write_bytes(original_bytes(CONFIG, manifest, w, layout="inference",
+                                    extra={"weightDtype": "FP16"}))
+    f = fmt.read(path)
+    assert f.layout == "inference"
+    for name, _ in manifest:
+        np.testing.assert_array_equal(f.weights[name], w[name].astype(np.float16))

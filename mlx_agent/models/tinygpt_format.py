@@ -245,6 +245,8 @@ def _read_header(path: Path, data: bytes, size: int) -> tuple[dict, int]:
         raise TinyGPTError(f"{path}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict) or not isinstance(header.get("config"), dict):
         raise TinyGPTError(f"{path}: header has no config object")
+    if isinstance(header.get("weightDtype"), str):  # the original reads "FP16" as "fp16"
+        header["weightDtype"] = header["weightDtype"].lower()
     return header, hlen
 
 
