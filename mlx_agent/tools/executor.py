@@ -6,7 +6,9 @@ booleans ``true``/``false``, objects and arrays as JSON, null as empty), and the
 refers to it as ``"$name"``. The command runs under ``/bin/bash -c`` with stdin closed, an
 environment of only PATH, HOME, LANG and the names the user allowed, in a new process group.
 On timeout the group gets SIGTERM, then SIGKILL 0.5 s later; after any run, whatever is left
-of the group is killed, so background grandchildren die with it.
+of the group is killed, so background grandchildren die with it. So is the whole group when the
+wait is interrupted (Ctrl-C, SIGTERM): the new session that keeps a terminal's Ctrl-C from the
+tool also kept it running after the CLI had exited.
 
 stdout and stderr are each capped (head and tail around a ``…[truncated N bytes]`` marker),
 read as they arrive so memory stays bounded however much a tool prints; undecodable bytes
@@ -213,10 +215,11 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
             proc.wait(timeout=_KILL_GRACE)
         except subprocess.TimeoutExpired:
             pass
-    # Whatever the command left behind in its group (background children holding the
-    # pipes open) goes now, so the readers see end-of-file.
-    _kill_group(proc.pid, signal.SIGKILL)
-    proc.wait()
+    finally:
+        # Whatever the command left behind in its group (background children holding the
+        # pipes open) goes now, so the readers see end-of-file; on Ctrl-C, all of it.
+        _kill_group(proc.pid, signal.SIGKILL)
+        proc.wait()
     # What is left in the pipes takes moments to read; a process that left the group (a
     # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
     deadline = time.monotonic() + _DRAIN_GRACE
