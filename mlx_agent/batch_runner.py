@@ -20,7 +20,9 @@ Ctrl-C reaches the pool's caller only: :meth:`BatchRunner.cancel` (``run_pool``'
 ``cancel``) then ends the workers' runs at their next token or engine call.
 
 Not promised: fairness between a long prefill and the rows waiting on it; a worker busy
-outside the runner (a tool's process) stops only when it next asks the runner for work.
+outside the runner stops only when it next asks the runner for work (a caller that runs
+tools also stops them: eval's workers run theirs under
+:func:`mlx_agent.tools.executor.stopped_by`).
 """
 
 from __future__ import annotations

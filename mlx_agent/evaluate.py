@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from .engine import Engine, SamplingParams
 from .errors import UserFacingError
 from .fileio import check_tree, copy_tree, jsonl_lines, read_regular
 from .tools import Tool, builtin_tools, load_tools
-from .tools.executor import run_process
+from .tools.executor import run_process, stopped_by
 from .tools.sandbox import Sandbox
 from .trajectory import Recorder, set_reward
 
@@ -335,10 +336,20 @@ def run(lm, tasks_file: str | Path | TaskFile, *, seeds: int = 1, protocol: str 
             summary.runs.append(one(engine, item))
             on_run(summary.runs[-1])
         return summary
+    stop = threading.Event()  # set on Ctrl-C: a worker's tool call ends now, not at its timeout
+
+    def stoppable(engine: Engine, item: tuple[Task, int]) -> RunResult:
+        with stopped_by(stop):
+            return one(engine, item)
+
+    def cancel() -> None:
+        stop.set()
+        runner.cancel()
+
     with BatchRunner(lm.model, max_batch=batch) as runner:
         engines = [runner.engine(lm) for _ in range(min(batch, len(runs)))]
-        return Summary(run_pool(engines, runs, one, on_done=lambda i, r: on_run(r),
-                                cancel=runner.cancel))
+        return Summary(run_pool(engines, runs, stoppable, on_done=lambda i, r: on_run(r),
+                                cancel=cancel))
 
 
 def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str,

@@ -263,3 +263,58 @@ def test_a_transcript_removed_during_the_run_ends_it_without_a_traceback(tmp_pat
     with _transcript(str(path)) as f:
         f.write(b"{}\n")
     assert path.read_bytes() == b"{}\n"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:4]
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+
+
+def wait_for_line(path: Path, proc, within: float = 120.0) -> str:
+    """The first line written to ``path`` (by a tool), once it is whole."""
+    import time
+
+    deadline = time.monotonic() + within
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return path.read_text().split()[0]
+
+
+def slow_tools(tmp_path: Path) -> tuple[Path, Path]:
+    """A tools file whose tool writes its pid to a file, then sleeps for five minutes."""
+    pids = tmp_path / "pids"
+    tools = tmp_path / "slow.json"
+    tools.write_text(json.dumps([{"name": "wait", "description": "Wait a while.",
+                                  "parameters": {"type": "object", "properties": {}},
+                                  "_exec": f"echo $$ >> '{pids}'; exec sleep 300"}]))
+    return tools, pids
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_kill_during_an_unsandboxed_tool_ends_the_tool_too(tmp_path, sig, code):
+    """Without a sandbox (--sandbox none; macOS's Seatbelt, which has no --die-with-parent,
+    alike) a tool runs in a session of its own, so a terminal's Ctrl-C does not reach it: the
+    CLI exited 130 and left the tool running for its five minutes."""
+    import signal
+
+    tools, pids = slow_tools(tmp_path)
+    proc = subprocess.Popen([*CLI, "--tools", str(tools), "--sandbox", "none",
+                             "--tool-choice", "wait", "--single", "Wait.", "--max-steps", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ), preexec_fn=default_sigint)
+    tool = int(wait_for_line(pids, proc))
+    try:
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == code and "Traceback" not in err, err
+        assert not pid_alive(tool)  # killed and reaped before the CLI exited
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tool, signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -495,6 +496,62 @@ def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path, batch, sig):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert 1 <= len(rows) < 12  # the finished runs, written; the rest not run
     assert len(list(runs.glob("*.atraj"))) == len(rows)  # no trajectory of a cut run
+
+
+def test_a_kill_during_a_batched_runs_tool_stops_the_tool_at_once(tmp_path):
+    """eval --batch runs each task on a worker thread, which no signal reaches: a SIGTERM
+    (or Ctrl-C) waited for the workers' tools to run to their 30 s timeout."""
+    import json
+    import signal
+    import time
+
+    pids = tmp_path / "pids"
+    (tmp_path / "tools.json").write_text(json.dumps([{
+        "name": "wait", "description": "Wait a while.",
+        "parameters": {"type": "object", "properties": {}},
+        "_exec": f"echo $$ >> '{pids}'; exec sleep 300"}]))
+    task = {"prompt": "Wait.", "tools": "tools.json", "tool_choice": "wait",
+            "check": {"answer_pattern": "done"}}
+    (tmp_path / "tasks.jsonl").write_text((json.dumps(task) + "\n") * 4)
+    (tmp_path / "tmp").mkdir()
+    out, runs = tmp_path / "runs.jsonl", tmp_path / "traj"
+    proc = subprocess.Popen([*CLI, "eval", "--tasks", str(tmp_path / "tasks.jsonl"),
+                             "--batch", "2", "--max-steps", "2", "--sandbox", "none",
+                             "--out", str(out), "--trajectory-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and pids.read_text().endswith("\n")):  # a tool runs
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - start
+    tools = [int(p) for p in pids.read_text().split()]
+    try:
+        assert proc.returncode == 143 and "Traceback" not in err, err
+        assert took < 20, took  # at once, give or take a loaded machine; it was 30 s and more
+        assert not [p for p in tools if _alive(p)]
+        assert not out.exists() or out.read_text() == ""  # no run finished
+        assert not list(runs.glob("*.atraj"))
+        left = {p.name for p in (tmp_path / "tmp").iterdir()} - {"mlx"}  # MLX's compile cache
+        assert not left  # the runs' working copies are removed
+    finally:
+        for p in tools:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        return " Z " not in open(f"/proc/{pid}/stat").read().split(")")[-1][:4]
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
 
 
 def test_an_output_that_cannot_be_written_is_one_line():

@@ -449,3 +449,31 @@ def test_a_server_listing_tools_without_end_is_refused_at_once(tmp_path):
         "mlx_agent: error: MCP server 'endless' failed to start (TooManyTools: it lists more "
         "than 4096 tools; serve fewer)"], r.stderr
     assert time.monotonic() - start < 50
+
+
+def test_ctrl_c_during_a_batched_runs_call_ends_it_at_once(tmp_path, pidfile):
+    """eval --batch runs each task on a worker thread, which no signal reaches: Ctrl-C
+    waited for the workers' MCP calls to reach their 30 s timeout."""
+    calls = tmp_path / "calls"
+    (tmp_path / "none.json").write_text('{"tools": []}')
+    forced = {"name": "shell", "arguments": {"command": f"echo $$ >> '{calls}'; exec sleep 300"}}
+    task = {"prompt": "Wait.", "tools": "none.json", "tool_choice": forced,
+            "check": {"answer_pattern": "done"}}
+    (tmp_path / "tasks.jsonl").write_text((json.dumps(task) + "\n") * 4)
+    proc = subprocess.Popen([*CLI, "eval", "--tasks", str(tmp_path / "tasks.jsonl"), "--batch",
+                             "2", "--max-steps", "2", "--sandbox", "none", "--mcp", server()],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not (calls.exists() and calls.read_text().endswith("\n")):  # a call runs
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    took = time.monotonic() - start
+    assert took < 20, took  # at once, give or take a loaded machine; it was 30 s
+    assert_gone(pidfile)
+    assert_gone(calls)

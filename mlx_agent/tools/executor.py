@@ -6,7 +6,10 @@ booleans ``true``/``false``, objects and arrays as JSON, null as empty), and the
 refers to it as ``"$name"``. The command runs under ``/bin/bash -c`` with stdin closed, an
 environment of only PATH, HOME, LANG and the names the user allowed, in a new process group.
 On timeout the group gets SIGTERM, then SIGKILL 0.5 s later; after any run, whatever is left
-of the group is killed, so background grandchildren die with it.
+of the group is killed, so background grandchildren die with it. So is the whole group when the
+wait is interrupted (Ctrl-C, SIGTERM): the new session that keeps a terminal's Ctrl-C from the
+tool also kept it running after the CLI had exited. A thread no signal reaches (a worker of
+``eval --batch``) stops its calls with :func:`stopped_by`.
 
 stdout and stderr are each capped (head and tail around a ``…[truncated N bytes]`` marker),
 read as they arrive so memory stays bounded however much a tool prints; undecodable bytes
@@ -24,13 +27,14 @@ sandboxed and not interrupted by the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import msgspec
 
@@ -43,6 +47,8 @@ BASE_ENV = ("PATH", "HOME", "LANG")
 _KILL_GRACE = 0.5
 _DRAIN_GRACE = 2.0  # for the output pipes, once the process and its group are gone
 _CHUNK = 64 * 1024
+POLL = 0.1  # s: how often a waiting call looks at its stopped_by event
+_scope = threading.local()
 
 
 class ToolResult(msgspec.Struct, frozen=True):
@@ -124,6 +130,28 @@ def _feed(stream, data: bytes) -> None:
         pass
 
 
+@contextlib.contextmanager
+def stopped_by(event: threading.Event) -> Iterator[None]:
+    """Inside the block, the calls this thread makes (tools, checks, MCP calls) end as soon
+    as ``event`` is set (from another thread): their process group is killed and the call
+    raises KeyboardInterrupt, as Ctrl-C does in the main thread; once it is set, a call
+    raises before it starts. For worker threads, which no signal reaches: without it a
+    Ctrl-C waited for each worker's tool to run to its timeout."""
+    previous = getattr(_scope, "event", None)
+    _scope.event = event
+    try:
+        yield
+    finally:
+        _scope.event = previous
+
+
+def check_stop() -> None:
+    """Raises KeyboardInterrupt when the calling thread's :func:`stopped_by` event is set."""
+    event = getattr(_scope, "event", None)
+    if event is not None and event.is_set():
+        raise KeyboardInterrupt
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -190,6 +218,7 @@ def with_notes(result: ToolResult, notes: Sequence[str], more: int = 0) -> ToolR
 def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
          stdin: bytes | None = None) -> ToolResult:
     start = time.monotonic()
+    check_stop()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
@@ -203,20 +232,16 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
         readers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
     for r in readers:
         r.start()
-    timed_out = False
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=_KILL_GRACE)
-        except subprocess.TimeoutExpired:
-            pass
-    # Whatever the command left behind in its group (background children holding the
-    # pipes open) goes now, so the readers see end-of-file.
-    _kill_group(proc.pid, signal.SIGKILL)
-    proc.wait()
+        timed_out = not _wait(proc, timeout)
+        if timed_out:
+            _kill_group(proc.pid, signal.SIGTERM)
+            _wait(proc, _KILL_GRACE)
+    finally:
+        # Whatever the command left behind in its group (background children holding the
+        # pipes open) goes now, so the readers see end-of-file; on Ctrl-C, all of it.
+        _kill_group(proc.pid, signal.SIGKILL)
+        proc.wait()
     # What is left in the pipes takes moments to read; a process that left the group (a
     # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
     deadline = time.monotonic() + _DRAIN_GRACE
@@ -225,6 +250,21 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
     return ToolResult(tool=tool, stdout=out.text(), stderr=err.text(),
                       exit_code=proc.returncode, timed_out=timed_out,
                       duration_sec=round(time.monotonic() - start, 4))
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``proc`` ended within ``timeout`` s; raises KeyboardInterrupt once the
+    thread's :func:`stopped_by` event is set."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(timeout=max(min(left, POLL), 0))
+            return True
+        except subprocess.TimeoutExpired:
+            check_stop()
+            if left <= POLL:
+                return False
 
 
 def shell_value(value: Any) -> str:

@@ -49,8 +49,8 @@ from mcp.client.streamable_http import streamable_http_client
 from ..errors import UserFacingError
 from ..fileio import read_regular
 from . import leftovers
-from .executor import (DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text,
-                       with_notes)
+from .executor import (DEFAULT_CAP, POLL, ToolResult, _Capped, check_stop, error_result,
+                       tool_env, valid_text, with_notes)
 from .sandbox import Sandbox
 from .schema import Tool, ToolSchemaError, declared_tools
 
@@ -350,7 +350,7 @@ class McpServers:
             session.call_tool(name, arguments, read_timeout_seconds=self.call_timeout),
             self._loop)
         try:
-            result = future.result(timeout=self.call_timeout + 5)
+            result = _result(future, self.call_timeout + 5)
         except KeyboardInterrupt:  # the user's, not the tool's: the agent loop handles it
             future.cancel()
             raise
@@ -463,6 +463,20 @@ def _decoded_size(data: Any) -> int:
         return len(base64.b64decode(data or "", validate=False))
     except ValueError:
         return len(data or "")
+
+
+def _result(future: concurrent.futures.Future, timeout: float):
+    """``future``'s result within ``timeout`` s (else TimeoutError); KeyboardInterrupt once
+    the thread's :func:`~.executor.stopped_by` event is set (a worker's call, cut)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return future.result(timeout=max(min(left, POLL), 0))
+        except concurrent.futures.TimeoutError:
+            check_stop()
+            if left <= POLL:
+                raise
 
 
 def _reason(e: BaseException) -> str:
