@@ -27,10 +27,7 @@ tools also stops them: eval's workers run theirs under
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
-import signal
 import threading
 from typing import Callable, Iterator, Sequence, TypeVar
 
@@ -39,6 +36,7 @@ import mlx.core as mx
 from .batch import BatchDecoder, Row
 from .engine import (Constraint, Engine, PrefillStats, Sampler, common_prefix, greedy_sampler,
                      keep_snapshot)
+from .signals import held_back
 from .thread_state import release_on_exit
 
 T, C, R = TypeVar("T"), TypeVar("C"), TypeVar("R")
@@ -369,30 +367,6 @@ def batch_engines(lm, n: int) -> list[BatchedEngine]:
     return [runner.engine(lm) for _ in range(n)]
 
 
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends, then act as they would have (in the
-    main thread; elsewhere signals are not delivered anyway). A Ctrl-C between a result's
-    bookkeeping and its ``on_done`` lost its row while its trajectory stayed (CI, once)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda n, frame: caught.append(n))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if caught:
-            handler = previous[caught[0]]
-            if callable(handler):
-                handler(caught[0], None)
-            elif handler == signal.SIG_DFL:
-                os.kill(os.getpid(), caught[0])
-
-
 def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
              on_done: Callable[[int, R], None] = lambda i, r: None,
              cancel: Callable[[], None] | None = None) -> list[R]:
@@ -436,7 +410,7 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
             if not ok:
                 error = value
                 break
-            with _signals_deferred():  # handed on whole: a row and its trajectory, or neither
+            with held_back():  # handed on whole: a row and its trajectory, or neither
                 results[i] = value
                 on_done(i, value)
     except KeyboardInterrupt:

@@ -28,10 +28,8 @@ files at the same paths), or placement (Ray puts actors where CPUs are free).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import threading
 from collections import Counter, deque
@@ -43,6 +41,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from .errors import UserFacingError
+from .signals import held_back
 
 RETRIES = 2  # re-runs of a task whose worker died, before it is recorded as failed
 _PENDING = object()
@@ -293,26 +292,9 @@ class _Run:
             i = self.delivered
             if self.results[i] is _PENDING and not gaps:
                 return
-            with _whole():  # a Ctrl-C inside would hand this result over again
+            with held_back():  # a Ctrl-C or SIGTERM inside would hand this result over again
                 if self.results[i] is not _PENDING:
                     self.on_result(i, self.results[i], self.ran_on[i])
                 self.delivered += 1
 
 
-@contextlib.contextmanager
-def _whole():
-    """Holds SIGINT back until the block is done, then acts on it as it would have (in the
-    main thread; elsewhere no signal arrives), so a result is handed over once, whole."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held and callable(previous):
-            previous(signal.SIGINT, held[0])
-        elif held and previous == signal.SIG_DFL:
-            signal.raise_signal(signal.SIGINT)

@@ -186,9 +186,20 @@ def test_specialize_on_ray_ships_its_tasks_and_adapter_and_gives_the_local_figur
     assert figures[0] == figures[1] and figures[0][0]["runs"] == 4
 
 
-def test_a_ctrl_c_during_a_hand_over_never_hands_a_result_over_twice():
+class _Terminated(KeyboardInterrupt):
+    """What the CLI raises on SIGTERM."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated
+
+
+@pytest.mark.parametrize("sig, handler", [(signal.SIGINT, signal.default_int_handler),
+                                          (signal.SIGTERM, _terminate)], ids=["int", "term"])
+def test_a_ctrl_c_during_a_hand_over_never_hands_a_result_over_twice(sig, handler):
     """The race CI hit: Ctrl-C while ``on_result`` writes a row. The interrupt waits for the
-    hand-over to finish, and the hand-over of what is in after it starts at the next one."""
+    hand-over to finish, and the hand-over of what is in after it starts at the next one.
+    SIGTERM too (it was not held back: a kill mid-write cut the row or handed it over twice)."""
     from types import SimpleNamespace
 
     from mlx_agent.fanout import _PENDING, _Run
@@ -198,18 +209,18 @@ def test_a_ctrl_c_during_a_hand_over_never_hands_a_result_over_twice():
     def on_result(i, result, worker):
         handed.append(i)
         if i == 0:
-            os.kill(os.getpid(), signal.SIGINT)  # delivered before kill returns: mid-hand-over
+            os.kill(os.getpid(), sig)  # delivered before kill returns: mid-hand-over
             handed.append("rest of 0")
 
     run = _Run(SimpleNamespace(), ["a", "b", "c"], on_result)
     run.results = ["A", "B", _PENDING]
-    # Python's own Ctrl-C handler, which a background job (SIGINT ignored) starts without
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Python's own Ctrl-C handler (a background job starts with SIGINT ignored), or the CLI's
+    previous = signal.signal(sig, handler)
     try:
         with pytest.raises(KeyboardInterrupt):
             run._deliver()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(sig, previous)
     assert handed == [0, "rest of 0"]
     run._deliver(gaps=True)  # what run() does on the way out
     assert handed == [0, "rest of 0", 1] and run.delivered == 3
