@@ -542,3 +542,32 @@ def test_a_catalogue_of_unusable_tools_gets_only_no_tool_tasks_and_ends(tmp_path
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert list(report["skipped"]) == ["never"]
     assert report["train"]["kinds"]["call"] == 0 and report["train"]["kinds"]["none"] > 0
+
+
+def test_a_ctrl_c_while_the_files_are_renamed_leaves_all_four_or_none(tmp_path, monkeypatch):
+    """The four files are renamed into place one after another: a Ctrl-C (or SIGTERM) that
+    came between two renames left some new and others missing. It now waits for the last."""
+    import os
+    import signal
+
+    from mlx_agent import fileio
+    from mlx_agent.synth.synthesis import Synthesis, write
+
+    real, renamed = os.replace, []
+
+    def replace(src, dst):  # the first rename done, the signal comes
+        real(src, dst)
+        renamed.append(dst)
+        if len(renamed) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write(Synthesis([], [], {}), b"[]", tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(renamed) == 4
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == \
+        ["heldout.jsonl", "report.json", "tools.json", "train.jsonl"]

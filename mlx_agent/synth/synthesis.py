@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..fileio import atomic_path
+from ..signals import held_back
 from ..tools import Sandbox, Tool, declared_tools
 from . import pools as P
 from .config import SynthConfig
@@ -253,7 +254,9 @@ def write(synthesis: Synthesis, tools_data: bytes, out: str | Path) -> list[Path
         "report.json": (json.dumps(synthesis.report, indent=1, ensure_ascii=False) + "\n"
                         ).encode("utf-8"),
     }
-    with contextlib.ExitStack() as stack:
+    # the renames happen one after another as the stack closes: a Ctrl-C or SIGTERM between
+    # two left some files new and others missing, so both wait until all are in place
+    with held_back(), contextlib.ExitStack() as stack:
         for name, data in files.items():
             stack.enter_context(atomic_path(out / name)).write_bytes(data)
     return [out / name for name in files]
