@@ -477,3 +477,19 @@ def test_ctrl_c_during_a_batched_runs_call_ends_it_at_once(tmp_path, pidfile):
     assert took < 20, took  # at once, give or take a loaded machine; it was 30 s
     assert_gone(pidfile)
     assert_gone(calls)
+
+
+def test_a_call_that_fails_with_its_own_timeout_error_is_not_waited_on():
+    """A call whose coroutine raised TimeoutError (a socket's, anyio's) read as "not done
+    yet": the wait spun a core until call_timeout + 5 s before reporting it."""
+    import concurrent.futures
+    import time
+
+    from mlx_agent.tools.mcp import _result
+
+    future = concurrent.futures.Future()
+    future.set_exception(TimeoutError("the server's socket timed out"))
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="socket timed out"):
+        _result(future, 30)
+    assert time.monotonic() - start < 5

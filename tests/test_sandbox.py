@@ -121,6 +121,30 @@ def test_a_root_the_tool_locks_gets_its_owner_bits_back(area, locked):
     assert (r.exit_code, r.stdout, r.stderr) == (0, "again\n", ""), r
 
 
+@pytest.mark.skipif(BWRAP_MISSING is not None, reason=f"bwrap unavailable: {BWRAP_MISSING}")
+def test_a_call_cut_short_still_gets_its_root_back(area):
+    """A call stopped mid-run (Ctrl-C, SIGTERM, eval --batch's cancel) skipped the undoing of
+    what it did to its root: the folder stayed at mode 000 for the rest of the session."""
+    from mlx_agent.tools.executor import stopped_by
+
+    root = area / "root"
+    root.chmod(0o750)
+    stop = threading.Event()
+
+    def cut_once_locked():
+        deadline = time.monotonic() + 60
+        while root.stat().st_mode & 0o700 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+
+    threading.Thread(target=cut_once_locked, daemon=True).start()
+    start = time.monotonic()
+    with stopped_by(stop), pytest.raises(KeyboardInterrupt):
+        run("bwrap", "chmod 000 . && sleep 60", root, timeout=120)
+    assert time.monotonic() - start < 30
+    assert root.stat().st_mode & 0o700 == 0o700
+
+
 def test_write_to_home(mode, area, monkeypatch):
     home = area / "home"  # the tool's HOME under none: ours, pointed somewhere harmless
     home.mkdir()

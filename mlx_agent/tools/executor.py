@@ -38,6 +38,7 @@ from typing import Any, Iterator, Sequence
 
 import msgspec
 
+from ..signals import held_back
 from . import leftovers
 from .sandbox import Sandbox
 from .schema import Tool
@@ -177,8 +178,10 @@ def run_process(
     sandbox: Sandbox | None = None,
     stdin: bytes | None = None,
 ) -> ToolResult:
-    """Run ``argv`` in its own process group with bounded output; never raises. ``stdin``
-    is written to its standard input (else it reads nothing).
+    """Run ``argv`` in its own process group with bounded output. ``stdin`` is written to
+    its standard input (else it reads nothing). Raises only KeyboardInterrupt (Ctrl-C,
+    SIGTERM, a :func:`stopped_by` event), once the group is killed and what the sandbox
+    checks is undone.
 
     Under a ``sandbox``, ``env=None`` means the reduced :func:`tool_env`, not ours."""
     if sandbox is None or sandbox.backend == "none":
@@ -197,9 +200,10 @@ def run_process(
             result = _run(argv, tool=tool, timeout=timeout, cwd=cwd, env=env, cap=cap,
                           stdin=stdin)
     except OSError as e:
-        return error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
-    restored = leftovers.restore_roots(modes)  # first: the check walks them
-    after = leftovers.clean(roots, before, since)
+        result = error_result(tool, f"could not prepare the {sandbox.backend} sandbox: {e}")
+    finally:  # also when a Ctrl-C cut the call: what it planted is undone all the same
+        restored = leftovers.restore_roots(modes)  # first: the check walks them
+        after = leftovers.clean(roots, before, since)
     return with_notes(result, before.notes + restored + after.notes, before.more + after.more)
 
 
@@ -219,20 +223,26 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
          stdin: bytes | None = None) -> ToolResult:
     start = time.monotonic()
     check_stop()
+    proc = None
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-                                cwd=cwd, env=env, start_new_session=True)
-    except OSError as e:
-        return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
-    out, err = _Capped(cap), _Capped(cap)
-    readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
-               for s, c in ((proc.stdout, out), (proc.stderr, err))]
-    if stdin is not None:  # a thread: the pipe holds 64 KiB, the process reads as it likes
-        readers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
-    for r in readers:
-        r.start()
-    try:
+        # a Ctrl-C or SIGTERM while the tool starts is acted on once it has: then the group
+        # it runs in is there to kill (it came between the start and the wait: the tool ran on)
+        with held_back():
+            try:
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL if stdin is None
+                                        else subprocess.PIPE,
+                                        cwd=cwd, env=env, start_new_session=True)
+            except OSError as e:
+                return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
+            out, err = _Capped(cap), _Capped(cap)
+            readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
+                       for s, c in ((proc.stdout, out), (proc.stderr, err))]
+            if stdin is not None:  # a thread: the pipe holds 64 KiB, the tool reads at will
+                readers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin),
+                                                daemon=True))
+            for r in readers:
+                r.start()
         timed_out = not _wait(proc, timeout)
         if timed_out:
             _kill_group(proc.pid, signal.SIGTERM)
@@ -240,8 +250,9 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
     finally:
         # Whatever the command left behind in its group (background children holding the
         # pipes open) goes now, so the readers see end-of-file; on Ctrl-C, all of it.
-        _kill_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+        if proc is not None:
+            _kill_group(proc.pid, signal.SIGKILL)
+            proc.wait()
     # What is left in the pipes takes moments to read; a process that left the group (a
     # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
     deadline = time.monotonic() + _DRAIN_GRACE
@@ -252,19 +263,27 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
                       duration_sec=round(time.monotonic() - start, 4))
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> bool:
-    """Whether ``proc`` ended within ``timeout`` s; raises KeyboardInterrupt once the
-    thread's :func:`stopped_by` event is set."""
+def waits(timeout: float) -> Iterator[float]:
+    """The slices of a wait of ``timeout`` s, at most :data:`POLL` s each; between two,
+    KeyboardInterrupt once the thread's :func:`stopped_by` event is set."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
+        yield max(min(left, POLL), 0)
+        check_stop()
+        if left <= POLL:
+            return
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``proc`` ended within ``timeout`` s (see :func:`waits`)."""
+    for step in waits(timeout):
         try:
-            proc.wait(timeout=max(min(left, POLL), 0))
+            proc.wait(timeout=step)
             return True
         except subprocess.TimeoutExpired:
-            check_stop()
-            if left <= POLL:
-                return False
+            pass
+    return False
 
 
 def shell_value(value: Any) -> str:

@@ -49,8 +49,8 @@ from mcp.client.streamable_http import streamable_http_client
 from ..errors import UserFacingError
 from ..fileio import read_regular
 from . import leftovers
-from .executor import (DEFAULT_CAP, POLL, ToolResult, _Capped, check_stop, error_result,
-                       tool_env, valid_text, with_notes)
+from .executor import (DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text,
+                       waits, with_notes)
 from .sandbox import Sandbox
 from .schema import Tool, ToolSchemaError, declared_tools
 
@@ -468,15 +468,13 @@ def _decoded_size(data: Any) -> int:
 def _result(future: concurrent.futures.Future, timeout: float):
     """``future``'s result within ``timeout`` s (else TimeoutError); KeyboardInterrupt once
     the thread's :func:`~.executor.stopped_by` event is set (a worker's call, cut)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
+    for step in waits(timeout):
         try:
-            return future.result(timeout=max(min(left, POLL), 0))
+            return future.result(timeout=step)
         except concurrent.futures.TimeoutError:
-            check_stop()
-            if left <= POLL:
+            if future.done():  # the call's own TimeoutError (3.11: the same class), not ours
                 raise
+    raise concurrent.futures.TimeoutError
 
 
 def _reason(e: BaseException) -> str:
