@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 from collections import Counter, deque
@@ -67,6 +68,10 @@ def connect(address: str = "auto") -> None:
     target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
     if target and target != "auto":
         _check_reachable(target)
+    # Ray's init sets a SIGTERM handler of its own (sys.exit(15)): the caller's (the CLI's,
+    # which cleans up as Ctrl-C does and exits 143) is put back
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=None if address == "auto" else address, log_to_driver=False,
                  logging_level=logging.WARNING, include_dashboard=False)
@@ -78,6 +83,9 @@ def connect(address: str = "auto") -> None:
             "(the token in ~/.ray/auth_token or $RAY_AUTH_TOKEN)")
         raise FanoutError(f"cannot join the Ray cluster at {target or address}: {why}{auth}") \
             from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

@@ -27,7 +27,8 @@ def held_back() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda n, frame: caught.append(n)) for sig in HELD}
+    previous = {sig: signal.signal(sig, lambda n, frame: caught.append(n)) for sig in HELD
+                if signal.getsignal(sig) is not None}  # None: not Python's, left as it is
     try:
         yield
     finally:

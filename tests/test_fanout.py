@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -184,6 +185,23 @@ def test_specialize_on_ray_ships_its_tasks_and_adapter_and_gives_the_local_figur
         figures.append([{k: v for k, v in saved[side].items()  # cache use: per worker
                          if k not in ("seconds", "cache_share")} for side in ("before", "after")])
     assert figures[0] == figures[1] and figures[0][0]["runs"] == 4
+
+
+def test_joining_a_cluster_keeps_the_callers_sigterm_handler(cluster):
+    """ray.init set its own (sys.exit(15)): eval --ray exited 15 on SIGTERM, not 143, and the
+    clean-up the CLI's handler starts (the runs done written, the cut ones removed) was lost."""
+    script = textwrap.dedent(f"""
+        import signal, sys
+        from mlx_agent.fanout import connect
+        def mine(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, mine)
+        connect({cluster!r})
+        print(signal.getsignal(signal.SIGTERM) is mine)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == "True", r.stderr
 
 
 class _Terminated(KeyboardInterrupt):
