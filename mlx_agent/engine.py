@@ -23,7 +23,6 @@ from typing import Callable, Iterator, Protocol, Sequence, TypeVar
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import RotatingKVCache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from .cache import CacheMode, ContextFull, KVSpec, make_cache, set_pinned, trimmable
@@ -240,6 +239,12 @@ class Engine:
         """Logits (vocab,) after the last token in the cache."""
         return self._logits
 
+    def computes_whole(self, n: int) -> bool:
+        """Whether this engine computes each of ``n`` tokens seeing every one before it: not
+        a rotating window shorter than ``n`` (its later tokens see only the window), which
+        therefore must not load a state of ``n`` tokens saved elsewhere, nor save its own."""
+        return self.cache_mode != "rotating" or n <= self.kv_window
+
     def snapshot(self) -> tuple[list[int], list[tuple[mx.array, mx.array]]]:
         """The cached ids and, per layer, their keys and values in order, ``[1, H, T, D]``.
 
@@ -247,15 +252,15 @@ class Engine:
         cache no longer holds a prefix of ``tokens``, or not as full attention computes it).
         """
         n = len(self.tokens)
+        if not self.computes_whole(n):
+            # a chunk longer than the window is held whole until the next step, but its
+            # later tokens were computed seeing only the window: not a prefix's KV state
+            raise ValueError("the KV cache holds more tokens than its window, some computed "
+                             "through the window")
         kvs = []
         for c in self.cache:
             if getattr(c, "offset", None) != n or (c.keys is not None and c.keys.shape[2] < n):
                 raise ValueError("the KV cache no longer holds every token (the window rotated)")
-            if isinstance(c, RotatingKVCache) and n > c.max_size:
-                # a chunk longer than the window is held whole until the next step, but its
-                # later tokens were computed seeing only the window: not a prefix's KV state
-                raise ValueError("the KV cache holds more tokens than its window, some "
-                                 "computed through the window")
             if n == 0:
                 raise ValueError("nothing to snapshot: the cache is empty")
             kvs.append((c.keys[..., :n, :], c.values[..., :n, :]))

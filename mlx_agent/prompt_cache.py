@@ -220,7 +220,7 @@ class PromptCache:
         start = time.perf_counter()
         # a rotating window shorter than the prompt computes it otherwise than any saved
         # state (which a window can only have saved whole): prefill it
-        fits = engine.cache_mode != "rotating" or len(token_ids) <= engine.kv_window
+        fits = engine.computes_whole(len(token_ids))
         if key in self._memory and fits:
             tokens, kvs = self._memory[key]
             engine.restore(tokens, kvs)

@@ -196,7 +196,7 @@ class Agent:
         name, state, tokens, kvs = load_session(path, self.lm.identity, most)
         if name != self.fmt.name:
             raise ValueError(f"it uses the {name} protocol, this run {self.fmt.name}")
-        if self.engine.cache_mode == "rotating" and len(tokens) > self.engine.kv_window:
+        if not self.engine.computes_whole(len(tokens)):
             # this window would have computed the later tokens seeing only the window: the
             # saved KV state is not its own, so the conversation is prefilled again
             tokens, kvs = [], []
