@@ -9,10 +9,11 @@
   (the rest of the higher- and lower-reward rollout), and their rewards.
 
 Filters, each counted: trajectories whose ids are not what the model was fed (the original
-``posttrainllm``'s: :attr:`~mlx_agent.trajectory.Trajectory.token_exact`), below ``min_reward`` (or without a reward when one is
-required), exact duplicates (the same token sequence), and, for sft, near-duplicates of the
-prompt (MinHash over word 3-grams of the user messages, via ``datasketch``); dpo keeps every
-rollout of a prompt, since its pairs come from them.
+``posttrainllm``'s: :attr:`~mlx_agent.trajectory.Trajectory.token_exact`), those below
+``min_reward`` (or without a reward when one is required), exact duplicates (the same token
+sequence), and, for sft, near-duplicates of the prompt (MinHash over word 3-grams of the user
+messages, via ``datasketch``); dpo keeps every rollout of a prompt, since its pairs come from
+them.
 """
 
 from __future__ import annotations

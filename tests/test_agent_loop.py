@@ -381,3 +381,24 @@ def test_an_interrupt_ends_the_turn_and_is_kept_for_the_caller(tiny_lm, where):
     out = a.ask("hi")
     assert (out.stats.stop, out.answer) == ("interrupted", None)
     assert out.interrupt is kill
+
+
+def test_an_interrupt_during_a_call_ends_the_turn_and_the_session_goes_on(tiny_lm):
+    """Ctrl-C while a tool ran (or at --confirm-tools' prompt) went out of ask() and ended
+    the REPL, where Ctrl-C during a reply ends only the turn. Now the cut call (and any
+    after it) gets an error result the conversation keeps, and the next turn goes on."""
+    kill = Kill()
+
+    def confirm(name, args):
+        raise kill
+
+    script = Script(tiny_lm, '{"tool": "echo", "arguments": {"text": "x"}}')
+    a, rec, _ = agent(tiny_lm, script, confirm=confirm)
+    out = a.ask("go")
+    assert (out.stats.stop, out.answer, out.interrupt) == ("interrupted", None, kill)
+    assert "interrupted by the user" in rec.of(ev.ToolResult)[0].content
+    a.config.confirm = None
+    script.queue += tiny_lm.encode('{"answer": "after"}')
+    assert a.ask("and now?").answer == "after"
+    roles = [m["role"] for m in a.conversation.messages]
+    assert roles.count("tool") == 1 and roles[-1] == "assistant"

@@ -37,6 +37,8 @@ from .conversation import Conversation
 from .limits import MAX_STEPS, MAX_TOKENS, RETRY_AFTER_ERROR
 from .recording import TrajectoryLog
 
+INTERRUPTED = "interrupted by the user: not run, or stopped before it finished"
+
 Confirm = Callable[[str, dict], bool]
 
 
@@ -254,7 +256,8 @@ class Agent:
         self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
         self._failed = False
         stopped = q.interrupt is not None or q.gave_up
-        results = [] if stopped or not reply.calls else self._execute(reply.calls, stats)
+        results, cut = ([], None) if stopped or not reply.calls else \
+            self._execute(reply.calls, stats)
         if self.log is not None:
             self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
         if q.interrupt is not None:
@@ -266,7 +269,7 @@ class Agent:
                 return _End("context", reply.content, not reply.complete, "the context is full")
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
-        return None
+        return _End("interrupted", interrupt=cut) if cut is not None else None
 
     def _query(self, choice: str) -> _Query:
         """Sample one reply under the tool choice ``choice`` until the scanner or the stop
@@ -291,18 +294,31 @@ class Agent:
                       interrupt, isinstance(constraint, LoopGuard) and constraint.interventions > 0,
                       gave_up)
 
-    def _execute(self, calls: list[Call], stats: TurnStats) -> list[tuple[ToolResult, str]]:
-        """Run the calls in order; returns each result with the text the model reads."""
-        results = []
+    def _execute(self, calls: list[Call], stats: TurnStats
+                 ) -> tuple[list[tuple[ToolResult, str]], KeyboardInterrupt | None]:
+        """Run the calls in order; returns each result with the text the model reads, and
+        the Ctrl-C (or SIGTERM) that cut them short, if one did (the executor has killed the
+        tool): that call and the ones after it get an error result, so the conversation
+        stays whole and the session can go on."""
+        results, cut = [], None
         for call in calls:
-            result, valid, denied = self._run(call)
+            if cut is None:
+                try:
+                    result, valid, denied = self._run(call)
+                except KeyboardInterrupt as e:
+                    cut = e
+            if cut is not None:
+                result, valid, denied = error_result(call.name, INTERRUPTED), False, False
+                self.emit(ev.ToolCall(tool=call.name, arguments=call.arguments, stdout="",
+                                      stderr=result.stderr, exit_code=result.exit_code,
+                                      timed_out=False, duration_sec=0.0))
             stats.ran(result, valid)
             # a failure to try another way after (a call the user denied is not one)
             self._failed |= (result.exit_code != 0 or result.timed_out) and not denied
             content = result.for_model()
             self.emit(ev.ToolResult(tool=result.tool, content=content))
             results.append((result, content))
-        return results
+        return results, cut
 
     def _run(self, call: Call) -> tuple[ToolResult, bool, bool]:
         """Run one call if it is valid and not denied; returns the result, whether the call
