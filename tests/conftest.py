@@ -26,6 +26,33 @@ def files_cap(nbytes: int):
     return cap
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return " Z " not in f.read().split(")")[-1][:4]
+    except OSError:
+        return True
+
+
+def wait_for_line(path, proc, within: float = 120.0) -> str:
+    """The text of ``path`` once a tool has written a whole line to it; fails when ``proc``
+    (the command that runs the tool) ends first or ``within`` s pass."""
+    import time
+
+    deadline = time.monotonic() + within
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return path.read_text()
+
+
 TINY_LLAMA = dict(
     model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=97,

@@ -15,6 +15,8 @@ import pytest
 from mlx_agent.agent import events as ev
 from mlx_agent.tools import load_tools, run_tool
 
+from .conftest import pid_alive, wait_for_line
+
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "mlx_agent.cli.main", "agent"]
 
@@ -265,28 +267,6 @@ def test_a_transcript_removed_during_the_run_ends_it_without_a_traceback(tmp_pat
     assert path.read_bytes() == b"{}\n"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
-    try:
-        os.kill(pid, 0)
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:4]
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-
-
-def wait_for_line(path: Path, proc, within: float = 120.0) -> str:
-    """The first line written to ``path`` (by a tool), once it is whole."""
-    import time
-
-    deadline = time.monotonic() + within
-    while not (path.exists() and path.read_text().endswith("\n")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    return path.read_text().split()[0]
-
-
 def slow_tools(tmp_path: Path) -> tuple[Path, Path]:
     """A tools file whose tool writes its pid to a file, then sleeps for five minutes."""
     pids = tmp_path / "pids"
@@ -309,7 +289,7 @@ def test_a_kill_during_an_unsandboxed_tool_ends_the_tool_too(tmp_path, sig, code
                              "--tool-choice", "wait", "--single", "Wait.", "--max-steps", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ), preexec_fn=default_sigint)
-    tool = int(wait_for_line(pids, proc))
+    tool = int(wait_for_line(pids, proc).split()[0])
     try:
         proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)

@@ -12,7 +12,7 @@ import pytest
 
 from mlx_agent.models import tinygpt_format as fmt
 
-from .conftest import random_tinygpt_file
+from .conftest import pid_alive, random_tinygpt_file, wait_for_line
 
 CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
 
@@ -520,10 +520,7 @@ def test_a_kill_during_a_batched_runs_tool_stops_the_tool_at_once(tmp_path):
                              "--out", str(out), "--trajectory-dir", str(runs)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
-    deadline = time.monotonic() + 120
-    while not (pids.exists() and pids.read_text().endswith("\n")):  # a tool runs
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+    wait_for_line(pids, proc)  # a tool runs
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -532,7 +529,7 @@ def test_a_kill_during_a_batched_runs_tool_stops_the_tool_at_once(tmp_path):
     try:
         assert proc.returncode == 143 and "Traceback" not in err, err
         assert took < 20, took  # at once, give or take a loaded machine; it was 30 s and more
-        assert not [p for p in tools if _alive(p)]
+        assert not [p for p in tools if pid_alive(p)]
         assert not out.exists() or out.read_text() == ""  # no run finished
         assert not list(runs.glob("*.atraj"))
         left = {p.name for p in (tmp_path / "tmp").iterdir()} - {"mlx"}  # MLX's compile cache
@@ -541,17 +538,6 @@ def test_a_kill_during_a_batched_runs_tool_stops_the_tool_at_once(tmp_path):
         for p in tools:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
-    try:
-        os.kill(pid, 0)
-        return " Z " not in open(f"/proc/{pid}/stat").read().split(")")[-1][:4]
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
 
 
 def test_an_output_that_cannot_be_written_is_one_line():

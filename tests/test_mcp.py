@@ -20,6 +20,8 @@ from mlx_agent.tools import run_tool
 from mlx_agent.tools.mcp import McpError, McpServers, ServerSpec, load_config, spec_from_command
 from mlx_agent.tools.sandbox import Sandbox, unavailable
 
+from .conftest import pid_alive, wait_for_line
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = Path(__file__).resolve().parent / "mcp_server.py"
 CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
@@ -37,27 +39,13 @@ def cli(*args, env=None, timeout=120):
                           env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody reaped yet counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:4]
-    except OSError:
-        return True
-
-
 def assert_gone(pidfile: Path, within: float = 5.0) -> None:
     pids = [int(p) for p in pidfile.read_text().split()]
     assert pids
     deadline = time.monotonic() + within
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in pids if alive(p)]
+    assert not [p for p in pids if pid_alive(p)]
 
 
 @pytest.fixture
@@ -465,10 +453,7 @@ def test_ctrl_c_during_a_batched_runs_call_ends_it_at_once(tmp_path, pidfile):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=dict(os.environ),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while not (calls.exists() and calls.read_text().endswith("\n")):  # a call runs
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+    wait_for_line(calls, proc)  # a call runs
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
