@@ -79,16 +79,13 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write ``rows`` atomically, a line each, consuming them as they are written (a
-    generator's rows are never all in memory); returns how many. An exception from the
-    iterable leaves ``path`` as it was."""
-    n = 0
+    generator's rows are never all in memory). An exception from the iterable leaves
+    ``path`` as it was."""
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            n += 1
-    return n
 
 
 def read_regular(path: str | os.PathLike, limit: int = -1,

@@ -47,7 +47,9 @@ def test_second_launch_loads_the_system_prompt_and_damage_is_a_warning(tmp_path)
     assert ls.returncode == 0 and cache["key"][:16] in ls.stdout and "1 entries" in ls.stdout
     bad = run("cache", "rm", str(kv), "ffffffff")
     assert bad.returncode == 2 and "no entry" in bad.stderr
-    rm = run("cache", "rm", str(kv), cache["key"][:10].upper())  # hex in either case
+    upper = cache["key"].upper()  # the whole key: a prefix of digits alone has no case
+    assert upper != cache["key"]
+    rm = run("cache", "rm", str(kv), upper)  # hex in either case
     assert rm.returncode == 0 and "removed" in rm.stdout
     assert not list(kv.glob("*.safetensors"))
 

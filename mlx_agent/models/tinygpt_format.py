@@ -14,8 +14,9 @@ UTF-8 JSON header, i32 training step, body. The body is one of:
 Quirk kept for interoperability: the manifest gives PyTorch ``[out, in]`` shapes, but the
 bytes of each 2-D Linear weight are stored ``[in, out]``. :func:`read` returns ``[out, in]``
 arrays; :func:`write` transposes back. The original's ``embed_norm.weight`` (listed after
-``position_embedding.weight``) is in the manifest exactly when the config says ``useEmbeddingRMSNorm``;
-:func:`write` says so whenever the weights hold that tensor. Our extension:
+``position_embedding.weight``) is in the manifest exactly when the config says
+``useEmbeddingRMSNorm``; :func:`write` says so whenever the weights hold that tensor. Our
+extension:
 ``sentencepieceModel`` in the header, a base64 SentencePiece model proto, which the original
 reader ignores.
 

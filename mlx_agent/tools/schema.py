@@ -72,6 +72,7 @@ def _described(e: ValidationError) -> str:
     where = ".".join(str(p) for p in e.path)
     return f"{where}: {e.message}" if where else e.message
 
+
 # A schema's formats as jsonschema checks them, but "regex" by the module that matches the
 # values: ``re`` refused ``\p{L}``, which JSON Schema's regex dialect (ECMA-262) has
 _FORMATS = FormatChecker()
