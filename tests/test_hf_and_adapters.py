@@ -183,3 +183,22 @@ def test_a_hostile_hf_directory_is_one_line(tmp_path):
     with pytest.raises(ModelError, match="hf: ") as err:
         load(tmp_path / "hf")
     assert "\n" not in str(err.value)
+
+
+def test_an_adapter_with_nan_weights_is_refused_at_load(tmp_path):
+    f = random_tinygpt_file()
+    fmt.write(tmp_path / "m.tinygpt", f)
+    from mlx_agent.models import tinygpt
+
+    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    write_adapter(tmp_path / "ad", base, lora_keys=("attn.q_proj", "attn.v_proj"))
+    weights = tmp_path / "ad" / "adapters.safetensors"
+    lora = mx.load(str(weights))
+    name = sorted(k for k in lora if k.endswith("lora_b"))[0]
+    lora[name] = mx.where(mx.arange(lora[name].size).reshape(lora[name].shape) == 3,
+                          mx.array(float("nan")), lora[name])
+    mx.save_safetensors(str(weights), lora)
+    with pytest.raises(ModelError, match=rf"with adapter .*: the weights hold NaN or infinite "
+                                         rf"values \(.*{re.escape(name)}\).*the adapter is "
+                                         r"damaged"):
+        load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")

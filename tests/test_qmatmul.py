@@ -500,15 +500,19 @@ def test_decode_blocks_fall_back_outside_a_decode_step():
                    layer_tail_ops(attn, x, norm, 1e-5, *mats)) < 1e-6
 
 
-def tiny_quantized_gguf(tmp_path, kind, seed=5):
-    """A tiny random llama GGUF whose 2-D weights are ``kind`` blocks."""
+def tiny_quantized_gguf(tmp_path, kind, seed=5, damage=None):
+    """A tiny random llama GGUF whose 2-D weights are ``kind`` blocks (``damage``: a tensor
+    whose first weight is NaN, so its first block's scale is too)."""
     model = make_tiny_llama(seed=seed)
     float_path = tmp_path / "float.gguf"
     write_tiny_gguf(float_path, model)
     tensors = {to_gguf_name(k): (np.array(v), kind if v.ndim == 2 else "f32")
                for k, v in tree_flatten(model.parameters())}
+    if damage:
+        tensors[damage][0].flat[0] = np.nan
     path = tmp_path / f"tiny-{kind}.gguf"
-    gguf_blocks.write(path, tensors, gguf_blocks.float_meta(float_path))
+    with np.errstate(invalid="ignore"):  # the damaged block's codes
+        gguf_blocks.write(path, tensors, gguf_blocks.float_meta(float_path))
     return path
 
 
@@ -617,3 +621,16 @@ def test_a_failed_kernel_build_leaves_the_package_installable(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "the CPU kernels did not build" in out.stderr
     assert not list((tmp_path / "lib").rglob("_ext*"))
+
+
+@pytest.mark.parametrize("kind", gguf_blocks.QUANTS)
+@pytest.mark.parametrize("weights", ["quantized", "float32"])
+def test_a_nan_block_scale_is_refused_at_load_not_generated_from(tmp_path, kind, weights):
+    path = tiny_quantized_gguf(tmp_path, kind, damage="blk.1.ffn_down.weight")
+    run = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "generate", "-m", str(path),
+                          "--weights", weights, "--max-tokens", "4", "hi"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    assert f"{path}: the weights hold NaN or infinite values (model.layers.1.mlp.down_proj." \
+        in run.stderr and "the file is damaged" in run.stderr

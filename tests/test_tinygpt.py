@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import struct
 
 import mlx.core as mx
@@ -308,3 +309,20 @@ def test_a_header_name_that_is_not_a_string_gives_the_file_stem(tmp_path, name):
     f.header = {"name": name}
     fmt.write(tmp_path / "odd.tinygpt", f)
     assert load(tmp_path / "odd.tinygpt").identity.name == "odd"
+
+
+@pytest.mark.parametrize("tensor,index,value", [
+    ("blocks.1.mlp.fc_in.weight", (3, 5), np.nan),
+    ("blocks.0.ln1.weight", (7,), np.inf),
+    ("token_embedding.weight", (200, 1), -np.inf),  # a row no prompt of the probe reads
+])
+def test_weights_with_nan_or_infinity_are_refused_at_load(tmp_path, tensor, index, value):
+    f = random_tinygpt_file()
+    f.weights[tensor][index] = value
+    path = tmp_path / "damaged.tinygpt"
+    fmt.write(path, f)
+    with pytest.raises(ModelError, match=rf"damaged.tinygpt: the weights hold NaN or infinite "
+                                         rf"values \(model\.{re.escape(tensor)}\).*the file is "
+                                         r"damaged") as err:
+        load(path)
+    assert "\n" not in str(err.value)

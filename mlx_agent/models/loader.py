@@ -321,12 +321,25 @@ def _check_adapter_config(adapter, adapter_path: Path) -> None:
         raise bad(f"keys is {json.dumps(keys)[:40]}, not a list of layer names")
 
 
-def _probe(model: nn.Module) -> tuple[str, int, int, int]:
-    """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass."""
+def _probe(model: nn.Module, source: str) -> tuple[str, int, int, int]:
+    """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass.
+
+    The pass reads every layer's weights and the output head, so a NaN or an infinity in any
+    of them (a damaged file) shows in its logits: refused here, where the model went on to
+    write the same token over and over. Only then are the weights searched, to name one."""
     cache = [KVCache() for _ in model.layers]
     logits = model(mx.array([[0]]), cache=cache)
     keys = cache[0].keys
-    mx.eval(keys, logits)
+    finite = mx.isfinite(logits).all()
+    mx.eval(keys, logits, finite)
+    if not finite.item():
+        bad = next((name for name, p in tree_flatten(model.parameters())
+                    if mx.issubdtype(p.dtype, mx.floating) and not mx.isfinite(p).all().item()),
+                   None)
+        where = f" ({bad})" if bad else ""
+        damaged = "the adapter is" if bad and "lora" in bad else "the file is"
+        raise ModelError(f"{source}: the weights hold NaN or infinite values{where}, so the "
+                         f"model cannot compute; {damaged} damaged: download or make it again")
     return str(keys.dtype).removeprefix("mlx.core."), keys.shape[1], keys.shape[3], logits.shape[-1]
 
 
@@ -384,7 +397,8 @@ def load(
     inner = tokenizer._tokenizer
     chat = ChatFormat(template=template, bos_token=getattr(inner, "bos_token", None) or "",
                       eos_token=getattr(inner, "eos_token", None) or "")
-    kv_dtype, kv_heads, head_dim, vocab_size = _probe(model)
+    source = f"{path}" + (f" with adapter {adapter}" if adapter_path else "")
+    kv_dtype, kv_heads, head_dim, vocab_size = _probe(model, source)
     identity = ModelIdentity(
         name=name, format=fmt,
         fingerprint=dir_fingerprint(path) if path.is_dir() else file_fingerprint(path),
