@@ -52,16 +52,21 @@ def rm(directory, key):
     """Remove the entry whose key starts with KEY (6+ characters)."""
     from mlx_agent.prompt_cache import remove
 
+    failed = []
     try:
-        gone = remove(directory, key)
+        gone, matched = remove(directory, key, warn=failed.append)
     except ValueError as e:
         raise UserError(str(e)) from None
-    except OSError as e:
-        raise UserError(e.strerror) from None
-    if not gone:
+    if not matched:
         raise UserError(f"no entry with a key starting {key!r} in {directory}")
+    if not gone:  # nothing done: the first reason is the error
+        raise UserError(failed[0])
     for e in gone:
         click.echo(f"removed {e.path.name} ({e.bytes} bytes)")
+    for message in failed:  # the others were removed, and are listed above
+        warn(message)
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 @cache.command("prune")

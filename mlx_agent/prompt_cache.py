@@ -417,16 +417,27 @@ def _entry(path: Path, st: os.stat_result) -> Entry | None:
                    tokens=int(meta.tokens), created=float(meta.created), problem=problem)
 
 
-def remove(directory: str | os.PathLike, key: str) -> list[Entry]:
-    """Remove the entries whose key starts with ``key`` (at least 6 hex digits, either case).
-    Raises OSError (see :func:`_unlink`) at the first that cannot be deleted."""
+def remove(directory: str | os.PathLike, key: str,
+           warn: Warn | None = None) -> tuple[list[Entry], int]:
+    """Remove the entries whose key starts with ``key`` (at least 6 hex digits, either case):
+    those removed, and how many matched in all. One that cannot be deleted is reported
+    through ``warn`` and skipped, as :func:`prune` does; without ``warn``, its OSError (see
+    :func:`_unlink`) is raised."""
     if len(key) < 6:
         raise ValueError("give at least 6 characters of the key")
     key = key.lower()  # keys are written in lowercase hex; one copied from elsewhere may not be
-    gone = [e for e in entries(directory) if e.key and e.key.startswith(key)]
-    for e in gone:
-        _unlink(e.path)
-    return gone
+    matched = [e for e in entries(directory) if e.key and e.key.startswith(key)]
+    gone = []
+    for e in matched:
+        try:
+            _unlink(e.path)
+        except OSError as err:
+            if warn is None:
+                raise
+            warn(err.strerror)
+            continue
+        gone.append(e)
+    return gone, len(matched)
 
 
 def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None,

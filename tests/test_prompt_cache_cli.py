@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,14 @@ def test_a_cache_file_that_cannot_be_deleted_is_one_line_never_a_traceback(tmp_p
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.startswith(f"mlx_agent: error: cannot remove {path.name}: ")
         assert r.stderr.count("\n") == 1
+        if os.geteuid() == 0:  # a second entry of the key that can go: said gone, and warned
+            copy = kv / "copy.safetensors"
+            shutil.copyfile(path, copy)
+            r = run("cache", "rm", str(kv), cache["key"][:8])
+            assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+            assert r.stdout.startswith("removed copy.safetensors (") and not copy.exists()
+            assert r.stderr.startswith(f"warning: cannot remove {path.name}: ")
+            assert r.stderr.count("\n") == 1
         r = run("cache", "prune", str(kv), "--max-bytes", "0")  # the others still go
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.startswith(f"warning: cannot remove {path.name}: ")
