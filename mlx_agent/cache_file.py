@@ -215,7 +215,7 @@ def _open_regular(path: Path, follow_symlinks: bool) -> int:
     try:
         fd = os.open(path, flags)
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EMLINK) and not follow_symlinks:
+        if e.errno in (errno.ELOOP, errno.EMLINK) and not follow_symlinks and path.is_symlink():
             raise ValueError("it is a symbolic link, not a regular file") from None
         raise
     mode = os.fstat(fd).st_mode

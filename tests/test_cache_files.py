@@ -7,6 +7,7 @@ checksum recomputed, a file written with another key.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import pytest
 
 from mlx_agent import prompt_cache as pc
 from mlx_agent import user_key
+from mlx_agent.cache_file import CacheFile
 from mlx_agent.models import load
 from mlx_agent.models import tinygpt_format as fmt
 
@@ -247,7 +249,7 @@ def test_listing_pruning_and_removing_survive_every_malformed_file(lm, tmp_path)
     assert "(a FIFO)" in bad["fifo.safetensors"]
     assert "(a symbolic link)" in bad["link.safetensors"]
     assert "the whole file holds" in bad["huge-length.safetensors"]
-    assert pc.remove(tmp_path, KEY_HEX[:8]) == []  # a malformed file is never "ours"
+    assert pc.remove(tmp_path, KEY_HEX[:8]) == ([], 0)  # a malformed file is never "ours"
     gone = pc.prune(tmp_path, max_bytes=0)
     assert [e.path.name for e in gone] == [good.name]
     assert len(os.listdir(tmp_path)) == len(MALFORMED) + 2  # only the real cache went
@@ -325,3 +327,12 @@ def test_a_kv_dtype_other_than_this_runs_says_which_and_why():
                                          r"weight format or \$MLX_AGENT_KV_DTYPE differ"):
         Layout(2, 1, 4, "float16").check(tensors)
     Layout(2, 1, 4, "float32").check(tensors)  # the same settings: accepted
+
+
+def test_a_path_under_a_symlink_loop_is_not_called_a_symbolic_link(tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(ValueError, match="it is a symbolic link, not a regular file"):
+        CacheFile(tmp_path / "loop")  # the file itself is the link
+    with pytest.raises(OSError) as err:  # a folder on the way loops: the system's own words
+        CacheFile(tmp_path / "loop" / "x.safetensors")
+    assert err.value.errno == errno.ELOOP

@@ -305,7 +305,7 @@ def test_ls_rm_and_prune_keep_the_most_recently_used(lm, tmp_path):
     remaining = pc.entries(tmp_path)
     assert len(remaining) == 5 and old.key in {e.key for e in remaining}
     assert len(gone) == 7
-    assert pc.remove(tmp_path, remaining[0].key[:8])[0].key == remaining[0].key
+    assert pc.remove(tmp_path, remaining[0].key[:8])[0][0].key == remaining[0].key
     assert len(pc.entries(tmp_path)) == 4
     with pytest.raises(ValueError):
         pc.remove(tmp_path, "ab")
