@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -482,7 +483,7 @@ def test_a_call_that_fails_with_its_own_timeout_error_is_not_waited_on():
 
 FLOOD = r"""
 import json, os, sys, time
-when = sys.argv[1]  # the request it floods stdout at instead of answering, or "big"
+when = sys.argv[1]  # the request it floods stdout at instead of answering; "stderr"; "big"
 with open(sys.argv[2], "a") as f:
     f.write(f"{os.getpid()}\n")
 for line in sys.stdin:
@@ -491,6 +492,10 @@ for line in sys.stdin:
         for _ in range(4096):
             os.write(1, b"x" * 65536)
         time.sleep(600)
+    if when == "stderr" and msg.get("method") == "initialize":  # 64 MiB, then its last words
+        for _ in range(1024):
+            os.write(2, b"y" * 65535 + b"\n")
+        print("last words", file=sys.stderr, flush=True)
     if "id" not in msg:
         continue
     if msg["method"] == "tools/call":  # "big": 20 MiB of text, in one line
@@ -560,3 +565,15 @@ def test_the_agent_goes_on_after_a_server_that_floods_its_call(tmp_path):
     assert time.monotonic() - start < 80  # not the call's 100 s timeout
     assert_gone(tmp_path / "flood.pids")
 
+
+def test_a_servers_stderr_is_kept_as_its_tail_not_a_file_without_end(tmp_path, monkeypatch):
+    """Its stderr went to a temporary file that grew as long as it wrote (even from inside
+    the sandbox); only its last line was ever read."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with McpServers([spec_from_command(flood_server(tmp_path, "stderr"))]) as servers:
+        tools, _ = by_name(servers)
+        assert set(tools) == {"flood"}  # 64 MiB of stderr did not stop it
+        assert servers.servers["flood"].last_stderr() == "last words"
+        written = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+        assert written < 1 << 20, written
+    assert_gone(tmp_path / "flood.pids")

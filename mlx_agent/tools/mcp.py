@@ -11,7 +11,7 @@ and the synchronous methods here wait on it with timeouts. A server that does no
 Stdio servers go through our own copy of the SDK's stdio transport, with bounds: one message
 (one line) holds at most :data:`MAX_MESSAGE_BYTES`, and a server that writes more without a
 newline is stopped at once (its process group killed), its start or call failing with one line
-that says so.
+that says so; of its stderr only the last :data:`STDERR_TAIL` bytes are kept.
 
 Text content is the tool's stdout; other content is summarised (``[image/png, 1234 bytes]``);
 the whole is capped like ``_exec`` output. Tool names keep the server's names, prefixed
@@ -39,7 +39,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -77,15 +76,11 @@ MAX_LISTED_TOOLS = 4096
 # screenshot in base64), while a server writing without newlines cannot fill our memory (the
 # SDK's reader kept that line growing, re-scanning it, until the call's timeout)
 MAX_MESSAGE_BYTES = 32 << 20
+STDERR_TAIL = 4096  # what is kept of a server's stderr: its last line names a failure
 
 START_TIMEOUT = 20.0
 START_TIMEOUT_ENV = "MLX_AGENT_MCP_START_TIMEOUT"  # seconds; tests set it low
 _LAUNCHERS = frozenset({"python", "python3", "node", "npx", "uvx", "uv", "deno", "bun", "bunx"})
-
-
-def _safe(name: str) -> str:
-    """``name`` as part of a file name: a server named ``a/b`` was a FileNotFoundError."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
 
 
 class McpError(UserFacingError, RuntimeError):
@@ -180,7 +175,6 @@ class _Watch:
 @dataclasses.dataclass
 class _Server:
     spec: ServerSpec
-    errlog: Any  # a real file: the child's stderr
     watch: _Watch | None = None  # set for a sandboxed stdio server
     stop: asyncio.Event | None = None
     task: asyncio.Task | None = None
@@ -188,15 +182,10 @@ class _Server:
     listed: list[dict] = dataclasses.field(default_factory=list)
     dead: str = ""  # why the session ended, once it has
     stopped: str = ""  # why we stopped its stdio server: what any failure then reports
+    stderr: bytes = b""  # the last STDERR_TAIL bytes of a stdio server's
 
     def last_stderr(self) -> str:
-        try:
-            self.errlog.flush()
-            with open(self.errlog.name, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-                lines = f.read().decode("utf-8", "replace").strip().splitlines()
-        except OSError:
-            return ""
+        lines = self.stderr.decode("utf-8", "replace").strip().splitlines()
         return lines[-1].strip() if lines else ""
 
     def describe_failure(self, what: str) -> str:
@@ -243,10 +232,7 @@ class McpServers:
             raise
 
     def _launch(self, spec: ServerSpec):
-        errlog = self._stack.enter_context(
-            tempfile.NamedTemporaryFile(prefix=f"mlx-agent-mcp-{_safe(spec.name)}-",
-                                        suffix=".log"))
-        server = _Server(spec, errlog)
+        server = _Server(spec)
         self.servers[spec.name] = server
         ready: concurrent.futures.Future = concurrent.futures.Future()
         transport = self._transport(server)
@@ -423,11 +409,13 @@ class MessageTooLarge(Exception):
 @contextlib.asynccontextmanager
 async def _stdio_client(server: _Server, argv: list[str], env: dict[str, str], cwd: str):
     """The SDK's stdio transport (``mcp.client.stdio``) with bounds: a line past
-    :data:`MAX_MESSAGE_BYTES` stops the server (:class:`MessageTooLarge` ends the session)."""
+    :data:`MAX_MESSAGE_BYTES` stops the server (:class:`MessageTooLarge` ends the session),
+    and of its stderr only the tail is kept (the SDK had it write a file without end)."""
     process = await anyio.open_process(argv, env=get_default_environment() | env, cwd=cwd,
-                                       stderr=server.errlog, start_new_session=True)
+                                       start_new_session=True)
     to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    stderr_read = anyio.Event()
 
     async def read_stdout() -> None:
         line = bytearray()
@@ -457,8 +445,17 @@ async def _stdio_client(server: _Server, argv: list[str], env: dict[str, str], c
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await to_session.aclose()  # the server stopped reading: the session sees the end
 
+    async def keep_stderr() -> None:
+        try:
+            async for chunk in process.stderr:
+                server.stderr = (server.stderr + chunk)[-STDERR_TAIL:]
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            pass
+        finally:
+            stderr_read.set()
+
     async with anyio.create_task_group() as tasks:
-        for task in (read_stdout, write_stdin):
+        for task in (read_stdout, write_stdin, keep_stderr):
             tasks.start_soon(task)
         try:
             yield read, write
@@ -467,6 +464,8 @@ async def _stdio_client(server: _Server, argv: list[str], env: dict[str, str], c
                 read.close()
                 write.close()
                 await _stop(process, at_once=bool(server.stopped))
+                with anyio.move_on_after(1):  # its last words, for describe_failure
+                    await stderr_read.wait()
                 if process.returncode is not None:  # else abandoned, as the SDK does
                     await process.aclose()  # its pipes, before the loop closes
             tasks.cancel_scope.cancel()
