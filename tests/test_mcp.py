@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -478,3 +479,101 @@ def test_a_call_that_fails_with_its_own_timeout_error_is_not_waited_on():
     with pytest.raises(TimeoutError, match="socket timed out"):
         _result(future, 30)
     assert time.monotonic() - start < 5
+
+
+FLOOD = r"""
+import json, os, sys, time
+when = sys.argv[1]  # the request it floods stdout at instead of answering; "stderr"; "big"
+with open(sys.argv[2], "a") as f:
+    f.write(f"{os.getpid()}\n")
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("method") == when:  # 256 MiB without a newline, then silence
+        for _ in range(4096):
+            os.write(1, b"x" * 65536)
+        time.sleep(600)
+    if when == "stderr" and msg.get("method") == "initialize":  # 64 MiB, then its last words
+        for _ in range(1024):
+            os.write(2, b"y" * 65535 + b"\n")
+        print("last words", file=sys.stderr, flush=True)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "tools/call":  # "big": 20 MiB of text, in one line
+        result = {"content": [{"type": "text", "text": "<" + "z" * (20 << 20) + ">"}]}
+    elif msg["method"] == "initialize":
+        result = {"protocolVersion": msg["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "0"}}
+    else:
+        result = {"tools": [{"name": "flood", "description": "Floods.",
+                             "inputSchema": {"type": "object"}}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+FLOODED = "MCP server 'flood' wrote a message over 32 MiB without a newline; it was stopped"
+
+
+def flood_server(tmp_path, when: str) -> str:
+    script = tmp_path / "flood.py"
+    script.write_text(FLOOD)
+    return f"{sys.executable} {script} {when} {tmp_path / 'flood.pids'}"
+
+
+def test_a_server_writing_without_newlines_is_stopped_at_the_limit(tmp_path, pidfile):
+    """The SDK's reader kept the line growing (and re-scanned it) until the call's timeout: a
+    fast writer could fill memory first."""
+    specs = [spec_from_command(flood_server(tmp_path, "tools/call")),
+             spec_from_command(server("second"))]
+    with McpServers(specs, call_timeout=60) as servers:
+        tools, _ = by_name(servers)
+        start = time.monotonic()
+        r = run_tool(tools["flood"], {})
+        assert (r.exit_code, r.stderr, r.timed_out) == (1, FLOODED, False), r
+        assert time.monotonic() - start < 30  # not the call's 60 s timeout
+        assert_gone(tmp_path / "flood.pids")  # at once, not when the session closes
+        again = run_tool(tools["flood"], {})
+        assert again.exit_code != 0 and again.stderr.endswith(FLOODED)  # still says why
+        assert run_tool(tools["add"], {"a": 1, "b": 2}).stdout == "second 3"  # the other serves
+    assert_gone(pidfile)
+
+
+def test_a_big_result_under_the_limit_arrives_whole(tmp_path):
+    with McpServers([spec_from_command(flood_server(tmp_path, "big"))], cap=16) as servers:
+        r = run_tool(by_name(servers)[0]["flood"], {})
+    assert r.exit_code == 0  # ends and middle of 20 MiB, read over many reads of the pipe
+    assert r.stdout == f"<zzzzzzz…[truncated {(20 << 20) - 14} bytes]zzzzzzz>"
+
+
+def test_a_server_flooding_before_it_answers_initialize_is_one_line(tmp_path):
+    start = time.monotonic()
+    r = cli("tools", "ls", "--mcp", flood_server(tmp_path, "initialize"), "--sandbox", "none",
+            env={"MLX_AGENT_MCP_START_TIMEOUT": "60"})
+    assert r.returncode == 2 and r.stderr == f"mlx_agent: error: {FLOODED}\n", r.stderr[-500:]
+    assert time.monotonic() - start < 45  # not the 60 s start-up timeout
+    assert_gone(tmp_path / "flood.pids")
+
+
+@pytest.mark.real_model
+def test_the_agent_goes_on_after_a_server_that_floods_its_call(tmp_path):
+    start = time.monotonic()
+    r = cli("agent", "--mcp", flood_server(tmp_path, "tools/call"), "--sandbox", "none",
+            "--single", "Flood.", "--json-out", "--tool-choice", "flood,none",
+            "--tool-timeout", "100", "--max-tokens", "16", "--max-steps", "2", timeout=300)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-500:]
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    calls = [e for e in events if isinstance(e, ev.ToolCall)]
+    assert [(c.tool, c.exit_code, c.stderr) for c in calls] == [("flood", 1, FLOODED)]
+    assert isinstance(events[-1], ev.Stats)  # the run went on to its answer
+    assert time.monotonic() - start < 80  # not the call's 100 s timeout
+    assert_gone(tmp_path / "flood.pids")
+
+
+def test_a_servers_stderr_is_kept_as_its_tail_not_a_file_without_end(tmp_path, monkeypatch):
+    """Its stderr went to a temporary file that grew as long as it wrote (even from inside
+    the sandbox); only its last line was ever read."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with McpServers([spec_from_command(flood_server(tmp_path, "stderr"))]) as servers:
+        tools, _ = by_name(servers)
+        assert set(tools) == {"flood"}  # 64 MiB of stderr did not stop it
+        assert servers.servers["flood"].last_stderr() == "last words"
+        written = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+        assert written < 1 << 20, written
+    assert_gone(tmp_path / "flood.pids")

@@ -8,16 +8,21 @@ and the synchronous methods here wait on it with timeouts. A server that does no
 :class:`McpError` naming it with the last line of its stderr. A call never raises: an
 ``isError`` result, a timeout or a server that died are tool results with exit code 1.
 
+Stdio servers go through our own copy of the SDK's stdio transport, with bounds: one message
+(one line) holds at most :data:`MAX_MESSAGE_BYTES`, and a server that writes more without a
+newline is stopped at once (its process group killed), its start or call failing with one line
+that says so; of its stderr only the last :data:`STDERR_TAIL` bytes are kept.
+
 Text content is the tool's stdout; other content is summarised (``[image/png, 1234 bytes]``);
 the whole is capped like ``_exec`` output. Tool names keep the server's names, prefixed
 ``server__name`` where two servers (or a server and ``--tools``) offer the same one; schemas
 go through the same checks as a tools file, and a tool that fails them is left out with a
 warning naming the server and the tool.
 
-:meth:`McpServers.close` (also on ``with`` exit) closes every session; the SDK then closes
-the server's stdin, and terminates and kills its process group. Stdio servers start under the
-tool sandbox when one is given (``"network": true`` in a config entry lets one use the
-network), as a tool's call does: the git repositories in its writable roots are read-only for
+:meth:`McpServers.close` (also on ``with`` exit) closes every session; the transport then
+closes the server's stdin, and terminates and kills its process group. Stdio servers start
+under the tool sandbox when one is given (``"network": true`` in a config entry lets one use
+the network), as a tool's call does: the git repositories in its writable roots are read-only for
 its whole life, and what it leaves there (new repositories, set-id bits) is undone after each
 call (said in the call's result) and when it closes; a repository someone else makes there
 while the server runs is disarmed too. What a server does is its own: an unsandboxed one can
@@ -34,17 +39,20 @@ import dataclasses
 import logging
 import os
 import shlex
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Collection, Sequence
 
+import anyio
 import msgspec
 from mcp import ClientSession
 from mcp import types as mcp_types
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import FORCE_KILL_TIMEOUT, PROCESS_TERMINATION_TIMEOUT, \
+    get_default_environment
 from mcp.client.streamable_http import streamable_http_client
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.message import SessionMessage
 
 from ..errors import UserFacingError
 from ..fileio import read_regular
@@ -64,15 +72,15 @@ MAX_CONFIG_BYTES = 1 << 20  # an MCP config names a few servers
 # What one server may list: past some hundreds the grammar cannot be compiled anyway, and a
 # server paging without end grew memory until the start-up timeout
 MAX_LISTED_TOOLS = 4096
+# What one message (one line) from a stdio server may hold: room for a big result (a
+# screenshot in base64), while a server writing without newlines cannot fill our memory (the
+# SDK's reader kept that line growing, re-scanning it, until the call's timeout)
+MAX_MESSAGE_BYTES = 32 << 20
+STDERR_TAIL = 4096  # what is kept of a server's stderr: its last line names a failure
 
 START_TIMEOUT = 20.0
 START_TIMEOUT_ENV = "MLX_AGENT_MCP_START_TIMEOUT"  # seconds; tests set it low
 _LAUNCHERS = frozenset({"python", "python3", "node", "npx", "uvx", "uv", "deno", "bun", "bunx"})
-
-
-def _safe(name: str) -> str:
-    """``name`` as part of a file name: a server named ``a/b`` was a FileNotFoundError."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:40]
 
 
 class McpError(UserFacingError, RuntimeError):
@@ -167,27 +175,23 @@ class _Watch:
 @dataclasses.dataclass
 class _Server:
     spec: ServerSpec
-    errlog: Any  # a real file: the SDK hands it to the child as its stderr
     watch: _Watch | None = None  # set for a sandboxed stdio server
     stop: asyncio.Event | None = None
     task: asyncio.Task | None = None
     session: Any = None
     listed: list[dict] = dataclasses.field(default_factory=list)
     dead: str = ""  # why the session ended, once it has
+    stopped: str = ""  # why we stopped its stdio server: what any failure then reports
+    stderr: bytes = b""  # the last STDERR_TAIL bytes of a stdio server's
 
     def last_stderr(self) -> str:
-        try:
-            self.errlog.flush()
-            with open(self.errlog.name, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-                lines = f.read().decode("utf-8", "replace").strip().splitlines()
-        except OSError:
-            return ""
+        lines = self.stderr.decode("utf-8", "replace").strip().splitlines()
         return lines[-1].strip() if lines else ""
 
     def describe_failure(self, what: str) -> str:
         last = self.last_stderr()
-        return f"MCP server {self.spec.name!r} {what}" + (f"; its stderr: {last}" if last else "")
+        return f"MCP server {self.spec.name!r} {self.stopped or what}" + \
+            (f"; its stderr: {last}" if last else "")
 
 
 class McpServers:
@@ -228,10 +232,7 @@ class McpServers:
             raise
 
     def _launch(self, spec: ServerSpec):
-        errlog = self._stack.enter_context(
-            tempfile.NamedTemporaryFile(prefix=f"mlx-agent-mcp-{_safe(spec.name)}-",
-                                        suffix=".log"))
-        server = _Server(spec, errlog)
+        server = _Server(spec)
         self.servers[spec.name] = server
         ready: concurrent.futures.Future = concurrent.futures.Future()
         transport = self._transport(server)
@@ -268,11 +269,7 @@ class McpServers:
                                ) from None
             argv, env = self._stack.enter_context(
                 box.command(argv, cwd, env, repositories=server.watch.before.read_only))
-        # "replace": with the default "strict", one byte that is not UTF-8 stopped the SDK's
-        # reader for good, and every later answer went unread; now it is a line to skip
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd,
-                                       encoding_error_handler="replace")
-        return stdio_client(params, errlog=server.errlog)
+        return _stdio_client(server, argv, env, cwd)
 
     async def _serve(self, server: _Server, transport, ready) -> None:
         """Owns one session from start to close (the SDK's contexts must exit in the task
@@ -289,7 +286,7 @@ class McpServers:
                 ready.set_result(True)
                 await server.stop.wait()
         except BaseException as e:  # noqa: BLE001 — reported to whoever waits on it
-            server.dead = _reason(e)
+            server.dead = server.stopped or _reason(e)
             if not ready.done():
                 ready.set_exception(e if isinstance(e, Exception) else RuntimeError(str(e)))
         finally:
@@ -403,6 +400,104 @@ class McpServers:
                 server.stop.set()
         if tasks:
             await asyncio.wait(tasks, timeout=12)
+
+
+class MessageTooLarge(Exception):
+    """A stdio server that wrote more than :data:`MAX_MESSAGE_BYTES` without a newline."""
+
+
+@contextlib.asynccontextmanager
+async def _stdio_client(server: _Server, argv: list[str], env: dict[str, str], cwd: str):
+    """The SDK's stdio transport (``mcp.client.stdio``) with bounds: a line past
+    :data:`MAX_MESSAGE_BYTES` stops the server (:class:`MessageTooLarge` ends the session),
+    and of its stderr only the tail is kept (the SDK had it write a file without end)."""
+    process = await anyio.open_process(argv, env=get_default_environment() | env, cwd=cwd,
+                                       start_new_session=True)
+    to_session, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    stderr_read = anyio.Event()
+
+    async def read_stdout() -> None:
+        line = bytearray()
+        async with to_session:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError,
+                                     OSError):
+                async for chunk in process.stdout:
+                    *ends, rest = chunk.split(b"\n")
+                    for end in ends:
+                        await to_session.send(_message(line + end))
+                        line.clear()
+                    line += rest
+                    if len(line) > MAX_MESSAGE_BYTES:
+                        server.stopped = f"wrote a message over {MAX_MESSAGE_BYTES >> 20} MiB " \
+                                         "without a newline; it was stopped"
+                        raise MessageTooLarge(server.stopped)
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async for _ in process.stdout:  # the session is gone: let a writer finish and exit
+                pass
+
+    async def write_stdin() -> None:
+        try:
+            async with from_session:
+                async for message in from_session:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send(data.encode() + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await to_session.aclose()  # the server stopped reading: the session sees the end
+
+    async def keep_stderr() -> None:
+        try:
+            async for chunk in process.stderr:
+                server.stderr = (server.stderr + chunk)[-STDERR_TAIL:]
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            pass
+        finally:
+            stderr_read.set()
+
+    async with anyio.create_task_group() as tasks:
+        for task in (read_stdout, write_stdin, keep_stderr):
+            tasks.start_soon(task)
+        try:
+            yield read, write
+        finally:
+            with anyio.CancelScope(shield=True):  # the server must stop, even when cancelled
+                read.close()
+                write.close()
+                await _stop(process, at_once=bool(server.stopped))
+                with anyio.move_on_after(1):  # its last words, for describe_failure
+                    await stderr_read.wait()
+                if process.returncode is not None:  # else abandoned, as the SDK does
+                    await process.aclose()  # its pipes, before the loop closes
+            tasks.cancel_scope.cancel()
+
+
+async def _stop(process, at_once: bool) -> None:
+    """As the SDK does: close the server's stdin, give it a grace period to exit (none
+    ``at_once``), then terminate, and kill, its process group."""
+    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        await process.stdin.aclose()
+    if at_once or not await _exits(process, PROCESS_TERMINATION_TIMEOUT):
+        await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
+        await _exits(process, FORCE_KILL_TIMEOUT)
+
+
+async def _exits(process, within: float) -> bool:
+    """Whether ``process`` has ended within ``within`` s (polled: asyncio's wait() waits for
+    its pipes too, which a child it left may hold)."""
+    with anyio.move_on_after(within):
+        while process.returncode is None:
+            await anyio.sleep(0.01)
+    return process.returncode is not None
+
+
+def _message(line: bytes) -> SessionMessage | Exception:
+    """One line of a server's stdout for the session: an error is an item it skips (a line
+    that is not UTF-8 too: the SDK's "strict" reader stopped for good at one)."""
+    try:
+        return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(
+            line.decode("utf-8", "replace"), by_name=False))
+    except ValueError as e:
+        return e
 
 
 def _env_timeout() -> float:
