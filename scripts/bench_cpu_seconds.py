@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("MLX_AGENT_KERNEL_THREADS", "1")  # before the kernels load
 
 import mlx_agent  # noqa: E402,F401  (fast BLAS before mlx)
-from llama_cpp import Llama  # noqa: E402
 
 from bench_generate import prompt_ids  # noqa: E402
 from mlx_agent.models import load  # noqa: E402
@@ -50,6 +50,11 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    try:
+        from llama_cpp import Llama
+    except ImportError:  # an optional peer (the bench extra), not installed by make install
+        sys.exit("bench_cpu_seconds.py needs llama-cpp-python: pip install -e '.[bench]' "
+                 "(see the README's Benchmark section for its build flags)")
     lm = load("smollm2-135m")
     ids = prompt_ids(lm, args.prompt_tokens)
     llm = Llama(model_path=str(lm.path), n_ctx=len(ids) + args.new_tokens + 8, n_threads=1,

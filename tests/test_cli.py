@@ -435,6 +435,25 @@ def test_tools_ls_shows_each_tool_on_one_line_with_its_controls_escaped(tmp_path
                         f"  [{tmp_path}/t\\x1b[31m.json]\n")
 
 
+@pytest.mark.parametrize("field", ["paramters", "_exec_arg", "input_schema"])
+def test_a_misspelt_field_in_a_tools_file_is_named_not_ignored(tmp_path, field):
+    """A tool's unknown fields were dropped: "paramters" left a tool with no arguments that
+    the model then called with none, and "_exec_arg" fell back to every property."""
+    path = tmp_path / "tools.json"
+    entry = {"name": "echo", "description": "Echo.", "_exec": 'printf %s "$text"',
+             field: {"type": "object", "properties": {"text": {"type": "string"}}}}
+    for tools in ([entry], [{"type": "function", "function": entry}]):
+        path.write_text(json.dumps(tools))
+        r = run("tools", "ls", "--tools", str(path))
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"{path}: tool 'echo': unknown field {field!r}" in r.stderr, r.stderr
+    path.write_text(json.dumps([  # OpenAI's own fields still load, in both shapes
+        {"type": "function", "function": {"name": "a", "strict": True, "_exec": "true"}},
+        {"type": "function", "name": "b", "strict": True, "_exec": "true"}]))
+    r = run("tools", "ls", "--tools", str(path))
+    assert r.returncode == 0 and r.stdout.count("\n") == 2, r.stderr
+
+
 def test_a_large_tools_file_is_checked_for_clashes_in_linear_time(tmp_path):
     """Each name was counted over the whole list: 40,000 tools took 40 s to list."""
     import json

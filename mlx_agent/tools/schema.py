@@ -7,7 +7,8 @@ pre-assigned as shell variables; ``_exec_args``, their order (default: the prope
 alphabetical order); ``_handler``, ``"package.module:function"`` called with the arguments
 as keyword arguments. Built-in tools carry a Python callable instead.
 
-Parsing goes through msgspec structs; every error names the file, the tool and the field.
+Parsing goes through msgspec structs; every error names the file, the tool and the field,
+and a file's tool with a field it cannot have (a misspelling) is an error.
 An ``_exec`` tool whose variables would be names the shell treats specially (``PATH``,
 ``IFS``, ``LD_PRELOAD``, ...) is refused; one whose template uses a variable outside double
 quotes loads with a line in :attr:`Tool.warnings` (see :mod:`.exec_checks`). Arguments the
@@ -43,6 +44,10 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 # here, on a thread every request passes through (a file's tools are the user's own)
 MAX_DECLARED_VALUES = json_schema.MAX_VALUES
 MAX_FILE_BYTES = 16 << 20  # a tools file; a catalogue of thousands of tools is a few MiB
+EXTENSIONS = ("_exec", "_exec_args", "_handler")
+# a tool's fields in a file (OpenAI's, ours): any other is a misspelling, which msgspec drops
+FILE_FIELDS = frozenset({"type", "function", "name", "description", "parameters", "strict",
+                         *EXTENSIONS})
 
 
 PATTERN_SECONDS = 0.5  # a schema's pattern gets this long to match a value
@@ -309,7 +314,7 @@ def parse_tools(data: bytes | str, source: str = "<tools>", runnable: bool = Tru
     try:
         raw = msgspec.json.decode(data)
         return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source,
-                                  runnable)
+                                  runnable, known_fields_only=True)
     except msgspec.DecodeError as e:
         raise ToolSchemaError(f"{source}: not valid JSON ({e})") from None
     except RecursionError:
@@ -327,7 +332,10 @@ def declared_tools(entries: Any, source: str = "tools") -> list[Tool]:
     return tools_from_entries(entries, source, runnable=False)
 
 
-def tools_from_entries(entries: Any, source: str, runnable: bool = True) -> list[Tool]:
+def tools_from_entries(entries: Any, source: str, runnable: bool = True,
+                       known_fields_only: bool = False) -> list[Tool]:
+    """``known_fields_only``: a field outside :data:`FILE_FIELDS` is an error (a file's;
+    a client's request may carry fields of its own)."""
     if not isinstance(entries, list):
         raise ToolSchemaError(f"{source}: expected {{\"tools\": [...]}} or a JSON array of tools")
     tools: list[Tool] = []
@@ -341,11 +349,15 @@ def tools_from_entries(entries: Any, source: str, runnable: bool = True) -> list
                                   f"a description and parameters, not {_kind(function)}")
         fields = dict(function)
         # extensions may sit beside the "function" block as well as inside it
-        for key in ("_exec", "_exec_args", "_handler"):
+        for key in EXTENSIONS:
             if key in entry and key not in fields:
                 fields[key] = entry[key]
         if isinstance(fields.get("name"), str):
             label = f"{source}: tool {fields['name']!r}"
+        unknown = sorted({*entry, *fields} - FILE_FIELDS)
+        if known_fields_only and unknown:
+            raise ToolSchemaError(f"{label}: unknown field {unknown[0]!r} (a tool has name, "
+                                  "description, parameters and _exec, _exec_args or _handler)")
         fields.pop("type", None)
         fields.pop("strict", None)
         try:
