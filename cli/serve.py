@@ -107,7 +107,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
     batched = f", batches of up to {max_batch}" if max_batch > 1 else ""
     cap = http.connection_cap(max_connections)  # raises the descriptor limit for it
     where = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-    click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tools, "
+    click.echo(f"serving {service.model_name} ({service.protocol} protocol, {len(tools)} tool"
+               f"{'' if len(tools) == 1 else 's'}, "
                f"{tool_mode} tool mode{batched}, up to {cap} connections) on "
                f"http://{where}:{bound}", err=True)
     if max_connections and cap < max_connections:

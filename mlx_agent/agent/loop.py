@@ -172,7 +172,8 @@ class Agent:
                                   "larger window or fewer tools")
             engine.pin(system)
         elif system >= engine.context_length:
-            raise ContextFull(f"the system prompt is {system} tokens ({len(self.tools)} tools) "
+            raise ContextFull(f"the system prompt is {system} tokens ({len(self.tools)} tool"
+                              f"{'' if len(self.tools) == 1 else 's'}) "
                               f"and the context holds {engine.context_length}; give fewer "
                               "tools (or raise the context length)")
 
