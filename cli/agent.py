@@ -18,7 +18,7 @@ import click
 from . import paths
 from .errors import Terminated, UserError, warn
 from .terminal import for_terminal
-from .options import (TEXT, Finite, cache_mode, cache_options, load_options, loop_options,
+from .options import (TEXT, Bytes, Finite, cache_mode, cache_options, load_options, loop_options,
                       make_sandbox, mcp_options, model_argument, prompt_cache_dtype_option,
                       sampling_options, sandbox_options, start_mcp, utf8_text)
 
@@ -159,8 +159,8 @@ def repl(turn, json_out: bool = False) -> None:
 @click.option("--prompt-cache-dir", type=click.Path(file_okay=False), default=None,
               envvar="MLX_AGENT_PROMPT_CACHE_DIR",
               help="Keep the system prompt's KV state here and load it instead of prefilling.")
-@click.option("--prompt-cache-max-bytes", type=click.IntRange(min=0), default=None,
-              help="After saving, prune the cache directory to this size (LRU).")
+@click.option("--prompt-cache-max-bytes", type=Bytes(), default=None,
+              help="After saving, prune the cache directory to this size (LRU; 500M, 2G).")
 @prompt_cache_dtype_option
 @click.option("--save-session", type=click.Path(dir_okay=False), default=None,
               help="At exit, write the conversation and its KV state here.")

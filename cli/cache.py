@@ -7,6 +7,7 @@ import datetime
 import click
 
 from .errors import Group, UserError, warn
+from .options import Bytes
 
 
 def _when(ts: float) -> str:
@@ -21,7 +22,7 @@ def cache():
     Examples:
       mlx_agent cache ls ~/.cache/mlx_agent/kv
       mlx_agent cache rm ~/.cache/mlx_agent/kv 3fa2c81b
-      mlx_agent cache prune ~/.cache/mlx_agent/kv --max-bytes 500000000
+      mlx_agent cache prune ~/.cache/mlx_agent/kv --max-bytes 500M
     """
 
 
@@ -71,8 +72,9 @@ def rm(directory, key):
 
 @cache.command("prune")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--max-bytes", type=click.IntRange(min=0), required=True,
-              help="Keep at most this many bytes, removing least recently used entries first.")
+@click.option("--max-bytes", type=Bytes(), required=True,
+              help="Keep at most this many bytes (500000000, 500M, 2G), removing least "
+                   "recently used entries first.")
 def prune_cmd(directory, max_bytes):
     """Remove least recently used entries until the directory fits --max-bytes."""
     from mlx_agent.prompt_cache import entries, prune

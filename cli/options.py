@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 
 import click
 
@@ -208,6 +209,30 @@ class Utf8Text(click.ParamType):
 
 
 TEXT = Utf8Text()
+
+
+class Bytes(click.ParamType):
+    """A size in bytes: a whole number, or one with a binary unit as ``du -h`` writes it
+    (``512K``, ``1.5G``; ``KB``/``KiB``, ``MB``/``MiB``, ... are read the same: 1024 a step)."""
+
+    name = "bytes"
+    UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+    def __init__(self, min: int = 0):
+        self.min = min
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            number = value
+        else:
+            found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(value), re.I)
+            if not found or (found[2] == "" and "." in found[1]):
+                self.fail(f"{value!r} is not a size: give bytes (500000000) or a number with "
+                          "K, M, G or T (500M, 1.5G)", param, ctx)
+            number = int(float(found[1]) * 1024 ** self.UNITS[found[2].lower()])
+        if number < self.min:
+            self.fail(f"{value!r} is less than {self.min} bytes", param, ctx)
+        return number
 
 
 class Finite(click.FloatRange):

@@ -6,7 +6,7 @@ import click
 
 from . import paths
 from .errors import UserError, warn
-from .options import (ALLOW_REPEAT_HELP, BATCH, Finite, load_options, max_tokens_option,
+from .options import (ALLOW_REPEAT_HELP, BATCH, Bytes, Finite, load_options, max_tokens_option,
                       model_argument, prompt_cache_dtype_option, protocol_option,
                       sampling_options)
 
@@ -31,7 +31,7 @@ from .options import (ALLOW_REPEAT_HELP, BATCH, Finite, load_options, max_tokens
               help="Earlier conversations whose KV state is kept for prefix reuse.")
 @max_tokens_option(512, help="Reply length when a request sets none.")
 @click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP)
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024,
+@click.option("--max-body-bytes", type=Bytes(min=1024), default=8 * 1024 * 1024,
               show_default=True, help="Larger request bodies get a 413.")
 @click.option("--max-batch", type=BATCH, default=1, show_default=True,
               help="Requests decoded together in one batch (more wait their turn).")

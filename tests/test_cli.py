@@ -722,3 +722,25 @@ def test_serve_prints_an_ipv6_address_as_a_url_takes_it(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("size,expected", [
+    ("500000000", 500000000), ("12K", 12 << 10), ("12KiB", 12 << 10), ("10GB", 10 << 30),
+    ("1.5g", 3 << 29), (" 2 M ", 2 << 20), ("0", 0)])
+def test_sizes_take_binary_units(size, expected):
+    from mlx_agent.cli.options import Bytes
+
+    assert Bytes().convert(size, None, None) == expected
+
+
+@pytest.mark.parametrize("size", ["abc", "1.5", "-3", "", "12X", "1e9"])
+def test_a_size_that_is_not_one_is_one_line_naming_the_forms(tmp_path, size):
+    r = run("cache", "prune", str(tmp_path), "--max-bytes", size)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"{size!r} is not a size: give bytes (500000000) or a number with K, M, G or T" \
+        in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_cache_prune_takes_a_size_with_a_unit(tmp_path):
+    r = run("cache", "prune", str(tmp_path), "--max-bytes", "500M")
+    assert r.returncode == 0 and r.stdout == "0 entries, 0 bytes left\n", r.stderr
