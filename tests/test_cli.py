@@ -399,6 +399,17 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
             f"have: {why}" in r.stderr, r.stderr
 
 
+def test_a_task_nested_past_the_recursion_limit_is_one_line_naming_its_line(tmp_path):
+    """msgspec raises Python's RecursionError on such a line: it was a traceback."""
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    deep = TASK.replace('"hi"', "[" * 100_000 + "]" * 100_000)
+    (tmp_path / "tasks.jsonl").write_text(TASK + deep)
+    r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path / 'tasks.jsonl'}:2: not a task (JSON nested too deeply to read)" \
+        in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("choice,message", [
     ('"nonexistent"', "tool_choice names 'nonexistent', which is not one of the task's tools "
                       "(echo); use auto, required, none or a tool's name"),
