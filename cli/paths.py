@@ -80,9 +80,12 @@ def _same_file(a: str, b: str) -> bool:
 
 def writable_dir(path: str | None, option: str) -> None:
     """``path`` is (or is now created as, as the command would) a directory files can be
-    written in."""
-    if not path:
+    written in. None: the option was not given; "" is an error (an unset ``"$OUT"``: the
+    current directory would take the files, or a run would record nothing)."""
+    if path is None:
         return
+    if not path:
+        raise UserError(f"{option} is empty; give a directory")
     missing = [p for p in (Path(path).absolute(), *Path(path).absolute().parents)
                if not os.path.lexists(p)]
     try:

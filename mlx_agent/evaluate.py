@@ -141,6 +141,8 @@ def _numbered_tasks(path: str | Path) -> list[tuple[int, Task]]:
             task = msgspec.json.decode(line, type=Task)
         except msgspec.DecodeError as e:
             raise TaskError(f"{path}:{i}: not a task ({e})") from None
+        except RecursionError:
+            raise TaskError(f"{path}:{i}: not a task (JSON nested too deeply to read)") from None
         checks = [c for c in (task.check.tool_calls, task.check.shell, task.check.answer_pattern)
                   if c is not None]
         if len(checks) != 1:

@@ -145,7 +145,7 @@ def _ref_problem(root: Any, ref: str, judged: dict[str, str | None]) -> str | No
             break
         chain.append(ref)
         on_chain.add(ref)
-        target = _resolve(root, ref)
+        target = resolve(root, ref)
         if target is None:
             problem = f"is {ref[:80]!r}, which points at nothing in the schema"
             break
@@ -171,7 +171,7 @@ ENDLESS = ("admits no value the grammar can finish: a recursion with no optional
            "of schema false); give the recursion a way out or loosen the bounds")
 
 
-def _resolve(root: Any, ref: str) -> Any:
+def resolve(root: Any, ref: str) -> Any:
     """The schema a local ``$ref`` (``#``, ``#/$defs/A``) points at, or None."""
     if ref == "#":
         return root
@@ -203,7 +203,7 @@ def too_deep(schema: Any, limit: int = MAX_DEPTH) -> bool:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref not in active:
                 if ref not in heights:
-                    target = _resolve(schema, ref) if ref.startswith("#") else None
+                    target = resolve(schema, ref) if ref.startswith("#") else None
                     active.add(ref)
                     heights[ref] = height(target) if target is not None else 0
                     active.discard(ref)
@@ -241,7 +241,7 @@ def endless(schema: Any) -> bool:
         changed = False
         for ref in refs:
             if not finite[ref]:
-                target = _resolve(schema, ref)
+                target = resolve(schema, ref)
                 if target is None or _finite(target, finite):
                     finite[ref] = changed = True
     return not _finite(schema, finite)

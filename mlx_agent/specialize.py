@@ -113,7 +113,16 @@ class Models:
 
 def prepare_out(out: str | Path) -> Path:
     """A fresh temporary directory beside ``out`` (the result is renamed to ``out``);
-    an ``out`` that is a file, or a directory with other things in it, is refused."""
+    an ``out`` that is a file, a directory with other things in it, or the current
+    directory (or one above it: a rename cannot replace it, or leaves the shell in a removed
+    folder) is refused."""
+    here = Path.cwd()
+    target = Path(os.path.abspath(out))
+    if target in (here, *here.parents):
+        where = "the current directory" if target == here else "above the current directory"
+        raise SpecializeError(f"--out {str(out) or repr(str(out))} is {where}, which the "
+                              "result would replace; give a new directory (say "
+                              "build/specialist)")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise SpecializeError(f"{out} is a file; give a directory for --out")

@@ -399,6 +399,17 @@ def test_eval_refuses_a_task_that_expects_a_tool_it_lacks(tmp_path):
             f"have: {why}" in r.stderr, r.stderr
 
 
+def test_a_task_nested_past_the_recursion_limit_is_one_line_naming_its_line(tmp_path):
+    """msgspec raises Python's RecursionError on such a line: it was a traceback."""
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    deep = TASK.replace('"hi"', "[" * 100_000 + "]" * 100_000)
+    (tmp_path / "tasks.jsonl").write_text(TASK + deep)
+    r = run("eval", "--tasks", str(tmp_path / "tasks.jsonl"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"{tmp_path / 'tasks.jsonl'}:2: not a task (JSON nested too deeply to read)" \
+        in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("choice,message", [
     ('"nonexistent"', "tool_choice names 'nonexistent', which is not one of the task's tools "
                       "(echo); use auto, required, none or a tool's name"),
@@ -565,6 +576,26 @@ def test_an_output_that_cannot_be_written_is_one_line():
                            timeout=60)
     assert r.returncode == 2 and r.stderr == \
         "mlx_agent: error: cannot write the output (No space left on device)\n", r.stderr
+
+
+@pytest.mark.parametrize("args, option", [
+    (["synth", "--tools", "{tools}", "--no-run-tools", "--out", ""], "--out"),
+    (["eval", "--tasks", "{tasks}", "--trajectory-dir", ""], "--trajectory-dir"),
+    (["sft", "--data", "{tasks}", "--out", ""], "--out"),
+])
+def test_an_empty_output_folder_is_refused_not_the_current_one(tmp_path, args, option):
+    """An empty --out (an unset "$OUT") wrote synth's files into the current directory, and
+    an empty --trajectory-dir recorded nothing, without a word."""
+    (tmp_path / "tools.json").write_text(open(ECHO).read())
+    (tmp_path / "tasks.jsonl").write_text(TASK)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    args = [a.format(tools=tmp_path / "tools.json", tasks=tmp_path / "tasks.jsonl")
+            for a in args]
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, cwd=work)
+    assert r.returncode == 2 and r.stderr == \
+        f"mlx_agent: error: {option} is empty; give a directory\n", r.stderr
+    assert list(work.iterdir()) == []
 
 
 def test_a_model_path_that_is_a_fifo_is_refused_not_waited_on(tmp_path):

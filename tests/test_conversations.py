@@ -149,13 +149,19 @@ def test_tasks_asked_in_turn_share_a_row_and_every_reply_is_trained(tiny_lm, mad
         assert tiny_lm.decode(r["input_ids"]).count("<|im_start|>system") == 1
 
 
-def test_arguments_keep_the_schema_order_in_nested_objects():
-    tools = parse_tools(json.dumps([{
-        "name": "book", "description": "Book a room.", "_exec": "echo booked",
-        "parameters": {"type": "object", "required": ["who", "room"], "properties": {
-            "who": {"type": "object", "required": ["name", "age"],
-                    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}},
-            "room": {"type": "string"}}}}]))
+PERSON = {"type": "object", "required": ["name", "age"],
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("who, defs", [(PERSON, None),  # behind a $ref, as Pydantic has it
+                                       ({"$ref": "#/$defs/Person"}, {"Person": PERSON})])
+def test_arguments_keep_the_schema_order_in_nested_objects(who, defs):
+    parameters = {"type": "object", "required": ["who", "room"],
+                  "properties": {"who": who, "room": {"type": "string"}}}
+    if defs:
+        parameters["$defs"] = defs
+    tools = parse_tools(json.dumps([{"name": "book", "description": "Book a room.",
+                                     "_exec": "echo booked", "parameters": parameters}]))
     s = synthesize(tools, SynthConfig(n_train=6, n_heldout=2, run_tools=False))
     call = next(t for t in s.train if t.calls)
     conv = conversations(tools, [call])[0]

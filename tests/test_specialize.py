@@ -143,6 +143,31 @@ def test_a_previous_result_is_replaced_and_other_directories_are_refused(tiny_mo
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.parametrize("out, where", [(".", "the current directory"),
+                                        ("{cwd}", "the current directory"),
+                                        ("{cwd}/sub/..", "the current directory"),
+                                        ("..", "above the current directory")])
+def test_an_out_that_is_the_current_directory_is_refused_before_the_work(tiny_models,
+                                                                         tmp_path, out, where,
+                                                                         monkeypatch):
+    """The result replaces --out by a rename, which the current directory cannot take: an
+    empty one passed the checks, and after synthesis, evals and training the run ended in
+    "PosixPath('.') has an empty name", the result deleted (a path naming it otherwise
+    would leave the shell in a removed folder)."""
+    models, loads = tiny_models
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "sub").rmdir()
+    (tmp_path / "results.json").write_text("{}")  # "..": a previous result, replaceable
+    monkeypatch.chdir(work)
+    with pytest.raises(SpecializeError, match=f"is {where}, which the result would "
+                                              "replace; give a new directory"):
+        specialize(models, load_tools(CATALOGUE), CATALOGUE.read_bytes(),
+                   out.format(cwd=work), FAST, log=lambda m: None)
+    assert loads == [] and list(work.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "work"]
+
+
 def test_a_minutes_budget_ends_training_early_and_still_writes_the_adapter(tiny_models,
                                                                           tmp_path):
     models, _ = tiny_models

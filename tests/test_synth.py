@@ -513,6 +513,41 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
     assert {t.kind for t in s.train} == {"call", "none"}
 
 
+def test_local_refs_are_followed_as_pydantic_writes_them(tmp_path):
+    """Pydantic (and so FastMCP) puts every enum and nested model in $defs behind a $ref:
+    each such tool was skipped ("$ref is not followed"), a catalogue of them made no call."""
+    defs = {"Unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "Place": {"type": "object", "properties": {
+                "city": {"type": "string", "description": "The city"},
+                "country": {"$ref": "#/$defs/Country"}}, "required": ["city", "country"]},
+            "Country": {"type": "string", "maxLength": 40},
+            "Node": {"type": "object", "properties": {  # recursive, with a way out
+                "label": {"type": "string"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+                "required": ["label"]}}
+    weather = fn("get_weather", "Get the weather for a place.",
+                 {"place": {"$ref": "#/$defs/Place"},
+                  "unit": {"$ref": "#/$defs/Unit", "description": "Temperature unit"},
+                  "days": {"anyOf": [{"$ref": "#/$defs/Days"}, {"type": "null"}]}},
+                 ["place", "unit"])
+    tree = fn("add_tree", "Add a tree of labels.", {"root": {"$ref": "#/$defs/Node"}},
+              ["root"])
+    weather["function"]["parameters"]["$defs"] = {
+        **defs, "Days": {"type": "integer", "minimum": 1, "maximum": 14}}
+    tree["function"]["parameters"]["$defs"] = defs
+    path = tmp_path / "pydantic.json"
+    path.write_text(json.dumps([weather, tree]))
+    tools = load_tools(path)
+    s = synthesize(tools, SynthConfig(n_train=30, n_heldout=12, run_tools=False))
+    assert s.report["skipped"] == {}
+    assert_valid(tools, s)
+    assert {t.tools for t in s.heldout if t.kind == "call"} == {("get_weather",),
+                                                                ("add_tree",)}
+    # an enum behind a $ref is the schema's, not a value the sides keep apart
+    assert not any('"celsius"' in t.values or '"fahrenheit"' in t.values
+                   for t in s.train + s.heldout)
+
+
 def test_a_tool_whose_first_draw_fails_is_drawn_again_not_skipped(tmp_path):
     """"An id or an email" (anyOf of required lists, every property optional) fails when
     the sampler leaves both out; one such probe skipped the tool for the whole catalogue

@@ -472,3 +472,21 @@ def test_expected_arguments_no_valid_call_can_hold_are_named():
         "type": "object", "properties": {"n": {"type": "integer"}},
         "additionalProperties": {}}}]))[0]
     assert free.unreachable({"m": [1]}) == []
+
+
+def test_a_property_that_is_no_shell_name_is_refused_for_exec_only_and_named_as_such():
+    """The default _exec_args (every property) is checked for shell names: a _handler
+    tool, which gets keyword arguments, was refused for a "user-id", and an _exec tool's
+    error named an '_exec_args' entry the file did not have."""
+    props = {"user-id": {"type": "string"}}
+    entry = {"name": "h", "_handler": "builtins:dict",
+             "parameters": {"type": "object", "properties": props, "required": ["user-id"]}}
+    (handler,) = parse_tools(json.dumps([entry]))
+    r = run_tool(handler, {"user-id": "u1"})
+    assert r.exit_code == 0 and "u1" in r.stdout, r
+    with pytest.raises(ToolSchemaError, match="tool 'e': property 'user-id' is not a shell "
+                                              "variable's name, and _exec gets every property "
+                                              "as one; rename it, or list in '_exec_args'"):
+        tool("echo hi", props=props, name="e")
+    assert tool("echo hi", props={**props, "id": {"type": "string"}}, exec_args=["id"],
+                name="e").exec_args == ("id",)

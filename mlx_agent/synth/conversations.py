@@ -43,7 +43,7 @@ from . import pools as P
 from .phrasing import action_of
 from .results import synthesised_result
 from .tasks import SynthTask
-from .values import as_schema, canonical
+from .values import as_schema, canonical, followed
 
 MAX_SAID = 80  # characters of a result an answer states
 ANSWERS = ("The result is {r}.", "{tool} returned {r}.", "It returned {r}.",
@@ -152,16 +152,18 @@ def _cut(text: str) -> str:
     return text[:MAX_SAID].rsplit(" ", 1)[0] or text[:MAX_SAID]
 
 
-def _ordered(schema: dict, value):
+def _ordered(schema: dict, value, root: dict | None = None):
     """``value`` with object keys in the schema's property order (canonical JSON sorts
-    them; the model writes them as the schema lists them)."""
-    schema = as_schema(schema)
+    them; the model writes them as the schema lists them), through local ``$ref``s into
+    ``root`` (default: ``schema``, the tool's parameters)."""
+    root = schema if root is None else root
+    schema = as_schema(followed(schema, root))
     if isinstance(value, dict):
         props = schema.get("properties", {})
         keys = [k for k in props if k in value] + [k for k in value if k not in props]
-        return {k: _ordered(props.get(k, {}), value[k]) for k in keys}
+        return {k: _ordered(props.get(k, {}), value[k], root) for k in keys}
     if isinstance(value, list):
-        return [_ordered(schema.get("items", {}), v) for v in value]
+        return [_ordered(schema.get("items", {}), v, root) for v in value]
     return value
 
 
@@ -262,7 +264,8 @@ def slip(task: SynthTask, tools: dict[str, Tool], rng: random.Random) -> list[di
     # a constant's or a pattern's value from being miscopied at all)
     copied = [k for k, v in arguments.items() if isinstance(v, str) and len(v) >= 4
               and v in task.task["prompt"]
-              and not FIXED.intersection(as_schema(props.get(k, {})))]
+              and not FIXED.intersection(as_schema(followed(props.get(k, {}),
+                                                            tool.parameters)))]
     if not copied:
         return None
     key = rng.choice(copied)

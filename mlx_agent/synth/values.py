@@ -9,8 +9,13 @@ arrays (``minItems``/``maxItems``/``uniqueItems``), nested objects, ``anyOf``/``
 optional parameters omitted at random. :func:`free_leaves` names the values a split can keep
 apart (not the ones the schema fixes: enums, constants, booleans, tiny ranges).
 
+Local ``$ref`` pointers (``#/$defs/Unit``, as Pydantic writes enums and nested models) are
+followed, their sibling keywords kept, up to :data:`MAX_REF_DEPTH` links deep on the way to
+one value: a recursive schema's optional parts are left out past that.
+
 Promised: the same ``random.Random`` state gives the same arguments. Not promised: a value
-for every ``pattern`` (only pool values that happen to match); ``$ref`` is not followed.
+for every ``pattern`` (only pool values that happen to match); a ``$ref`` outside the tool's
+own parameters.
 """
 
 from __future__ import annotations
@@ -25,10 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..json_schema import resolve
 from ..tools.schema import Validator
 from . import pools as P
 
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+MAX_REF_DEPTH = 8  # $ref links followed on the way to one value
+MAX_DRAWN = 2000  # values drawn for one call's arguments ($refs can ask for 2^n of them)
 
 
 class Unsatisfiable(ValueError):
@@ -38,6 +46,21 @@ class Unsatisfiable(ValueError):
 def as_schema(schema: Any) -> dict:
     """A subschema as a dict: ``true`` (anything) is ``{}``; so is any other non-object."""
     return schema if isinstance(schema, dict) else {}
+
+
+def followed(schema: Any, root: Any, links: int = MAX_REF_DEPTH) -> Any:
+    """``schema`` with its local ``$ref`` followed into ``root`` (the tool's parameters), up
+    to ``links`` in a row, the keywords beside a ``$ref`` kept over its target's; a ``$ref``
+    that points at nothing stays."""
+    for _ in range(links):
+        ref = schema.get("$ref") if isinstance(schema, dict) else None
+        target = resolve(root, ref) if isinstance(ref, str) else None
+        if target is None:
+            break
+        if not isinstance(target, dict):  # true or false
+            return target
+        schema = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
 
 
 def words(text: str) -> list[str]:
@@ -166,18 +189,34 @@ class Sampler:
                  files: tuple[str, ...] = ()):
         self.rng, self.side, self.optional_share = rng, side, optional_share
         self.files = files  # relative paths that exist where the tools run, if known
+        self._root: dict = {}  # the parameters a call's $refs point into
+        self._links = self._drawn = 0
 
     def arguments(self, tool, omit: tuple[str, ...] = ()) -> dict:
         """A full argument object for ``tool`` (a ``Tool``), without the names in ``omit``."""
         context = frozenset(words(tool.name) + words(tool.description))
+        self._root, self._links, self._drawn = tool.parameters, 0, 0
         return self._object(tool.parameters, context, omit)
 
     def value(self, schema: Any, name: str, context: frozenset[str]) -> Any:
+        self._drawn += 1
+        if self._drawn > MAX_DRAWN:
+            raise Unsatisfiable(f"{name}: more than {MAX_DRAWN} values in one call")
         if schema is False:
             raise Unsatisfiable(f"{name}: its schema is false (no value is valid)")
         schema = as_schema(schema)
         if "$ref" in schema:
-            raise Unsatisfiable(f"{name}: $ref is not followed")
+            target = followed(schema, self._root, 1)
+            if target is schema:
+                raise Unsatisfiable(f"{name}: $ref {str(schema['$ref'])[:80]!r} is not in "
+                                    "the tool's parameters")
+            if self._links == MAX_REF_DEPTH:  # a recursive schema: its optional parts end
+                raise Unsatisfiable(f"{name}: more than {MAX_REF_DEPTH} $ref links deep")
+            self._links += 1
+            try:
+                return self.value(target, name, context)
+            finally:
+                self._links -= 1
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
@@ -209,7 +248,9 @@ class Sampler:
         for prop, sub in schema.get("properties", {}).items():
             if prop in omit:
                 continue
-            if prop not in required and self.rng.random() >= self.optional_share:
+            # fewer optional parts past each $ref link: a recursive schema's value stays small
+            if prop not in required and \
+                    self.rng.random() >= self.optional_share / (1 + self._links):
                 continue
             try:
                 out[prop] = self.value(sub, prop, context)
@@ -395,25 +436,28 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def free_leaves(schema: dict, value: Any) -> Iterator[str]:
+def free_leaves(schema: dict, value: Any, root: Any = None) -> Iterator[str]:
     """The canonical JSON of each leaf of ``value`` that a split keeps apart: not enum or
-    const values, booleans, nulls, or integers from a range of fewer than three."""
-    schema = as_schema(schema)
+    const values, booleans, nulls, or integers from a range of fewer than three. ``root``:
+    what a ``$ref`` points into (default: ``schema``, the tool's parameters)."""
+    root = schema if root is None else root
+    schema = as_schema(followed(schema, root))
     if "enum" in schema or "const" in schema or value is None or isinstance(value, bool):
         return
     branches = schema.get("anyOf") or schema.get("oneOf")
     if branches:
-        match = next((b for b in branches if Validator(b).is_valid(value)), None)
+        whole = Validator(root)  # a branch's $refs point into the root
+        match = next((b for b in branches if whole.evolve(schema=b).is_valid(value)), None)
         if match is not None:
-            yield from free_leaves(match, value)
+            yield from free_leaves(match, value, root)
         return
     if isinstance(value, dict):
         props = schema.get("properties", {})
         for k, v in value.items():
-            yield from free_leaves(props.get(k, {}), v)
+            yield from free_leaves(props.get(k, {}), v, root)
     elif isinstance(value, list):
         for v in value:
-            yield from free_leaves(schema.get("items", {}), v)
+            yield from free_leaves(schema.get("items", {}), v, root)
     elif not (isinstance(value, int) and _tiny_range(schema)):
         yield canonical(value)
 

@@ -221,7 +221,16 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
         raise ToolSchemaError(f"{where}: has neither '_exec' nor '_handler', so it cannot run")
     if function.exec_template and function.handler:
         raise ToolSchemaError(f"{where}: has both '_exec' and '_handler'; keep one")
-    exec_args = tuple(function.exec_args) if function.exec_args is not None else tuple(sorted(props))
+    if function.exec_args is not None:
+        exec_args = tuple(function.exec_args)
+    else:  # _exec gets every property as a variable; a _handler gets keyword arguments
+        exec_args = tuple(sorted(props)) if function.exec_template else ()
+        for arg in exec_args:
+            if not IDENTIFIER.fullmatch(arg):
+                raise ToolSchemaError(
+                    f"{where}: property {arg!r} is not a shell variable's name, and _exec gets "
+                    "every property as one; rename it, or list in '_exec_args' the properties "
+                    "the command reads")
     for arg in exec_args:
         if not IDENTIFIER.fullmatch(arg):
             raise ToolSchemaError(f"{where}: field '_exec_args' entry {arg!r} is not an identifier")
