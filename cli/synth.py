@@ -63,6 +63,7 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_shar
     import contextlib
     from pathlib import Path
 
+    from mlx_agent.progress import Progress
     from mlx_agent.synth.synthesis import report_lines, synthesize, write
     from mlx_agent.tools import load_tools
 
@@ -90,7 +91,8 @@ def synth(tools_file, out, n_train, n_heldout, seed, no_tool_share, outside_shar
     made = not Path(out).exists()
     paths.writable_dir(out, "--out")  # before the work: a directory that cannot take the files
     try:
-        result = synthesize(tools, config, sandbox=box)
+        with Progress(n_train + n_heldout, "synth", unit="task") as bar:
+            result = synthesize(tools, config, sandbox=box, done=lambda n: bar.advance(n=n))
     except BaseException:  # Ctrl-C or an error: no empty directory left behind
         if made:
             with contextlib.suppress(OSError):

@@ -426,6 +426,9 @@ def test_cli_is_deterministic_and_eval_loads_what_it_writes(tmp_path):
     assert outs["a"]["train.jsonl"] != outs["c"]["train.jsonl"]
     assert outs["a"]["tools.json"] == CATALOGUE.read_bytes()
     assert "values 0, templates 0, prompts 0, calls 0, outside tools 0" in r.stdout
+    progress = r.stderr.splitlines()  # a line a task on a pipe, as eval's
+    assert len(progress) == 70 and progress[0].startswith("synth 1/70 1% ")
+    assert progress[-1].startswith("synth 70/70 100% ") and " in 0:" in progress[-1]
     for split, n in (("train", 50), ("heldout", 20)):
         tasks = load_tasks(tmp_path / "a" / f"{split}.jsonl")
         assert len(tasks) == n and all(t.tools == "tools.json" for t in tasks)

@@ -21,7 +21,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..fileio import atomic_path
 from ..signals import held_back
@@ -114,7 +114,7 @@ def _cycle(rng: random.Random, items: list) -> Iterator:
 
 
 def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
-          taken: list[SynthTask]) -> list[SynthTask]:
+          taken: list[SynthTask], done: Callable[[int], None]) -> list[SynthTask]:
     rng = random.Random(f"{config.seed}:{side}")
     b = Builder(cat.usable, side, rng, cat.results, config.optional_share, config.files)
     asked = _half(cat.outside, side)
@@ -137,7 +137,8 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
     seen_calls = {c for t in taken for c in t.calls}
     out: list[SynthTask] = []
     misses = 0
-    for kind in Plan.of(n, config.shares(), available, rng).slots(rng):
+    slots = Plan.of(n, config.shares(), available, rng).slots(rng)
+    for i, kind in enumerate(slots):
         for k in [k for k in (kind, "call") if k in available]:  # none usable: skipped
             task = _draw(makers[k], lambda t: not (t.values & seen_values
                                                    or t.task["prompt"] in seen_prompts
@@ -150,7 +151,9 @@ def _side(side: str, n: int, cat: _Catalogue, config: SynthConfig,
         else:
             misses += 1
             if misses == MAX_MISSES:  # the catalogue has no more distinct tasks to give
+                done(len(slots) - i)
                 break
+        done(1)
     return [dataclasses.replace(t, task={"id": f"{side}-{i:04d}-{t.kind}", **t.task})
             for i, t in enumerate(out)]
 
@@ -174,14 +177,16 @@ def _draw(make, ok) -> SynthTask | None:
 
 
 def synthesize(tools: list[Tool], config: SynthConfig = SynthConfig(),
-               sandbox: Sandbox | None = None, outside: list[Tool] | None = None) -> Synthesis:
+               sandbox: Sandbox | None = None, outside: list[Tool] | None = None,
+               done: Callable[[int], None] = lambda n: None) -> Synthesis:
     """Training and held-out tasks for ``tools``, and the report of what was made; ``_exec``
     tools run under ``sandbox`` (as ``eval`` runs them) to learn their results. ``outside``
     requests ask for tools of ``outside`` (default: every generated tool) that the
-    catalogue lacks."""
+    catalogue lacks. ``done(n)``: n more of the ``n_train + n_heldout`` tasks asked for are
+    settled (made, or given up), for a progress display: running the tools takes time."""
     cat = _survey(tools, config, sandbox, outside)
-    train = _side(P.TRAIN, config.n_train, cat, config, [])
-    heldout = _side(P.HELDOUT, config.n_heldout, cat, config, train)
+    train = _side(P.TRAIN, config.n_train, cat, config, [], done)
+    heldout = _side(P.HELDOUT, config.n_heldout, cat, config, train, done)
     return Synthesis(train, heldout, _report(train, heldout, cat, config))
 
 
