@@ -411,4 +411,5 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                          seconds=time.perf_counter() - start, answer=out.answer,
                          trajectory=str(recorder.path) if recorder else None,
                          tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
-                         retried_steps=s.retried_steps)
+                         retried_steps=s.retried_steps,
+                         error=out.warning)  # the turn stopped early: the context was full

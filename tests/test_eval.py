@@ -185,3 +185,16 @@ def test_an_answer_pattern_that_backtracks_for_ever_is_no_match_not_a_hang(tmp_p
     start = time.monotonic()
     assert not check("^(.|.)*QQQ$", "a" * 64, timeout=1.0)  # 2^64 paths to try
     assert time.monotonic() - start < 10
+
+
+def test_a_run_whose_prompt_overflows_the_context_says_why_in_its_row(tiny_lm, tmp_path):
+    (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(
+        {"id": "long", "prompt": "word " * (tiny_lm.context_length + 10), "tools": "tools.json",
+         "check": {"answer_pattern": "x"}}))
+    summary = run(tiny_lm, tmp_path / "tasks.jsonl",
+                  sampler_for=lambda seed: Script(tiny_lm, '{"answer":"x"}'))
+    (result,) = summary.runs
+    row = result.row()
+    assert (row["reward"], row["answered"]) == (0.0, False)
+    assert f"exceed the {tiny_lm.context_length}-token context" in row["error"]
