@@ -225,8 +225,9 @@ def _arguments_schema(parameters: dict, max_len: int) -> dict:
     changes)."""
     params = _bound(parameters, max_len)
     params.setdefault("type", "object")
-    params.setdefault("properties", {})
-    params.setdefault("additionalProperties", False)
+    if "$ref" not in params:  # one the tool kept (see tools.schema) declares the properties
+        params.setdefault("properties", {})
+        params.setdefault("additionalProperties", False)
     return params
 
 
