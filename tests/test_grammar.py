@@ -210,6 +210,30 @@ def test_unique_items_arrays_compile_and_duplicates_are_left_to_validation(smol)
     json_protocol_grammar(parse_tools(json.dumps(unique)), tok)
 
 
+def test_a_fractional_multiple_of_is_left_to_validation_and_numbers_are_written_as_taken(smol):
+    # llguidance took 2.50 and 3 for a multipleOf of 0.25, not 2.5 or 3.0 (JSON's usual
+    # spellings, and what the training rows wrote)
+    from mlx_agent.grammar import call_text, hermes_grammar
+
+    lm, tok, _ = smol
+    tools = parse_tools(json.dumps([{"name": "pay", "_exec": "x", "parameters": {
+        "type": "object", "required": ["amount"], "properties": {
+            "amount": {"type": "number", "multipleOf": 0.25},
+            "count": {"type": "integer", "multipleOf": 3},
+            "size": {"type": "integer", "enum": [1.0, 2.0]}}}}]))
+    grammar = json_protocol_grammar(tools, tok)
+    for args, want in [({"amount": 2.5}, True), ({"amount": 3.0}, True), ({"amount": 2.3}, True),
+                       ({"amount": -0.0, "count": 6.0, "size": 2.0}, True),
+                       ({"amount": 1e-05}, True), ({"amount": 1, "count": 4}, False)]:
+        text = call_text("json", tools[0], args)
+        assert accepts(lm, tok, grammar, text) == want, text
+    assert call_text("json", tools[0], {"amount": 1e-05, "size": 2.0}) == \
+        '{"tool":"pay","arguments":{"amount":0.00001,"size":2}}'
+    assert tools[0].validate({"amount": 2.3})  # the check before a call runs
+    hermes = hermes_grammar(tools, tok)
+    assert accepts(lm, tok, hermes, call_text("hermes", tools[0], {"amount": 2.5, "size": 1.0}))
+
+
 def test_one_of_compiles_as_any_of_and_exclusivity_is_left_to_validation(smol):
     # llguidance refuses oneOf unless told to read it as anyOf: every tool with a Pydantic
     # union or an OpenAPI oneOf was refused at start-up
