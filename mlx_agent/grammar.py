@@ -112,16 +112,21 @@ def written_json(value: Any, protocol: str) -> str:
     return _STRING_OR_NUMBER.sub(_spelt, text)  # a pass over the text: no recursion
 
 
+def written_arguments(protocol: str, tool: Tool, arguments: Any) -> Any:
+    """``arguments`` (a dict) in :func:`_written_order`, keys the tool lacks last."""
+    if not isinstance(arguments, dict):
+        return arguments
+    order = {name: i for i, name in enumerate(_written_order(tool, protocol))}
+    return dict(sorted(arguments.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
 def call_text(protocol: str, tool: Tool, arguments: Any) -> str:
     """A call exactly as the grammar makes the model write it: the name first, the
     arguments in :func:`_written_order`, the protocol's separators and numbers
     (:func:`written_json`; hermes: in its tags)."""
-    if isinstance(arguments, dict):
-        order = _written_order(tool, protocol)
-        arguments = dict(sorted(arguments.items(), key=lambda kv: order.index(kv[0])
-                                if kv[0] in order else len(order)))
     key = "tool" if protocol == "json" else "name"
-    text = written_json({key: tool.name, "arguments": arguments}, protocol)
+    text = written_json({key: tool.name, "arguments": written_arguments(protocol, tool,
+                                                                        arguments)}, protocol)
     return text if protocol == "json" else f"<tool_call>\n{text}\n</tool_call>"
 
 

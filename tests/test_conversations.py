@@ -278,3 +278,18 @@ def test_written_numbers_are_spelt_as_the_grammar_spells_them(tiny_lm, protocol)
     assert len(calls) >= 10 and all(any(f'"{p}"' in c for c in calls) for p in ("price", "tip"))
     for text in calls:
         assert_the_grammar_writes(lm, protocol, tools, text)
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_written_arguments_come_in_the_order_the_grammar_writes_them(tiny_lm, protocol):
+    # the json protocol writes the required arguments first, then the others alphabetically
+    # (its prompt lists them so); its rows wrote the schema's order, which it refuses
+    lm, tools, calls = written_calls(tiny_lm, protocol, {
+        "type": "object", "required": ["room", "day"], "properties": {
+            "zone": {"type": "string", "enum": ["north", "south"]},
+            "day": {"type": "string", "enum": ["monday", "friday"]},
+            "floor": {"type": "integer", "minimum": 1, "maximum": 9},
+            "room": {"type": "string", "enum": ["A1", "B2"]}}})
+    assert len(calls) >= 10 and any('"zone"' in c and '"floor"' in c for c in calls)
+    for text in calls:
+        assert_the_grammar_writes(lm, protocol, tools, text)

@@ -277,6 +277,20 @@ def slip(task: SynthTask, tools: dict[str, Tool], rng: random.Random) -> list[di
             {"role": "tool", "name": tool.name, "content": result.for_model()}]
 
 
+def _as_written(message: dict, tools: Mapping[str, Tool], protocol: str) -> dict:
+    """``message`` with each call's arguments in the order ``protocol``'s grammar writes
+    them (the json protocol's: required first, as its prompt lists them)."""
+    from ..grammar import written_arguments  # llguidance and MLX: only when rows are made
+
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [{**c, "function": {
+        **c["function"], "arguments": json.dumps(written_arguments(
+            protocol, tools[c["function"]["name"]], json.loads(c["function"]["arguments"])),
+            ensure_ascii=False)}} for c in calls]}
+
+
 def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
          seed: int = 0, replies: Mapping[str, str] | None = None, per_row: int = 1,
          slip_share: float = 0.0) -> list[dict]:
@@ -309,6 +323,7 @@ def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: O
                 untrained.append(len(messages) + 1)
                 written = written[:1] + mistake + written[1:]
             messages += written
+        messages = [_as_written(m, by_name, fmt.name) for m in messages]
         out.append({**conversation_row(lm, fmt, tools, messages, untrained),
                     "task": ",".join(t.task["id"] for t in group),
                     "kind": "+".join(t.kind for t in group)})
