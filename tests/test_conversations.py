@@ -293,3 +293,17 @@ def test_written_arguments_come_in_the_order_the_grammar_writes_them(tiny_lm, pr
     assert len(calls) >= 10 and any('"zone"' in c and '"floor"' in c for c in calls)
     for text in calls:
         assert_the_grammar_writes(lm, protocol, tools, text)
+
+
+def test_a_tool_runs_with_the_numbers_the_agent_would_pass(tiny_lm):
+    # the agent reads the 1 its grammar writes for an enum's 1.0 as 1; the rows ran the
+    # tool with 1.0 and stated its "1.0" in the trained answer
+    tools = parse_tools(json.dumps([{"name": "book", "description": "Book seats.",
+                                     "_exec": 'echo "booked $seats seats"', "parameters": {
+                                         "type": "object", "required": ["seats"],
+                                         "properties": {"seats": {"type": "integer",
+                                                                  "enum": [1.0, 2.0]}}}}]))
+    s = synthesize(tools, SynthConfig(n_train=10, n_heldout=2))
+    said = [m["content"] for c in conversations(tools, [t for t in s.train if t.calls])
+            for m in c if m["role"] == "tool"]
+    assert said and all(re.search(r"booked [12] seats", t) for t in said), said

@@ -167,11 +167,20 @@ def _ordered(schema: dict, value, root: dict | None = None):
     return value
 
 
+def _as_written_number(text: str) -> int | float:
+    """A number as the agent reads it back from the grammar's spelling: the grammar writes
+    a whole float as an integer (see :func:`mlx_agent.grammar.written_json`), so a tool runs
+    with ``1``, not ``1.0``."""
+    x = float(text)
+    return int(x) if x.is_integer() else x
+
+
 def task_calls(task: SynthTask, tools: dict[str, Tool]) -> list[tuple[Tool, dict]]:
-    """The calls a task involves, in order, with arguments in schema order."""
+    """The calls a task involves, in order, with arguments in schema order and numbers as
+    the agent would read them (:func:`_as_written_number`)."""
     out = []
     for text in task.calls:
-        call = json.loads(text)
+        call = json.loads(text, parse_float=_as_written_number)
         tool = tools[call["name"]]
         out.append((tool, _ordered(tool.parameters, call["arguments"])))
     return out
