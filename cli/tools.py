@@ -40,6 +40,11 @@ def ls(tools_file, builtin_tools, root, mcp_commands, mcp_config, sandbox, allow
     # a listing imports no _handler's module: that would run its code
     catalogue = build_tools(tools_file, builtin_tools, root, 30.0, (), box, servers,
                             handlers="list")
+    if not catalogue:  # an empty file, servers with no tools: a line, where nothing showed
+        sources = ([str(tools_file)] if tools_file else []) + \
+            (["the MCP servers"] if servers is not None else [])
+        click.echo(for_terminal(f"no tools to list: the catalogue ({', '.join(sources)}) is "
+                                "empty"), err=True)
     for tool in catalogue:
         if servers is not None and tool.name in servers.origin:
             source = f"mcp:{servers.origin[tool.name]}"

@@ -12,11 +12,13 @@
   ``pattern`` gets one that excludes NUL (no shell variable or path holds it); arguments
   objects without ``additionalProperties`` get ``false``, as in OpenAI's strict mode, and so
   does every nested object that declares properties (one that declares none stays free).
-  ``uniqueItems``, which llguidance does not implement, and ``oneOf``'s exclusivity (its
-  members are read as ``anyOf``'s) are left to the schema check a call passes before it runs.
+  ``uniqueItems``, which llguidance does not implement, a fractional ``multipleOf``, whose
+  multiples it spells oddly, and ``oneOf``'s exclusivity (its members are read as
+  ``anyOf``'s) are left to the schema check a call passes before it runs.
   Calls are written with no free white space and the separators of :data:`SEPARATORS`
   (the json prompt's examples use the same), the json protocol's arguments in the order its
-  prompt lists them (:func:`call_text` writes a call exactly so, for the loop guard).
+  prompt lists them, numbers as llguidance spells them (:func:`call_text` writes a call
+  exactly so, for the loop guard; :func:`written_json` its JSON, for the formats).
   Parameters with local ``$ref`` pointers move to the grammar root's ``$defs``, re-rooted.
   A tool whose schema no arguments satisfy is an error that names it (and names the token
   limit when only the budget's ``maxLength`` is in the way; llguidance reports some long
@@ -37,8 +39,10 @@ grammar is built (at start-up), not mid-conversation.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
+import re
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
@@ -85,16 +89,44 @@ def _ordered(tool: Tool, protocol: str) -> dict:
     return {**tool.parameters, "properties": {k: props[k] for k in order}}
 
 
+# a JSON string (kept as it is) or a number with a fraction or an exponent
+_STRING_OR_NUMBER = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|-?\d+(?:\.\d+)?[.eE][-+0-9]*')
+
+
+def _spelt(match: re.Match) -> str:
+    text = match.group()
+    if text[0] == '"':
+        return text
+    x = float(text)
+    if x.is_integer():
+        return str(int(x))
+    return format(decimal.Decimal(text), "f") if "e" in text.lower() else text
+
+
+def written_json(value: Any, protocol: str) -> str:
+    """``value`` as the grammar makes the model write JSON: the protocol's separators,
+    non-ASCII as it is, and numbers as llguidance spells them: a whole float as an integer
+    (an enum's ``1.0`` is written ``1``, and an integer's must be), and no exponent
+    (``3e-05`` is ``0.00003``; llguidance has none)."""
+    text = json.dumps(value, ensure_ascii=False, separators=SEPARATORS[protocol])
+    return _STRING_OR_NUMBER.sub(_spelt, text)  # a pass over the text: no recursion
+
+
+def written_arguments(protocol: str, tool: Tool, arguments: Any) -> Any:
+    """``arguments`` (a dict) in :func:`_written_order`, keys the tool lacks last."""
+    if not isinstance(arguments, dict):
+        return arguments
+    order = {name: i for i, name in enumerate(_written_order(tool, protocol))}
+    return dict(sorted(arguments.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
 def call_text(protocol: str, tool: Tool, arguments: Any) -> str:
     """A call exactly as the grammar makes the model write it: the name first, the
-    arguments in :func:`_written_order`, the protocol's separators (hermes: in its tags)."""
-    if isinstance(arguments, dict):
-        order = _written_order(tool, protocol)
-        arguments = dict(sorted(arguments.items(), key=lambda kv: order.index(kv[0])
-                                if kv[0] in order else len(order)))
+    arguments in :func:`_written_order`, the protocol's separators and numbers
+    (:func:`written_json`; hermes: in its tags)."""
     key = "tool" if protocol == "json" else "name"
-    text = json.dumps({key: tool.name, "arguments": arguments}, ensure_ascii=False,
-                      separators=SEPARATORS[protocol])
+    text = written_json({key: tool.name, "arguments": written_arguments(protocol, tool,
+                                                                        arguments)}, protocol)
     return text if protocol == "json" else f"<tool_call>\n{text}\n</tool_call>"
 
 
@@ -215,6 +247,12 @@ def _bound(schema: Any, max_len: int) -> Any:
     # llguidance refuses uniqueItems; a call with a repeated item fails the schema check
     # before it runs instead (the model is told why)
     out.pop("uniqueItems", None)
+    # so does a fractional multipleOf's: llguidance spells its multiples oddly (for 0.25 it
+    # takes 2.50 and 3, not 2.5 or 3.0; for 0.1 not 0.30), where a model writes JSON's
+    # usual 2.5. A whole one it spells as integers are, and keeps.
+    step = out.get("multipleOf")
+    if isinstance(step, float) and not step.is_integer():
+        del out["multipleOf"]
     return out
 
 
@@ -225,8 +263,9 @@ def _arguments_schema(parameters: dict, max_len: int) -> dict:
     changes)."""
     params = _bound(parameters, max_len)
     params.setdefault("type", "object")
-    params.setdefault("properties", {})
-    params.setdefault("additionalProperties", False)
+    if "$ref" not in params:  # one the tool kept (see tools.schema) declares the properties
+        params.setdefault("properties", {})
+        params.setdefault("additionalProperties", False)
     return params
 
 

@@ -446,6 +446,16 @@ def test_tools_ls_shows_each_tool_on_one_line_with_its_controls_escaped(tmp_path
                         f"  [{tmp_path}/t\\x1b[31m.json]\n")
 
 
+def test_tools_ls_says_so_when_the_catalogue_is_empty(tmp_path):
+    """An empty tools file printed nothing at all, as if the command had not run."""
+    path = tmp_path / "tools.json"
+    for text in ('{"tools": []}', "[]"):
+        path.write_text(text)
+        r = run("tools", "ls", "--tools", str(path))
+        assert r.returncode == 0 and r.stdout == "", r.stderr
+        assert r.stderr == f"no tools to list: the catalogue ({path}) is empty\n"
+
+
 @pytest.mark.parametrize("field", ["paramters", "_exec_arg", "input_schema"])
 def test_a_misspelt_field_in_a_tools_file_is_named_not_ignored(tmp_path, field):
     """A tool's unknown fields were dropped: "paramters" left a tool with no arguments that

@@ -229,3 +229,81 @@ def test_misspelt_values_are_never_the_value():
     for value in ("Paris", "WOR-6312", "2024-07-03", "New York", "abcd", "aaaa"):
         for _ in range(50):
             assert misspelt(value, rng) not in (value, "")
+
+
+def written_calls(lm, protocol: str, parameters: dict) -> tuple[list, list[str]]:
+    """A tool of ``parameters`` and the calls its training rows write, as reply text."""
+    from dataclasses import replace
+
+    from mlx_agent.chat import ChatFormat
+
+    from .test_agent_loop import QWEN_LIKE
+
+    tools = parse_tools(json.dumps([{"name": "book", "description": "Book seats.",
+                                     "_exec": "echo booked", "parameters": parameters}]))
+    lm = lm if protocol == "json" else replace(lm, chat=ChatFormat(QWEN_LIKE))
+    fmt = agent_format(protocol, lm)
+    s = synthesize(tools, SynthConfig(n_train=30, n_heldout=6, run_tools=False))
+    written = rows(lm, fmt, tools, [t for t in s.train if t.calls], Outcomes(run=False))
+    replies = [fmt.reply_text(m) for r in written for m in r["messages"]
+               if m["role"] == "assistant"]
+    return lm, tools, [r for r in replies if "book" in r]
+
+
+def assert_the_grammar_writes(lm, protocol: str, tools, text: str) -> None:
+    """``text`` is a reply the agent could write under its grammar: each of its tokens is
+    in the mask, as the engine samples them."""
+    from mlx_agent.grammar import tool_constraint
+
+    constraint = tool_constraint(lm, protocol, tools, 256)
+    ids = lm.encode_text(text)
+    for k, token in enumerate(ids):
+        words = constraint.mask_words()
+        assert int(words[token // 32]) >> (token % 32) & 1, (text, lm.decode(ids[:k + 1]))
+        constraint.consume(token)
+    assert constraint.matcher.is_accepting(), text
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_written_numbers_are_spelt_as_the_grammar_spells_them(tiny_lm, protocol):
+    # the grammar writes an integer enum's 1.0 as 1 and refused 2.5 for a multipleOf of
+    # 0.25 (llguidance took 2.50); the rows wrote 1.0 and 2.5, which no agent could write
+    lm, tools, calls = written_calls(tiny_lm, protocol, {
+        "type": "object", "required": ["seats", "area"], "properties": {
+            "seats": {"type": "integer", "enum": [1.0, 2.0]},
+            "area": {"type": "string", "enum": ["stalls", "circle"]},
+            "price": {"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 100},
+            "tip": {"type": "number", "multipleOf": 0.00001, "minimum": 0.00001,
+                    "maximum": 0.00009}}})  # json.dumps writes 3e-05: no exponent here
+    assert len(calls) >= 10 and all(any(f'"{p}"' in c for c in calls) for p in ("price", "tip"))
+    for text in calls:
+        assert_the_grammar_writes(lm, protocol, tools, text)
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_written_arguments_come_in_the_order_the_grammar_writes_them(tiny_lm, protocol):
+    # the json protocol writes the required arguments first, then the others alphabetically
+    # (its prompt lists them so); its rows wrote the schema's order, which it refuses
+    lm, tools, calls = written_calls(tiny_lm, protocol, {
+        "type": "object", "required": ["room", "day"], "properties": {
+            "zone": {"type": "string", "enum": ["north", "south"]},
+            "day": {"type": "string", "enum": ["monday", "friday"]},
+            "floor": {"type": "integer", "minimum": 1, "maximum": 9},
+            "room": {"type": "string", "enum": ["A1", "B2"]}}})
+    assert len(calls) >= 10 and any('"zone"' in c and '"floor"' in c for c in calls)
+    for text in calls:
+        assert_the_grammar_writes(lm, protocol, tools, text)
+
+
+def test_a_tool_runs_with_the_numbers_the_agent_would_pass(tiny_lm):
+    # the agent reads the 1 its grammar writes for an enum's 1.0 as 1; the rows ran the
+    # tool with 1.0 and stated its "1.0" in the trained answer
+    tools = parse_tools(json.dumps([{"name": "book", "description": "Book seats.",
+                                     "_exec": 'echo "booked $seats seats"', "parameters": {
+                                         "type": "object", "required": ["seats"],
+                                         "properties": {"seats": {"type": "integer",
+                                                                  "enum": [1.0, 2.0]}}}}]))
+    s = synthesize(tools, SynthConfig(n_train=10, n_heldout=2))
+    said = [m["content"] for c in conversations(tools, [t for t in s.train if t.calls])
+            for m in c if m["role"] == "tool"]
+    assert said and all(re.search(r"booked [12] seats", t) for t in said), said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,30 @@ def test_unique_items_arrays_compile_and_duplicates_are_left_to_validation(smol)
     json_protocol_grammar(parse_tools(json.dumps(unique)), tok)
 
 
+def test_a_fractional_multiple_of_is_left_to_validation_and_numbers_are_written_as_taken(smol):
+    # llguidance took 2.50 and 3 for a multipleOf of 0.25, not 2.5 or 3.0 (JSON's usual
+    # spellings, and what the training rows wrote)
+    from mlx_agent.grammar import call_text, hermes_grammar
+
+    lm, tok, _ = smol
+    tools = parse_tools(json.dumps([{"name": "pay", "_exec": "x", "parameters": {
+        "type": "object", "required": ["amount"], "properties": {
+            "amount": {"type": "number", "multipleOf": 0.25},
+            "count": {"type": "integer", "multipleOf": 3},
+            "size": {"type": "integer", "enum": [1.0, 2.0]}}}}]))
+    grammar = json_protocol_grammar(tools, tok)
+    for args, want in [({"amount": 2.5}, True), ({"amount": 3.0}, True), ({"amount": 2.3}, True),
+                       ({"amount": -0.0, "count": 6.0, "size": 2.0}, True),
+                       ({"amount": 1e-05}, True), ({"amount": 1, "count": 4}, False)]:
+        text = call_text("json", tools[0], args)
+        assert accepts(lm, tok, grammar, text) == want, text
+    assert call_text("json", tools[0], {"amount": 1e-05, "size": 2.0}) == \
+        '{"tool":"pay","arguments":{"amount":0.00001,"size":2}}'
+    assert tools[0].validate({"amount": 2.3})  # the check before a call runs
+    hermes = hermes_grammar(tools, tok)
+    assert accepts(lm, tok, hermes, call_text("hermes", tools[0], {"amount": 2.5, "size": 1.0}))
+
+
 def test_one_of_compiles_as_any_of_and_exclusivity_is_left_to_validation(smol):
     # llguidance refuses oneOf unless told to read it as anyOf: every tool with a Pydantic
     # union or an OpenAPI oneOf was refused at start-up
@@ -267,6 +292,54 @@ def test_parameters_with_local_refs_are_read_where_they_point(smol):
     forced = json_protocol_grammar(tools, tok, choice=json.dumps(
         {"name": "pick", "arguments": {"c": "a"}}))
     assert accepts(lm, tok, forced, '{"tool":"pick","arguments":{"c":"a"}}')
+
+
+PARAMS = {"type": "object", "properties": {"x": {"type": "string"}, "n": {"type": "integer"}},
+          "required": ["x"]}
+
+
+@pytest.mark.parametrize("parameters", [
+    {"type": "object", "$ref": "#/$defs/P", "$defs": {"P": PARAMS}},
+    # zod-to-json-schema's form, a chain of two links
+    {"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/Args",
+     "definitions": {"Args": {"$ref": "#/definitions/P"}, "P": PARAMS}}])
+def test_a_top_level_ref_is_read_where_it_points(smol, parameters):
+    # the grammar set "properties": {} and "additionalProperties": false beside the $ref, so
+    # no arguments fitted ("no arguments satisfy its parameters schema"), and the prompt
+    # showed the tool as t(): no parameters
+    from mlx_agent.grammar import hermes_grammar
+    from mlx_agent.synth.values import Sampler
+    from mlx_agent.tools import declared_tools
+
+    lm, tok, _ = smol
+    entry = {"name": "t", "_exec": 'echo "$x"', "parameters": parameters}
+    declared = {"type": "function", "function": {"name": "t", "parameters": parameters}}
+    for tools in (parse_tools(json.dumps([entry])), declared_tools([declared])):
+        (tool,) = tools
+        assert tool.signature() == "t(x: string, n?: integer)"
+        assert tool.validate({"x": "a"}) == [] and tool.validate({"n": 1})
+        ok, bad = ['{"x":"a"}', '{"x":"a","n":2}'], ['{}', '{"n":2}', '{"x":"a","y":1}']
+        grammar = json_protocol_grammar(tools, tok)
+        for args, want in [(a, True) for a in ok] + [(a, False) for a in bad]:
+            assert accepts(lm, tok, grammar, f'{{"tool":"t","arguments":{args}}}') == want, args
+        grammar = hermes_grammar(tools, tok)
+        for args, want in [(a, True) for a in ok] + [(a, False) for a in bad]:
+            text = f'<tool_call>\n{{"name":"t","arguments":{args}}}\n</tool_call>'
+            assert accepts(lm, tok, grammar, text) == want, args
+    assert tools[0].validate(Sampler(random.Random(0), "train").arguments(tools[0])) == []
+    assert parse_tools(json.dumps([entry]))[0].exec_args == ("n", "x")
+
+
+def test_a_top_level_ref_kept_beside_other_keywords_still_admits_its_calls(smol):
+    # merged with minProperties the $ref would mean something else: it stays, and the
+    # grammar no longer closes the top level to every key beside it
+    lm, tok, _ = smol
+    tools = parse_tools(json.dumps([{"name": "t", "_exec": "x", "parameters": {
+        "$ref": "#/$defs/P", "minProperties": 2, "$defs": {"P": PARAMS}}}]))
+    assert "$ref" in tools[0].parameters
+    grammar = json_protocol_grammar(tools, tok)
+    assert accepts(lm, tok, grammar, '{"tool":"t","arguments":{"x":"a","n":1}}')
+    assert not accepts(lm, tok, grammar, '{"tool":"t","arguments":{"x":"a","y":1}}')
 
 
 def test_hermes_grammar_binds_only_inside_tool_call_tags(smol):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from ..grammar import SEPARATORS
+from ..grammar import written_json
 from ..tools import Tool
 from .deferred import INDEX_HEADER, get_tool_info_tool, tool_index
 from .messages import (Call, Reply, ReplyMemo, arguments_of, compact, text_of, unspaced,
@@ -33,8 +33,9 @@ _ROLES = ("user", "tool", "assistant", "system")
 
 
 def as_written(obj: Any) -> str:
-    """JSON as the json protocol's grammar makes the model write it (its separators)."""
-    return json.dumps(obj, ensure_ascii=False, separators=SEPARATORS["json"])
+    """JSON as the json protocol's grammar makes the model write it (its separators and
+    numbers: :func:`written_json`)."""
+    return written_json(obj, "json")
 
 
 def instructions() -> list[str]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from ..grammar import written_json
 from ..tokenizer import special_tokens
 from ..tools import Tool
 from .messages import (Call, MessageError, Reply, ReplyMemo, arguments_of, common_prefix_of,
-                       compact, text_of)
+                       text_of)
 from .scanner import NeverScanner, ToolCallScanner
 from .streams import HermesTextStream, Passthrough
 from .tool_calls import tool_call_blocks
@@ -172,12 +173,13 @@ class HermesFormat(TemplateFormat):
     @staticmethod
     def reply_text(message: dict) -> str:
         """An assistant message as the model writes it: its content, or its calls as
-        ``<tool_call>`` blocks (compact JSON, as the grammar writes them)."""
+        ``<tool_call>`` blocks (compact JSON, as the grammar writes it: :func:`written_json`)."""
         content = message.get("content")
         if isinstance(content, str) and content or not message.get("tool_calls"):
             return content if isinstance(content, str) else ""
-        return "\n".join("<tool_call>\n" + compact({"name": c["function"]["name"],
-                                                     "arguments": arguments_of(c)})
+        return "\n".join("<tool_call>\n" + written_json({"name": c["function"]["name"],
+                                                          "arguments": arguments_of(c)},
+                                                         "hermes")
                          + "\n</tool_call>" for c in message["tool_calls"])
 
     def parse(self, text: str) -> Reply:

@@ -167,11 +167,20 @@ def _ordered(schema: dict, value, root: dict | None = None):
     return value
 
 
+def _as_written_number(text: str) -> int | float:
+    """A number as the agent reads it back from the grammar's spelling: the grammar writes
+    a whole float as an integer (see :func:`mlx_agent.grammar.written_json`), so a tool runs
+    with ``1``, not ``1.0``."""
+    x = float(text)
+    return int(x) if x.is_integer() else x
+
+
 def task_calls(task: SynthTask, tools: dict[str, Tool]) -> list[tuple[Tool, dict]]:
-    """The calls a task involves, in order, with arguments in schema order."""
+    """The calls a task involves, in order, with arguments in schema order and numbers as
+    the agent would read them (:func:`_as_written_number`)."""
     out = []
     for text in task.calls:
-        call = json.loads(text)
+        call = json.loads(text, parse_float=_as_written_number)
         tool = tools[call["name"]]
         out.append((tool, _ordered(tool.parameters, call["arguments"])))
     return out
@@ -277,6 +286,20 @@ def slip(task: SynthTask, tools: dict[str, Tool], rng: random.Random) -> list[di
             {"role": "tool", "name": tool.name, "content": result.for_model()}]
 
 
+def _as_written(message: dict, tools: Mapping[str, Tool], protocol: str) -> dict:
+    """``message`` with each call's arguments in the order ``protocol``'s grammar writes
+    them (the json protocol's: required first, as its prompt lists them)."""
+    from ..grammar import written_arguments  # llguidance and MLX: only when rows are made
+
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [{**c, "function": {
+        **c["function"], "arguments": json.dumps(written_arguments(
+            protocol, tools[c["function"]["name"]], json.loads(c["function"]["arguments"])),
+            ensure_ascii=False)}} for c in calls]}
+
+
 def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: Outcomes,
          seed: int = 0, replies: Mapping[str, str] | None = None, per_row: int = 1,
          slip_share: float = 0.0) -> list[dict]:
@@ -309,6 +332,7 @@ def rows(lm, fmt, tools: Sequence[Tool], tasks: Sequence[SynthTask], outcomes: O
                 untrained.append(len(messages) + 1)
                 written = written[:1] + mistake + written[1:]
             messages += written
+        messages = [_as_written(m, by_name, fmt.name) for m in messages]
         out.append({**conversation_row(lm, fmt, tools, messages, untrained),
                     "task": ",".join(t.task["id"] for t in group),
                     "kind": "+".join(t.kind for t in group)})

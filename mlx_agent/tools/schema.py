@@ -208,9 +208,10 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
                               "rename the tool")
     where = f"{where}: tool {name!r}"
     params = function.parameters
+    _check_schema(params, where)
+    params = _ref_followed(params)
     if params.get("type", "object") != "object":
         raise ToolSchemaError(f"{where}: field 'parameters' must be a JSON Schema of type object")
-    _check_schema(params, where)
     props = params.get("properties", {})
     for req in params.get("required", []):
         if req not in props:
@@ -249,7 +250,36 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
                 f"{where}: field '_handler' must look like 'package.module:function'")
     return Tool(name=name, description=function.description, parameters=params,
                 exec_template=function.exec_template, exec_args=exec_args,
-                handler=function.handler, warnings=_template_warnings(function, exec_args, where))
+                handler=function.handler,
+                warnings=_template_warnings(function.exec_template, props, exec_args, where))
+
+
+# keywords that may stand beside a top-level $ref that is followed: none constrains a call
+# beyond what the schema it points at does (a "type" must be that schema's own, or absent)
+_BESIDE_REF = frozenset({"$ref", "$defs", "definitions", "$schema", "$comment", "$id",
+                         "title", "description", "type"})
+_ROOT_ONLY = ("$id", "$anchor", "$dynamicAnchor")  # a schema that holds one stays where it is
+
+
+def _ref_followed(params: dict) -> dict:
+    """``params`` with a top-level local ``$ref`` replaced by the schema it points at
+    (zod-to-json-schema writes ``{"$ref": "#/definitions/Args", "definitions": {...}}``), its
+    ``$defs``/``definitions`` kept for the pointers inside: the properties, the prompt's
+    signature, the grammar and the sampler all read the top level, and found nothing there.
+    Left as written where other keywords stand beside the ``$ref`` (merged, they would mean
+    something else) or the target is not a plain schema; checked (:func:`_check_schema`)
+    first, so a chain of links ends."""
+    out = params
+    for _ in range(json_schema.MAX_DEPTH):
+        ref = out.get("$ref")
+        target = json_schema.resolve(params, ref) if isinstance(ref, str) else None
+        if not isinstance(target, dict) or set(out) - _BESIDE_REF or \
+                "type" in out and target.get("type", out["type"]) != out["type"] or \
+                any(k in target for k in _ROOT_ONLY):
+            break
+        out = {**{k: v for k, v in target.items() if k not in ("$defs", "definitions")},
+               **{k: v for k, v in out.items() if k != "$ref"}}
+    return out
 
 
 def _check_schema(params: dict, where: str) -> None:
@@ -297,15 +327,15 @@ def _schema_problem(params: dict) -> str | None:
     return None
 
 
-def _template_warnings(function: Function, exec_args: tuple[str, ...], where: str) -> tuple:
-    if not function.exec_template:
+def _template_warnings(template: str | None, props: dict, exec_args: tuple[str, ...],
+                       where: str) -> tuple:
+    if not template:
         return ()
-    props = function.parameters.get("properties", {})
     splittable = [a for a in exec_args if not _scalar(props.get(a))]
     return tuple(
         f"{where}: _exec uses ${name} outside double quotes, so the shell splits and globs "
         f"its value; write \"${name}\" (after -- if the command takes options)"
-        for name in unquoted_references(function.exec_template, splittable))
+        for name in unquoted_references(template, splittable))
 
 
 def _scalar(schema: Any) -> bool:
