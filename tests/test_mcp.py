@@ -3,6 +3,7 @@ subprocesses, the real bundled model for the end-to-end call."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
@@ -10,7 +11,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import zlib
 from pathlib import Path
 
 import msgspec
@@ -577,3 +580,144 @@ def test_a_servers_stderr_is_kept_as_its_tail_not_a_file_without_end(tmp_path, m
         written = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
         assert written < 1 << 20, written
     assert_gone(tmp_path / "flood.pids")
+
+
+class RawHttpMcp(http.server.BaseHTTPRequestHandler):
+    """A Streamable HTTP MCP server written by hand, so that it can misbehave: it answers each
+    request in JSON (``tools/call`` as an event stream when ``self.server.sse``), and answers
+    the request named ``self.server.flood`` with 128 MiB that never end a message (a JSON body,
+    the same gzipped, or one server-sent event), then waits for the client to hang up. Its
+    ``tools/call`` result is ``self.server.text``."""
+
+    def do_POST(self):
+        msg = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if "id" not in msg:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if msg["method"] == self.server.flood:
+            return self.flood(self.server.kind)
+        if msg["method"] == "initialize":
+            result = {"protocolVersion": msg["params"]["protocolVersion"],
+                      "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "0"}}
+        elif msg["method"] == "tools/list":
+            result = {"tools": [{"name": "flood", "description": "Floods.",
+                                 "inputSchema": {"type": "object"}}]}
+        else:
+            result = {"content": [{"type": "text", "text": self.server.text}]}
+        body = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
+        sse = self.server.sse and msg["method"] == "tools/call"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if sse else "application/json")
+        self.end_headers()
+        self.wfile.write(b"event: message\ndata: " + body + b"\n\n" if sse else body)
+
+    def flood(self, kind):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if kind == "sse" else
+                         "application/json")
+        if kind == "gzip":  # 130 KiB on the wire, 128 MiB once decoded
+            self.send_header("Content-Encoding", "gzip")
+        self.end_headers()
+        head = b"event: message\ndata: " if kind == "sse" else b'{"jsonrpc": "2.0", "result": "'
+        gzip = zlib.compressobj(wbits=31) if kind == "gzip" else None
+        try:
+            for i in range(128):
+                data = (head if i == 0 else b"") + b"x" * (1 << 20)
+                self.wfile.write(gzip.compress(data) + gzip.flush(zlib.Z_SYNC_FLUSH)
+                                 if gzip else data)
+            self.wfile.flush()
+            self.connection.settimeout(120)
+            while self.connection.recv(1 << 16):  # until the client hangs up
+                pass
+        except OSError:
+            pass
+
+    def do_GET(self):  # no stream of the server's own
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_DELETE = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def raw_http():
+    """Starts a :class:`RawHttpMcp` on a free port: ``raw_http(flood=, kind=, sse=, text=)``
+    gives its URL."""
+    started = []
+
+    def start(flood="", kind="json", sse=False, text="answered"):
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RawHttpMcp)
+        httpd.handle_error = lambda *args: None  # a client that hangs up mid-answer
+        httpd.flood, httpd.kind, httpd.sse, httpd.text = flood, kind, sse, text
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        started.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}/mcp"
+
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+HTTP_FLOODED = "MCP server 'web' sent a message over 32 MiB; it was disconnected"
+
+
+@pytest.mark.parametrize("kind", ["json", "gzip", "sse"])
+def test_an_http_server_flooding_a_call_is_disconnected_at_the_limit(raw_http, kind):
+    """The SDK read a JSON body whole (and a gzipped one decoded whole) until the call's
+    timeout, memory growing all the while; an event over 1 MiB failed its call alone."""
+    specs = [ServerSpec(name="web", url=raw_http(flood="tools/call", kind=kind)),
+             ServerSpec(name="calm", url=raw_http())]
+    with McpServers(specs, call_timeout=60) as servers:
+        tools = {t.name: t for t in servers.tools()[0]}
+        start = time.monotonic()
+        r = run_tool(tools["web__flood"], {})
+        assert (r.exit_code, r.stderr, r.timed_out) == (1, HTTP_FLOODED, False), r
+        assert time.monotonic() - start < 30  # not the call's 60 s timeout
+        again = run_tool(tools["web__flood"], {})
+        assert again.exit_code != 0 and again.stderr.endswith(HTTP_FLOODED), again
+        assert run_tool(tools["calm__flood"], {}).stdout == "answered"  # the other serves
+
+
+@pytest.mark.parametrize("kind", ["json", "gzip", "sse"])
+def test_an_http_server_flooding_initialize_is_one_line(tmp_path, raw_http, kind):
+    config = tmp_path / "web.json"
+    config.write_text(json.dumps({"mcpServers": {"web": {"url": raw_http("initialize", kind)}}}))
+    start = time.monotonic()
+    r = cli("tools", "ls", "--mcp-config", str(config), env={"MLX_AGENT_MCP_START_TIMEOUT": "60"})
+    assert r.returncode == 2 and r.stderr == f"mlx_agent: error: {HTTP_FLOODED}\n", r.stderr
+    assert time.monotonic() - start < 45  # not the 60 s start-up timeout
+
+
+@pytest.mark.parametrize("sse", [False, True])
+def test_a_big_http_result_under_the_limit_arrives_whole(raw_http, sse):
+    """An event over 1 MiB (the SDK's own limit) failed its call: a big result came over stdio
+    but not over HTTP."""
+    text = "<" + "z" * (20 << 20) + ">"
+    with McpServers([ServerSpec(name="web", url=raw_http(sse=sse, text=text))],
+                    cap=16) as servers:
+        r = run_tool(by_name(servers)[0]["flood"], {})
+    assert r.exit_code == 0, r  # ends and middle of 20 MiB, in one message
+    assert r.stdout == f"<zzzzzzz…[truncated {(20 << 20) - 14} bytes]zzzzzzz>"
+
+
+@pytest.mark.real_model
+def test_the_agent_goes_on_after_an_http_server_floods_its_call(tmp_path, raw_http):
+    config = tmp_path / "web.json"
+    config.write_text(json.dumps({"mcpServers": {"web": {"url": raw_http("tools/call")}}}))
+    start = time.monotonic()
+    r = cli("agent", "--mcp-config", str(config), "--single", "Flood.", "--json-out",
+            "--tool-choice", "flood,none", "--tool-timeout", "100", "--max-tokens", "16",
+            "--max-steps", "2", timeout=300)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-500:]
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    calls = [e for e in events if isinstance(e, ev.ToolCall)]
+    assert [(c.tool, c.exit_code, c.stderr) for c in calls] == [("flood", 1, HTTP_FLOODED)]
+    assert isinstance(events[-1], ev.Stats)  # the run went on to its answer
+    assert time.monotonic() - start < 80  # not the call's 100 s timeout

@@ -11,7 +11,11 @@ and the synchronous methods here wait on it with timeouts. A server that does no
 Stdio servers go through our own copy of the SDK's stdio transport, with bounds: one message
 (one line) holds at most :data:`MAX_MESSAGE_BYTES`, and a server that writes more without a
 newline is stopped at once (its process group killed), its start or call failing with one line
-that says so; of its stderr only the last :data:`STDERR_TAIL` bytes are kept.
+that says so; of its stderr only the last :data:`STDERR_TAIL` bytes are kept. Streamable HTTP
+servers go through the SDK's transport with the client it would make itself, bounded alike: a
+response body (as decoded) or one server-sent event past :data:`MAX_MESSAGE_BYTES` ends the
+session at once, its start or call failing with one line that says so (the server is not ours
+to stop).
 
 Text content is the tool's stdout; other content is summarised (``[image/png, 1234 bytes]``);
 the whole is capped like ``_exec`` output. Tool names keep the server's names, prefixed
@@ -36,6 +40,7 @@ import base64
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import shlex
@@ -52,6 +57,7 @@ from mcp.client.stdio import FORCE_KILL_TIMEOUT, PROCESS_TERMINATION_TIMEOUT, \
     get_default_environment
 from mcp.client.streamable_http import streamable_http_client
 from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from ..errors import UserFacingError
@@ -72,9 +78,10 @@ MAX_CONFIG_BYTES = 1 << 20  # an MCP config names a few servers
 # What one server may list: past some hundreds the grammar cannot be compiled anyway, and a
 # server paging without end grew memory until the start-up timeout
 MAX_LISTED_TOOLS = 4096
-# What one message (one line) from a stdio server may hold: room for a big result (a
-# screenshot in base64), while a server writing without newlines cannot fill our memory (the
-# SDK's reader kept that line growing, re-scanning it, until the call's timeout)
+# What one message from a server may hold (a stdio server's line, an HTTP server's response
+# body or server-sent event): room for a big result (a screenshot in base64), while a server
+# that never ends one cannot fill our memory (the SDK's readers kept it growing until the
+# call's timeout)
 MAX_MESSAGE_BYTES = 32 << 20
 STDERR_TAIL = 4096  # what is kept of a server's stderr: its last line names a failure
 
@@ -253,7 +260,7 @@ class McpServers:
         """The SDK's client transport for ``server`` (a stdio one under the sandbox)."""
         spec = server.spec
         if spec.url is not None:
-            return streamable_http_client(spec.url)
+            return _http_client(server, spec.url)
         cwd = spec.cwd or self.cwd
         env = {**tool_env(), **spec.env}
         argv = [spec.command, *spec.args]
@@ -403,7 +410,7 @@ class McpServers:
 
 
 class MessageTooLarge(Exception):
-    """A stdio server that wrote more than :data:`MAX_MESSAGE_BYTES` without a newline."""
+    """A server that sent more than :data:`MAX_MESSAGE_BYTES` in one message."""
 
 
 @contextlib.asynccontextmanager
@@ -469,6 +476,54 @@ async def _stdio_client(server: _Server, argv: list[str], env: dict[str, str], c
                 if process.returncode is not None:  # else abandoned, as the SDK does
                     await process.aclose()  # its pipes, before the loop closes
             tasks.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _http_client(server: _Server, url: str):
+    """The SDK's Streamable HTTP transport, with the client it would make itself, bounded: a
+    response body, or one server-sent event, past :data:`MAX_MESSAGE_BYTES` ends the session
+    (the SDK read a JSON body whole)."""
+    async with create_mcp_http_client() as client:
+        client.event_hooks = {"response": [functools.partial(_bound_body, server)]}
+        async with streamable_http_client(url, http_client=client,
+                                          max_sse_event_size=MAX_MESSAGE_BYTES) as streams:
+            yield streams
+
+
+async def _bound_body(server: _Server, response) -> None:
+    """Has ``response``'s body, as read (decoded: a gzipped one can grow a thousandfold),
+    raise :class:`MessageTooLarge` past :data:`MAX_MESSAGE_BYTES`, or an event stream's past
+    that many since its last event ended; ``server`` is disconnected then."""
+    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    read = response.aiter_bytes
+
+    async def aiter_bytes(chunk_size: int | None = None):
+        held, last = 0, b""
+        async with contextlib.aclosing(read(chunk_size)) as chunks:
+            async for chunk in chunks:
+                held = _open_event(held, last, chunk) if kind == "text/event-stream" \
+                    else held + len(chunk)
+                if held > MAX_MESSAGE_BYTES:
+                    server.stopped = f"sent a message over {MAX_MESSAGE_BYTES >> 20} MiB; " \
+                                     "it was disconnected"
+                    server.stop.set()  # the SDK makes some errors one request's, and goes on
+                    raise MessageTooLarge(server.stopped)
+                last = chunk[-1:] or last
+                yield chunk
+
+    response.aiter_bytes = aiter_bytes  # what aread() and the SDK's event parser read
+
+
+# A blank line, however the lines end (an event stream's end in \r\n, \r or \n): an event's end
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r")
+
+
+def _open_event(held: int, last: bytes, chunk: bytes) -> int:
+    """The bytes of an event stream's open event after ``chunk``: ``held`` before it, ``last``
+    the byte before it."""
+    seen = last + chunk
+    end = max(seen.rfind(mark) for mark in _EVENT_ENDS)
+    return held + len(chunk) if end < 0 else len(seen) - end - 2
 
 
 async def _stop(process, at_once: bool) -> None:
