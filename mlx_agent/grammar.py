@@ -223,6 +223,25 @@ def _each_subschema(schema: dict, rule: Callable[[Any], Any]) -> dict:
     return out
 
 
+def _close(schema: dict) -> dict:
+    """``schema`` (changed in place) closed to keys it does not declare, unless it says what
+    others may be: an object that declares no properties stays free-form."""
+    if schema.get("properties") and not {"additionalProperties", "patternProperties"} & set(schema):
+        schema["additionalProperties"] = False
+    return schema
+
+
+def closed(schema: Any) -> Any:
+    """A copy of ``schema`` with every object that declares properties closed (see
+    :func:`_close`), at every depth: a response format's or ``--json-schema``'s. llama.cpp's
+    JSON-schema grammars (and so Ollama's and LM Studio's) read a missing
+    ``additionalProperties`` so, and OpenAI's strict mode requires it; left open, a small
+    model wrote invented keys, the same key again, until its token limit cut the JSON off."""
+    if not isinstance(schema, dict):
+        return schema
+    return _close(_each_subschema(schema, closed))
+
+
 def _bound(schema: Any, max_len: int) -> Any:
     """``schema`` as the grammar binds it, at every depth: strings with a maxLength and no
     NUL, numbers with bounds, and every object that declares properties closed to other
@@ -242,8 +261,7 @@ def _bound(schema: Any, max_len: int) -> Any:
         if "integer" in types or "number" in types:
             out.setdefault("minimum", -_NUMBER_BOUND)
             out.setdefault("maximum", _NUMBER_BOUND)
-    if out.get("properties") and not {"additionalProperties", "patternProperties"} & set(out):
-        out["additionalProperties"] = False
+    _close(out)
     # llguidance refuses uniqueItems; a call with a repeated item fails the schema check
     # before it runs instead (the model is told why)
     out.pop("uniqueItems", None)
@@ -589,7 +607,7 @@ def grammar_from_file(path: str, kind: str, tokenizer) -> str:
             raise GrammarError(f"{path} is not a JSON schema: {e}") from None
         _check_schema(schema, str(path))  # first: llguidance crashed on some
         try:
-            grammar = LLMatcher.grammar_from_json_schema(text)
+            grammar = LLMatcher.grammar_from_json_schema(json.dumps(closed(schema)))
         except ValueError as e:
             raise GrammarError(f"{path} is not a JSON schema: {e}") from None
     else:
@@ -714,7 +732,8 @@ def schema_constraint(lm, schema: dict, field: str = "response_format") -> Const
         where = f": '{bad[0]}'" if bad[0] else ""
         raise GrammarError(f"{what}{where} is not valid JSON Schema: {bad[1]}")
     _check_literals(json.dumps([[what, schema]]), tuple(special_tokens(lm.tokenizer)))
-    constraint = Constraint(tokenizer, _schema_grammar(key, tokenizer, what), lm.vocab_size)
+    grammar = _schema_grammar(json.dumps(closed(schema), sort_keys=True), tokenizer, what)
+    constraint = Constraint(tokenizer, grammar, lm.vocab_size)
     return constraint.admitting(what, "JSON value")
 
 

@@ -572,3 +572,54 @@ def test_a_grammar_or_mcp_config_file_that_is_a_fifo_is_refused_at_once(smol, tm
         grammar_from_file(str(tmp_path / "fifo"), "json-schema", tok)
     with pytest.raises(McpError, match="not a regular file"):
         load_config(tmp_path / "fifo")
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string"},
+    "address": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "tags": {"type": "object"}},  # declares no properties: stays free-form
+    "required": ["name"]}
+
+
+@pytest.mark.parametrize("text,ok", [
+    ('{"name":"Ava"}', True),
+    ('{"name":"Ava","age":3}', False),  # a key the schema does not declare
+    ('{"name":"Ava","address":{"city":"Oslo","zip":"0150"}}', False),  # nor a nested one
+    ('{"name":"Ava","tags":{"any":"thing"}}', True),
+])
+def test_a_response_format_closes_objects_that_declare_properties(real_model, text, ok):
+    # llama.cpp's schema grammars (Ollama's, LM Studio's) read a missing
+    # additionalProperties as false
+    from mlx_agent.grammar import schema_constraint
+
+    c = schema_constraint(real_model, PERSON)
+    ids = real_model.encode(text)
+    assert (c.matcher.validate_tokens(ids) == len(ids) and c.matcher.consume_tokens(ids)
+            and c.matcher.is_accepting()) == ok
+
+
+def test_a_response_format_object_ends_instead_of_running_to_the_token_limit(real_model):
+    # left open, the bundled model wrote invented and repeated keys ("nbsp_free_free" ten
+    # times) until its token limit cut the JSON off
+    from mlx_agent.grammar import closed, schema_constraint
+
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.25}},
+              "required": ["n"]}
+    assert closed(schema)["additionalProperties"] is False and "additionalProperties" \
+        not in schema  # a copy: the request's schema is left as it came
+    engine = real_model.engine()
+    engine.prefill(real_model.prompt_ids(real_model.chat.render(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True)))
+    ids = list(engine.generate(max_tokens=64, constraint=schema_constraint(real_model, schema)))
+    assert len(ids) < 64 and list(json.loads(real_model.decode(ids))) == ["n"]
+
+
+def test_generate_json_schema_closes_objects_too(real_model, tmp_path):
+    from mlx_agent.grammar import grammar_from_file
+
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    tok = ll_tokenizer(real_model)
+    compiled = grammar_from_file(str(schema), "json-schema", tok)
+    assert accepts(real_model, tok, compiled, '{"name": "Ava"}')
+    assert not accepts(real_model, tok, compiled, '{"name": "Ava", "age": 3}')
