@@ -16,6 +16,7 @@ import sys
 import threading
 
 import click
+from click.core import ParameterSource
 
 from mlx_agent.errors import UserFacingError
 
@@ -149,6 +150,15 @@ def refuse_repeats(cmd: click.Command, args: list[str], ctx: click.Context) -> N
 
 
 def _one_line(e: click.UsageError, ctx: click.Context) -> UserError:
-    """Click's usage error as one line that names the --help to read."""
+    """Click's usage error as one line that names the --help to read, and the environment
+    variable a bad value came from (click names only the option, which was not given)."""
     where = (e.ctx or ctx).command_path
+    if isinstance(e, click.BadParameter) and e.param is not None and e.param_hint is None:
+        c = e.ctx or ctx
+        if c.get_parameter_source(e.param.name) is ParameterSource.ENVIRONMENT:
+            envvar = e.param.envvar
+            names = [envvar] if isinstance(envvar, str) else list(envvar or ())
+            var = next((n for n in names if n in os.environ), None)
+            if var:
+                e.param_hint = f"{e.param.get_error_hint(c)} (from ${var})"
     return UserError(f"{e.format_message()} (see {where} --help)")

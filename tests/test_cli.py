@@ -785,3 +785,21 @@ def test_a_size_that_is_not_one_is_one_line_naming_the_forms(tmp_path, size):
 def test_cache_prune_takes_a_size_with_a_unit(tmp_path):
     r = run("cache", "prune", str(tmp_path), "--max-bytes", "500M")
     assert r.returncode == 0 and r.stdout == "0 entries, 0 bytes left\n", r.stderr
+
+
+@pytest.mark.parametrize("env,argv,hint", [
+    ({"MLX_AGENT_WEIGHTS": "bad"}, ["generate", "hi"], "'--weights' (from $MLX_AGENT_WEIGHTS)"),
+    ({"MLX_AGENT_SANDBOX": "nope"}, ["agent", "--tools", ECHO, "--single", "hi"],
+     "'--sandbox' (from $MLX_AGENT_SANDBOX)"),
+])
+def test_a_bad_value_from_the_environment_names_the_variable(env, argv, hint):
+    # click named only the option, which the user had not given
+    r = run(*argv, env={**os.environ, **env})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"mlx_agent: error: Invalid value for {hint}: ")
+    assert r.stderr.count("\n") == 1
+
+
+def test_a_bad_value_of_the_option_itself_names_only_the_option():
+    r = run("generate", "--weights", "bad", "hi", env={**os.environ, "MLX_AGENT_WEIGHTS": "auto"})
+    assert r.returncode == 2 and "Invalid value for '--weights': 'bad'" in r.stderr
