@@ -68,7 +68,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
         paths.appendable_file(tool_metrics_out, "--tool-metrics-out",
                               not_same_as={"--tools": tools_file})
     sock = _listen(host, port)  # before the model loads: a taken port fails at once
-    tools = load_tools(tools_file, runnable=False) if tools_file else []  # clients run them
+    tools = load_tools(tools_file, runnable=False, handlers="list") if tools_file \
+        else []  # clients run them
     for warning in (w for t in tools for w in t.warnings):
         click.secho(f"warning: {warning}", err=True, fg="yellow")
     # Everything that touches MLX runs on one thread (MLX's streams are per thread on

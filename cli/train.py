@@ -196,7 +196,8 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
                       context_length=context_length)
             summary = run(lm, tasks, seeds=seeds, protocol=protocol,
                           trajectory_dir=trajectory_dir, on_run=show, batch=batch,
-                          extra_tools=served, config_overrides={**overrides, "sandbox": box})
+                          extra_tools=served, config_overrides={**overrides, "sandbox": box},
+                          handlers=handler_mode(trust_handlers))
     for line in _table(summary.row()):
         click.echo(line)
 

@@ -52,7 +52,7 @@ def worker(model: str | None, tools_file: str, mode: str, cache_dir: str) -> dic
     from .tools import load_tools
 
     lm = load(model)
-    tools = load_tools(tools_file)
+    tools = load_tools(tools_file, handlers="list")  # its prompt is all the benchmark reads
     conversation = Conversation(agent_format("json", lm), tools)
     engine = lm.engine()
     start = time.perf_counter()
@@ -150,7 +150,7 @@ def check(model: str | None, tools_file: str | None, plot: str | None) -> str | 
                                   "(pip install 'mlx-agent[plot]')") from None
     path = resolve(model)
     if tools_file:
-        load_tools(tools_file)
+        load_tools(tools_file, handlers="list")  # a bad file fails before the workers start
     return model if model is None or model in NAMED_MODELS else str(path.resolve())
 
 

@@ -268,7 +268,8 @@ def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = (
     catalogues: dict[str, dict[str, Tool]] = {}
     for k, task in enumerate(tasks.tasks):
         if task.tools and task.tools not in catalogues:
-            catalogues[task.tools] = {t.name: t for t in load_tools(tasks.base / task.tools)}
+            catalogues[task.tools] = {t.name: t for t in load_tools(tasks.base / task.tools,
+                                                                   handlers="list")}
         have = {**catalogues.get(task.tools, {}), **{t.name: t for t in extra},
                 **(builtin if task.builtin_tools else {})}
         for want in task.check.tool_calls or ():
@@ -307,22 +308,26 @@ def tool_names(tasks: str | Path | TaskFile) -> set[str]:
     """The names of every tool the tasks' tools files define."""
     tasks = TaskFile.of(tasks)
     files = {t.tools for t in tasks.tasks if t.tools}
-    return {tool.name for f in sorted(files) for tool in load_tools(tasks.base / f)}
+    return {tool.name for f in sorted(files)
+            for tool in load_tools(tasks.base / f, handlers="list")}
 
 
 def run(lm, tasks_file: str | Path | TaskFile, *, seeds: int = 1, protocol: str = "auto",
         config_overrides: dict | None = None, trajectory_dir: str | Path | None = None,
         sampler_for: Callable[[int], Any] | None = None,
         on_run: Callable[[RunResult], None] = lambda r: None, batch: int = 1,
-        extra_tools: Sequence[Tool] = ()) -> Summary:
+        extra_tools: Sequence[Tool] = (), handlers: str = "refuse") -> Summary:
     """Run every task ``seeds`` times; ``extra_tools`` (an MCP server's) join every task's
-    own; ``sampler_for(seed)`` overrides sampling (tests).
+    own; ``sampler_for(seed)`` overrides sampling (tests). A tasks file is data: a Python
+    ``_handler`` tool in its tools files is an error unless ``handlers="import"`` (see
+    :func:`check_handlers`).
 
     With ``batch`` > 1, that many runs go at a time, each in a thread with an engine of its
     own, decoding together on a :class:`~mlx_agent.batch_runner.BatchRunner` (a run's tools
     execute while the others decode); ``on_run`` gets results as runs finish, the summary
     lists them in task order."""
     tasks = TaskFile.of(tasks_file)
+    check_handlers(tasks, handlers)
     runs = [(task, seed) for task in tasks.tasks for seed in range(seeds)]
 
     def one(engine: Engine, item: tuple[Task, int]) -> RunResult:
@@ -368,7 +373,8 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                                 f"{e.strerror}") from None
         else:
             workdir.mkdir()
-        tools = load_tools(base / task.tools) if task.tools else []
+        # its handlers were checked before any run (run()'s check_handlers, or the CLI's)
+        tools = load_tools(base / task.tools, handlers="import") if task.tools else []
         if task.builtin_tools:
             tools += builtin_tools(workdir, sandbox=overrides.get("sandbox"))
         tools += extra_tools

@@ -161,7 +161,7 @@ def _evaluate(load_lm: Callable[[], object], adapter: str | None, tasks_file: Pa
         return config.cluster.evaluate(tasks_file, adapter, config)
     return run(load_lm(), tasks_file, protocol=config.protocol, extra_tools=config.extra_tools,
                config_overrides={**_overrides(config), "sandbox": config.sandbox},
-               batch=config.batch)
+               batch=config.batch, handlers="import")  # its caller loaded (and chose) them
 
 
 def _row(summary: Summary, kinds: dict[str, str]) -> dict:

@@ -66,3 +66,18 @@ def test_an_unknown_handlers_mode_is_refused_not_read_as_list(tmp_path):
     hostile(tmp_path)
     with pytest.raises(ValueError, match="handlers"):
         load_tools(tmp_path / "tools.json", handlers="refused")
+
+
+def test_the_library_refuses_handlers_unless_asked_to_import_them(tmp_path, tiny_lm):
+    # load_tools and evaluate.run imported (and ran) a data file's handlers by default
+    from mlx_agent.evaluate import run as run_tasks
+    from mlx_agent.tools import ToolSchemaError
+
+    mark = hostile(tmp_path)
+    with pytest.raises(ToolSchemaError, match=r"tool 'status' is a Python _handler"):
+        load_tools(tmp_path / "tools.json")
+    with pytest.raises(ToolSchemaError, match=r"tool 'status' is a Python _handler"):
+        run_tasks(tiny_lm, tmp_path / "tasks.jsonl")
+    assert not mark.exists()
+    (tool,) = load_tools(tmp_path / "tools.json", handlers="import")
+    assert tool.handler == "os:system"

@@ -427,13 +427,14 @@ def _field_message(e: msgspec.ValidationError) -> str:
 HANDLERS = ("import", "list", "refuse")
 
 
-def load_tools(path: str | Path, runnable: bool = True, handlers: str = "import") -> list[Tool]:
+def load_tools(path: str | Path, runnable: bool = True, handlers: str = "refuse") -> list[Tool]:
     """The tools of the file at ``path``. A ``_handler`` is Python that runs in this process,
     outside any sandbox, and importing its module runs code already: ``handlers`` says what
     to do with one. ``"import"`` (the file is the user's own: ``agent --tools``): import it
-    now, so a wrong name fails at start-up; ``"list"`` (``tools ls``): check its form only;
-    ``"refuse"`` (a file that came as data: an eval task's, or ``synth``'s and
-    ``specialize``'s without ``--trust-handlers``): an error naming the tool."""
+    now, so a wrong name fails at start-up; ``"list"`` (``tools ls``, or a file read for its
+    schemas only): check its form only; ``"refuse"`` (the default: a file that came as data,
+    an eval task's, or ``synth``'s and ``specialize``'s without ``--trust-handlers``): an
+    error naming the tool. A caller must ask to import one."""
     if handlers not in HANDLERS:  # fail closed: a misspelt "refuse" must not admit them
         raise ValueError(f"handlers must be one of {', '.join(HANDLERS)}, not {handlers!r}")
     path = Path(path)
