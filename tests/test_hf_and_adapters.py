@@ -6,6 +6,7 @@ import json
 import re
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -202,3 +203,23 @@ def test_an_adapter_with_nan_weights_is_refused_at_load(tmp_path):
                                          rf"values \(.*{re.escape(name)}\).*the adapter is "
                                          r"damaged"):
         load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
+
+
+def test_nan_in_an_untied_embedding_row_is_refused_at_load(tmp_path):
+    """The probe's one token reads one row of the input embedding; only a tied one is the
+    output head too, which reads them all: an untied model with a NaN row loaded, and
+    generated NaN logits once a prompt held that token."""
+    model = make_tiny_llama(seed=4)
+    model.lm_head = nn.Linear(TINY_LLAMA["hidden_size"], TINY_LLAMA["vocab_size"], bias=False)
+    weights = dict(tree_flatten(model.parameters()))
+    table = weights["model.embed_tokens.weight"]
+    weights["model.embed_tokens.weight"] = mx.where(
+        mx.arange(table.size).reshape(table.shape) == 5 * table.shape[1],  # token 5's row
+        mx.array(float("nan")), table)
+    path = tmp_path / "hf"
+    write_hf_dir(path, model)
+    (path / "config.json").write_text(json.dumps({**TINY_LLAMA, "tie_word_embeddings": False}))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    with pytest.raises(ModelError, match=r"the weights hold NaN or infinite values "
+                                         r"\(model\.embed_tokens\.weight\).*the file is damaged"):
+        load(path)

@@ -326,11 +326,18 @@ def _probe(model: nn.Module, source: str) -> tuple[str, int, int, int]:
 
     The pass reads every layer's weights and the output head, so a NaN or an infinity in any
     of them (a damaged file) shows in its logits: refused here, where the model went on to
-    write the same token over and over. Only then are the weights searched, to name one."""
+    write the same token over and over. Of an embedding table it reads one row (a tied one
+    is the head too), so the tables are checked whole beside it. Only then are the weights
+    searched, to name one."""
     cache = [KVCache() for _ in model.layers]
     logits = model(mx.array([[0]]), cache=cache)
     keys = cache[0].keys
     finite = mx.isfinite(logits).all()
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+            for _, p in tree_flatten(module.parameters()):
+                if mx.issubdtype(p.dtype, mx.floating):
+                    finite = finite & mx.isfinite(p).all()
     mx.eval(keys, logits, finite)
     if not finite.item():
         bad = next((name for name, p in tree_flatten(model.parameters())
