@@ -223,3 +223,25 @@ def test_nan_in_an_untied_embedding_row_is_refused_at_load(tmp_path):
     with pytest.raises(ModelError, match=r"the weights hold NaN or infinite values "
                                          r"\(model\.embed_tokens\.weight\).*the file is damaged"):
         load(path)
+
+
+def test_a_dora_adapter_with_nan_weights_is_named_damaged_not_the_model(tmp_path):
+    """Blame went by "lora" in the tensor's name: a NaN DoRA magnitude (``….m``) said "the
+    file is damaged", sending the user to download the model again."""
+    f = random_tinygpt_file()
+    fmt.write(tmp_path / "m.tinygpt", f)
+    from mlx_agent.models import tinygpt
+
+    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    params = {"rank": 4, "scale": 2.0, "dropout": 0.0, "keys": ["attn.q_proj"]}
+    linear_to_lora_layers(base, 2, params, use_dora=True)
+    weights = {k: v for k, v in tree_flatten(base.parameters())
+               if "lora_" in k or k.endswith(".m")}
+    name = sorted(k for k in weights if k.endswith(".m"))[0]
+    weights[name] = mx.full(weights[name].shape, float("nan"))
+    (tmp_path / "ad").mkdir()
+    mx.save_safetensors(str(tmp_path / "ad" / "adapters.safetensors"), weights)
+    (tmp_path / "ad" / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": "dora", "num_layers": 2, "lora_parameters": params}))
+    with pytest.raises(ModelError, match=rf"\({re.escape(name)}\).*the adapter is damaged"):
+        load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
