@@ -63,7 +63,8 @@ def check_combination(ray_address: str | None, **others) -> None:
 def run_line(r) -> str:
     """An ``eval`` run's progress line."""
     mark = "✓" if r.reward else "✗"
-    tail = f" (failed: {r.error})" if r.error else ""
+    # a run that passed may still have stopped early (the context filled after its call)
+    tail = f" ({'stopped early' if r.reward else 'failed'}: {r.error})" if r.error else ""
     return for_terminal(f"{mark} {r.task} seed {r.seed}: {r.calls} calls, {r.turns} turns, "
                         f"{r.seconds:.1f} s{tail}")  # a task's id is the tasks file's text
 

@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import re
+from fractions import Fraction
 
 import click
 
@@ -229,7 +230,10 @@ class Bytes(click.ParamType):
             if not found or (found[2] == "" and "." in found[1]):
                 self.fail(f"{value!r} is not a size: give bytes (500000000) or a number with "
                           "K, M, G or T (500M, 1.5G)", param, ctx)
-            number = int(float(found[1]) * 1024 ** self.UNITS[found[2].lower()])
+            try:  # exact: a float lost the last digits of a big number, and was inf past 1e308
+                number = int(Fraction(found[1]) * 1024 ** self.UNITS[found[2].lower()])
+            except ValueError:  # past Python's 4300 digits for an int
+                self.fail(f"{value[:20]!r}... is too large a size", param, ctx)
         if number < self.min:
             self.fail(f"{value!r} is less than {self.min} bytes", param, ctx)
         return number

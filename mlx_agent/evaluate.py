@@ -83,7 +83,9 @@ class RunResult:
     seconds: float
     answer: str | None
     trajectory: str | None = None
-    error: str | None = None  # why the run could not be finished (its reward is 0)
+    # why the run could not be finished (its reward is 0), or why its turn stopped early
+    # (the context filled, the grammar gave up: its reward is what it did before)
+    error: str | None = None
     tool_errors: int = 0  # calls whose tool failed
     guarded_steps: int = 0  # steps in which the loop guard masked a repeated call
     retried_steps: int = 0  # steps made to call again after a failed call
@@ -418,4 +420,4 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                          trajectory=str(recorder.path) if recorder else None,
                          tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
                          retried_steps=s.retried_steps,
-                         error=out.warning)  # the turn stopped early: the context was full
+                         error=out.warning)  # why the turn stopped early, if it did

@@ -429,14 +429,8 @@ def remove(directory: str | os.PathLike, key: str,
     matched = [e for e in entries(directory) if e.key and e.key.startswith(key)]
     gone = []
     for e in matched:
-        try:
-            _unlink(e.path)
-        except OSError as err:
-            if warn is None:
-                raise
-            warn(err.strerror)
-            continue
-        gone.append(e)
+        if _removed(e.path, warn):
+            gone.append(e)
     return gone, len(matched)
 
 
@@ -455,16 +449,23 @@ def prune(directory: str | os.PathLike, max_bytes: int, keep: Path | None = None
             break
         if keep is not None and e.path == keep:
             continue
-        try:
-            _unlink(e.path)
-        except OSError as err:
-            if warn is None:
-                raise
-            warn(err.strerror)
-            continue
-        total -= e.bytes
-        gone.append(e)
+        if _removed(e.path, warn):
+            total -= e.bytes
+            gone.append(e)
     return gone
+
+
+def _removed(path: Path, warn: Warn | None) -> bool:
+    """Whether ``path`` is deleted: one that cannot be is said through ``warn`` (False), or
+    without ``warn`` its OSError (see :func:`_unlink`) is raised."""
+    try:
+        _unlink(path)
+    except OSError as err:
+        if warn is None:
+            raise
+        warn(err.strerror)
+        return False
+    return True
 
 
 def _unlink(path: Path) -> None:

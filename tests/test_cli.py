@@ -803,3 +803,19 @@ def test_a_bad_value_from_the_environment_names_the_variable(env, argv, hint):
 def test_a_bad_value_of_the_option_itself_names_only_the_option():
     r = run("generate", "--weights", "bad", "hi", env={**os.environ, "MLX_AGENT_WEIGHTS": "auto"})
     assert r.returncode == 2 and "Invalid value for '--weights': 'bad'" in r.stderr
+
+
+def test_a_size_too_large_for_a_float_is_exact_or_one_line(tmp_path):
+    """Sizes went through float(): past 1e308 one was inf, an OverflowError traceback, and a
+    big byte count lost its last digits."""
+    from mlx_agent.cli.options import Bytes
+
+    assert Bytes().convert("9007199254740993", None, None) == 9007199254740993
+    assert Bytes().convert("9" * 400 + "T", None, None) == int("9" * 400) << 40
+    for size, message in (("9" * 400, None), ("9" * 5000, "is too large a size")):
+        r = run("cache", "prune", str(tmp_path), "--max-bytes", size)
+        assert "Traceback" not in r.stderr and r.stderr.count("\n") <= 1, r.stderr[-300:]
+        if message:
+            assert r.returncode == 2 and message in r.stderr, r.stderr
+        else:
+            assert r.returncode == 0 and r.stdout == "0 entries, 0 bytes left\n", r.stderr

@@ -198,3 +198,23 @@ def test_a_run_whose_prompt_overflows_the_context_says_why_in_its_row(tiny_lm, t
     row = result.row()
     assert (row["reward"], row["answered"]) == (0.0, False)
     assert f"exceed the {tiny_lm.context_length}-token context" in row["error"]
+
+
+def test_a_run_that_passed_before_the_context_filled_is_not_called_failed(tiny_lm, tmp_path):
+    """The early-stop reason went into ``error``, and the progress line of a run that had
+    made its expected call read "✓ call seed 0: ... (failed: 2204 tokens exceed ...)"."""
+    from mlx_agent.cli.fanout import run_line
+
+    noisy = [{**TOOLS[0], "_exec": "head -c 100000 /dev/zero | tr '\\0' 'a '"}]
+    (tmp_path / "tools.json").write_text(json.dumps(noisy))
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(
+        {"id": "call", "prompt": "echo hi", "tools": "tools.json",
+         "check": {"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]}}))
+    summary = run(tiny_lm, tmp_path / "tasks.jsonl", config_overrides={"grammar": False},
+                  sampler_for=lambda seed: Script(
+                      tiny_lm, '{"tool": "echo", "arguments": {"text": "hi"}}', '{"answer":"x"}'))
+    (result,) = summary.runs
+    assert result.reward == 1.0 and "-token context" in result.error
+    line = run_line(result)
+    assert line.startswith("✓ call seed 0: 1 calls") and "(stopped early: " in line, line
+    assert "failed" not in line

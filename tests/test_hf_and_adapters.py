@@ -6,6 +6,7 @@ import json
 import re
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -201,4 +202,46 @@ def test_an_adapter_with_nan_weights_is_refused_at_load(tmp_path):
     with pytest.raises(ModelError, match=rf"with adapter .*: the weights hold NaN or infinite "
                                          rf"values \(.*{re.escape(name)}\).*the adapter is "
                                          r"damaged"):
+        load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
+
+
+def test_nan_in_an_untied_embedding_row_is_refused_at_load(tmp_path):
+    """The probe's one token reads one row of the input embedding; only a tied one is the
+    output head too, which reads them all: an untied model with a NaN row loaded, and
+    generated NaN logits once a prompt held that token."""
+    model = make_tiny_llama(seed=4)
+    model.lm_head = nn.Linear(TINY_LLAMA["hidden_size"], TINY_LLAMA["vocab_size"], bias=False)
+    weights = dict(tree_flatten(model.parameters()))
+    table = weights["model.embed_tokens.weight"]
+    weights["model.embed_tokens.weight"] = mx.where(
+        mx.arange(table.size).reshape(table.shape) == 5 * table.shape[1],  # token 5's row
+        mx.array(float("nan")), table)
+    path = tmp_path / "hf"
+    write_hf_dir(path, model)
+    (path / "config.json").write_text(json.dumps({**TINY_LLAMA, "tie_word_embeddings": False}))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    with pytest.raises(ModelError, match=r"the weights hold NaN or infinite values "
+                                         r"\(model\.embed_tokens\.weight\).*the file is damaged"):
+        load(path)
+
+
+def test_a_dora_adapter_with_nan_weights_is_named_damaged_not_the_model(tmp_path):
+    """Blame went by "lora" in the tensor's name: a NaN DoRA magnitude (``….m``) said "the
+    file is damaged", sending the user to download the model again."""
+    f = random_tinygpt_file()
+    fmt.write(tmp_path / "m.tinygpt", f)
+    from mlx_agent.models import tinygpt
+
+    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    params = {"rank": 4, "scale": 2.0, "dropout": 0.0, "keys": ["attn.q_proj"]}
+    linear_to_lora_layers(base, 2, params, use_dora=True)
+    weights = {k: v for k, v in tree_flatten(base.parameters())
+               if "lora_" in k or k.endswith(".m")}
+    name = sorted(k for k in weights if k.endswith(".m"))[0]
+    weights[name] = mx.full(weights[name].shape, float("nan"))
+    (tmp_path / "ad").mkdir()
+    mx.save_safetensors(str(tmp_path / "ad" / "adapters.safetensors"), weights)
+    (tmp_path / "ad" / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": "dora", "num_layers": 2, "lora_parameters": params}))
+    with pytest.raises(ModelError, match=rf"\({re.escape(name)}\).*the adapter is damaged"):
         load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")

@@ -186,6 +186,21 @@ def test_a_share_too_small_for_one_catalogue_holds_over_many():
     assert all(sum(p.values()) == 8 for p in plans)
 
 
+def test_a_plan_is_never_more_tasks_than_asked():
+    """Each kind's fraction rounds up by chance, and for a few tasks the round-ups passed n:
+    ``synth --n-train 1`` made 2 or 3 tasks for some seeds (and its progress passed its
+    total)."""
+    rng = random.Random(0)
+    for n in (1, 2, 3):
+        plans = [tasks_module.Plan.of(n, SynthConfig().shares(), set(tasks_module.KINDS),
+                                      rng).counts for _ in range(500)]
+        assert all(sum(p.values()) == n and min(p.values()) >= 0 for p in plans)
+    done = []
+    s = synthesize(load_tools(CATALOGUE), SynthConfig(n_train=1, n_heldout=1, seed=128),
+                   done=done.append)  # a seed that made 3 training tasks
+    assert (len(s.train), len(s.heldout), sum(done)) == (1, 1, 2)
+
+
 def test_a_catalogue_without_results_gets_no_chains_or_answers():
     s = synthesize(load_tools(CATALOGUE), SynthConfig(n_train=40, n_heldout=20,
                                                       run_tools=False))

@@ -314,7 +314,8 @@ def test_a_header_name_that_is_not_a_string_gives_the_file_stem(tmp_path, name):
 @pytest.mark.parametrize("tensor,index,value", [
     ("blocks.1.mlp.fc_in.weight", (3, 5), np.nan),
     ("blocks.0.ln1.weight", (7,), np.inf),
-    ("token_embedding.weight", (200, 1), -np.inf),  # a row no prompt of the probe reads
+    ("token_embedding.weight", (200, 1), -np.inf),  # a row the probe's token is not
+    ("position_embedding.weight", (5, 1), np.nan),  # a position past the probe's one token
 ])
 def test_weights_with_nan_or_infinity_are_refused_at_load(tmp_path, tensor, index, value):
     f = random_tinygpt_file()

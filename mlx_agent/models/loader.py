@@ -321,23 +321,35 @@ def _check_adapter_config(adapter, adapter_path: Path) -> None:
         raise bad(f"keys is {json.dumps(keys)[:40]}, not a list of layer names")
 
 
-def _probe(model: nn.Module, source: str) -> tuple[str, int, int, int]:
+def _probe(model: nn.Module, source: str,
+           adapter_weights: Path | None = None) -> tuple[str, int, int, int]:
     """KV dtype, kv heads, head dim and logits width, read off a one-token forward pass.
 
     The pass reads every layer's weights and the output head, so a NaN or an infinity in any
     of them (a damaged file) shows in its logits: refused here, where the model went on to
-    write the same token over and over. Only then are the weights searched, to name one."""
+    write the same token over and over. Of an embedding table it reads one row (a tied one
+    is the head too), so the tables are checked whole beside it. Only then are the weights
+    searched, to name one, and the file it came from (``adapter_weights``, or the model's)."""
     cache = [KVCache() for _ in model.layers]
     logits = model(mx.array([[0]]), cache=cache)
     keys = cache[0].keys
     finite = mx.isfinite(logits).all()
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+            for _, p in tree_flatten(module.parameters()):
+                if mx.issubdtype(p.dtype, mx.floating):
+                    finite = finite & mx.isfinite(p).all()
     mx.eval(keys, logits, finite)
     if not finite.item():
         bad = next((name for name, p in tree_flatten(model.parameters())
                     if mx.issubdtype(p.dtype, mx.floating) and not mx.isfinite(p).all().item()),
                    None)
         where = f" ({bad})" if bad else ""
-        damaged = "the adapter is" if bad and "lora" in bad else "the file is"
+        # its names, not its data (MLX loads lazily): a DoRA magnitude or a full fine-tune's
+        # weight is the adapter's too, though its name holds no "lora"
+        ours = bad is not None and adapter_weights is not None and \
+            bad in mx.load(str(adapter_weights))
+        damaged = "the adapter is" if ours else "the file is"
         raise ModelError(f"{source}: the weights hold NaN or infinite values{where}, so the "
                          f"model cannot compute; {damaged} damaged: download or make it again")
     return str(keys.dtype).removeprefix("mlx.core."), keys.shape[1], keys.shape[3], logits.shape[-1]
@@ -398,7 +410,8 @@ def load(
     chat = ChatFormat(template=template, bos_token=getattr(inner, "bos_token", None) or "",
                       eos_token=getattr(inner, "eos_token", None) or "")
     source = f"{path}" + (f" with adapter {adapter}" if adapter_path else "")
-    kv_dtype, kv_heads, head_dim, vocab_size = _probe(model, source)
+    kv_dtype, kv_heads, head_dim, vocab_size = _probe(
+        model, source, adapter_path / "adapters.safetensors" if adapter_path else None)
     identity = ModelIdentity(
         name=name, format=fmt,
         fingerprint=dir_fingerprint(path) if path.is_dir() else file_fingerprint(path),

@@ -255,15 +255,20 @@ class Plan:
     @classmethod
     def of(cls, n: int, shares: dict[str, float], available: set[str],
            rng: random.Random) -> "Plan":
-        """``n * share`` tasks of each available kind, the rest calls. A fractional count
-        rounds up with the probability of its fraction, so a share too small for one
-        catalogue (5% of 8 tasks) still has its share over many."""
+        """``n * share`` tasks of each available kind, the rest calls: ``n`` in all. A
+        fractional count rounds up with the probability of its fraction, so a share too small
+        for one catalogue (5% of 8 tasks) still has its share over many; where those round-ups
+        pass ``n`` (a few tasks), the kinds last in :data:`KINDS` lose them."""
         def count(k: str) -> int:
             whole, frac = divmod(round(n * shares.get(k, 0.0), 9), 1)
             return int(whole) + (frac > 0 and rng.random() < frac)
 
-        counts = {k: count(k) if k in available else 0 for k in KINDS if k != "call"}
-        counts["call"] = max(n - sum(counts.values()), 0)
+        counts, left = {}, n
+        for k in KINDS:
+            if k != "call":
+                counts[k] = min(count(k), left) if k in available else 0
+                left -= counts[k]
+        counts["call"] = left
         return cls(counts)
 
     def slots(self, rng: random.Random) -> list[str]:
