@@ -14,7 +14,7 @@ from mlx_agent.engine import SamplingParams
 from mlx_agent.grammar import (Constraint, GrammarError, json_protocol_grammar, ll_tokenizer)
 from mlx_agent.models import load
 from mlx_agent.models import tinygpt_format as fmt
-from mlx_agent.tools import load_tools, parse_tools
+from mlx_agent.tools import ToolSchemaError, load_tools, parse_tools
 
 from .conftest import random_tinygpt_file
 
@@ -334,12 +334,18 @@ def test_a_top_level_ref_kept_beside_other_keywords_still_admits_its_calls(smol)
     # merged with minProperties the $ref would mean something else: it stays, and the
     # grammar no longer closes the top level to every key beside it
     lm, tok, _ = smol
-    tools = parse_tools(json.dumps([{"name": "t", "_exec": "x", "parameters": {
-        "$ref": "#/$defs/P", "minProperties": 2, "$defs": {"P": PARAMS}}}]))
+    entry = {"name": "t", "parameters": {"$ref": "#/$defs/P", "minProperties": 2,
+                                         "$defs": {"P": PARAMS}}}
+    tools = parse_tools(json.dumps([entry]), runnable=False)  # a client's: it runs them
     assert "$ref" in tools[0].parameters
     grammar = json_protocol_grammar(tools, tok)
     assert accepts(lm, tok, grammar, '{"tool":"t","arguments":{"x":"a","n":1}}')
     assert not accepts(lm, tok, grammar, '{"tool":"t","arguments":{"x":"a","y":1}}')
+    # one we run would get no arguments in _exec's variables (it read no properties): refused
+    with pytest.raises(ToolSchemaError, match=r"tool 't': field 'parameters' is a \$ref with "
+                                              r"'minProperties' beside it, so its properties "
+                                              r"cannot be read"):
+        parse_tools(json.dumps([{**entry, "_exec": 'echo "$x"'}]))
 
 
 def test_hermes_grammar_binds_only_inside_tool_call_tags(smol):

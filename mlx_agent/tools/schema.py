@@ -218,6 +218,13 @@ def _tool_from(function: Function, where: str, runnable: bool = True) -> Tool:
             raise ToolSchemaError(f"{where}: field 'required' names {req!r}, which is not a property")
     if not runnable:  # a client's tool: its schema is all there is
         return Tool(name=name, description=function.description, parameters=params)
+    if "$ref" in params:  # not followed: the arguments would never reach _exec's variables
+        beside = sorted(set(params) - _BESIDE_REF)
+        why = f"with {beside[0]!r} beside it" if beside else "to a schema that cannot stand in " \
+            "for it (another type, or one with an $id)"
+        raise ToolSchemaError(f"{where}: field 'parameters' is a $ref {why}, so its properties "
+                              "cannot be read; write the parameters out, or move what stands "
+                              "beside the $ref into the schema it points to")
     if not function.exec_template and not function.handler:
         raise ToolSchemaError(f"{where}: has neither '_exec' nor '_handler', so it cannot run")
     if function.exec_template and function.handler:
