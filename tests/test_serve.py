@@ -1230,3 +1230,22 @@ def test_a_body_too_large_gets_its_413_even_from_a_client_that_closes(serve):
     status, r = s.post("/v1/chat/completions", body)
     assert status == 413 and "--max-body-bytes" in r["error"]["message"], r
     assert s.get("/health")["status"] == "ok"  # and it goes on serving
+
+
+def test_a_null_field_reads_as_not_sent(serve):
+    """OpenAI reads a null as the field left out, and Ollama's Go decoder skips nulls: a
+    client that writes every field (null when unset) got 400 "Expected `bool`, got `null`"
+    for stream, n, parallel_tool_calls, echo, a completion's max_tokens, ..."""
+    s = serve()
+    status, r = s.post("/v1/chat/completions", {
+        "messages": user("hi"), "max_tokens": 2, "n": None, "stream": None,
+        "parallel_tool_calls": None, "stream_options": {"include_usage": None}})
+    assert status == 200 and r["object"] == "chat.completion", r
+    status, r = s.post("/v1/completions", {"prompt": "Once", "max_tokens": None, "n": None,
+                                           "echo": None, "stream": None})
+    assert status == 200 and 0 < r["usage"]["completion_tokens"] <= 16, r  # OpenAI's 16
+    for path, body in (("/api/chat", {"messages": [{"role": "user", "content": None}]}),
+                       ("/api/generate", {"prompt": "Once", "raw": None})):
+        status, lines = s.post(path, {"model": "tiny", "stream": None,
+                                      "options": {"num_predict": 2}, **body})
+        assert status == 200 and lines[-1]["done"] is True, lines  # streamed, the default

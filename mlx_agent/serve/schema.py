@@ -3,7 +3,8 @@
 Decoding is the validation: a known field of the wrong type is a :class:`msgspec.ValidationError`
 that names it (the server answers 400). Fields this server does not use are accepted and
 ignored, as OpenAI's own server does with fields it does not know, so clients that send
-``user`` or ``keep_alive`` work unchanged; a chat request's ``logprobs: false`` is accepted,
+``user`` or ``keep_alive`` work unchanged, and a null reads as the field left out
+(:class:`Body`); a chat request's ``logprobs: false`` is accepted,
 ``logprobs: true`` or a ``top_logprobs`` above 0 refused (this server computes none), and
 so is a text completion's ``logprobs`` (any number), ``best_of`` above 1 or ``suffix``.
 Responses are plain dicts built by :mod:`.openai_api` and :mod:`.ollama_api`.
@@ -23,6 +24,17 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 Stop = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
 Stops = Annotated[list[Stop], msgspec.Meta(max_length=MAX_STOPS)]
+
+
+class Body(Struct, kw_only=True):
+    """A request body (or a part of one) whose ``X | None`` fields with a default read a null
+    as the field left out, as OpenAI does and Ollama's Go decoder does (it skips nulls):
+    clients that write every field, null when unset, send ``"stream": null``."""
+
+    def __post_init__(self):
+        for f in msgspec.structs.fields(self):
+            if getattr(self, f.name) is None and f.default not in (None, msgspec.NODEFAULT):
+                setattr(self, f.name, f.default)
 
 
 class FunctionCall(Struct):
@@ -53,8 +65,8 @@ class NamedToolChoice(Struct):
     type: Literal["function"] = "function"
 
 
-class StreamOptions(Struct):
-    include_usage: bool = False
+class StreamOptions(Body):
+    include_usage: bool | None = False
 
 
 class JsonSchemaFormat(Struct):
@@ -68,7 +80,7 @@ class ResponseFormat(Struct):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _OpenAIRequest(Struct, kw_only=True):
+class _OpenAIRequest(Body, kw_only=True):
     """The fields chat and text completions share."""
 
     model: str | None = None
@@ -76,9 +88,9 @@ class _OpenAIRequest(Struct, kw_only=True):
     top_p: float | None = None
     seed: int | None = None
     stop: Union[Stop, Stops, None] = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int | None = 1
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -92,7 +104,7 @@ class ChatRequest(_OpenAIRequest, kw_only=True):
     messages: list[Message]
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = True
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     response_format: ResponseFormat | None = None
@@ -102,8 +114,8 @@ class ChatRequest(_OpenAIRequest, kw_only=True):
 
 class CompletionRequest(_OpenAIRequest, kw_only=True):
     prompt: Union[str, list[str]]
-    max_tokens: int = 16
-    echo: bool = False
+    max_tokens: int | None = 16
+    echo: bool | None = False
     logprobs: int | None = None  # refused unless null: the server has none to give
     best_of: int | None = None  # refused above 1, as n is
     suffix: str | None = None  # refused unless empty: text is only ever continued
@@ -123,30 +135,30 @@ class OllamaToolCall(Struct):
     function: FunctionCall
 
 
-class OllamaMessage(Struct):
+class OllamaMessage(Body):
     role: Role
-    content: str = ""
+    content: str | None = ""
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     images: list[str] | None = None
 
 
-class OllamaChatRequest(Struct):
+class OllamaChatRequest(Body):
     model: str
     messages: list[OllamaMessage]
     tools: list[dict[str, Any]] | None = None
-    stream: bool = True
+    stream: bool | None = True
     options: OllamaOptions | None = None
     format: Any = None
 
 
-class OllamaGenerateRequest(Struct):
+class OllamaGenerateRequest(Body):
     model: str
-    prompt: str = ""
+    prompt: str | None = ""
     system: str | None = None
-    raw: bool = False
+    raw: bool | None = False
     images: list[str] | None = None  # refused: this model reads text
-    stream: bool = True
+    stream: bool | None = True
     options: OllamaOptions | None = None
     format: Any = None
 
