@@ -362,7 +362,6 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("hi"), "logprobs": True}, "logprobs are not supported"),
     ({"messages": user("hi"), "logprobs": False, "top_logprobs": 2},
      "top_logprobs is not supported"),
-    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, "not found"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},
      "tool name"),
     ({"messages": [{"role": "user", "content": "hi"}],  # a 500 once
@@ -1249,3 +1248,17 @@ def test_a_null_field_reads_as_not_sent(serve):
         status, lines = s.post(path, {"model": "tiny", "stream": None,
                                       "options": {"num_predict": 2}, **body})
         assert status == 200 and lines[-1]["done"] is True, lines  # streamed, the default
+
+
+def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(serve):
+    """OpenAI answers 404 (code model_not_found) for a model it does not serve, and the SDK
+    raises NotFoundError; this server said 400, a BadRequestError."""
+    s = serve()
+    for call in (lambda: s.client.chat.completions.create(model="gpt-9", messages=user("hi")),
+                 lambda: s.client.completions.create(model="gpt-9", prompt="hi")):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert caught.value.body["code"] == "model_not_found"
+        assert "'gpt-9' not found; this server serves 'tiny'" in caught.value.body["message"]
+    r = s.client.chat.completions.create(model="tiny", messages=user("hi"), max_tokens=2)
+    assert r.choices[0].message.role == "assistant"

@@ -3,9 +3,9 @@
 Handlers decode the body (:mod:`.schema`), turn it into a chat call with the API's adapter
 (:mod:`.openai_api`, :mod:`.ollama_api`), render and check it off the model thread, run it on
 the model thread, and hand the result back to the adapter. Bad JSON, a wrong type, an unknown
-model, an unknown role, a limit out of range or JSON nested too deeply is a 400 with an
-OpenAI-style error body (Ollama endpoints: ``{"error": ...}``, and 404 for an unknown model,
-as Ollama answers); a body over ``max_body_bytes`` is a 413. Model work runs on one worker
+role, a limit out of range or JSON nested too deeply is a 400 with an OpenAI-style error body
+(Ollama endpoints: ``{"error": ...}``); an unknown model is a 404 (code ``model_not_found``),
+as both APIs answer; a body over ``max_body_bytes`` is a 413. Model work runs on one worker
 thread per lane of the service (one, unless it batches): requests beyond that wait in
 arrival order. A client that disconnects
 stops its generation at the next token; a request whose client left while it waited does no
@@ -97,10 +97,11 @@ class Server:
         except ValueError as e:
             raise BadRequest(str(e)) from None
 
-    def _check_model(self, name: str | None, ollama: bool = False) -> None:
+    def _check_model(self, name: str | None) -> None:
+        """A 404, as OpenAI and Ollama answer a model they do not serve."""
         if name is not None and name not in self.names:
             raise BadRequest(f"model {name!r} not found; this server serves "
-                             f"{self.service.model_name!r}", status=404 if ollama else 400,
+                             f"{self.service.model_name!r}", status=404,
                              code="model_not_found", param="model")
 
     async def _prepare(self, fn: Callable[[], Any]) -> Any:
@@ -241,7 +242,7 @@ class Server:
     async def ollama_chat(self, request: Request) -> Response:
         try:
             req = await self._body(request, schema.OllamaChatRequest)
-            self._check_model(req.model, ollama=True)
+            self._check_model(req.model)
             if not req.messages:  # Ollama's "load the model" request
                 ollama_api.sampling(req.options, self.limits)  # its options still checked
                 return JSONResponse(ollama_api.loaded(req.model, chat=True))
@@ -256,7 +257,7 @@ class Server:
     async def ollama_generate(self, request: Request) -> Response:
         try:
             req = await self._body(request, schema.OllamaGenerateRequest)
-            self._check_model(req.model, ollama=True)
+            self._check_model(req.model)
             max_tokens, sampling = ollama_api.sampling(req.options, self.limits)
             if req.images:
                 raise BadRequest(ollama_api.NO_IMAGES)
