@@ -1262,3 +1262,14 @@ def test_an_unknown_model_is_a_404_model_not_found_as_openai_answers(serve):
         assert "'gpt-9' not found; this server serves 'tiny'" in caught.value.body["message"]
     r = s.client.chat.completions.create(model="tiny", messages=user("hi"), max_tokens=2)
     assert r.choices[0].message.role == "assistant"
+
+
+def test_a_model_is_retrieved_by_its_id(serve):
+    """GET /v1/models/{id} (the SDK's models.retrieve, which clients call to check a model)
+    was a 404 "no endpoint" for the model the server serves."""
+    s = serve()
+    listed = s.client.models.list().data[0]
+    assert s.client.models.retrieve("tiny") == listed
+    with pytest.raises(openai.NotFoundError) as caught:
+        s.client.models.retrieve("gpt-9")
+    assert caught.value.body["code"] == "model_not_found"

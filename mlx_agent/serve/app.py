@@ -232,10 +232,19 @@ class Server:
             return JSONResponse(openai_api.error_body(e), status_code=e.status)
         return JSONResponse(openai_api.completion_response(result, head, prompt, req.echo))
 
+    def _model(self) -> dict:
+        return {"id": self.service.model_name, "object": "model",
+                "created": self.service.created, "owned_by": "mlx_agent"}
+
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": self.service.model_name, "object": "model", "created": self.service.created,
-            "owned_by": "mlx_agent"}]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        try:
+            self._check_model(request.path_params["model"])
+        except BadRequest as e:
+            return JSONResponse(openai_api.error_body(e), status_code=e.status)
+        return JSONResponse(self._model())
 
     # -- Ollama ----------------------------------------------------------------------------
 
@@ -318,7 +327,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     """An unknown path or a wrong method, in the API's error shape rather than plain text."""
     path, method = request.url.path, request.method
     if exc.status_code == 404:
-        served = [route.path for route in request.app.routes]
+        served = [route.path.replace(":path}", "}") for route in request.app.routes]
         message = f"no endpoint {path}; this server has {', '.join(served)}"
     elif exc.status_code == 405:
         allowed = (exc.headers or {}).get("Allow", "")
@@ -340,6 +349,7 @@ def make_app(service: ChatService, default_sampling: SamplingParams = SamplingPa
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.model, methods=["GET"]),
         Route("/api/chat", server.ollama_chat, methods=["POST"]),
         Route("/api/generate", server.ollama_generate, methods=["POST"]),
         Route("/api/tags", server.ollama_tags, methods=["GET"]),
