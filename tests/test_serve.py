@@ -1273,3 +1273,14 @@ def test_a_model_is_retrieved_by_its_id(serve):
     with pytest.raises(openai.NotFoundError) as caught:
         s.client.models.retrieve("gpt-9")
     assert caught.value.body["code"] == "model_not_found"
+
+
+def test_ollama_show_names_the_context_length_by_architecture(serve):
+    """Ollama's /api/show keys model_info by architecture ("llama.context_length"), and
+    clients look the context length up by that key (or a key ending ".context_length");
+    this server wrote a bare "context_length", which none of them found."""
+    s = serve()
+    status, r = s.post("/api/show", {"model": "tiny"})
+    info = r["model_info"]
+    assert status == 200 and info["general.architecture"] == "llama"
+    assert info["llama.context_length"] == s.service.context_length

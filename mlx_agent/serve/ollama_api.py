@@ -148,6 +148,7 @@ def show(service) -> dict:
     return {"modelfile": "", "parameters": "", "template": service.lm.chat.template,
             "details": {"format": ident.format, "family": family,
                         "quantization_level": ident.weight_format},
+            # keyed by architecture, as Ollama's are: clients look for "<arch>.context_length"
             "model_info": {"general.architecture": family,
-                           "context_length": service.context_length},
+                           f"{family or 'general'}.context_length": service.context_length},
             "capabilities": ["completion", "tools"]}
