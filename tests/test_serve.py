@@ -1284,3 +1284,19 @@ def test_ollama_show_names_the_context_length_by_architecture(serve):
     info = r["model_info"]
     assert status == 200 and info["general.architecture"] == "llama"
     assert info["llama.context_length"] == s.service.context_length
+
+
+def test_ollama_seed_minus_one_means_unseeded(serve):
+    """Ollama's default seed is -1, "a random seed": it was read as the fixed seed 2^64-1,
+    so a client that sends Ollama's default options got the same sampled text every time."""
+    s = serve()
+
+    def generate(seed):
+        status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Once", "stream": False,
+                                             "options": {"seed": seed, "temperature": 1,
+                                                         "num_predict": 16}})
+        assert status == 200, r
+        return r["response"]
+
+    assert generate(7) == generate(7)
+    assert len({generate(-1) for _ in range(3)}) > 1  # 16 draws of a nearly flat 49,152

@@ -24,7 +24,8 @@ def now_iso() -> str:
 def sampling(options: schema.OllamaOptions | None, limits: Limits):
     o = options or schema.OllamaOptions()
     max_tokens = o.num_predict if o.num_predict and o.num_predict > 0 else None
-    return limits(max_tokens, o.temperature, o.top_p, o.seed, o.top_k, o.min_p,
+    seed = None if o.seed == -1 else o.seed  # Ollama's default, "random": the server's here
+    return limits(max_tokens, o.temperature, o.top_p, seed, o.top_k, o.min_p,
                   max_tokens_name="options.num_predict")
 
 
