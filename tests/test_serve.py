@@ -1300,3 +1300,36 @@ def test_ollama_seed_minus_one_means_unseeded(serve):
 
     assert generate(7) == generate(7)
     assert len({generate(-1) for _ in range(3)}) > 1  # 16 draws of a nearly flat 49,152
+
+
+def test_tool_results_are_matched_to_their_calls_by_id(serve, tiny_lm):
+    """Results go to the model in the order of the calls they answer (the prompt names no
+    ids): a client that appends them as its tools finish sent Oslo's result as Paris's.
+    A tool_call_id that answers none of the calls is a 400, as OpenAI answers it."""
+    from mlx_agent.serve import openai_api, schema
+    from mlx_agent.serve.common import Limits
+
+    def call(i, city):
+        return {"id": f"c{i}", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+
+    def messages(*results):
+        return user("Paris and Oslo?") + [
+            {"role": "assistant", "content": None, "tool_calls": [call(1, "Paris"),
+                                                                  call(2, "Oslo")]},
+            *({"role": "tool", "tool_call_id": i, "content": text} for i, text in results)]
+
+    def rendered(body):
+        req = schema.decode(json.dumps(body).encode(), schema.ChatRequest)
+        made = openai_api.chat_call(req, Limits(2048, SamplingParams()))
+        return [(m.get("tool_call_id"), m["content"]) for m in made.messages[2:]]
+
+    out_of_order = {"messages": messages(("c2", "cold"), ("c1", "sunny")), "tools": TOOLS}
+    assert rendered(out_of_order) == [("c1", "sunny"), ("c2", "cold")]
+    s = serve(sampler_for=Scripted(tiny_lm, '{"answer":"ok"}'))
+    status, r = s.post("/v1/chat/completions", out_of_order)
+    assert status == 200 and r["choices"][0]["message"]["content"] == "ok", r
+    status, r = s.post("/v1/chat/completions", {
+        "messages": messages(("c1", "sunny"), ("zzz", "cold")), "tools": TOOLS})
+    assert status == 400 and r["error"]["param"] == "messages[3].tool_call_id", r
+    assert "is 'zzz', not the id of one of the calls of messages[1] (c1, c2)" in r["error"]["message"]

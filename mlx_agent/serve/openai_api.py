@@ -48,24 +48,45 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     choice = req.tool_choice or "auto"
     if isinstance(choice, schema.NamedToolChoice):
         choice = choice.function.name
-    _check_tool_results(req.messages)
-    return ChatCall(messages=[_message(m) for m in req.messages], tools=tools,
+    return ChatCall(messages=[_message(m) for m in _tool_results(req.messages)], tools=tools,
                     tool_choice=choice, parallel=req.parallel_tool_calls,
                     max_tokens=max_tokens, sampling=sampling, stop=req.stops(),
                     json_schema=response_schema(req.response_format))
 
 
-def _check_tool_results(messages: list[schema.Message]) -> None:
-    """A tool message answers a call: it must follow an assistant message with tool_calls
-    (after that message's other results), as OpenAI requires."""
-    calls = False  # the run of messages so far is an assistant's calls and their results
+def _tool_results(messages: list[schema.Message]) -> list[schema.Message]:
+    """``messages`` with each assistant message's results in the order of its calls: the
+    prompt carries no ids, so the order is how the model pairs a result with its call.
+
+    A tool message answers a call: it must follow an assistant message with tool_calls
+    (after that message's other results), and its tool_call_id must be one of those calls'
+    ids (unless they have none to match by: empty or repeated), as OpenAI requires."""
+    out: list[schema.Message] = []
+    run: list[schema.Message] = []  # the results answering the last assistant's calls
+    ids: list[str] | None = None  # those calls' ids; None: no calls to answer
+    asker = -1  # the index of that assistant message
     for i, m in enumerate(messages):
-        if m.role == "tool" and not calls:
+        if m.role != "tool":
+            out += sorted(run, key=lambda r: ids.index(r.tool_call_id)) if ids else run
+            run, asker = [], i
+            ids = [c.id for c in m.tool_calls] if m.role == "assistant" and m.tool_calls \
+                else None
+            if ids is not None and ("" in ids or len(set(ids)) < len(ids)):
+                ids = []
+            out.append(m)
+            continue
+        if ids is None:
             raise BadRequest(f"messages[{i}] has role tool but follows no assistant message "
                              "with tool_calls; send a tool result right after the assistant "
                              "message (and its other results) whose call it answers",
                              param=f"messages[{i}]")
-        calls = bool(m.tool_calls) if m.role == "assistant" else calls and m.role == "tool"
+        if ids and m.tool_call_id not in ids:
+            got = "missing" if m.tool_call_id is None else repr(m.tool_call_id)
+            raise BadRequest(f"messages[{i}].tool_call_id is {got}, not the id of one of the "
+                             f"calls of messages[{asker}] ({', '.join(ids)}); send the id of "
+                             "the call it answers", param=f"messages[{i}].tool_call_id")
+        run.append(m)
+    return out + (sorted(run, key=lambda r: ids.index(r.tool_call_id)) if ids else run)
 
 
 def _message(m: schema.Message) -> dict:
