@@ -896,7 +896,8 @@ def test_requests_that_once_broke_the_server_for_everyone_after_them(serve):
 
 def test_a_temperature_or_top_p_too_small_for_float32_is_greedy(serve):
     """1e-300 (or 1e-39) scaled the logprobs past float32's range, or dropped every token:
-    random tokens or an empty reply, with a 200."""
+    random tokens or an empty reply, with a 200. A top_p of 0, which OpenAI takes, was a
+    400; it is greedy too."""
     s = serve()
 
     def replies(sampling: dict) -> list[str]:
@@ -913,8 +914,11 @@ def test_a_temperature_or_top_p_too_small_for_float32_is_greedy(serve):
     greedy = replies({"temperature": 0})
     assert all(greedy), greedy
     for sampling in ({"temperature": 1e-300}, {"temperature": 1e-39},
-                     {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 1e-39}):
+                     {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 1e-39},
+                     {"temperature": 1.0, "top_p": 0}):
         assert replies(sampling) == greedy, sampling
+    status, r = s.post("/v1/chat/completions", {"messages": user("Hello"), "top_p": 1.5})
+    assert status == 400 and r["error"]["param"] == "top_p", r
 
 
 def test_a_metrics_file_that_cannot_be_written_never_fails_a_request(serve, tmp_path, capfd):

@@ -34,6 +34,10 @@ class Limits:
         if temperature is not None and not 0 <= temperature <= 2:
             raise BadRequest(f"temperature must be between 0 and 2, got {temperature}",
                              param="temperature")
+        if top_p is not None and not 0 <= top_p <= 1:
+            raise BadRequest(f"top_p must be between 0 and 1, got {top_p}", param="top_p")
+        if top_p == 0:  # OpenAI takes it: only the most likely token, greedy
+            temperature, top_p = 0.0, None
         d = self.default_sampling
         if seed is not None:
             seed %= 2**64  # OpenAI takes any integer; MLX's generator a uint64
