@@ -362,6 +362,10 @@ def _tool(properties: dict, required: list | None = None) -> dict:
     ({"messages": user("hi"), "logprobs": True}, "logprobs are not supported"),
     ({"messages": user("hi"), "logprobs": False, "top_logprobs": 2},
      "top_logprobs is not supported"),
+    # OpenAI's deprecated function calling, ignored: a forced call answered in prose
+    ({"messages": user("hi"), "functions": [{"name": "f", "parameters": {"type": "object"}}]},
+     "functions and function_call are not supported; send tools and tool_choice"),
+    ({"messages": user("hi"), "function_call": {"name": "f"}}, "send tools and tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "a b"}}]},
      "tool name"),
     ({"messages": [{"role": "user", "content": "hi"}],  # a 500 once

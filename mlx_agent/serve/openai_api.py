@@ -29,6 +29,11 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     if req.top_logprobs:
         raise BadRequest("top_logprobs is not supported (no logprobs are computed); send 0 "
                          "or leave it out", param="top_logprobs")
+    # once ignored: a forced function_call came back as prose
+    if req.functions or isinstance(req.function_call, dict):
+        raise BadRequest("functions and function_call are not supported; send tools and "
+                         "tool_choice (OpenAI's current names) instead",
+                         param="functions" if req.functions else "function_call")
     if not req.messages:
         raise BadRequest("messages must not be empty", param="messages")
     # max_completion_tokens is OpenAI's newer name: it wins, a 0 included (0 is refused)

@@ -5,7 +5,8 @@ that names it (the server answers 400). Fields this server does not use are acce
 ignored, as OpenAI's own server does with fields it does not know, so clients that send
 ``user`` or ``keep_alive`` work unchanged, and a null reads as the field left out
 (:class:`Body`); a chat request's ``logprobs: false`` is accepted,
-``logprobs: true`` or a ``top_logprobs`` above 0 refused (this server computes none), and
+``logprobs: true`` or a ``top_logprobs`` above 0 refused (this server computes none), as
+are the deprecated ``functions`` and a named ``function_call`` (send tools), and
 so is a text completion's ``logprobs`` (any number), ``best_of`` above 1 or ``suffix``.
 Responses are plain dicts built by :mod:`.openai_api` and :mod:`.ollama_api`.
 """
@@ -110,6 +111,8 @@ class ChatRequest(_OpenAIRequest, kw_only=True):
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None  # refused when true: the server has none to give
     top_logprobs: int | None = None
+    functions: list[Any] | None = None  # OpenAI's deprecated tools: refused, not ignored
+    function_call: Any = None
 
 
 class CompletionRequest(_OpenAIRequest, kw_only=True):
