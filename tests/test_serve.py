@@ -1341,3 +1341,16 @@ def test_tool_results_are_matched_to_their_calls_by_id(serve, tiny_lm):
         "messages": messages(("c1", "sunny"), ("zzz", "cold")), "tools": TOOLS})
     assert status == 400 and r["error"]["param"] == "messages[3].tool_call_id", r
     assert "is 'zzz', not the id of one of the calls of messages[1] (c1, c2)" in r["error"]["message"]
+
+
+def test_a_field_of_the_wrong_type_is_named_in_the_error_param(serve):
+    """OpenAI's error body names the field in ``param`` (the SDK's ``e.param``); a field
+    that failed to decode had a null param, its path only inside the message."""
+    s = serve()
+    for body, param in (({"messages": user("hi"), "temperature": "hot"}, "temperature"),
+                        ({"messages": [{"role": "wizard", "content": "hi"}]},
+                         "messages[0].role"),
+                        ({"messages": user("hi"), "stop": ["z" * 10] * 17}, "stop")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            s.client.chat.completions.create(model="tiny", **body)
+        assert caught.value.body["param"] == param, caught.value.body

@@ -94,8 +94,8 @@ class Server:
         raw = await self._read(request)
         try:
             return schema.decode(raw, kind)
-        except ValueError as e:
-            raise BadRequest(str(e)) from None
+        except schema.InvalidBody as e:
+            raise BadRequest(str(e), param=e.param) from None
 
     def _check_model(self, name: str | None) -> None:
         """A 404, as OpenAI and Ollama answer a model they do not serve."""

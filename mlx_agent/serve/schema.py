@@ -13,6 +13,7 @@ Responses are plain dicts built by :mod:`.openai_api` and :mod:`.ollama_api`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -166,14 +167,23 @@ class OllamaGenerateRequest(Body):
     format: Any = None
 
 
+class InvalidBody(ValueError):
+    """A body that does not decode; ``param``: the field at fault, when one is."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 def decode(body: bytes, kind: type) -> Any:
-    """``body`` as ``kind``; raises ValueError with a message fit for the client."""
+    """``body`` as ``kind``; raises :class:`InvalidBody` with a message fit for the client."""
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
-        raise ValueError(f"invalid request: {e}") from None
+        at = re.search(r" - at `\$\.(.+)`$", str(e))  # msgspec's path: `$.messages[0].role`
+        raise InvalidBody(f"invalid request: {e}", at and at.group(1)) from None
     except msgspec.DecodeError as e:
-        raise ValueError(f"the body is not valid JSON: {e}") from None
+        raise InvalidBody(f"the body is not valid JSON: {e}") from None
     except RecursionError:
-        raise ValueError("the body is nested too deeply; send JSON nested less than "
-                         "a few hundred levels") from None
+        raise InvalidBody("the body is nested too deeply; send JSON nested less than "
+                          "a few hundred levels") from None
