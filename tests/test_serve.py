@@ -1340,7 +1340,8 @@ def test_tool_results_are_matched_to_their_calls_by_id(serve, tiny_lm):
     status, r = s.post("/v1/chat/completions", {
         "messages": messages(("c1", "sunny"), ("zzz", "cold")), "tools": TOOLS})
     assert status == 400 and r["error"]["param"] == "messages[3].tool_call_id", r
-    assert "is 'zzz', not the id of one of the calls of messages[1] (c1, c2)" in r["error"]["message"]
+    assert "is 'zzz', not the id of one of the calls of messages[1] (c1, c2)" in \
+        r["error"]["message"]
 
 
 def test_a_field_of_the_wrong_type_is_named_in_the_error_param(serve):

@@ -34,9 +34,18 @@ class Body(Struct, kw_only=True):
     clients that write every field, null when unset, send ``"stream": null``."""
 
     def __post_init__(self):
-        for f in msgspec.structs.fields(self):
-            if getattr(self, f.name) is None and f.default not in (None, msgspec.NODEFAULT):
-                setattr(self, f.name, f.default)
+        kind = type(self)
+        # looked up once a class: fields() per struct took 13 s for 200,000 messages
+        if (defaults := _DEFAULTS.get(kind)) is None:
+            defaults = _DEFAULTS[kind] = [
+                (f.name, f.default) for f in msgspec.structs.fields(kind)
+                if f.default not in (None, msgspec.NODEFAULT)]
+        for name, default in defaults:
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+
+
+_DEFAULTS: dict[type, list[tuple[str, Any]]] = {}
 
 
 class FunctionCall(Struct):
