@@ -919,7 +919,9 @@ def test_a_temperature_or_top_p_too_small_for_float32_is_greedy(serve):
     assert all(greedy), greedy
     for sampling in ({"temperature": 1e-300}, {"temperature": 1e-39},
                      {"temperature": 1.0, "top_p": 1e-300}, {"temperature": 1.0, "top_p": 1e-39},
-                     {"temperature": 1.0, "top_p": 0}):
+                     {"temperature": 1.0, "top_p": 0},
+                     # vLLM's and llama.cpp's extras, which OpenAI clients send: ignored before
+                     {"temperature": 1.0, "top_k": 1}, {"temperature": 1.0, "min_p": 0.9999}):
         assert replies(sampling) == greedy, sampling
     status, r = s.post("/v1/chat/completions", {"messages": user("Hello"), "top_p": 1.5})
     assert status == 400 and r["error"]["param"] == "top_p", r

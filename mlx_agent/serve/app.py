@@ -214,7 +214,7 @@ class Server:
             self._check_model(req.model)
             prompt = openai_api.completion_prompt(req)
             max_tokens, sampling = self.limits(req.max_tokens, req.temperature, req.top_p,
-                                               req.seed)
+                                               req.seed, req.top_k, req.min_p)
             prepared = await self._prepare(lambda: self.service.prepare_completion(prompt))
 
             def work(on_text, cancelled):

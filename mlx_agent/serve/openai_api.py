@@ -39,7 +39,7 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     # max_completion_tokens is OpenAI's newer name: it wins, a 0 included (0 is refused)
     newer = req.max_completion_tokens is not None
     max_tokens, sampling = limits(req.max_completion_tokens if newer else req.max_tokens,
-                                  req.temperature, req.top_p, req.seed,
+                                  req.temperature, req.top_p, req.seed, req.top_k, req.min_p,
                                   max_tokens_name="max_completion_tokens" if newer
                                   else "max_tokens")
     tools = None
