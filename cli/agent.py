@@ -347,6 +347,9 @@ def _warn_stop(out, max_steps: int, json_out: bool) -> None:
     stop = out.stats.stop
     if stop == "steps" and not json_out:
         warn(f"no answer within --max-steps {max_steps}")
+    elif stop == "context" and out.dropped:
+        warn(f"the message does not fit the context ({out.warning}); it was left out: "
+             "send a shorter one, or start a new session")
     elif stop == "context":
         warn(f"the context is full ({out.warning}); start a new session or use --kv-window")
     elif stop == "grammar":

@@ -298,3 +298,15 @@ def test_a_kill_during_an_unsandboxed_tool_ends_the_tool_too(tmp_path, sig, code
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(tool, signal.SIGKILL)
+
+
+def test_a_message_too_long_for_the_context_is_dropped_and_the_session_goes_on():
+    # the message stayed in the conversation the model never saw: every later turn was
+    # "the context is full" too, and --save-session kept it
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--context-length", "512",
+            "--max-tokens", "16", "--max-steps", "2", "--tool-choice", "echo,none",
+            "--json-out", stdin="word " * 2000 + "\nEcho hi.\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    stats = [e for e in map(ev.decode, r.stdout.splitlines()) if isinstance(e, ev.Stats)]
+    assert [s.stop for s in stats] == ["context", "answer"], r.stderr
+    assert r.stderr.count("warning: ") == 1 and "it was left out" in r.stderr, r.stderr

@@ -10,9 +10,11 @@ the rendered conversation.
 
 A turn ends in one place (:meth:`Agent.ask`): ``answer``; ``steps`` when the step budget runs
 out; ``context`` when a non-rotating cache is full (a rotating window keeps going, its
-system prompt pinned), with the reason on :attr:`Outcome.warning`; ``interrupted`` on Ctrl-C
-during generation (the session goes on), the interrupt kept on :attr:`Outcome.interrupt` for
-a caller that stops on it (a subclass the caller raised for SIGTERM stays that subclass).
+system prompt pinned), with the reason on :attr:`Outcome.warning` (a user message that does
+not fit is taken out of the conversation again: :attr:`Outcome.dropped`); ``interrupted`` on
+Ctrl-C during generation (the session goes on), the interrupt kept on
+:attr:`Outcome.interrupt` for a caller that stops on it (a subclass the caller raised for
+SIGTERM stays that subclass).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class Outcome:
     stats: ev.Stats
     warning: str | None = None  # why a turn stopped early (the context is full)
     interrupt: KeyboardInterrupt | None = None  # what cut the turn: re-raise it to stop
+    dropped: bool = False  # the user's message did not fit: left out of the conversation
 
 
 @dataclass
@@ -137,6 +140,7 @@ class _End:
     fallback: bool = False
     warning: str | None = None
     interrupt: KeyboardInterrupt | None = None
+    dropped: bool = False
 
 
 class Agent:
@@ -232,7 +236,7 @@ class Agent:
         self.emit(final)
         if self.log is not None:
             self.log.finish(final)
-        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt)
+        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt, end.dropped)
 
     def _step(self, step: int, stats: TurnStats, user_text: str | None) -> _End | None:
         """One assistant step; returns why the turn ends, or None to go on."""
@@ -240,7 +244,11 @@ class Agent:
         try:
             sync = self.engine.sync(prompt)
         except ContextFull as e:
-            return _End("context", warning=str(e))
+            if user_text is None:
+                return _End("context", warning=str(e))
+            # the model never read the message: kept, it would fill every later turn too
+            self.conversation.drop_last()
+            return _End("context", warning=str(e), dropped=True)
         except KeyboardInterrupt as e:  # during prefill: the engine repaired its cache
             return _End("interrupted", interrupt=e)
         stats.synced(len(prompt), sync)
