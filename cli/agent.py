@@ -243,7 +243,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         if prompt_cache_dir:
             _prime(bot, prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype)
         if resume:
-            _resume(bot, resume)
+            _resume(bot, resume, saved_over=bool(save_session)
+                    and paths.same_file(resume, save_session))
         if save_session:
             stack.callback(_save, bot, session_folder, Path(save_session).name)
 
@@ -321,12 +322,18 @@ def _prime(bot, directory: str, max_bytes: int | None, storage: str) -> None:
                    err=True)
 
 
-def _resume(bot, path: str) -> None:
+def _resume(bot, path: str, saved_over: bool) -> None:
+    """Continue the session at ``path``; one that cannot be used starts a new conversation,
+    unless that would be saved over it at exit (``saved_over``): then it is an error."""
     try:
         n = bot.resume(path)
         click.echo(f"resumed session {path} ({n} tokens) — skipping prefill" if n else
                    f"resumed session {path} (its conversation only: prefilled again)", err=True)
     except ValueError as e:
+        if saved_over:
+            raise UserError(f"cannot resume {path}: {e}; not starting a new conversation, "
+                            "which --save-session would replace it with (name another file "
+                            "to start one)") from None
         warn(f"cannot resume {path}: {e}; starting a new conversation")
 
 

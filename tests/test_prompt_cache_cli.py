@@ -99,6 +99,25 @@ def test_save_session_then_resume_without_prefill(tmp_path):
     assert other.returncode == 0 and "cannot resume" in other.stderr
 
 
+def test_a_session_that_cannot_resume_is_not_saved_over_by_a_new_conversation(tmp_path):
+    # `--resume S --save-session S` with other tools (or --no-adapter) warned "starting a
+    # new conversation" and at exit replaced the saved conversation with that new one
+    session = tmp_path / "s.safetensors"
+    first = run("agent", "--tools", str(ROOT / "examples/echo.json"), "--single", "Echo hi",
+                "--max-tokens", "4", "--max-steps", "1", "--save-session", str(session))
+    assert first.returncode == 0 and session.exists(), first.stderr
+    saved = session.read_bytes()
+    for args in (["--builtin-tools", "--root", str(tmp_path)],
+                 ["--tools", str(ROOT / "examples/echo.json"), "--no-adapter"]):
+        r = run("agent", *args, "--single", "x", "--max-tokens", "2", "--max-steps", "1",
+                "--resume", str(session), "--save-session", str(session))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"cannot resume {session}: " in r.stderr, r.stderr
+        assert "--save-session would replace it" in r.stderr, r.stderr
+        assert session.read_bytes() == saved
+        assert sorted(os.listdir(tmp_path)) == ["s.safetensors"]
+
+
 def test_malformed_files_and_fifos_never_crash_or_hang_agent_or_cache(tmp_path):
     kv = tmp_path / "kv"
     first = agent(kv, "--json-out")
