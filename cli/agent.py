@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -104,7 +105,8 @@ def repl(turn, json_out: bool = False) -> None:
     """Read user turns until end of input or ``:quit``. Ctrl-C at the prompt drops the line
     and asks again, as Python's REPL and Ollama do: it stops a reply, never the session.
     With ``json_out`` the prompt goes to stderr, so stdout holds only JSON lines; a line
-    that is not UTF-8 is refused and the session goes on."""
+    that is not UTF-8, or a colon and a word that is not ``:quit``/``:q`` (a mistyped
+    command), is refused and the session goes on."""
     if hasattr(sys.stdin, "reconfigure"):  # a strict UTF-8 locale would raise on such a line
         sys.stdin.reconfigure(errors="surrogateescape")
     while True:
@@ -124,6 +126,10 @@ def repl(turn, json_out: bool = False) -> None:
             continue
         if text.strip() in (":quit", ":q"):
             return
+        if re.fullmatch(r":[A-Za-z]+", text.strip()):  # a mistyped command is no request
+            warn(f"unknown command {text.strip()!r}: :quit (or Ctrl-D) leaves; "
+                 "anything else is sent to the model")
+            continue
         if text.strip():
             try:
                 turn(utf8_text(text, "the line"))

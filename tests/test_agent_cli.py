@@ -310,3 +310,13 @@ def test_a_message_too_long_for_the_context_is_dropped_and_the_session_goes_on()
     stats = [e for e in map(ev.decode, r.stdout.splitlines()) if isinstance(e, ev.Stats)]
     assert [s.stop for s in stats] == ["context", "answer"], r.stderr
     assert r.stderr.count("warning: ") == 1 and "it was left out" in r.stderr, r.stderr
+
+
+def test_a_mistyped_repl_command_is_named_not_sent_to_the_model():
+    # ":qiut" went to the model as a request: a whole turn, tools and all
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "8", "--max-steps", "1",
+            "--json-out", stdin=":qiut\n:Quit\n:q\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == "", r.stdout  # no turn ran
+    assert r.stderr.count("unknown command") == 2, r.stderr
+    assert "unknown command ':qiut'" in r.stderr, r.stderr
