@@ -35,8 +35,7 @@ class Sink:
         from mlx_agent.agent import events as ev
 
         if self.transcript:
-            self.transcript.write(ev.encode(event) + b"\n")
-            self.transcript.flush()
+            self._record(ev.encode(event) + b"\n")
         if self.json_out:
             if not isinstance(event, ev.ToolResult):
                 sys.stdout.buffer.write(ev.encode(event) + b"\n")
@@ -45,6 +44,19 @@ class Sink:
             self._tool_call(event)
         elif isinstance(event, ev.Answer):
             self._answer(event)
+
+    def _record(self, line: bytes) -> None:
+        """Append ``line`` whole, or end the run saying so (a full disk), the file cut back
+        to its last whole line."""
+        f, view = self.transcript, memoryview(line)
+        at = f.tell()
+        try:
+            while view:
+                view = view[f.write(view):]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                f.truncate(at)
+            raise UserError(f"cannot write the transcript {f.name}: {e.strerror or e}") from None
 
     @staticmethod
     def _tool_call(event) -> None:
@@ -132,9 +144,11 @@ def repl(turn, json_out: bool = False) -> None:
             continue
         if text.strip():
             try:
-                turn(utf8_text(text, "the line"))
+                text = utf8_text(text, "the line")
             except UserError as e:
                 warn(e.format_message())
+                continue
+            turn(text)  # its errors (a transcript the disk cannot hold) end the session
 
 
 @click.command()
@@ -287,7 +301,7 @@ def _transcript(path: str):
     """The transcript, open to append; one this run made and left empty (it failed before
     its first event: a model that did not load) is removed again."""
     existed = os.path.lexists(path)
-    with open(path, "ab") as f:
+    with open(path, "ab", buffering=0) as f:  # each event reaches the file as it happens
         try:
             yield f
         finally:

@@ -320,3 +320,21 @@ def test_a_mistyped_repl_command_is_named_not_sent_to_the_model():
     assert r.stdout == "", r.stdout  # no turn ran
     assert r.stderr.count("unknown command") == 2, r.stderr
     assert "unknown command ':qiut'" in r.stderr, r.stderr
+
+
+def test_a_transcript_the_disk_cannot_hold_ends_the_run_with_whole_lines_kept(tmp_path):
+    # a traceback (File too large; on a full disk: "cannot write the output", as if stdout
+    # had failed), with the event's line cut where the disk filled
+    from .conftest import files_cap
+
+    transcript = tmp_path / "t.jsonl"
+    r = subprocess.run([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "16",
+                        "--max-steps", "2", "--tool-choice", "echo,none", "--transcript",
+                        str(transcript)], input="Echo hi.\nEcho bye.\n", capture_output=True,
+                       text=True, timeout=300, preexec_fn=files_cap(600))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot write the transcript {transcript}: File too large" in r.stderr, r.stderr
+    assert "the output" not in r.stderr and r.stdout.count("you> ") == 1, r.stdout
+    text = transcript.read_bytes()
+    assert text.endswith(b"\n") and len(text) <= 600
+    assert [ev.decode(line) for line in text.splitlines()]
