@@ -266,7 +266,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             _resume(bot, resume, saved_over=bool(save_session)
                     and paths.same_file(resume, save_session))
         if save_session:
-            stack.callback(_save, bot, session_folder, Path(save_session).name)
+            stack.push(_saver(bot, session_folder, Path(save_session).name))
 
         def turn(text: str) -> int:
             """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise (SIGTERM
@@ -357,6 +357,20 @@ def _resume(bot, path: str, saved_over: bool) -> None:
         warn(f"cannot resume {path}: {e}; starting a new conversation")
 
 
+def _saver(bot, folder, name: str):
+    """The exit callback that saves the session: one that cannot be saved fails the run
+    (exit 2), unless the run is failing already (an error, Ctrl-C, SIGTERM): then a warning."""
+    def save(kind, error, tb) -> None:
+        try:
+            _save(bot, folder, name)
+        except UserError as e:
+            if kind is not None and not issubclass(kind, SystemExit):
+                warn(e.format_message())
+            else:
+                raise
+    return save
+
+
 def _save(bot, folder, name: str) -> None:
     from mlx_agent.fileio import FolderReplaced
 
@@ -365,9 +379,9 @@ def _save(bot, folder, name: str) -> None:
         path = folder.check() / name
         bot.save_session(path)
     except FolderReplaced as e:
-        warn(f"cannot save the session: {e}")
+        raise UserError(f"cannot save the session: {e}") from None
     except OSError as e:
-        warn(f"cannot save the session to {path}: {e.strerror or e}")
+        raise UserError(f"cannot save the session to {path}: {e.strerror or e}") from None
 
 
 def _warn_stop(out, max_steps: int, json_out: bool) -> None:

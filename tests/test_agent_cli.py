@@ -338,3 +338,16 @@ def test_a_transcript_the_disk_cannot_hold_ends_the_run_with_whole_lines_kept(tm
     text = transcript.read_bytes()
     assert text.endswith(b"\n") and len(text) <= 600
     assert [ev.decode(line) for line in text.splitlines()]
+
+
+def test_a_session_the_disk_cannot_hold_fails_the_run(tmp_path):
+    # a warning and exit 0: a script went on to --resume a file that was never written
+    from .conftest import files_cap
+
+    session = tmp_path / "s.session"
+    r = subprocess.run([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "8",
+                        "--max-steps", "1", "--single", "hi", "--save-session", str(session)],
+                       capture_output=True, text=True, timeout=300, preexec_fn=files_cap(100_000))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"mlx_agent: error: cannot save the session to {session}: " in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []  # no partial or temporary file
