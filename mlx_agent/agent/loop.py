@@ -209,6 +209,11 @@ class Agent:
             tokens, kvs = [], []
         before = self.conversation.state()
         self.conversation.load_state(state)
+        whole = len(self.conversation.prompt_ids())  # a saved conversation without its KV
+        if self.engine.room is not None and whole >= self.engine.context_length:
+            self.conversation.load_state(before)  # no turn could follow it
+            raise ValueError(f"its conversation is {whole} tokens, more than the "
+                             f"{self.engine.context_length}-token context")
         try:
             if tokens:
                 self.engine.restore(tokens, kvs)
