@@ -351,3 +351,12 @@ def test_a_session_the_disk_cannot_hold_fails_the_run(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"mlx_agent: error: cannot save the session to {session}: " in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []  # no partial or temporary file
+
+
+def test_a_reply_that_fills_the_context_says_how_large_it_is():
+    # "the context is full (the context is full)"
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--context-length", "100",
+            "--max-tokens", "64", "--max-steps", "1", "--tool-choice", "none", "--single", "hi")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "warning: the context is full (the reply reached the end of the 100-token " \
+           "context)" in r.stderr, r.stderr

@@ -280,7 +280,8 @@ class Agent:
             return _End("grammar", warning=q.gave_up)
         if not reply.calls:
             if not (q.closed or q.finished) and self.engine.room == 0:
-                return _End("context", reply.content, not reply.complete, "the context is full")
+                return _End("context", reply.content, not reply.complete, "the reply reached "
+                            f"the end of the {self.engine.context_length}-token context")
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
         return _End("interrupted", interrupt=cut) if cut is not None else None
