@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -34,8 +35,7 @@ class Sink:
         from mlx_agent.agent import events as ev
 
         if self.transcript:
-            self.transcript.write(ev.encode(event) + b"\n")
-            self.transcript.flush()
+            self._record(ev.encode(event) + b"\n")
         if self.json_out:
             if not isinstance(event, ev.ToolResult):
                 sys.stdout.buffer.write(ev.encode(event) + b"\n")
@@ -44,6 +44,19 @@ class Sink:
             self._tool_call(event)
         elif isinstance(event, ev.Answer):
             self._answer(event)
+
+    def _record(self, line: bytes) -> None:
+        """Append ``line`` whole, or end the run saying so (a full disk), the file cut back
+        to its last whole line."""
+        f, view = self.transcript, memoryview(line)
+        at = f.tell()
+        try:
+            while view:
+                view = view[f.write(view):]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                f.truncate(at)
+            raise UserError(f"cannot write the transcript {f.name}: {e.strerror or e}") from None
 
     @staticmethod
     def _tool_call(event) -> None:
@@ -104,7 +117,8 @@ def repl(turn, json_out: bool = False) -> None:
     """Read user turns until end of input or ``:quit``. Ctrl-C at the prompt drops the line
     and asks again, as Python's REPL and Ollama do: it stops a reply, never the session.
     With ``json_out`` the prompt goes to stderr, so stdout holds only JSON lines; a line
-    that is not UTF-8 is refused and the session goes on."""
+    that is not UTF-8, or a colon and a word that is not ``:quit``/``:q`` (a mistyped
+    command), is refused and the session goes on."""
     if hasattr(sys.stdin, "reconfigure"):  # a strict UTF-8 locale would raise on such a line
         sys.stdin.reconfigure(errors="surrogateescape")
     while True:
@@ -124,11 +138,17 @@ def repl(turn, json_out: bool = False) -> None:
             continue
         if text.strip() in (":quit", ":q"):
             return
+        if re.fullmatch(r":[A-Za-z]+", text.strip()):  # a mistyped command is no request
+            warn(f"unknown command {text.strip()!r}: :quit (or Ctrl-D) leaves; "
+                 "anything else is sent to the model")
+            continue
         if text.strip():
             try:
-                turn(utf8_text(text, "the line"))
+                text = utf8_text(text, "the line")
             except UserError as e:
                 warn(e.format_message())
+                continue
+            turn(text)  # its errors (a transcript the disk cannot hold) end the session
 
 
 @click.command()
@@ -243,9 +263,10 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         if prompt_cache_dir:
             _prime(bot, prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype)
         if resume:
-            _resume(bot, resume)
+            _resume(bot, resume, saved_over=bool(save_session)
+                    and paths.same_file(resume, save_session))
         if save_session:
-            stack.callback(_save, bot, session_folder, Path(save_session).name)
+            stack.push(_saver(bot, session_folder, Path(save_session).name))
 
         def turn(text: str) -> int:
             """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise (SIGTERM
@@ -280,7 +301,7 @@ def _transcript(path: str):
     """The transcript, open to append; one this run made and left empty (it failed before
     its first event: a model that did not load) is removed again."""
     existed = os.path.lexists(path)
-    with open(path, "ab") as f:
+    with open(path, "ab", buffering=0) as f:  # each event reaches the file as it happens
         try:
             yield f
         finally:
@@ -321,13 +342,33 @@ def _prime(bot, directory: str, max_bytes: int | None, storage: str) -> None:
                    err=True)
 
 
-def _resume(bot, path: str) -> None:
+def _resume(bot, path: str, saved_over: bool) -> None:
+    """Continue the session at ``path``; one that cannot be used starts a new conversation,
+    unless that would be saved over it at exit (``saved_over``): then it is an error."""
     try:
         n = bot.resume(path)
         click.echo(f"resumed session {path} ({n} tokens) — skipping prefill" if n else
                    f"resumed session {path} (its conversation only: prefilled again)", err=True)
     except ValueError as e:
+        if saved_over:
+            raise UserError(f"cannot resume {path}: {e}; not starting a new conversation, "
+                            "which --save-session would replace it with (name another file "
+                            "to start one)") from None
         warn(f"cannot resume {path}: {e}; starting a new conversation")
+
+
+def _saver(bot, folder, name: str):
+    """The exit callback that saves the session: one that cannot be saved fails the run
+    (exit 2), unless the run is failing already (an error, Ctrl-C, SIGTERM): then a warning."""
+    def save(kind, error, tb) -> None:
+        try:
+            _save(bot, folder, name)
+        except UserError as e:
+            if kind is not None and not issubclass(kind, SystemExit):
+                warn(e.format_message())
+            else:
+                raise
+    return save
 
 
 def _save(bot, folder, name: str) -> None:
@@ -338,15 +379,18 @@ def _save(bot, folder, name: str) -> None:
         path = folder.check() / name
         bot.save_session(path)
     except FolderReplaced as e:
-        warn(f"cannot save the session: {e}")
+        raise UserError(f"cannot save the session: {e}") from None
     except OSError as e:
-        warn(f"cannot save the session to {path}: {e.strerror or e}")
+        raise UserError(f"cannot save the session to {path}: {e.strerror or e}") from None
 
 
 def _warn_stop(out, max_steps: int, json_out: bool) -> None:
     stop = out.stats.stop
     if stop == "steps" and not json_out:
         warn(f"no answer within --max-steps {max_steps}")
+    elif stop == "context" and out.dropped:
+        warn(f"the message does not fit the context ({out.warning}); it was left out: "
+             "send a shorter one, or start a new session")
     elif stop == "context":
         warn(f"the context is full ({out.warning}); start a new session or use --kv-window")
     elif stop == "grammar":

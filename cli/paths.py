@@ -67,11 +67,12 @@ _made: list[Path] = []  # directories writable_dir created, parents first
 
 def _not_same(path: str, option: str, others: dict[str, str | None] | None) -> None:
     for other, other_path in (others or {}).items():
-        if other_path and _same_file(path, other_path):
+        if other_path and same_file(path, other_path):
             raise UserError(f"{option} {path} is the file {other} names; give another path")
 
 
-def _same_file(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """Whether the paths name one file (or would, once made)."""
     with contextlib.suppress(OSError):
         if os.path.exists(a) and os.path.exists(b):
             return os.path.samefile(a, b)

@@ -298,3 +298,65 @@ def test_a_kill_during_an_unsandboxed_tool_ends_the_tool_too(tmp_path, sig, code
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(tool, signal.SIGKILL)
+
+
+def test_a_message_too_long_for_the_context_is_dropped_and_the_session_goes_on():
+    # the message stayed in the conversation the model never saw: every later turn was
+    # "the context is full" too, and --save-session kept it
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--context-length", "512",
+            "--max-tokens", "16", "--max-steps", "2", "--tool-choice", "echo,none",
+            "--json-out", stdin="word " * 2000 + "\nEcho hi.\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    stats = [e for e in map(ev.decode, r.stdout.splitlines()) if isinstance(e, ev.Stats)]
+    assert [s.stop for s in stats] == ["context", "answer"], r.stderr
+    assert r.stderr.count("warning: ") == 1 and "it was left out" in r.stderr, r.stderr
+
+
+def test_a_mistyped_repl_command_is_named_not_sent_to_the_model():
+    # ":qiut" went to the model as a request: a whole turn, tools and all
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "8", "--max-steps", "1",
+            "--json-out", stdin=":qiut\n:Quit\n:q\n")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == "", r.stdout  # no turn ran
+    assert r.stderr.count("unknown command") == 2, r.stderr
+    assert "unknown command ':qiut'" in r.stderr, r.stderr
+
+
+def test_a_transcript_the_disk_cannot_hold_ends_the_run_with_whole_lines_kept(tmp_path):
+    # a traceback (File too large; on a full disk: "cannot write the output", as if stdout
+    # had failed), with the event's line cut where the disk filled
+    from .conftest import files_cap
+
+    transcript = tmp_path / "t.jsonl"
+    r = subprocess.run([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "16",
+                        "--max-steps", "2", "--tool-choice", "echo,none", "--transcript",
+                        str(transcript)], input="Echo hi.\nEcho bye.\n", capture_output=True,
+                       text=True, timeout=300, preexec_fn=files_cap(600))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot write the transcript {transcript}: File too large" in r.stderr, r.stderr
+    assert "the output" not in r.stderr and r.stdout.count("you> ") == 1, r.stdout
+    text = transcript.read_bytes()
+    assert text.endswith(b"\n") and len(text) <= 600
+    assert [ev.decode(line) for line in text.splitlines()]
+
+
+def test_a_session_the_disk_cannot_hold_fails_the_run(tmp_path):
+    # a warning and exit 0: a script went on to --resume a file that was never written
+    from .conftest import files_cap
+
+    session = tmp_path / "s.session"
+    r = subprocess.run([*CLI, "--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "8",
+                        "--max-steps", "1", "--single", "hi", "--save-session", str(session)],
+                       capture_output=True, text=True, timeout=300, preexec_fn=files_cap(100_000))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"mlx_agent: error: cannot save the session to {session}: " in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []  # no partial or temporary file
+
+
+def test_a_reply_that_fills_the_context_says_how_large_it_is():
+    # "the context is full (the context is full)"
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--context-length", "100",
+            "--max-tokens", "64", "--max-steps", "1", "--tool-choice", "none", "--single", "hi")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "warning: the context is full (the reply reached the end of the 100-token " \
+           "context)" in r.stderr, r.stderr

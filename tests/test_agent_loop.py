@@ -290,6 +290,24 @@ def test_a_session_longer_than_a_rotating_window_resumes_as_that_window_computes
     assert c.resume(path) == len(a.engine.tokens)  # a window that holds it all: as saved
 
 
+def test_a_saved_conversation_longer_than_the_context_is_refused(tiny_lm, tmp_path):
+    # saved without its KV (a window had rotated), it came back into a context too small
+    # for it: every later turn was "the context is full"
+    system = len(Conversation(agent_format("json", tiny_lm), ECHO).system_ids)
+    rotating = tiny_lm.engine(cache_mode="rotating", kv_window=system + 20)
+    a, _, _ = agent(tiny_lm, Script(tiny_lm, '{"answer": "' + "z" * 60 + '"}'), engine=rotating)
+    a.ask("first")
+    path = tmp_path / "s.safetensors"
+    a.save_session(path)
+    small = replace(tiny_lm, context_length=system + 30)
+    b, _, _ = agent(small, Script(small))
+    with pytest.raises(ValueError, match=f"tokens, more than the {system + 30}-token context"):
+        b.resume(path)
+    assert b.engine.tokens == [] and b.conversation.messages == []
+    c, _, _ = agent(tiny_lm, Script(tiny_lm))
+    assert c.resume(path) == 0 and c.conversation.messages == a.conversation.messages
+
+
 def test_a_session_claiming_more_tokens_than_the_context_is_refused_unread(tiny_lm, tmp_path):
     # a sparse file whose header is consistent but claims 2^25 tokens: resuming read all
     # 2.3 GB of it before the checksum (a 23 GB one for smollm2-135m: a MemoryError, or the

@@ -99,6 +99,25 @@ def test_save_session_then_resume_without_prefill(tmp_path):
     assert other.returncode == 0 and "cannot resume" in other.stderr
 
 
+def test_a_session_that_cannot_resume_is_not_saved_over_by_a_new_conversation(tmp_path):
+    # `--resume S --save-session S` with other tools (or --no-adapter) warned "starting a
+    # new conversation" and at exit replaced the saved conversation with that new one
+    session = tmp_path / "s.safetensors"
+    first = run("agent", "--tools", str(ROOT / "examples/echo.json"), "--single", "Echo hi",
+                "--max-tokens", "4", "--max-steps", "1", "--save-session", str(session))
+    assert first.returncode == 0 and session.exists(), first.stderr
+    saved = session.read_bytes()
+    for args in (["--builtin-tools", "--root", str(tmp_path)],
+                 ["--tools", str(ROOT / "examples/echo.json"), "--no-adapter"]):
+        r = run("agent", *args, "--single", "x", "--max-tokens", "2", "--max-steps", "1",
+                "--resume", str(session), "--save-session", str(session))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"cannot resume {session}: " in r.stderr, r.stderr
+        assert "--save-session would replace it" in r.stderr, r.stderr
+        assert session.read_bytes() == saved
+        assert sorted(os.listdir(tmp_path)) == ["s.safetensors"]
+
+
 def test_malformed_files_and_fifos_never_crash_or_hang_agent_or_cache(tmp_path):
     kv = tmp_path / "kv"
     first = agent(kv, "--json-out")
@@ -139,17 +158,19 @@ def test_a_key_file_open_to_others_is_a_warning_and_nothing_loads(tmp_path):
     assert "skipping prefill" not in r.stderr
 
 
-def test_a_full_disk_while_saving_a_cache_or_session_is_a_warning_and_leaves_nothing(tmp_path):
-    # MLX's writer raised a RuntimeError: a traceback after the answer
+def test_a_full_disk_while_saving_a_cache_or_session_is_one_line_and_leaves_nothing(tmp_path):
+    # MLX's writer raised a RuntimeError: a traceback after the answer. The cache is a
+    # warning; the session, an output the user asked for, fails the run (exit 2)
     kv, session = tmp_path / "kv", tmp_path / "chat.session"
     r = subprocess.run([*CLI, "agent", "--tools", str(ROOT / "examples/echo.json"), "--single",
                         "Echo hi", "--max-tokens", "2", "--max-steps", "1", "--prompt-cache-dir",
                         str(kv), "--save-session", str(session)], capture_output=True,
                        text=True, timeout=300, preexec_fn=files_cap(64 << 10))
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     cache, save = (next((line for line in r.stderr.splitlines() if what in line), "")
                    for what in ("cannot save the prompt cache", "cannot save the session"))
     assert "disk full" in cache and "disk full" in save, r.stderr
+    assert cache.startswith("warning: ") and save.startswith("mlx_agent: error: "), r.stderr
     assert os.listdir(kv) == [] and os.listdir(tmp_path) == ["kv"]  # no partial files
 
 

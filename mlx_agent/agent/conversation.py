@@ -45,6 +45,10 @@ class Conversation:
     def add_user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
 
+    def drop_last(self) -> None:
+        """Forget the last message (a user message the context could not take)."""
+        self.messages.pop()
+
     def add_reply(self, reply: Reply, text: str, ids: list[int]) -> None:
         """Keep a reply: its message, and the ids it was sampled as (no stop token)."""
         self.messages.append(self.fmt.reply_message(reply, text, ids))

@@ -10,9 +10,11 @@ the rendered conversation.
 
 A turn ends in one place (:meth:`Agent.ask`): ``answer``; ``steps`` when the step budget runs
 out; ``context`` when a non-rotating cache is full (a rotating window keeps going, its
-system prompt pinned), with the reason on :attr:`Outcome.warning`; ``interrupted`` on Ctrl-C
-during generation (the session goes on), the interrupt kept on :attr:`Outcome.interrupt` for
-a caller that stops on it (a subclass the caller raised for SIGTERM stays that subclass).
+system prompt pinned), with the reason on :attr:`Outcome.warning` (a user message that does
+not fit is taken out of the conversation again: :attr:`Outcome.dropped`); ``interrupted`` on
+Ctrl-C during generation (the session goes on), the interrupt kept on
+:attr:`Outcome.interrupt` for a caller that stops on it (a subclass the caller raised for
+SIGTERM stays that subclass).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class Outcome:
     stats: ev.Stats
     warning: str | None = None  # why a turn stopped early (the context is full)
     interrupt: KeyboardInterrupt | None = None  # what cut the turn: re-raise it to stop
+    dropped: bool = False  # the user's message did not fit: left out of the conversation
 
 
 @dataclass
@@ -137,6 +140,7 @@ class _End:
     fallback: bool = False
     warning: str | None = None
     interrupt: KeyboardInterrupt | None = None
+    dropped: bool = False
 
 
 class Agent:
@@ -205,6 +209,11 @@ class Agent:
             tokens, kvs = [], []
         before = self.conversation.state()
         self.conversation.load_state(state)
+        whole = len(self.conversation.prompt_ids())  # a saved conversation without its KV
+        if self.engine.room is not None and whole >= self.engine.context_length:
+            self.conversation.load_state(before)  # no turn could follow it
+            raise ValueError(f"its conversation is {whole} tokens, more than the "
+                             f"{self.engine.context_length}-token context")
         try:
             if tokens:
                 self.engine.restore(tokens, kvs)
@@ -232,7 +241,7 @@ class Agent:
         self.emit(final)
         if self.log is not None:
             self.log.finish(final)
-        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt)
+        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt, end.dropped)
 
     def _step(self, step: int, stats: TurnStats, user_text: str | None) -> _End | None:
         """One assistant step; returns why the turn ends, or None to go on."""
@@ -240,7 +249,11 @@ class Agent:
         try:
             sync = self.engine.sync(prompt)
         except ContextFull as e:
-            return _End("context", warning=str(e))
+            if user_text is None:
+                return _End("context", warning=str(e))
+            # the model never read the message: kept, it would fill every later turn too
+            self.conversation.drop_last()
+            return _End("context", warning=str(e), dropped=True)
         except KeyboardInterrupt as e:  # during prefill: the engine repaired its cache
             return _End("interrupted", interrupt=e)
         stats.synced(len(prompt), sync)
@@ -267,7 +280,8 @@ class Agent:
             return _End("grammar", warning=q.gave_up)
         if not reply.calls:
             if not (q.closed or q.finished) and self.engine.room == 0:
-                return _End("context", reply.content, not reply.complete, "the context is full")
+                return _End("context", reply.content, not reply.complete, "the reply reached "
+                            f"the end of the {self.engine.context_length}-token context")
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
         return _End("interrupted", interrupt=cut) if cut is not None else None
