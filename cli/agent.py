@@ -269,14 +269,17 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             stack.push(_saver(bot, session_folder, Path(save_session).name))
 
         def turn(text: str) -> int:
-            """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise (SIGTERM
-            cutting the reply ends the session: the turn raises it on)."""
+            """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise, a reply
+            the end of the context cut off included (what it wrote is shown, but it is no
+            answer: `{"answer":"Hel`); SIGTERM cutting the reply ends the session: the turn
+            raises it on."""
             out = bot.ask(text)
             if isinstance(out.interrupt, Terminated):
                 raise out.interrupt
             _warn_stop(out, max_steps, json_out)
-            return 0 if out.answer is not None else 130 if out.stats.stop == "interrupted" \
-                else 1
+            stop = out.stats.stop
+            return 130 if stop == "interrupted" else \
+                0 if out.answer is not None and stop != "context" else 1
 
         if single is not None:
             sys.exit(turn(single))

@@ -360,3 +360,5 @@ def test_a_reply_that_fills_the_context_says_how_large_it_is():
     assert "Traceback" not in r.stderr, r.stderr
     assert "warning: the context is full (the reply reached the end of the 100-token " \
            "context)" in r.stderr, r.stderr
+    # what it wrote is shown, but a reply cut off is no answer: exit 1 (it was 0)
+    assert r.returncode == 1 and r.stdout.startswith('{"answer"'), (r.returncode, r.stdout)
