@@ -420,27 +420,5 @@ def load(
         kv_dtype=kv_dtype, kv_heads=kv_heads, head_dim=head_dim, weight_format=weight_format,
     )
     return LoadedModel(model=model, tokenizer=tokenizer, chat=chat,
-                       stop_ids=_reply_ends(tokenizer), context_length=max_ctx,
+                       stop_ids=frozenset(tokenizer.eos_token_ids), context_length=max_ctx,
                        identity=identity, path=path, bos_id=bos_id, vocab_size=vocab_size)
-
-
-# Special tokens no reply goes on past, besides the tokenizer's end of sequence: a ChatML
-# model that writes <|im_start|> has begun a turn of its own (the next user's, made up), and
-# <|endoftext|> ends a pretraining document. Neither stopped a reply: the chat text went on
-# with "<|im_start|>user\n..." in it. llama.cpp ends generation at such tokens (its
-# end-of-generation set), and Ollama's ChatML models stop at <|im_start|>.
-REPLY_ENDS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
-
-
-def _reply_ends(tokenizer: TokenizerWrapper) -> frozenset[int]:
-    """The ids a reply stops at: the end of sequence, and each of :data:`REPLY_ENDS` that
-    is one special token of this tokenizer."""
-    ids = set(tokenizer.eos_token_ids)
-    specials = set(tok.special_tokens(tokenizer))
-    for text in REPLY_ENDS:
-        if text in specials:
-            with _ENCODING:
-                encoded = tokenizer.encode(text, add_special_tokens=False)
-            if len(encoded) == 1:
-                ids.add(encoded[0])
-    return frozenset(ids)
