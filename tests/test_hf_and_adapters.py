@@ -42,6 +42,18 @@ def write_adapter(path, model, lora_keys=("self_attn.q_proj", "self_attn.v_proj"
         {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": params}))
 
 
+def tinygpt_with_adapter(tmp_path):
+    """``m.tinygpt`` (random weights) and a random LoRA adapter for it in ``ad/``; returns
+    the adapter's weights file."""
+    from mlx_agent.models import tinygpt
+
+    f = random_tinygpt_file()
+    fmt.write(tmp_path / "m.tinygpt", f)
+    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
+    write_adapter(tmp_path / "ad", base, lora_keys=("attn.q_proj", "attn.v_proj"))
+    return tmp_path / "ad" / "adapters.safetensors"
+
+
 def test_hf_directory_loads_through_mlx_lm(tmp_path):
     model = make_tiny_llama(seed=4)
     write_hf_dir(tmp_path / "hf", model)
@@ -152,13 +164,7 @@ def test_a_hostile_adapter_config_is_one_line(tmp_path, config, message):
 
 
 def test_a_corrupt_adapters_safetensors_is_one_line(tmp_path):
-    f = random_tinygpt_file()
-    fmt.write(tmp_path / "m.tinygpt", f)
-    from mlx_agent.models import tinygpt
-
-    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
-    write_adapter(tmp_path / "ad", base, lora_keys=("attn.q_proj", "attn.v_proj"))
-    weights = tmp_path / "ad" / "adapters.safetensors"
+    weights = tinygpt_with_adapter(tmp_path)
     data = weights.read_bytes()
     for cut in (data[: len(data) // 2], b"\0" * 8, b"junk"):  # truncated, garbage: RuntimeError
         weights.write_bytes(cut)
@@ -187,13 +193,7 @@ def test_a_hostile_hf_directory_is_one_line(tmp_path):
 
 
 def test_an_adapter_with_nan_weights_is_refused_at_load(tmp_path):
-    f = random_tinygpt_file()
-    fmt.write(tmp_path / "m.tinygpt", f)
-    from mlx_agent.models import tinygpt
-
-    base = tinygpt.Model(tinygpt.ModelArgs.from_config(f.config))
-    write_adapter(tmp_path / "ad", base, lora_keys=("attn.q_proj", "attn.v_proj"))
-    weights = tmp_path / "ad" / "adapters.safetensors"
+    weights = tinygpt_with_adapter(tmp_path)
     lora = mx.load(str(weights))
     name = sorted(k for k in lora if k.endswith("lora_b"))[0]
     lora[name] = mx.where(mx.arange(lora[name].size).reshape(lora[name].shape) == 3,

@@ -555,17 +555,24 @@ def test_a_server_flooding_before_it_answers_initialize_is_one_line(tmp_path):
 
 
 @pytest.mark.real_model
-def test_the_agent_goes_on_after_a_server_that_floods_its_call(tmp_path):
+def assert_the_agent_goes_on_after_a_flooded_call(server: list[str], message: str) -> None:
+    """The agent, forced to call the flooding server's tool once: that call fails with
+    ``message`` at once (not at its 100 s timeout) and the run goes on to its stats."""
     start = time.monotonic()
-    r = cli("agent", "--mcp", flood_server(tmp_path, "tools/call"), "--sandbox", "none",
-            "--single", "Flood.", "--json-out", "--tool-choice", "flood,none",
-            "--tool-timeout", "100", "--max-tokens", "16", "--max-steps", "2", timeout=300)
+    r = cli("agent", *server, "--single", "Flood.", "--json-out", "--tool-choice",
+            "flood,none", "--tool-timeout", "100", "--max-tokens", "16", "--max-steps", "2",
+            timeout=300)
     assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-500:]
     events = [ev.decode(line) for line in r.stdout.splitlines()]
     calls = [e for e in events if isinstance(e, ev.ToolCall)]
-    assert [(c.tool, c.exit_code, c.stderr) for c in calls] == [("flood", 1, FLOODED)]
+    assert [(c.tool, c.exit_code, c.stderr) for c in calls] == [("flood", 1, message)]
     assert isinstance(events[-1], ev.Stats)  # the run went on to its answer
     assert time.monotonic() - start < 80  # not the call's 100 s timeout
+
+
+def test_the_agent_goes_on_after_a_server_that_floods_its_call(tmp_path):
+    assert_the_agent_goes_on_after_a_flooded_call(
+        ["--mcp", flood_server(tmp_path, "tools/call"), "--sandbox", "none"], FLOODED)
     assert_gone(tmp_path / "flood.pids")
 
 
@@ -711,13 +718,4 @@ def test_a_big_http_result_under_the_limit_arrives_whole(raw_http, sse):
 def test_the_agent_goes_on_after_an_http_server_floods_its_call(tmp_path, raw_http):
     config = tmp_path / "web.json"
     config.write_text(json.dumps({"mcpServers": {"web": {"url": raw_http("tools/call")}}}))
-    start = time.monotonic()
-    r = cli("agent", "--mcp-config", str(config), "--single", "Flood.", "--json-out",
-            "--tool-choice", "flood,none", "--tool-timeout", "100", "--max-tokens", "16",
-            "--max-steps", "2", timeout=300)
-    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr[-500:]
-    events = [ev.decode(line) for line in r.stdout.splitlines()]
-    calls = [e for e in events if isinstance(e, ev.ToolCall)]
-    assert [(c.tool, c.exit_code, c.stderr) for c in calls] == [("flood", 1, HTTP_FLOODED)]
-    assert isinstance(events[-1], ev.Stats)  # the run went on to its answer
-    assert time.monotonic() - start < 80  # not the call's 100 s timeout
+    assert_the_agent_goes_on_after_a_flooded_call(["--mcp-config", str(config)], HTTP_FLOODED)
