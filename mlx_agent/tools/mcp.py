@@ -55,9 +55,8 @@ from mcp import ClientSession
 from mcp import types as mcp_types
 from mcp.client.stdio import FORCE_KILL_TIMEOUT, PROCESS_TERMINATION_TIMEOUT, \
     get_default_environment
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.os.posix.utilities import terminate_posix_process_tree
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.message import SessionMessage
 
 from ..errors import UserFacingError
