@@ -1357,3 +1357,28 @@ def test_a_field_of_the_wrong_type_is_named_in_the_error_param(serve):
         with pytest.raises(openai.BadRequestError) as caught:
             s.client.chat.completions.create(model="tiny", **body)
         assert caught.value.body["param"] == param, caught.value.body
+
+
+def test_results_of_many_calls_are_put_in_order_without_a_quadratic_search():
+    """Each result's call was found with list.index: 40,000 calls and their results, a 5 MiB
+    body under the 8 MiB cap, held a request thread for 24 s."""
+    import time
+
+    import msgspec
+
+    from mlx_agent.serve import schema
+    from mlx_agent.serve.openai_api import _tool_results
+
+    n = 40_000
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+             for i in range(n)]
+    messages = [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": None, "tool_calls": calls},
+                *({"role": "tool", "tool_call_id": f"c{n - 1 - i}", "content": str(i)}
+                  for i in range(n))]
+    req = msgspec.json.decode(msgspec.json.encode({"messages": messages}),
+                              type=schema.ChatRequest)
+    start = time.monotonic()
+    ordered = _tool_results(req.messages)
+    assert time.monotonic() - start < 5
+    assert [m.tool_call_id for m in ordered[2:]] == [f"c{i}" for i in range(n)]

@@ -68,16 +68,20 @@ def _tool_results(messages: list[schema.Message]) -> list[schema.Message]:
     ids (unless they have none to match by: empty or repeated), as OpenAI requires."""
     out: list[schema.Message] = []
     run: list[schema.Message] = []  # the results answering the last assistant's calls
-    ids: list[str] | None = None  # those calls' ids; None: no calls to answer
+    ids: dict[str, int] | None = None  # those calls' ids, by position; None: no calls
     asker = -1  # the index of that assistant message
+
+    def in_call_order() -> list[schema.Message]:  # a dict, not list.index: 40,000 calls
+        return sorted(run, key=lambda r: ids[r.tool_call_id]) if ids else run  # took 24 s
+
     for i, m in enumerate(messages):
         if m.role != "tool":
-            out += sorted(run, key=lambda r: ids.index(r.tool_call_id)) if ids else run
+            out += in_call_order()
             run, asker = [], i
-            ids = [c.id for c in m.tool_calls] if m.role == "assistant" and m.tool_calls \
+            calls = [c.id for c in m.tool_calls] if m.role == "assistant" and m.tool_calls \
                 else None
-            if ids is not None and ("" in ids or len(set(ids)) < len(ids)):
-                ids = []
+            ids = None if calls is None else {} if "" in calls or len(set(calls)) < len(calls) \
+                else {c: k for k, c in enumerate(calls)}
             out.append(m)
             continue
         if ids is None:
@@ -87,11 +91,12 @@ def _tool_results(messages: list[schema.Message]) -> list[schema.Message]:
                              param=f"messages[{i}]")
         if ids and m.tool_call_id not in ids:
             got = "missing" if m.tool_call_id is None else repr(m.tool_call_id)
+            named = ", ".join(list(ids)[:10]) + (", ..." if len(ids) > 10 else "")
             raise BadRequest(f"messages[{i}].tool_call_id is {got}, not the id of one of the "
-                             f"calls of messages[{asker}] ({', '.join(ids)}); send the id of "
+                             f"calls of messages[{asker}] ({named}); send the id of "
                              "the call it answers", param=f"messages[{i}].tool_call_id")
         run.append(m)
-    return out + (sorted(run, key=lambda r: ids.index(r.tool_call_id)) if ids else run)
+    return out + in_call_order()
 
 
 def _message(m: schema.Message) -> dict:
