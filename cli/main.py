@@ -130,7 +130,7 @@ def generate(prompt, model_spec, adapter, weights, context_length, no_kv_preallo
                               min_p=min_p, seed=seed)
     p = engine.sync(ids)
     stream = TextStream(engine, lm.tokenizer, sampling.sampler(), max_tokens=max_tokens,
-                        stop_ids=lm.stop_ids, constraint=_file_constraint(lm, json_schema, grammar),
+                        stop_ids=lm.end_ids, constraint=_file_constraint(lm, json_schema, grammar),
                         continuation=not chat)
     for _, segment in stream:
         click.echo(segment, nl=False)

@@ -54,7 +54,7 @@ def main():
                 constraint.reset()
             ids = []
             start = time.perf_counter()
-            for token in engine.generate(max_tokens=args.max_tokens, stop_ids=lm.stop_ids,
+            for token in engine.generate(max_tokens=args.max_tokens, stop_ids=lm.end_ids,
                                          constraint=constraint if grammar else None):
                 ids.append(token)
                 if token in lm.stop_ids or scanner.feed(lm.decode([token])):

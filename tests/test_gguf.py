@@ -73,8 +73,9 @@ def test_tiny_gguf_loads_into_llama_with_identical_logits(tmp_path):
     assert lm.identity.kv_heads == 2 and lm.identity.head_dim == 16
     ids = mx.array([[1, 5, 9, 33, 2]])
     np.testing.assert_allclose(np.array(lm.model(ids)), np.array(model(ids)), atol=1e-5)
-    eos = lm.encode("<|im_end|>")
-    assert len(eos) == 1 and lm.stop_ids == frozenset(eos)
+    eos, turn = lm.encode("<|im_end|>"), lm.encode("<|im_start|>")
+    assert len(eos) == 1 and lm.stop_ids == frozenset(eos)  # the turn's end, as trained
+    assert lm.end_ids == frozenset(eos + turn)  # a generation also stops where a turn opens
     assert lm.encode("hi") == [94]  # the one merge
     assert lm.encode("12") == [ord("1") - 33, ord("2") - 33]  # digits split one by one
     assert lm.decode(lm.encode("a+b=c")) == "a+b=c"

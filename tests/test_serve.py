@@ -636,6 +636,27 @@ def test_a_batched_service_primes_every_lane_from_the_prompt_cache(tiny_lm, tmp_
 
 
 @pytest.mark.real_model
+def test_a_reply_ends_where_the_model_opens_a_turn_of_its_own(serve, real_model):
+    # "Hi xxx...": the bundled model answers by opening a made-up next turn; the content was
+    # "<|im_start|>user\nWhat is the probability of 10000?" with finish_reason "stop"
+    assert real_model.encode("<|im_start|>")[0] in real_model.end_ids - real_model.stop_ids
+    s = serve(real_model)
+    messages = user("Hi " + "x" * 3000)
+    first = s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=40)
+    text = first.choices[0].message.content
+    assert "<|im_start|>" not in text and "user" not in text
+    assert first.choices[0].finish_reason == "stop"
+    chunks = s.client.chat.completions.create(model="tiny", messages=messages, max_tokens=40,
+                                             stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    # the conversation goes on from it: its turn is closed by <|im_end|> in the next prompt
+    more = messages + [{"role": "assistant", "content": text}] + user("What is 2+2?")
+    r = s.client.chat.completions.create(model="tiny", messages=more, max_tokens=8)
+    assert r.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert "<|im_start|>" not in r.choices[0].message.content
+
+
+@pytest.mark.real_model
 def test_serve_command_on_a_free_port(tmp_path):
     import re
     import subprocess

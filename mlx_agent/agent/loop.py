@@ -124,7 +124,7 @@ class _Query:
     raw: str  # every character decoded
     turn_text: str  # what the turn keeps (the scanner may end it before the last segment)
     sampled: list[int]
-    closed: bool  # the model ended the turn with its stop token
+    closed: bool  # the model ended the turn (its stop token, or one of lm.end_ids)
     finished: bool  # the reply reached the format's end by itself
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C (or a subclass) cut the reply
     guarded_steps: bool = False  # the loop guard masked tokens that would repeat a call
@@ -292,7 +292,7 @@ class Agent:
         scanner = self.fmt.scanner(parallel=self.fmt.name == "hermes")  # json: one call a reply
         constraint = self._guarded(self._constraint(choice))
         stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
-                            max_tokens=self.config.max_tokens, stop_ids=self.lm.stop_ids,
+                            max_tokens=self.config.max_tokens, stop_ids=self.lm.end_ids,
                             constraint=constraint)
         interrupt, gave_up = None, None
         try:
@@ -304,7 +304,7 @@ class Agent:
         except GrammarError as e:  # this turn's alone: the session (an eval's other runs) goes on
             gave_up = str(e)
         scanner.feed(stream.flush())
-        closed = bool(stream.ids) and stream.ids[-1] in self.lm.stop_ids
+        closed = bool(stream.ids) and stream.ids[-1] in self.lm.end_ids
         return _Query(scanner.text, scanner.turn_text, stream.ids, closed, scanner.finished,
                       interrupt, isinstance(constraint, LoopGuard) and constraint.interventions > 0,
                       gave_up)

@@ -51,12 +51,18 @@ class LoadedModel:
     model: nn.Module
     tokenizer: TokenizerWrapper
     chat: ChatFormat
-    stop_ids: frozenset[int]
+    stop_ids: frozenset[int]  # the end of a turn: what written rows train, the grammar's EOS
     context_length: int
     identity: ModelIdentity
     path: Path
     bos_id: int | None = None  # prepended to prompts when the model asks for it
     vocab_size: int = 0  # width of the logits (may exceed the tokenizer's vocabulary)
+    # what a generation stops at: stop_ids and the special tokens no reply goes on past
+    # (:data:`REPLY_ENDS`); a reply cut at one is closed as if it had ended its turn
+    end_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self):
+        self.end_ids = self.end_ids | self.stop_ids
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are matched."""
@@ -421,4 +427,27 @@ def load(
     )
     return LoadedModel(model=model, tokenizer=tokenizer, chat=chat,
                        stop_ids=frozenset(tokenizer.eos_token_ids), context_length=max_ctx,
-                       identity=identity, path=path, bos_id=bos_id, vocab_size=vocab_size)
+                       identity=identity, path=path, bos_id=bos_id, vocab_size=vocab_size,
+                       end_ids=_reply_ends(tokenizer))
+
+
+# Special tokens no reply goes on past, besides the model's end of turn: a ChatML model that
+# writes <|im_start|> has begun a turn of its own (the next user's, made up), and
+# <|endoftext|> ends a pretraining document. Neither stopped a reply: a chat completion's
+# content went on with "<|im_start|>user\n...". llama.cpp ends generation at such tokens (its
+# end-of-generation set), and Ollama's ChatML models stop at <|im_start|>. They stop
+# generation only: the turn's trained end stays ``stop_ids`` (written rows, the grammar).
+REPLY_ENDS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
+
+
+def _reply_ends(tokenizer: TokenizerWrapper) -> frozenset[int]:
+    """Each of :data:`REPLY_ENDS` that is one special token of this tokenizer, by id."""
+    specials = set(tok.special_tokens(tokenizer))
+    ids = set()
+    for text in REPLY_ENDS:
+        if text in specials:
+            with _ENCODING:
+                encoded = tokenizer.encode(text, add_special_tokens=False)
+            if len(encoded) == 1:
+                ids.add(encoded[0])
+    return frozenset(ids)

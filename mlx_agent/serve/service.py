@@ -227,7 +227,7 @@ class ChatService:
             if gen.finish == "cancelled":
                 return self._cancelled(ChatResult(gen.shown.text, [], "cancelled", usage, hops))
             reply = prep.fmt.parse(gen.text)
-            prep.fmt.reply_message(reply, gen.text, _without_stop(gen.ids, self.lm.stop_ids))
+            prep.fmt.reply_message(reply, gen.text, _without_stop(gen.ids, self.lm.end_ids))
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
                 break
@@ -350,7 +350,7 @@ class ChatService:
         except PrefillStopped:
             return Generated("", shown, [], "cancelled", 0)
         stream = TextStream(engine, self.lm.tokenizer, self.sampler_for(call.sampling),
-                            max_tokens=max_tokens, stop_ids=self.lm.stop_ids,
+                            max_tokens=max_tokens, stop_ids=self.lm.end_ids,
                             constraint=constraint, continuation=continuation)
 
         def show(segment: str) -> None:
