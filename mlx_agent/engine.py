@@ -96,6 +96,34 @@ def _categorical(temperature: float, filters: list[Callable], seed: int | None) 
     return sample
 
 
+def _adjusted(inner: Sampler, presence: float, frequency: float,
+              bias: tuple[tuple[int, float], ...]) -> Sampler:
+    """``inner`` drawing from logprobs moved as OpenAI's penalties and ``logit_bias`` move
+    logits: ``bias[t]`` added, ``frequency`` times the count of ``t`` among the tokens this
+    sampler has drawn subtracted, and ``presence`` once ``t`` has been drawn at all (the
+    generated tokens only, not the prompt's, as OpenAI and vLLM count them); renormalised
+    before ``inner``'s filters. The counts are a lazy array, so a draw waits on nothing."""
+    counts: mx.array | None = None
+    added: mx.array | None = None  # the bias over the vocabulary
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal counts, added
+        if counts is None:
+            counts = mx.zeros((logprobs.shape[-1],), dtype=mx.float32)
+            kept = [(i, b) for i, b in bias if i < logprobs.shape[-1]]
+            if kept:
+                ids, values = zip(*kept)
+                added = counts.at[mx.array(ids)].add(mx.array(values, dtype=mx.float32))
+        x = logprobs if added is None else logprobs + added
+        if presence or frequency:
+            x = x - (frequency * counts + presence * (counts > 0))
+        token = inner(x - mx.logsumexp(x, axis=-1, keepdims=True))
+        counts = counts.at[token.reshape(-1)].add(1.0)
+        return token
+
+    return sample
+
+
 # Below this a temperature or top-p is greedy. Logprobs are float32, scaled by 1 / temperature:
 # at 1e-39 the scale is past float32's range (1e-300 too), every logprob -inf and the draw
 # random; a top-p that small rounds to 0 in float32 and drops every token. Either way what is
@@ -114,6 +142,9 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI's, -2..2: subtracted from a token drawn before
+    frequency_penalty: float = 0.0  # -2..2: times the number of times it was drawn
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, -100..100) added to its logit
 
     def __post_init__(self):
         if not self.temperature >= 0 or math.isinf(self.temperature):  # NaN fails >= too
@@ -124,6 +155,14 @@ class SamplingParams:
             raise ValueError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 <= self.min_p < 1:
             raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:  # NaN fails too
+                raise ValueError(f"{name.replace('_', ' ')} must be between -2 and 2, "
+                                 f"got {getattr(self, name)}")
+        for token, value in self.logit_bias:
+            if token < 0 or not -100 <= value <= 100:
+                raise ValueError(f"a logit bias maps a token id (>= 0) to a number between "
+                                 f"-100 and 100, got {token}: {value}")
         if self.seed is not None:  # any integer: MLX's keys take 64 bits, as requests' do
             object.__setattr__(self, "seed", self.seed % 2**64)
 
@@ -134,9 +173,14 @@ class SamplingParams:
         the same tokens, and nothing else's randomness changes (a prompt prefilled in other
         chunks, or partly reused from a cache, has logits that differ by float rounding, so a
         draw near a tie may differ). A greedy sampler is marked ``greedy`` so the
-        engine can skip the log-softmax.
+        engine can skip the log-softmax. Penalties and a logit bias make a sampler that
+        counts its own draws: one generation's, not to be shared.
         """
+        adjust = self.presence_penalty or self.frequency_penalty or self.logit_bias
         if self.temperature < MIN_SAMPLED or self.top_p < MIN_SAMPLED:
+            if adjust:
+                return _adjusted(greedy_sampler, self.presence_penalty,
+                                 self.frequency_penalty, self.logit_bias)
             return greedy_sampler
         filters = []
         if 0 < self.top_p < 1:
@@ -146,7 +190,11 @@ class SamplingParams:
         if self.top_k > 0:  # k at or past the vocabulary keeps every token (mlx-lm raises,
             # inside a compiled function whose random state it then leaves broken)
             filters.append(lambda x: x if self.top_k >= x.shape[-1] else apply_top_k(x, self.top_k))
-        return _categorical(self.temperature, filters, self.seed)
+        sample = _categorical(self.temperature, filters, self.seed)
+        if adjust:
+            return _adjusted(sample, self.presence_penalty, self.frequency_penalty,
+                             self.logit_bias)
+        return sample
 
 
 class PrefillStopped(Exception):

@@ -261,3 +261,23 @@ def test_a_stopped_sync_that_trimmed_keeps_no_stale_logits(tiny_model):
     fresh = Engine(tiny_model, context_length=64, prefill_step=8)
     fresh.prefill(a[:6])
     assert np.allclose(np.array(engine.logits), np.array(fresh.logits), atol=1e-5)
+
+
+def test_penalties_count_the_samplers_own_draws():
+    # probabilities .5 and .3 for tokens 3 and 4: a penalty of 1 on a drawn token makes the
+    # other one likelier (log .5 - 1 < log .3), and both drawn leaves 3 ahead again
+    logprobs = mx.log(mx.array([[0.05, 0.05, 0.1, 0.5, 0.3]]))
+    draws = SamplingParams(presence_penalty=1.0).sampler()
+    assert [draws(logprobs).item() for _ in range(4)] == [3, 4, 3, 3]
+    draws = SamplingParams(frequency_penalty=0.3).sampler()  # 3 leads by 0.51 a draw
+    assert [draws(logprobs).item() for _ in range(6)] == [3, 3, 4, 3, 4, 3]
+    draws = SamplingParams(logit_bias=((0, 5.0),)).sampler()
+    assert [draws(logprobs).item() for _ in range(2)] == [0, 0]
+    draws = SamplingParams(temperature=1, seed=1, logit_bias=((1, 100.0), (99, 5.0))).sampler()
+    assert [draws(logprobs).item() for _ in range(3)] == [1, 1, 1]  # an id past the row: none
+    masked = mx.array([[-mx.inf, -mx.inf, 0.0, -mx.inf, -mx.inf]])  # a grammar's mask wins
+    assert SamplingParams(logit_bias=((3, 100.0),)).sampler()(masked).item() == 2
+    for bad in ({"presence_penalty": 2.5}, {"frequency_penalty": float("nan")},
+                {"logit_bias": ((-1, 1.0),)}, {"logit_bias": ((1, 101.0),)}):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)

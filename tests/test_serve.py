@@ -1403,3 +1403,47 @@ def test_results_of_many_calls_are_put_in_order_without_a_quadratic_search():
     ordered = _tool_results(req.messages)
     assert time.monotonic() - start < 5
     assert [m.tool_call_id for m in ordered[2:]] == [f"c{i}" for i in range(n)]
+
+
+def test_penalties_and_logit_bias_move_the_reply(serve, tiny_lm):
+    s = serve()
+    yes = tiny_lm.encode(" yes")
+    assert len(yes) == 1
+
+    def completion(**extra):
+        status, r = s.post("/v1/completions", {"prompt": "Say", "max_tokens": 12,
+                                                "temperature": 0, **extra})
+        assert status == 200, r
+        return r["choices"][0]["text"]
+
+    greedy = completion()
+    words = greedy.split()
+    most = max(words, key=words.count)
+    assert words.count(most) > 5  # the random model repeats itself
+    # each drawn token is pushed down by 2: this model's logits are closer than that
+    spread = completion(presence_penalty=2)
+    assert spread.split().count(most) <= 1 and len(set(spread.split())) > 5
+    assert completion(logit_bias={str(yes[0]): 100}) == " yes" * 12
+    assert completion(logit_bias={str(yes[0]): 100}, temperature=1, seed=3) == " yes" * 12
+    first = tiny_lm.encode(greedy)[0]
+    assert tiny_lm.encode(completion(logit_bias={str(first): -100}))[0] != first
+    chat = s.client.chat.completions.create(model="tiny", messages=user("Hello"), max_tokens=6,
+                                            temperature=0, logit_bias={yes[0]: 100})
+    assert chat.choices[0].message.content.strip() == " ".join(["yes"] * 6)
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Say", "raw": True,
+                                         "stream": False, "options": {
+                                             "num_predict": 12, "temperature": 0,
+                                             "presence_penalty": 2}})
+    assert status == 200 and r["response"] == spread, r
+    for body, param in (({"presence_penalty": 2.5}, "presence_penalty"),
+                        ({"frequency_penalty": -3}, "frequency_penalty"),
+                        ({"logit_bias": {"yes": 5}}, "logit_bias"),
+                        ({"logit_bias": {"-1": 5}}, "logit_bias"),
+                        ({"logit_bias": {str(tiny_lm.vocab_size): 5}}, "logit_bias"),
+                        ({"logit_bias": {"5": 101}}, "logit_bias")):
+        status, r = s.post("/v1/chat/completions", {"messages": user("hi"), **body})
+        assert status == 400 and r["error"]["param"] == param, (body, r)
+        assert "Traceback" not in r["error"]["message"]
+    status, r = s.post("/api/chat", {"model": "tiny", "messages": user("hi"),
+                                     "options": {"frequency_penalty": 9}})
+    assert status == 400 and "frequency_penalty" in r["error"], r

@@ -45,7 +45,7 @@ class Server:
     def __init__(self, service: ChatService, default_sampling: SamplingParams = SamplingParams(),
                  pool: ThreadPoolExecutor | None = None, max_body_bytes: int = DEFAULT_MAX_BODY):
         self.service = service
-        self.limits = Limits(service.context_length, default_sampling)
+        self.limits = Limits(service.context_length, default_sampling, service.lm.vocab_size)
         self.max_body_bytes = max_body_bytes
         # a thread per lane (one lane: the thread that touches the model; pass the one that
         # loaded it, on Metal)
@@ -214,7 +214,8 @@ class Server:
             self._check_model(req.model)
             prompt = openai_api.completion_prompt(req)
             max_tokens, sampling = self.limits(req.max_tokens, req.temperature, req.top_p,
-                                               req.seed, req.top_k, req.min_p)
+                                               req.seed, req.top_k, req.min_p,
+                                               **openai_api.penalties(req))
             prepared = await self._prepare(lambda: self.service.prepare_completion(prompt))
 
             def work(on_text, cancelled):

@@ -26,7 +26,8 @@ def sampling(options: schema.OllamaOptions | None, limits: Limits):
     max_tokens = o.num_predict if o.num_predict and o.num_predict > 0 else None
     seed = None if o.seed == -1 else o.seed  # Ollama's default, "random": the server's here
     return limits(max_tokens, o.temperature, o.top_p, seed, o.top_k, o.min_p,
-                  max_tokens_name="options.num_predict")
+                  max_tokens_name="options.num_predict", presence_penalty=o.presence_penalty,
+                  frequency_penalty=o.frequency_penalty)
 
 
 def stops(options: schema.OllamaOptions | None) -> list[str]:

@@ -41,7 +41,7 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
     max_tokens, sampling = limits(req.max_completion_tokens if newer else req.max_tokens,
                                   req.temperature, req.top_p, req.seed, req.top_k, req.min_p,
                                   max_tokens_name="max_completion_tokens" if newer
-                                  else "max_tokens")
+                                  else "max_tokens", **penalties(req))
     tools = None
     if req.tools is not None:
         try:
@@ -57,6 +57,13 @@ def chat_call(req: schema.ChatRequest, limits: Limits) -> ChatCall:
                     tool_choice=choice, parallel=req.parallel_tool_calls,
                     max_tokens=max_tokens, sampling=sampling, stop=req.stops(),
                     json_schema=response_schema(req.response_format))
+
+
+def penalties(req) -> dict:
+    """A chat or text completion request's penalties and logit bias, as :class:`Limits`
+    takes them."""
+    return {"presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty, "logit_bias": req.logit_bias}
 
 
 def _tool_results(messages: list[schema.Message]) -> list[schema.Message]:

@@ -100,6 +100,9 @@ class _OpenAIRequest(Body, kw_only=True):
     top_k: int | None = None  # not OpenAI's: the extras vLLM's and llama.cpp's servers take
     min_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     stop: Union[Stop, Stops, None] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -142,6 +145,8 @@ class OllamaOptions(Struct):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     num_predict: int | None = None
     stop: Stops | None = None
 
