@@ -167,6 +167,14 @@ def test_streamed_tool_calls_and_answers(serve, tiny_lm):
         [("set_timer", {"minutes": 5})]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert all(not c.choices[0].delta.content for c in chunks)  # no raw JSON as content
+    # content null, not "", as OpenAI streams a tool call: the SDK's accumulated message
+    # (its stream helper's final completion) had content '' beside the calls
+    assert chunks[0].choices[0].delta.content is None
+    again = serve(sampler_for=Scripted(tiny_lm, call))
+    with again.client.chat.completions.stream(model="tiny", messages=user("5 min timer"),
+                                              tools=TOOLS) as stream:
+        final = stream.get_final_completion().choices[0].message
+    assert final.content is None and final.tool_calls[0].function.name == "set_timer"
     chunks = list(s.client.chat.completions.create(model="tiny", messages=user("hi"),
                                                    tools=TOOLS, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks)

@@ -172,7 +172,8 @@ async def chat_chunks(events: AsyncIterator[tuple[str, Any]], model: str,
         return _data({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                            "finish_reason": finish}]})
 
-    yield chunk({"role": "assistant", "content": ""})
+    # null until text comes, as OpenAI streams a reply that turns out to be tool calls
+    yield chunk({"role": "assistant", "content": None})
     async for kind, value in events:
         if kind == "text":
             yield chunk({"content": value})
