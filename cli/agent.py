@@ -270,8 +270,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
 
         def turn(text: str) -> int:
             """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise, a reply
-            the end of the context cut off included (what it wrote is shown, but it is no
-            answer: `{"answer":"Hel`); SIGTERM cutting the reply ends the session: the turn
+            the end of the context or --max-tokens cut off included (what it wrote is shown,
+            but it is no answer: `{"answer":"Hel`); SIGTERM cutting the reply ends the session: the turn
             raises it on."""
             out = bot.ask(text)
             if isinstance(out.interrupt, Terminated):
@@ -279,7 +279,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             _warn_stop(out, max_steps, json_out)
             stop = out.stats.stop
             return 130 if stop == "interrupted" else \
-                0 if out.answer is not None and stop != "context" else 1
+                0 if out.answer is not None and stop != "context" and not out.cut else 1
 
         if single is not None:
             sys.exit(turn(single))
@@ -398,5 +398,8 @@ def _warn_stop(out, max_steps: int, json_out: bool) -> None:
         warn(f"the context is full ({out.warning}); start a new session or use --kv-window")
     elif stop == "grammar":
         warn(out.warning)
+    elif out.cut:
+        warn(f"{out.warning} (--max-tokens); what it wrote is shown: raise --max-tokens "
+             "for a whole answer")
     elif stop == "interrupted" and not json_out:
         click.secho("(interrupted)", err=True, fg="yellow")

@@ -362,3 +362,16 @@ def test_a_reply_that_fills_the_context_says_how_large_it_is():
            "context)" in r.stderr, r.stderr
     # what it wrote is shown, but a reply cut off is no answer: exit 1 (it was 0)
     assert r.returncode == 1 and r.stdout.startswith('{"answer"'), (r.returncode, r.stdout)
+
+
+def test_an_answer_cut_by_max_tokens_is_shown_and_fails_single():
+    # exit 0 with the cut text as the answer: a script took '{"answer":"The' for the answer
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "5", "--max-steps", "1",
+            "--tool-choice", "none", "--single", "Tell me a long story about a dragon.")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "warning: the reply reached the 5-token limit before it ended (--max-tokens)" \
+        in r.stderr, r.stderr
+    assert r.stdout.strip(), r.stdout  # what it wrote is still shown
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "64", "--max-steps",
+            "1", "--tool-choice", "none", "--single", "Say hi.")
+    assert r.returncode == 0 and "warning" not in r.stderr, (r.returncode, r.stderr)

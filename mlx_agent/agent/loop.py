@@ -115,6 +115,7 @@ class Outcome:
     warning: str | None = None  # why a turn stopped early (the context is full)
     interrupt: KeyboardInterrupt | None = None  # what cut the turn: re-raise it to stop
     dropped: bool = False  # the user's message did not fit: left out of the conversation
+    cut: bool = False  # the answer reached max_tokens before it ended: it is partial
 
 
 @dataclass
@@ -141,6 +142,7 @@ class _End:
     warning: str | None = None
     interrupt: KeyboardInterrupt | None = None
     dropped: bool = False
+    cut: bool = False
 
 
 class Agent:
@@ -241,7 +243,8 @@ class Agent:
         self.emit(final)
         if self.log is not None:
             self.log.finish(final)
-        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt, end.dropped)
+        return Outcome(end.answer, end.fallback, final, end.warning, end.interrupt, end.dropped,
+                       end.cut)
 
     def _step(self, step: int, stats: TurnStats, user_text: str | None) -> _End | None:
         """One assistant step; returns why the turn ends, or None to go on."""
@@ -282,6 +285,10 @@ class Agent:
             if not (q.closed or q.finished) and self.engine.room == 0:
                 return _End("context", reply.content, not reply.complete, "the reply reached "
                             f"the end of the {self.engine.context_length}-token context")
+            if not (q.closed or q.finished) and len(q.sampled) >= self.config.max_tokens:
+                return _End("answer", reply.content, not reply.complete, "the reply reached "
+                            f"the {self.config.max_tokens}-token limit before it ended",
+                            cut=True)
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
         return _End("interrupted", interrupt=cut) if cut is not None else None
