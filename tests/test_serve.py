@@ -555,6 +555,23 @@ def test_completion_options_the_server_cannot_honour_are_400s(serve, extra, need
     assert status == 200 and r["choices"][0]["finish_reason"] == "length", r
 
 
+@pytest.mark.parametrize("extra, needle", [
+    # each was a 200: a fill-in-the-middle request came back as a plain continuation
+    ({"suffix": " the end."}, "suffix is not supported"),
+    ({"template": "{{ .Prompt }}"}, "template is not supported"),
+    ({"context": [1, 2, 3]}, "context is not supported"),
+])
+def test_ollama_generate_options_the_server_cannot_honour_are_400s(serve, extra, needle):
+    s = serve()
+    for stream in (False, True):
+        status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Say:", "stream": stream,
+                                             "options": {"num_predict": 2}, **extra})
+        assert status == 400 and needle in r["error"], r
+    status, r = s.post("/api/generate", {"model": "tiny", "prompt": "Say:", "stream": False,
+                                         "options": {"num_predict": 2}, "suffix": "",
+                                         "template": "", "context": []})
+    assert status == 200 and r["done"], r
+
 def test_a_completion_keeps_the_space_its_first_token_starts_with(serve, tiny_lm):
     # mlx-lm's detokenizer drops it (right for a chat reply): "is" + "Paris" was "isParis"
     s = serve(sampler_for=Scripted(tiny_lm, *[" Paris, and the"] * 4))

@@ -271,6 +271,7 @@ class Server:
             max_tokens, sampling = ollama_api.sampling(req.options, self.limits)
             if req.images:
                 raise BadRequest(ollama_api.NO_IMAGES)
+            ollama_api.check_generate(req)
             if not req.prompt:  # Ollama's "load the model" request
                 return JSONResponse(ollama_api.loaded(req.model, chat=False))
             prepared = await self._prepare(lambda: self.service.prepare_completion(

@@ -30,6 +30,20 @@ def sampling(options: schema.OllamaOptions | None, limits: Limits):
                   frequency_penalty=o.frequency_penalty)
 
 
+def check_generate(req: schema.OllamaGenerateRequest) -> None:
+    """Refuses what ``/api/generate`` takes and this server cannot do, where it was ignored
+    (a fill-in-the-middle request came back as a plain continuation)."""
+    if req.suffix:
+        raise BadRequest("suffix is not supported (text is only continued, never filled in); "
+                         "leave it out")
+    if req.template:
+        raise BadRequest("template is not supported: the model's own chat template is used "
+                         "(send raw: true with a prompt you have formatted yourself)")
+    if req.context:
+        raise BadRequest("context is not supported (it is deprecated in Ollama too); send the "
+                         "conversation as messages to /api/chat")
+
+
 def stops(options: schema.OllamaOptions | None) -> list[str]:
     return list(options.stop or []) if options else []
 

@@ -181,6 +181,9 @@ class OllamaGenerateRequest(Body):
     stream: bool | None = True
     options: OllamaOptions | None = None
     format: Any = None
+    suffix: str | None = None  # refused unless empty: text is only ever continued
+    template: str | None = None  # refused unless empty: the model's own chat template is used
+    context: list[int] | None = None  # refused unless empty: send /api/chat messages
 
 
 class InvalidBody(ValueError):
