@@ -572,6 +572,30 @@ def test_ollama_generate_options_the_server_cannot_honour_are_400s(serve, extra,
                                          "template": "", "context": []})
     assert status == 200 and r["done"], r
 
+def test_a_completion_prompt_may_be_token_ids(serve, tiny_lm):
+    # OpenAI's four prompt shapes; token ids were a 400 ("expected str")
+    s = serve()
+    ids = tiny_lm.encode("Say:")
+
+    def complete(prompt, **extra):
+        return s.post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                          **extra})
+
+    status, text = complete("Say:")
+    assert status == 200, text
+    for prompt in (ids, [ids], ["Say:"]):
+        status, r = complete(prompt)
+        assert status == 200 and r["choices"][0]["text"] == text["choices"][0]["text"], r
+        assert r["usage"]["prompt_tokens"] == len(ids)
+    status, r = complete(ids, echo=True)
+    assert r["choices"][0]["text"] == "Say:" + text["choices"][0]["text"], r
+    for prompt, needle in (([-1], "token -1"), ([tiny_lm.vocab_size], f"token {tiny_lm.vocab_size}"),
+                           ([1.5], "a list of token ids"), ([True], "a list of token ids"),
+                           ([], "a list of token ids"), (["a", "b"], "one prompt per request"),
+                           ([ids, ids], "one prompt per request"), ("", "the prompt is empty")):
+        status, r = complete(prompt)
+        assert status == 400 and needle in r["error"]["message"], (prompt, r)
+
 def test_a_completion_keeps_the_space_its_first_token_starts_with(serve, tiny_lm):
     # mlx-lm's detokenizer drops it (right for a chat reply): "is" + "Paris" was "isParis"
     s = serve(sampler_for=Scripted(tiny_lm, *[" Paris, and the"] * 4))

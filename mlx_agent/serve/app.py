@@ -212,7 +212,7 @@ class Server:
         try:
             req = await self._body(request, schema.CompletionRequest)
             self._check_model(req.model)
-            prompt = openai_api.completion_prompt(req)
+            prompt = openai_api.completion_prompt(req, self.service.lm.vocab_size)
             max_tokens, sampling = self.limits(req.max_tokens, req.temperature, req.top_p,
                                                req.seed, req.top_k, req.min_p,
                                                **openai_api.penalties(req))
@@ -224,6 +224,8 @@ class Server:
                                              cancelled=cancelled)
 
             head = openai_api.completion_head(self.service.model_name)
+            if not isinstance(prompt, str):  # token ids: echoed as their text
+                prompt = self.service.lm.decode(prompt) if req.echo else ""
             if req.stream:
                 return StreamingResponse(openai_api.completion_chunks(
                     self._stream(work), head, prompt, req.echo, req.include_usage),

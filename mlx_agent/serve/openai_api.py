@@ -193,7 +193,7 @@ def completion_head(model: str) -> dict:
             "created": int(time.time()), "model": model}
 
 
-def completion_prompt(req: schema.CompletionRequest) -> str:
+def completion_prompt(req: schema.CompletionRequest, vocab_size: int) -> str | list[int]:
     if req.n != 1:
         raise BadRequest("n must be 1", param="n")
     if req.best_of not in (None, 1):
@@ -204,11 +204,31 @@ def completion_prompt(req: schema.CompletionRequest) -> str:
     if req.suffix:
         raise BadRequest("suffix is not supported (text is only continued, never filled "
                          "in); leave it out", param="suffix")
-    if isinstance(req.prompt, list):
-        if len(req.prompt) != 1:
-            raise BadRequest("send one prompt per request", param="prompt")
-        return req.prompt[0]
-    return req.prompt
+    return _one_prompt(req.prompt, vocab_size)
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def _one_prompt(prompt, vocab_size: int) -> str | list[int]:
+    """OpenAI's four shapes of ``prompt``: text, token ids, or a batch of either, here
+    of one."""
+    if isinstance(prompt, str):
+        return prompt
+    if _is_ids(prompt):
+        bad = next((i for i in prompt if not 0 <= i < vocab_size), None)
+        if bad is not None:
+            raise BadRequest(f"the prompt holds token {bad}, but the model's ids run from 0 to "
+                             f"{vocab_size - 1}", param="prompt")
+        return prompt
+    if len(prompt) == 1 and (isinstance(prompt[0], str) or _is_ids(prompt[0])):
+        return _one_prompt(prompt[0], vocab_size)
+    if prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
+        raise BadRequest("send one prompt per request", param="prompt")
+    raise BadRequest("the prompt must be a string, a list of token ids, or a list holding "
+                     "one of those", param="prompt")
 
 
 def completion_response(result: ChatResult, head: dict, prompt: str, echo: bool) -> dict:

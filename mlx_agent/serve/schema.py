@@ -131,7 +131,9 @@ class ChatRequest(_OpenAIRequest, kw_only=True):
 
 
 class CompletionRequest(_OpenAIRequest, kw_only=True):
-    prompt: Union[str, list[str]]
+    # text, or token ids, alone or as a one-item batch (msgspec takes one array type a
+    # union: the items are checked by openai_api.completion_prompt)
+    prompt: Union[str, list[Any]]
     max_tokens: int | None = 16
     echo: bool | None = False
     logprobs: int | None = None  # refused unless null: the server has none to give

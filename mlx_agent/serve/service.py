@@ -291,20 +291,22 @@ class ChatService:
 
     # -- raw completion --------------------------------------------------------------------
 
-    def prepare_completion(self, prompt: str, *, raw: bool = True, system: str | None = None,
-                           json_schema: dict | None = None,
+    def prepare_completion(self, prompt: str | list[int], *, raw: bool = True,
+                           system: str | None = None, json_schema: dict | None = None,
                            schema_field: str = "response_format") -> PreparedCompletion:
-        """The prompt ids (``raw`` text, or a one-message chat) and the constraint
+        """The prompt ids (``raw`` text or ids, or a one-message chat) and the constraint
         (``json_schema`` from the request's ``schema_field``)."""
         self._check_size(len(prompt) + len(system or ""))
-        if raw:
+        if isinstance(prompt, list):
+            ids = list(prompt)
+        elif raw:
             ids = self.lm.prompt_ids(prompt)
         else:
             msgs = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": prompt}]
             ids = self.formats["plain"].prompt_ids(msgs)
         if not ids:
-            raise RequestError("the prompt is empty")
+            raise RequestError("the prompt is empty; send some text to continue")
         if len(ids) >= self.context_length:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds "
                                f"{self.context_length}")
