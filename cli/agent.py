@@ -238,7 +238,7 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         servers = start_mcp(mcp_commands, mcp_config, box, tool_timeout, root)
         tools = build_tools(tools_file, builtin_tools, root, tool_timeout, tool_env, box,
                             servers)
-        choices = tuple(c.strip() for c in tool_choice.split(","))
+        choices = _tool_choices(tool_choice, tools)
         if no_grammar and set(choices) != {"auto"}:
             raise click.UsageError("--tool-choice needs the grammar; drop --no-grammar")
         lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
@@ -284,6 +284,21 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
         if single is not None:
             sys.exit(turn(single))
         repl(turn, json_out)
+
+
+def _tool_choices(text: str, tools) -> tuple[str, ...]:
+    """``--tool-choice``'s comma-separated steps, each checked before the model loads."""
+    choices = tuple(c.strip() for c in text.split(","))
+    names = [t.name for t in tools]
+    for choice in choices:
+        if not choice:
+            raise UserError(f"--tool-choice {text!r} has an empty step; give auto, required, "
+                            "none or a tool's name, comma-separated for one per step")
+        if choice not in ("auto", "required", "none", *names):
+            known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") or "none"
+            raise UserError(f"--tool-choice names {choice!r}, which is not a tool here "
+                            f"(tools: {known}); use auto, required, none or a tool's name")
+    return choices
 
 
 def _confirm(name: str, arguments: dict) -> bool:

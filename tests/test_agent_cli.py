@@ -375,3 +375,16 @@ def test_an_answer_cut_by_max_tokens_is_shown_and_fails_single():
     r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "64", "--max-steps",
             "1", "--tool-choice", "none", "--single", "Say hi.")
     assert r.returncode == 0 and "warning" not in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("choice, message", [
+    # both said "tool_choice names ''", the library's field, after the model had loaded
+    ("", "--tool-choice '' has an empty step"),
+    ("echo,,none", "--tool-choice 'echo,,none' has an empty step"),
+    ("ecko", "--tool-choice names 'ecko', which is not a tool here (tools: echo)"),
+])
+def test_a_tool_choice_that_names_no_tool_is_a_usage_error(choice, message):
+    r = run("--tools", str(ROOT / "examples/echo.json"), "--tool-choice", choice, "--single", "hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"mlx_agent: error: {message}"), r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
