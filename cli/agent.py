@@ -410,7 +410,8 @@ def _warn_stop(out, max_steps: int, json_out: bool) -> None:
         warn(f"the message does not fit the context ({out.warning}); it was left out: "
              "send a shorter one, or start a new session")
     elif stop == "context":
-        warn(f"the context is full ({out.warning}); start a new session or use --kv-window")
+        warn(f"the context is full ({out.warning}); start a new session, raise "
+             "--context-length, or use a rotating --kv-window")
     elif stop == "grammar":
         warn(out.warning)
     elif out.cut:

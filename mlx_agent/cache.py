@@ -33,7 +33,12 @@ PREALLOCATE_STEP = 1024  # tokens per allocation of a preallocated cache
 
 
 class ContextFull(UserFacingError, RuntimeError):
-    """More tokens than a preallocated cache holds."""
+    """More tokens than a preallocated cache holds. ``fact`` is what happened, without the
+    advice ``str()`` adds, for callers that give their own."""
+
+    def __init__(self, fact: str, advice: str = ""):
+        super().__init__(f"{fact} ({advice})" if advice else fact)
+        self.fact = fact
 
 
 class PreallocatedKVCache(KVCache):

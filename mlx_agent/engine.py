@@ -347,9 +347,8 @@ class Engine:
         room = self.room
         if room is not None and n > room:
             raise ContextFull(
-                f"{len(self.tokens) + n} tokens exceed the {self.context_length}-token context"
-                " (raise --context-length, or use a rotating --kv-window)"
-            )
+                f"{len(self.tokens) + n} tokens exceed the {self.context_length}-token context",
+                "raise --context-length, or use a rotating --kv-window")
 
     def prefill(self, ids: Sequence[int], stop: Callable[[], bool] | None = None) -> PrefillStats:
         """Append ``ids`` to the cache in chunks; keep the logits after the last one.

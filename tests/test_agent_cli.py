@@ -310,6 +310,10 @@ def test_a_message_too_long_for_the_context_is_dropped_and_the_session_goes_on()
     stats = [e for e in map(ev.decode, r.stdout.splitlines()) if isinstance(e, ev.Stats)]
     assert [s.stop for s in stats] == ["context", "answer"], r.stderr
     assert r.stderr.count("warning: ") == 1 and "it was left out" in r.stderr, r.stderr
+    # the fact, then one piece of advice (the engine's was in it too: "(... (raise
+    # --context-length, or use a rotating --kv-window)); it was left out: send a shorter one")
+    assert "--kv-window" not in r.stderr and "-token context); it was left out" in r.stderr, \
+        r.stderr
 
 
 def test_a_mistyped_repl_command_is_named_not_sent_to_the_model():

@@ -252,11 +252,11 @@ class Agent:
         try:
             sync = self.engine.sync(prompt)
         except ContextFull as e:
-            if user_text is None:
-                return _End("context", warning=str(e))
+            if user_text is None:  # the fact alone: the caller gives its own advice
+                return _End("context", warning=e.fact)
             # the model never read the message: kept, it would fill every later turn too
             self.conversation.drop_last()
-            return _End("context", warning=str(e), dropped=True)
+            return _End("context", warning=e.fact, dropped=True)
         except KeyboardInterrupt as e:  # during prefill: the engine repaired its cache
             return _End("interrupted", interrupt=e)
         stats.synced(len(prompt), sync)
