@@ -137,6 +137,8 @@ def repl(turn, json_out: bool = False) -> None:
             click.echo("\n(:quit or Ctrl-D to leave)", err=True)
             continue
         if text.strip() in (":quit", ":q"):
+            if not sys.stdin.isatty():  # no Enter echoed: end the prompt's line, as at EOF
+                click.echo(err=json_out)
             return
         if re.fullmatch(r":[A-Za-z]+", text.strip()):  # a mistyped command is no request
             warn(f"unknown command {text.strip()!r}: :quit (or Ctrl-D) leaves; "

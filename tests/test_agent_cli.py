@@ -50,6 +50,7 @@ def test_repl_reads_until_quit():
             stdin="hello\n:quit\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("you> ") == 2 and "agent> " in r.stdout
+    assert r.stdout.endswith("you> \n"), r.stdout  # the prompt's line ended, as at Ctrl-D
 
 
 @pytest.mark.parametrize("args,message", [
