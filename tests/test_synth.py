@@ -504,8 +504,16 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
     odd = [fn("anything", "Takes anything.", {"x": True, "y": {"type": "string"}},
               ["y"]),
            fn("never", "Cannot be called.", {"z": {"enum": []}}, ["z"]),
+           # drawn from the pattern, the one range value, four decimals: all three were
+           # skipped ("no pool value satisfies its schema", "no number in range")
            fn("strict_code", "Needs a code.", {"code": {"type": "string",
                                                         "pattern": "^zz[0-9]{9}$"}}, ["code"]),
+           fn("book", "Book a day.", {"day": {"type": "string",
+                                              "pattern": "^\\d{2}/\\d{2}/\\d{4}$"}}, ["day"]),
+           fn("level", "Set the level.", {"n": {"type": "number", "minimum": 5, "maximum": 5}},
+              ["n"]),
+           fn("dose", "Set a dose.", {"mg": {"type": "number", "minimum": 0.001,
+                                             "maximum": 0.004}}, ["mg"]),
            fn("ping", "Ping the host.", {}),
            # a hostile tester's: memory until the process was killed, an OverflowError
            fn("huge", "Many items.", {"x": {"type": "array", "minItems": 10**9,
@@ -520,8 +528,12 @@ def test_odd_schemas_are_sampled_or_skipped_with_a_reason(tmp_path):
     path.write_text(json.dumps(odd))
     tools = load_tools(path)
     s = synthesize(tools, SynthConfig(n_train=30, n_heldout=30, run_tools=False))
-    assert sorted(s.report["skipped"]) == ["fine", "huge", "never", "other", "strict_code"]
+    assert sorted(s.report["skipped"]) == ["fine", "huge", "never", "other"]
     assert "more than synthesis writes (64)" in s.report["skipped"]["huge"]
+    called = {c["name"]: c["arguments"] for t in s.train + s.heldout
+              for c in t.task["check"].get("tool_calls", [])}
+    assert {"strict_code", "book", "level", "dose"} <= set(called), sorted(called)
+    assert called["level"] == {"n": 5} and re.fullmatch(r"\d\d/\d\d/\d{4}", called["book"]["day"])
     assert s.report["skipped"]["other"] == ("the tool-call grammar cannot be built from its "
                                            'schema (Unimplemented keys: ["not"])')
     assert_valid(tools, s)
@@ -624,3 +636,21 @@ def test_a_ctrl_c_while_the_files_are_renamed_leaves_all_four_or_none(tmp_path, 
     assert len(renamed) == 4
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == \
         ["heldout.jsonl", "report.json", "tools.json", "train.jsonl"]
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^\d{2}/\d{2}/\d{4}$", r"^[A-Z]{2}[0-9]{3,4}$", r"^(ab|cd)\w+\s?.[^x]$", r"ORD-\d{6}",
+    r"^[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}$", r"^#[0-9a-fA-F]{6}$", r"^v\d+(\.\d+){2}$",
+    r"^(?:[01]\d|2[0-3]):[0-5]\d$", r"^[^\s]+$", r"^\+?[1-9]\d{1,14}$", r"^[A-Z][a-z]*?$"])
+def test_a_pattern_draws_strings_that_match_it(pattern):
+    from mlx_agent.synth import patterns
+
+    drawn = [patterns.draw(pattern, random.Random(seed)) for seed in range(20)]
+    assert all(re.search(pattern, v) for v in drawn), drawn
+    assert drawn == [patterns.draw(pattern, random.Random(seed)) for seed in range(20)]
+    assert len(set(drawn)) > 1 or pattern.count("[") == 0
+    with pytest.raises(patterns.NoMatch):
+        patterns.draw("^(unclosed$", random.Random(0))
+    for hostile in ("^a{10000}$", r"^((\b{999}){999}){999}$", "^((a{999}){999}){999}$"):
+        with pytest.raises(patterns.NoMatch):  # no 10,000-character strings, no hang
+            patterns.draw(hostile, random.Random(0))

@@ -13,8 +13,10 @@ Local ``$ref`` pointers (``#/$defs/Unit``, as Pydantic writes enums and nested m
 followed, their sibling keywords kept, up to :data:`MAX_REF_DEPTH` links deep on the way to
 one value: a recursive schema's optional parts are left out past that.
 
-Promised: the same ``random.Random`` state gives the same arguments. Not promised: a value
-for every ``pattern`` (only pool values that happen to match); a ``$ref`` outside the tool's
+Promised: the same ``random.Random`` state gives the same arguments. A ``pattern`` no pool
+value matches gets a string drawn from the pattern itself (:mod:`.patterns`); a narrow
+number range, values with as many decimals as it needs. Not promised: a value for every
+``pattern`` (lookarounds and backreferences are not drawn); a ``$ref`` outside the tool's
 own parameters.
 """
 
@@ -32,7 +34,7 @@ from typing import Any, Iterator
 
 from ..json_schema import resolve
 from ..tools.schema import Validator
-from . import pools as P
+from . import patterns, pools as P
 
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 MAX_REF_DEPTH = 8  # $ref links followed on the way to one value
@@ -316,11 +318,16 @@ class Sampler:
         lo, hi = self._bounds(schema, name, DEFAULT_NUMBER)
         step = schema.get("multipleOf")
         validator = Validator(schema)
+        places = 2 if step else _places(lo, hi)  # a dose of 0.001-0.004 mg: four
+        fixed = _fixed_number(schema)  # minimum == maximum: no sides to keep apart
+        if fixed and validator.is_valid(lo):
+            return lo  # as the schema writes it (5, not 5.0)
         for _ in range(64):
             v = self.rng.uniform(lo, hi)
             try:
-                v = round(round(v / step) * step, 6) if step else round(v, 2)
-                if validator.is_valid(v) and P.side_of(round(v * 100)) == self.side:
+                v = round(round(v / step) * step, 6) if step else round(v, places)
+                if validator.is_valid(v) and \
+                        (fixed or P.side_of(round(v * 10 ** places)) == self.side):
                     return v
             except (OverflowError, ValueError):  # 1e-300 steps: v / step is infinite
                 break
@@ -333,6 +340,14 @@ class Sampler:
             v = self.draw(kind.pool, words(name))
             if validator.is_valid(v):
                 return v
+        if isinstance(schema.get("pattern"), str):  # a code or a date no pool holds
+            for _ in range(16):
+                try:
+                    v = patterns.draw(schema["pattern"], self.rng)
+                except patterns.NoMatch:
+                    break
+                if validator.is_valid(v):
+                    return v
         for pool in GENERATORS:  # a pattern or length the usual pool misses: any pool
             for _ in range(8):
                 v = self.draw(pool, words(name))
@@ -458,8 +473,24 @@ def free_leaves(schema: dict, value: Any, root: Any = None) -> Iterator[str]:
     elif isinstance(value, list):
         for v in value:
             yield from free_leaves(schema.get("items", {}), v, root)
-    elif not (isinstance(value, int) and _tiny_range(schema)):
+    elif not (isinstance(value, int) and _tiny_range(schema)) and \
+            not (isinstance(value, (int, float)) and _fixed_number(schema)):
         yield canonical(value)
+
+
+def _places(lo: float, hi: float) -> int:
+    """Decimals a number in [lo, hi] is written with: two, or as many as it takes to fit a
+    few values in a narrower range (at most twelve)."""
+    places = 2
+    while places < 12 and hi - lo < 3 * 10 ** -places:
+        places += 1
+    return places
+
+
+def _fixed_number(schema: dict) -> bool:
+    """A number schema whose range holds one value (``minimum == maximum``)."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    return lo is not None and lo == hi
 
 
 def _tiny_range(schema: dict) -> bool:
