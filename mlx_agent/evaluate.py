@@ -44,6 +44,7 @@ from .cache import ContextFull
 from .engine import Engine, SamplingParams
 from .errors import UserFacingError
 from .fileio import check_tree, copy_tree, jsonl_lines, read_regular
+from .json_errors import json_problem
 from .tools import Tool, builtin_tools, load_tools
 from .tools.executor import run_process, stopped_by
 from .tools.sandbox import Sandbox
@@ -142,7 +143,7 @@ def _numbered_tasks(path: str | Path) -> list[tuple[int, Task]]:
         try:
             task = msgspec.json.decode(line, type=Task)
         except msgspec.DecodeError as e:
-            raise TaskError(f"{path}:{i}: not a task ({e})") from None
+            raise TaskError(f"{path}:{i}: not a task ({json_problem(e, line)})") from None
         except RecursionError:
             raise TaskError(f"{path}:{i}: not a task (JSON nested too deeply to read)") from None
         checks = [c for c in (task.check.tool_calls, task.check.shell, task.check.answer_pattern)

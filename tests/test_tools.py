@@ -490,3 +490,34 @@ def test_a_property_that_is_no_shell_name_is_refused_for_exec_only_and_named_as_
         tool("echo hi", props=props, name="e")
     assert tool("echo hi", props={**props, "id": {"type": "string"}}, exec_args=["id"],
                 name="e").exec_args == ("id",)
+
+
+def test_a_json_file_that_does_not_parse_says_where(tmp_path):
+    # "JSON is malformed: invalid character (byte 106)": a byte offset, in a file a person
+    # edits by line and column
+    from mlx_agent.evaluate import TaskError, load_tasks
+    from mlx_agent.tools.mcp import McpError, load_config
+
+    entry = '[{"name": "t", "description": "d",\n  "parameters": {"type": "object", ' \
+            '"properties": {"n": {"type": "number", "default": NaN}}}}]'
+    with pytest.raises(ToolSchemaError, match=re.escape(
+            "tools.json: not valid JSON (invalid character 'N' at line 2, column 86 (JSON has "
+            "no NaN; write null or a number))")):
+        parse_tools(entry.encode(), "tools.json")
+    with pytest.raises(ToolSchemaError, match=re.escape(
+            "t.json: not valid JSON (trailing comma in array at column 4)")):
+        parse_tools(b"[1,]", "t.json")
+    with pytest.raises(ToolSchemaError, match=re.escape(
+            "(the JSON ends early (an unclosed bracket, brace or string))")):
+        parse_tools(b'{"tools": [', "t.json")
+    config = tmp_path / "mcp.json"
+    config.write_text('{"mcpServers": {"x": {"command": \'srv\'}}}')
+    with pytest.raises(McpError, match=re.escape("mcp.json: not valid JSON (invalid character "
+                                                 "\"'\" at column 34 (JSON strings take "
+                                                 "double quotes))")):
+        load_config(config)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": hi}\n')
+    with pytest.raises(TaskError, match=re.escape("tasks.jsonl:1: not a task (invalid "
+                                                  "character 'h' at column 12)")):
+        load_tasks(tasks)

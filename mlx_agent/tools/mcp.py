@@ -61,6 +61,7 @@ from mcp.shared.message import SessionMessage
 
 from ..errors import UserFacingError
 from ..fileio import read_regular
+from ..json_errors import json_problem
 from . import leftovers
 from .executor import (DEFAULT_CAP, ToolResult, _Capped, error_result, tool_env, valid_text,
                        waits, with_notes)
@@ -126,11 +127,12 @@ def spec_from_command(text: str) -> ServerSpec:
 def load_config(path: str | os.PathLike) -> list[ServerSpec]:
     """The servers of an ``{"mcpServers": {name: {...}}}`` file."""
     try:
-        raw = msgspec.json.decode(read_regular(path, max_bytes=MAX_CONFIG_BYTES))
+        data = read_regular(path, max_bytes=MAX_CONFIG_BYTES)
+        raw = msgspec.json.decode(data)
     except OSError as e:
         raise McpError(f"cannot read MCP config {path}: {e.strerror}") from None
     except msgspec.DecodeError as e:
-        raise McpError(f"{path}: not valid JSON ({e})") from None
+        raise McpError(f"{path}: not valid JSON ({json_problem(e, data)})") from None
     except RecursionError:
         raise McpError(f"{path}: JSON nested too deeply to read") from None
     servers = raw.get("mcpServers") if isinstance(raw, dict) else None

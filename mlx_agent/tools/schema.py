@@ -33,6 +33,7 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from .. import json_schema
 from ..errors import UserFacingError
 from ..fileio import read_regular
+from ..json_errors import json_problem
 from .exec_checks import special_variable, unquoted_references
 
 # used with fullmatch: with match, "$" also matched before a final newline ("echo\n" passed)
@@ -362,7 +363,7 @@ def parse_tools(data: bytes | str, source: str = "<tools>", runnable: bool = Tru
         return tools_from_entries(raw.get("tools") if isinstance(raw, dict) else raw, source,
                                   runnable, known_fields_only=True)
     except msgspec.DecodeError as e:
-        raise ToolSchemaError(f"{source}: not valid JSON ({e})") from None
+        raise ToolSchemaError(f"{source}: not valid JSON ({json_problem(e, data)})") from None
     except RecursionError:
         raise ToolSchemaError(f"{source}: JSON nested too deeply to read") from None
 
