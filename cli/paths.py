@@ -19,6 +19,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from mlx_agent.fileio import cannot_create
+
 from .errors import UserError
 
 
@@ -95,7 +97,7 @@ def writable_dir(path: str | None, option: str) -> None:
         raise UserError(f"{option} {path} is a file; give a directory") from None
     except OSError as e:
         raise UserError(f"{option} {path}: cannot create the directory "
-                        f"({e.strerror or e}); choose a place you can write") from None
+                        f"({cannot_create(e, path)}); choose a place you can write") from None
     finally:
         _made.extend(p for p in reversed(missing) if os.path.isdir(p))
     _probe(Path(path), option, path)

@@ -70,6 +70,18 @@ def temp_dir_beside(path: str | os.PathLike) -> Path:
     return tmp
 
 
+def cannot_create(e: OSError, path: str | os.PathLike) -> str:
+    """Why creating ``path`` (or something in it) failed, in words that help: ENOENT under a
+    folder that exists is a filesystem that takes no new entries (``/proc``, ``/sys``), not
+    a missing folder, which is what its strerror says."""
+    if e.errno == errno.ENOENT:
+        here = Path(os.path.abspath(path))
+        existing = next((p for p in (here, *here.parents) if p.exists()), None)
+        if existing is not None and existing.is_dir() and existing != here:
+            return f"{existing} takes no new files or folders"
+    return e.strerror or str(e)
+
+
 def write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
     with atomic_path(path, durable=durable) as tmp:
         tmp.write_bytes(data)

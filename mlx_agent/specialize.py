@@ -39,7 +39,7 @@ from .agent import agent_format
 from .engine import SamplingParams
 from .errors import UserFacingError
 from .evaluate import Summary, run
-from .fileio import copy_tree, temp_dir_beside, write_jsonl, write_text
+from .fileio import cannot_create, copy_tree, temp_dir_beside, write_jsonl, write_text
 from .sft import SFTConfig, train
 from .synth.config import SynthConfig
 from .synth.conversations import Outcomes, rows
@@ -133,7 +133,7 @@ def prepare_out(out: str | Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         return temp_dir_beside(out)
     except OSError as e:
-        raise SpecializeError(f"cannot write to {out.parent}: {e.strerror or e}; "
+        raise SpecializeError(f"cannot write to {out.parent}: {cannot_create(e, out)}; "
                               "choose a directory you can write") from None
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,17 @@ def test_an_mcp_server_that_swaps_the_trajectory_folder_as_it_starts_does_not_re
     assert (root / "runs").is_symlink(), r.stderr  # the server ran and swapped it
     assert list(outside.iterdir()) == [], r.stderr
     assert "was replaced or moved during the run" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("args, needle", [
+    (["synth", "--tools", "{ex}", "--out", "/proc/x/y"],
+     "--out /proc/x/y: cannot create the directory (/proc takes no new files or folders)"),
+    (["specialize", "--tools", "{ex}", "--out", "/proc/x"],
+     "cannot write to /proc: /proc takes no new files or folders"),
+])
+def test_an_output_folder_on_a_filesystem_that_takes_none_says_so(tmp_path, args, needle):
+    # "cannot write to /proc: No such file or directory": /proc is there
+    ex = str(Path(__file__).parents[1] / "examples" / "echo.json")
+    r = run(*(a.format(ex=ex) for a in args), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
