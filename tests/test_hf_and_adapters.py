@@ -173,6 +173,20 @@ def test_a_corrupt_adapters_safetensors_is_one_line(tmp_path):
         assert "\n" not in str(err.value)
 
 
+def test_an_adapter_of_other_shapes_names_the_tensors_in_one_readable_line(tmp_path):
+    # "contains incompatible tensors:;  layers.0...;  layers.1...": every tensor, ";;"-joined
+    weights = tinygpt_with_adapter(tmp_path)
+    tensors = mx.load(str(weights))
+    mx.save_safetensors(str(weights), {k: mx.zeros((v.shape[0] + 1, *v.shape[1:]))
+                                       for k, v in tensors.items()})
+    with pytest.raises(ModelError) as err:
+        load(tmp_path / "m.tinygpt", adapter=tmp_path / "ad")
+    message = str(err.value)
+    assert "\n" not in message and ":;" not in message and ";;" not in message, message
+    assert re.search(r"contains incompatible tensors: \S+lora_\w: adapter shape \(\d+, \d+\) "
+                     r"does not match model parameter shape", message), message
+    assert message.endswith(f"; and {len(tensors) - 3} more"), message
+
 def test_a_hostile_hf_directory_is_one_line(tmp_path):
     write_hf_dir(tmp_path / "hf", make_tiny_llama())
     config, weights = tmp_path / "hf" / "config.json", tmp_path / "hf" / "model.safetensors"

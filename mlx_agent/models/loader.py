@@ -94,6 +94,17 @@ class LoadedModel:
         return Engine(self.model, kv_spec=kv_spec, **options)
 
 
+def _one_line(message: str, most: int = 3) -> str:
+    """mlx-lm's multi-line message as one line: its head, then at most ``most`` of its
+    items (``incompatible tensors: a: ... does not match ...; b: ...; and 40 more``)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return "".join(lines)
+    head, items = lines[0], lines[1:]
+    more = f"; and {len(items) - most} more" if len(items) > most else ""
+    return f"{head} {'; '.join(items[:most])}{more}"
+
+
 def _format_of(path: Path) -> str:
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -397,8 +408,8 @@ def load(
             load_adapters(model, str(adapter_path))
         except (ValueError, OSError, KeyError, RuntimeError, TypeError, AttributeError,
                 OverflowError) as e:  # MLX raises RuntimeError for a corrupt safetensors
-            msg = str(e).replace("\n", ";") or type(e).__name__
-            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: {msg}") from None
+            raise ModelError(f"adapter {adapter_path} does not fit {path.name}: "
+                             f"{_one_line(str(e)) or type(e).__name__}") from None
     model.eval()
     mx.eval(model.parameters())  # dequantize and cast now, not inside the first prefill
 
