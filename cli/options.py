@@ -79,10 +79,13 @@ RETRY_HELP = ("After a tool call fails, make the model's next reply a call (anot
               "the loop guard keeps it from the same), up to N times a turn; 0 lets it "
               "answer at once.")
 
+NAMED_HELP = ("Let the model choose freely even when the request tells it to use a tool by "
+              "name (\"Use the echo tool to ...\" makes the first step call echo).")
+
 
 def loop_options(f):
-    """--protocol, --max-steps, --max-tokens, --no-grammar, --allow-repeat-calls and
-    --retry-after-error: how the agent loop runs."""
+    """--protocol, --max-steps, --max-tokens, --no-grammar, --allow-repeat-calls,
+    --retry-after-error and --ignore-named-tool: how the agent loop runs."""
     return _compose(
         protocol_option,
         click.option("--max-steps", type=click.IntRange(min=1), default=MAX_STEPS,
@@ -93,6 +96,7 @@ def loop_options(f):
         click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP),
         click.option("--retry-after-error", type=click.IntRange(min=0),
                      default=RETRY_AFTER_ERROR, show_default=True, metavar="N", help=RETRY_HELP),
+        click.option("--ignore-named-tool", is_flag=True, help=NAMED_HELP),
     )(f)
 
 

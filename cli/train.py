@@ -129,7 +129,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Write each run's .atraj here, with its reward.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSONL file: one row per run (task, seed, reward, calls, turns, answered, "
-                   "tool_errors, guarded_steps, retried_steps, seconds).")
+                   "tool_errors, guarded_steps, retried_steps, named_steps, seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=Finite(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=BATCH, default=1, show_default=True,
@@ -140,8 +140,8 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @load_options
 @ray_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, retry_after_error, temperature, batch, sandbox,
-             allow_network, trust_handlers, mcp_commands, mcp_config, adapter, weights,
+             no_grammar, allow_repeat_calls, retry_after_error, ignore_named_tool, temperature,
+             batch, sandbox, allow_network, trust_handlers, mcp_commands, mcp_config, adapter, weights,
              context_length, ray_address, ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
 
@@ -174,6 +174,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     check_expected_tools(tasks, served)
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
                  "allow_repeat_calls": allow_repeat_calls, "retry_after_error": retry_after_error,
+                 "follow_named_tool": not ignore_named_tool,
                  "sampling": SamplingParams(temperature=temperature)}
     tally = WorkerTally()
     order = {task.id: i for i, task in enumerate(tasks.tasks)}

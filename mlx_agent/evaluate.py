@@ -90,6 +90,7 @@ class RunResult:
     tool_errors: int = 0  # calls whose tool failed
     guarded_steps: int = 0  # steps in which the loop guard masked a repeated call
     retried_steps: int = 0  # steps made to call again after a failed call
+    named_steps: int = 0  # first steps made to call the tool the request named
 
     def row(self) -> dict:
         """The run's row in ``eval --out``: the same however the runs were distributed,
@@ -97,7 +98,8 @@ class RunResult:
         row = {"task": self.task, "seed": self.seed, "reward": self.reward,
                "calls": self.calls, "turns": self.turns, "answered": self.answer is not None,
                "tool_errors": self.tool_errors, "guarded_steps": self.guarded_steps,
-               "retried_steps": self.retried_steps, "seconds": round(self.seconds, 3)}
+               "retried_steps": self.retried_steps, "named_steps": self.named_steps,
+               "seconds": round(self.seconds, 3)}
         return row | ({"error": self.error} if self.error else {})
 
 
@@ -420,5 +422,5 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                          seconds=time.perf_counter() - start, answer=out.answer,
                          trajectory=str(recorder.path) if recorder else None,
                          tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
-                         retried_steps=s.retried_steps,
+                         retried_steps=s.retried_steps, named_steps=s.named_steps,
                          error=out.warning)  # why the turn stopped early, if it did

@@ -37,6 +37,7 @@ from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
 from . import events as ev
 from .conversation import Conversation
 from .limits import MAX_STEPS, MAX_TOKENS, RETRY_AFTER_ERROR
+from .named_tool import named_tool
 from .recording import TrajectoryLog
 
 INTERRUPTED = "interrupted by the user: not run, or stopped before it finished"
@@ -69,6 +70,10 @@ class AgentConfig:
     # (not when every tool takes no arguments and has run this turn). 0: the model may
     # answer at once. Needs the grammar.
     retry_after_error: int = RETRY_AFTER_ERROR
+    # a request that tells the agent to use a tool by name ("Use the echo tool to ...")
+    # makes the first step call it, where the choice is "auto" (see named_tool). Needs
+    # the grammar.
+    follow_named_tool: bool = True
 
     def choice(self, step: int) -> str:
         tc = self.tool_choice
@@ -261,6 +266,11 @@ class Agent:
             return _End("interrupted", interrupt=e)
         stats.synced(len(prompt), sync)
         choice = self.config.choice(step)
+        if (step == 0 and choice == "auto" and self.config.follow_named_tool
+                and self.config.grammar and user_text is not None
+                and (named := named_tool(user_text, self.tools)) is not None):
+            choice = named
+            stats.named_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
             choice, self._retries = "required", self._retries - 1
