@@ -1496,3 +1496,22 @@ def test_penalties_and_logit_bias_move_the_reply(serve, tiny_lm):
     status, r = s.post("/api/chat", {"model": "tiny", "messages": user("hi"),
                                      "options": {"frequency_penalty": 9}})
     assert status == 400 and "frequency_penalty" in r["error"], r
+
+
+def test_an_earlier_replys_refusal_part_is_read_as_its_text(serve, tiny_lm):
+    # OpenAI's clients send a reply back as they got it, refusal parts and all: it was a 400
+    s = serve()
+    refused = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+               {"role": "user", "content": "ok"}]
+    said = [*refused[:1], {"role": "assistant", "content": "I can't."}, *refused[2:]]
+    results = [s.post("/v1/chat/completions", {"messages": m, "max_tokens": 3, "temperature": 0})
+               for m in (refused, said)]
+    assert [status for status, _ in results] == [200, 200], results
+    assert results[0][1]["usage"]["prompt_tokens"] == results[1][1]["usage"]["prompt_tokens"]
+    status, r = s.post("/v1/chat/completions", {"messages": [
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}]})
+    assert status == 400 and '"refusal" must be a string' in r["error"]["message"], r
+    status, r = s.post("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    assert status == 400 and "'image_url' is not supported" in r["error"]["message"], r

@@ -102,19 +102,21 @@ def compact(obj: Any) -> str:
 
 
 def text_of(content: Any) -> str:
-    """A message's content as text: a string, or the text parts of a list of parts."""
+    """A message's content as text: a string, or the text parts of a list of parts (an
+    earlier reply's ``refusal`` parts, which OpenAI's clients send back, read as text)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     parts = []
     for part in content:
-        if part.get("type") != "text":
-            raise MessageError(f"content part of type {part.get('type')!r} is not supported; "
+        kind = part.get("type")
+        if kind not in ("text", "refusal"):
+            raise MessageError(f"content part of type {kind!r} is not supported; "
                                "send text parts ({\"type\": \"text\", \"text\": \"...\"})")
-        if not isinstance(part.get("text"), str):
-            raise MessageError("a text content part's \"text\" must be a string")
-        parts.append(part["text"])
+        if not isinstance(part.get(kind), str):
+            raise MessageError(f"a {kind} content part's \"{kind}\" must be a string")
+        parts.append(part[kind])
     return "".join(parts)
 
 
