@@ -1515,3 +1515,20 @@ def test_an_earlier_replys_refusal_part_is_read_as_its_text(serve, tiny_lm):
     status, r = s.post("/v1/chat/completions", {"messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
     assert status == 400 and "'image_url' is not supported" in r["error"]["message"], r
+
+
+@pytest.mark.parametrize("path, body, param", [
+    # each 400 had param null: a client (or OpenAI's SDK's BadRequestError.param) could not
+    # tell which field to change
+    ("/v1/chat/completions", {"messages": user("hi " * 3000)}, "messages"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": TOOLS, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+    ("/v1/completions", {"prompt": "hi " * 3000}, "prompt"),
+    ("/v1/completions", {"prompt": ""}, "prompt"),
+])
+def test_a_400_from_the_chat_service_names_its_field(serve, path, body, param):
+    s = serve(context_length=1024)
+    status, r = s.post(path, body)
+    assert status == 400 and r["error"]["param"] == param, r

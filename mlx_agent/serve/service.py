@@ -57,7 +57,12 @@ Cancelled = Callable[[], bool]
 
 
 class RequestError(MessageError):
-    """A request this server cannot serve (the message says what to change)."""
+    """A request this server cannot serve (the message says what to change; ``param``, the
+    request field at fault, for OpenAI's error body)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -188,15 +193,15 @@ class ChatService:
         default = self.tools if call.json_schema is None else []
         tools = default if call.tools is None else call.tools
         deferred = bool(tools) and self.tool_mode == "deferred"
-        self._check_size(_rendered_chars(call.messages, tools, deferred))
+        self._check_size(_rendered_chars(call.messages, tools, deferred), "messages")
         if call.tool_choice not in ("auto", "none") and not tools:
-            raise RequestError(f"tool_choice {call.tool_choice!r} needs tools")
+            raise RequestError(f"tool_choice {call.tool_choice!r} needs tools", "tool_choice")
         if call.json_schema is not None and tools:
             raise RequestError(f"{call.schema_field} with tools is not supported; send one "
-                               "or the other")
+                               "or the other", call.schema_field)
         if deferred and any(t.name == GET_TOOL_INFO for t in tools):
             raise RequestError(f"a tool named {GET_TOOL_INFO!r} clashes with the server's "
-                               "deferred-mode tool; rename it")
+                               "deferred-mode tool; rename it", "tools")
         fmt = self.formats[self.protocol if tools else "plain"]
         prep = PreparedChat(call, list(tools), fmt, deferred, [], None,
                             call.max_tokens or self.default_max_tokens)
@@ -253,18 +258,18 @@ class ChatService:
         content = reply.content if clean else gen.shown.text
         return ChatResult(content, [], "stop" if gen.shown.hit else gen.finish, usage, hops)
 
-    def _check_size(self, chars: int) -> None:
+    def _check_size(self, chars: int, param: str) -> None:
         """Refuse text that cannot fit the context before tokenizing any of it (a 7.5 MB
         tool description took 12 s to tokenize before its 400, other requests waiting)."""
         if chars > self.max_chars:
             raise RequestError(f"the prompt is {chars} characters, more than the "
-                               f"{self.context_length}-token context can hold; send less")
+                               f"{self.context_length}-token context can hold; send less", param)
 
     def _prompt(self, prep: PreparedChat, messages: list[dict]) -> list[int]:
         prompt = prep.fmt.prompt_ids(messages, prep.tools, prep.deferred)
         if len(prompt) >= self.context_length:
             raise RequestError(f"the prompt is {len(prompt)} tokens; the context holds "
-                               f"{self.context_length}")
+                               f"{self.context_length}", "messages")
         return prompt
 
     def _constraint(self, prep: PreparedChat, hops: int,
@@ -296,7 +301,7 @@ class ChatService:
                            schema_field: str = "response_format") -> PreparedCompletion:
         """The prompt ids (``raw`` text or ids, or a one-message chat) and the constraint
         (``json_schema`` from the request's ``schema_field``)."""
-        self._check_size(len(prompt) + len(system or ""))
+        self._check_size(len(prompt) + len(system or ""), "prompt")
         if isinstance(prompt, list):
             ids = list(prompt)
         elif raw:
@@ -306,10 +311,10 @@ class ChatService:
                 [{"role": "user", "content": prompt}]
             ids = self.formats["plain"].prompt_ids(msgs)
         if not ids:
-            raise RequestError("the prompt is empty; send some text to continue")
+            raise RequestError("the prompt is empty; send some text to continue", "prompt")
         if len(ids) >= self.context_length:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds "
-                               f"{self.context_length}")
+                               f"{self.context_length}", "prompt")
         return PreparedCompletion(ids, schema_constraint(self.lm, json_schema, schema_field)
                                   if json_schema else None, continuation=raw)
 
