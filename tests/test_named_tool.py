@@ -20,7 +20,7 @@ from mlx_agent.chat import ChatFormat
 from .test_agent_loop import ECHO, QWEN_LIKE, Recorder
 from .test_loop_guard import Obliging
 
-NAMES = ["echo", "get_weather", "time", "search_files", "list"]
+NAMES = ["echo", "get_weather", "time", "search_files", "list", "math.factorial"]
 
 
 @pytest.mark.parametrize("text, named", [
@@ -38,9 +38,25 @@ NAMES = ["echo", "get_weather", "time", "search_files", "list"]
     ("How do I use the echo tool?", None),
     ("What does the echo tool do?", None),
     ("Say hello.", None),
+    ("call math.factorial on 5", "math.factorial"),
+    ("use the echo tools", None),  # another word
+    ("run `time` now", "time"),
 ])
 def test_a_tool_is_named_only_when_the_request_says_to_use_it(text, named):
     assert named_tool(text, NAMES) == named
+
+
+def test_a_long_request_and_a_large_catalogue_cost_one_pass():
+    # a regex per tool over the whole text: 58 s for 2,000 tools and a message of
+    # "how do " repeated, which the question check re-scanned to its end at every match
+    import time
+
+    names = [f"tool_{i}" for i in range(2000)] + ["echo"]
+    start = time.perf_counter()
+    assert named_tool("how do " * 20000 + "use the echo tool", names) is None
+    assert named_tool("Use the echo tool " * 5000, names) == "echo"
+    assert named_tool("x" * 200_000, names) is None
+    assert time.perf_counter() - start < 5  # about 0.03 s
 
 
 def ask(lm, protocol, replies, request, **config):

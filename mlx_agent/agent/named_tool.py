@@ -3,7 +3,7 @@
 A small model does not always do what it is told in so many words: asked "Use the echo
 tool to say hello.", the bundled model greets the user and calls nothing. When a request
 tells the agent to use one of the catalogue's tools by name ("use the echo tool", "call
-`echo`", "run search_files", "with the weather tool"), the agent's first step is made to
+`echo`", "run search_files", "with the calculator tool"), the agent's first step is made to
 call that tool (its grammar allows that call only); the model still writes the arguments,
 and every later step is its own choice.
 
@@ -13,7 +13,8 @@ Not promised: reading intent. A name counts after *use*, *call*, *run*, *invoke*
 name is no English word (it has ``_``, ``-``, ``.``, a digit or an inner capital), so "use
 the time you have" never forces a ``time`` tool. Underscores and hyphens may be written as
 spaces, in any case. A negation just before ("don't use the echo tool") or a question about
-it ("how do I use the echo tool?") names nothing. The first tool named wins.
+it ("how do I use the echo tool?") names nothing. The first tool named wins, among the
+request's first :data:`MAX_VERBS` such verbs.
 """
 
 from __future__ import annotations
@@ -21,41 +22,71 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-_VERBS = r"(?:use|call|run|invoke|execute|try|with|using)"
-_BARE_VERBS = r"(?:use|call|run|invoke|execute)"
-_NOT = re.compile(r"(?:\b(?:don'?t|do not|never|not|without|no need to|stop)\s+(?:\w+\s+)?)$",
+_VERB = re.compile(r"\b(use|call|run|invoke|execute|try|with|using)\s+(?:(?:the|your|my)\s+)?",
+                   re.IGNORECASE)
+_BARE_VERBS = frozenset({"use", "call", "run", "invoke", "execute"})
+_WORD = re.compile(r"[^\W_]+(?:\.[^\W_]+)*")  # a name's words: get, weather; math.factorial
+_JOIN = re.compile(r"[_\-\s]?")  # what may stand between a name's words as written
+_KIND = re.compile(r"\s+(?:tool|function|command)\b", re.IGNORECASE)
+_NOT = re.compile(r"\b(?:don'?t|do not|never|not|without|no need to|stop)\s+(?:\w+\s+)?$",
                   re.IGNORECASE)
 _ASKING = re.compile(r"\b(?:how|why|when|whether|should)\s+(?:do|does|did|can|could|would|"
                      r"should|to|i|we|you)\b[^.?!]*$", re.IGNORECASE)
 _DISTINCT = re.compile(r"[_\-.\d]|[a-z][A-Z]")  # search_files, getWeather; not "search"
+_NEAR = 200  # characters before a verb that a negation or a question is looked for in
+MAX_VERBS = 64  # verbs of one request looked at (a hostile one repeats them without end)
 
 
-def _spelling(name: str) -> str:
-    """``name`` as a request may write it: ``get_weather`` also as "get weather"."""
-    parts = [re.escape(p) for p in re.split(r"[_\-\s]+", name) if p]
-    return r"[_\-\s]?".join(parts) if parts else re.escape(name)
-
-
-def _patterns(name: str) -> list[re.Pattern]:
-    spelled, the = _spelling(name), r"(?:the\s+|your\s+|my\s+)?"
-    found = [rf"\b{_VERBS}\s+{the}{spelled}\s+(?:tool|function|command)\b",  # the echo tool
-             rf"\b{_VERBS}\s+{the}[`'\"]{spelled}[`'\"]"]  # `echo`
-    if _DISTINCT.search(name):  # a name no sentence uses as a word: bare will do
-        found.append(rf"\b{_BARE_VERBS}\s+{the}{spelled}(?![\w-])")
-    return [re.compile(p, re.IGNORECASE) for p in found]
+def _key(name: str) -> tuple[str, ...]:
+    return tuple(w.lower() for w in _WORD.findall(name))
 
 
 def named_tool(text: str, names: Iterable[str]) -> str | None:
     """The tool ``text`` tells the agent to use, by one of ``names``; None when it names
-    none (see the module's promises)."""
-    first: tuple[int, str] | None = None
+    none (see the module's promises). A dict lookup per verb, so a catalogue's size costs
+    nothing per request."""
+    table: dict[tuple[str, ...], str] = {}
     for name in names:
-        for pattern in _patterns(name):
-            for found in pattern.finditer(text):
-                before = text[:found.start()]
-                if _NOT.search(before) or _ASKING.search(before):
-                    continue
-                if first is None or found.start() < first[0]:
-                    first = (found.start(), name)
-                break
-    return first[1] if first else None
+        if (key := _key(name)) and "".join(key) == re.sub(r"[_\-\s]", "", name).lower():
+            table.setdefault(key, name)  # a name of other characters is never matched
+    if not table:
+        return None
+    longest = max(len(k) for k in table)
+    for n, verb in enumerate(_VERB.finditer(text)):
+        if n == MAX_VERBS:
+            break
+        named = _after(text, verb, table, longest)
+        if named is None:
+            continue
+        before = text[max(0, verb.start() - _NEAR):verb.start()]
+        if not (_NOT.search(before) or _ASKING.search(before)):
+            return named
+    return None
+
+
+def _after(text: str, verb: re.Match, table: dict, longest: int) -> str | None:
+    """The tool whose name follows ``verb`` as an instruction names it, if one does."""
+    at = verb.end()
+    quote = text[at:at + 1] if text[at:at + 1] in "`'\"" else ""
+    at += len(quote)
+    words, ends = [], []
+    for word in _WORD.finditer(text, at, at + 200):
+        if word.start() != (ends[-1] if ends else at) and not (
+                ends and _JOIN.fullmatch(text[ends[-1]:word.start()])):
+            break
+        words.append(word.group().lower())
+        ends.append(word.end())
+        if len(words) == longest:
+            break
+    for k in range(len(words), 0, -1):  # the longest name that fits
+        name = table.get(tuple(words[:k]))
+        if name is None:
+            continue
+        end = ends[k - 1]
+        if quote:
+            return name if text[end:end + 1] == quote else None
+        if _KIND.match(text, end):
+            return name
+        bare = verb.group(1).lower() in _BARE_VERBS and _DISTINCT.search(name)
+        return name if bare and not re.match(r"[\w-]", text[end:end + 1]) else None
+    return None
