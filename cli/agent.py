@@ -270,17 +270,18 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             stack.push(_saver(bot, session_folder, Path(save_session).name))
 
         def turn(text: str) -> int:
-            """One user turn; its exit status: 0 answered, 130 Ctrl-C, 1 otherwise, a reply
-            the end of the context or --max-tokens cut off included (what it wrote is shown,
-            but it is no answer: `{"answer":"Hel`); SIGTERM cutting the reply ends the session: the turn
+            """One user turn; its exit status: 0 answered (an answer --max-tokens cut is
+            one, with a warning, as a completion's finish_reason "length" is), 130 Ctrl-C, 1
+            otherwise, a reply the end of the context cut off included (what it wrote is
+            shown, but the context is spent: `{"answer":"Hel`); SIGTERM cutting the reply ends the session: the turn
             raises it on."""
             out = bot.ask(text)
             if isinstance(out.interrupt, Terminated):
                 raise out.interrupt
-            _warn_stop(out, max_steps, json_out)
+            _warn_stop(out, max_steps, max_tokens, json_out)
             stop = out.stats.stop
             return 130 if stop == "interrupted" else \
-                0 if out.answer is not None and stop != "context" and not out.cut else 1
+                0 if out.answer is not None and stop != "context" else 1
 
         if single is not None:
             sys.exit(turn(single))
@@ -403,7 +404,7 @@ def _save(bot, folder, name: str) -> None:
         raise UserError(f"cannot save the session to {path}: {e.strerror or e}") from None
 
 
-def _warn_stop(out, max_steps: int, json_out: bool) -> None:
+def _warn_stop(out, max_steps: int, max_tokens: int, json_out: bool) -> None:
     stop = out.stats.stop
     if stop == "steps" and not json_out:
         warn(f"no answer within --max-steps {max_steps}")
@@ -416,7 +417,7 @@ def _warn_stop(out, max_steps: int, json_out: bool) -> None:
     elif stop == "grammar":
         warn(out.warning)
     elif out.cut:
-        warn(f"{out.warning} (--max-tokens); what it wrote is shown: raise --max-tokens "
-             "for a whole answer")
+        warn(f"the answer reached --max-tokens {max_tokens} before it ended; it is shown as "
+             "it stands: raise --max-tokens for a whole answer")
     elif stop == "interrupted" and not json_out:
         click.secho("(interrupted)", err=True, fg="yellow")

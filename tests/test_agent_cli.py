@@ -369,13 +369,14 @@ def test_a_reply_that_fills_the_context_says_how_large_it_is():
     assert r.returncode == 1 and r.stdout.startswith('{"answer"'), (r.returncode, r.stdout)
 
 
-def test_an_answer_cut_by_max_tokens_is_shown_and_fails_single():
-    # exit 0 with the cut text as the answer: a script took '{"answer":"The' for the answer
+def test_an_answer_cut_by_max_tokens_is_shown_with_a_warning():
+    # shown as the answer with nothing to say it was cut: '{"answer":"The' read as whole;
+    # still exit 0, as a completion cut by max_tokens is one (finish_reason "length")
     r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "5", "--max-steps", "1",
             "--tool-choice", "none", "--single", "Tell me a long story about a dragon.")
-    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "warning: the reply reached the 5-token limit before it ended (--max-tokens)" \
-        in r.stderr, r.stderr
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "warning: the answer reached --max-tokens 5 before it ended; it is shown as it " \
+        "stands" in r.stderr, r.stderr
     assert r.stdout.strip(), r.stdout  # what it wrote is still shown
     r = run("--tools", str(ROOT / "examples/echo.json"), "--max-tokens", "64", "--max-steps",
             "1", "--tool-choice", "none", "--single", "Say hi.")

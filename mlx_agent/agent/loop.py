@@ -296,9 +296,7 @@ class Agent:
                 return _End("context", reply.content, not reply.complete, "the reply reached "
                             f"the end of the {self.engine.context_length}-token context")
             if not (q.closed or q.finished) and len(q.sampled) >= self.config.max_tokens:
-                return _End("answer", reply.content, not reply.complete, "the reply reached "
-                            f"the {self.config.max_tokens}-token limit before it ended",
-                            cut=True)
+                return _End("answer", reply.content, not reply.complete, cut=True)
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
         return _End("interrupted", interrupt=cut) if cut is not None else None
