@@ -342,6 +342,26 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
     assert other.choices[0].message.content is not None
 
 
+@pytest.mark.parametrize("kv_slots", [1, 2])
+def test_a_full_store_of_kv_slots_still_gives_back_the_conversation_asked_for(serve, kv_slots):
+    # the live state was saved (dropping the oldest slot) before the chosen slot was popped
+    # by its old index: once the store was full the wrong state came back (the one just
+    # saved), and a conversation returned to after one other request was prefilled again
+    s = serve(kv_slots=kv_slots)
+
+    def cached(prompt: str) -> int:
+        status, r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        assert status == 200, r
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    a, b, c = ("alpha " * 40, "beta " * 40, "gamma " * 40)
+    for other in (c, b)[:kv_slots]:  # fill the store
+        cached(other)
+    cached(a)
+    cached(b)  # a goes to the newest slot, the oldest out
+    assert cached(a) >= 39
+
+
 def _chain(n: int) -> dict:
     """A schema whose $defs name each other n deep: finite, and shallow as JSON."""
     defs = {f"d{i:05d}": {"type": "object", "required": ["n"],
