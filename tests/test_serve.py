@@ -1518,6 +1518,23 @@ def test_penalties_and_logit_bias_move_the_reply(serve, tiny_lm):
     assert status == 400 and "frequency_penalty" in r["error"], r
 
 
+def test_a_logit_bias_key_of_thousands_of_digits_is_a_400_naming_the_field(serve):
+    # int() refuses more than 4,300 digits: the 400 said 'Exceeds the limit (4300 digits)
+    # for integer string conversion ... use sys.set_int_max_str_digits()', param null
+    s = serve()
+
+    def bias(key):
+        return s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                               "logit_bias": {key: 5}})
+
+    status, r = bias("9" * 5000)
+    assert status == 400 and r["error"]["param"] == "logit_bias", r
+    assert r["error"]["message"].startswith("logit_bias names token 999999999999999999..., "
+                                            "but the model's ids end at"), r
+    status, r = bias("0" * 5000 + "5")  # leading zeros name the same id, as in "05"
+    assert status == 200, r
+
+
 def test_an_earlier_replys_refusal_part_is_read_as_its_text(serve, tiny_lm):
     # OpenAI's clients send a reply back as they got it, refusal parts and all: it was a 400
     s = serve()
