@@ -1564,6 +1564,15 @@ def test_an_earlier_replys_refusal_part_is_read_as_its_text(serve, tiny_lm):
      "response_format"),
     ("/v1/completions", {"prompt": "hi " * 3000}, "prompt"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
+    # the grammar's refusals had param null
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": user("hi"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ("/v1/chat/completions", {"messages": user("hi"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}, "response_format"),
 ])
 def test_a_400_from_the_chat_service_names_its_field(serve, path, body, param):
     s = serve(context_length=1024)
