@@ -342,6 +342,26 @@ def test_prefix_reuse_across_requests_matches_a_fresh_server(serve, tiny_lm):
     assert other.choices[0].message.content is not None
 
 
+@pytest.mark.parametrize("kv_slots", [1, 2])
+def test_a_full_store_of_kv_slots_still_gives_back_the_conversation_asked_for(serve, kv_slots):
+    # the live state was saved (dropping the oldest slot) before the chosen slot was popped
+    # by its old index: once the store was full the wrong state came back (the one just
+    # saved), and a conversation returned to after one other request was prefilled again
+    s = serve(kv_slots=kv_slots)
+
+    def cached(prompt: str) -> int:
+        status, r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        assert status == 200, r
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    a, b, c = ("alpha " * 40, "beta " * 40, "gamma " * 40)
+    for other in (c, b)[:kv_slots]:  # fill the store
+        cached(other)
+    cached(a)
+    cached(b)  # a goes to the newest slot, the oldest out
+    assert cached(a) >= 39
+
+
 def _chain(n: int) -> dict:
     """A schema whose $defs name each other n deep: finite, and shallow as JSON."""
     defs = {f"d{i:05d}": {"type": "object", "required": ["n"],
@@ -1498,6 +1518,23 @@ def test_penalties_and_logit_bias_move_the_reply(serve, tiny_lm):
     assert status == 400 and "frequency_penalty" in r["error"], r
 
 
+def test_a_logit_bias_key_of_thousands_of_digits_is_a_400_naming_the_field(serve):
+    # int() refuses more than 4,300 digits: the 400 said 'Exceeds the limit (4300 digits)
+    # for integer string conversion ... use sys.set_int_max_str_digits()', param null
+    s = serve()
+
+    def bias(key):
+        return s.post("/v1/chat/completions", {"messages": user("hi"), "max_tokens": 2,
+                                               "logit_bias": {key: 5}})
+
+    status, r = bias("9" * 5000)
+    assert status == 400 and r["error"]["param"] == "logit_bias", r
+    assert r["error"]["message"].startswith("logit_bias names token 999999999999999999..., "
+                                            "but the model's ids end at"), r
+    status, r = bias("0" * 5000 + "5")  # leading zeros name the same id, as in "05"
+    assert status == 200, r
+
+
 def test_an_earlier_replys_refusal_part_is_read_as_its_text(serve, tiny_lm):
     # OpenAI's clients send a reply back as they got it, refusal parts and all: it was a 400
     s = serve()
@@ -1527,6 +1564,15 @@ def test_an_earlier_replys_refusal_part_is_read_as_its_text(serve, tiny_lm):
      "response_format"),
     ("/v1/completions", {"prompt": "hi " * 3000}, "prompt"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
+    # the grammar's refusals had param null
+    ("/v1/chat/completions", {"messages": user("hi"), "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": user("hi"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ("/v1/chat/completions", {"messages": user("hi"), "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}}, "response_format"),
 ])
 def test_a_400_from_the_chat_service_names_its_field(serve, path, body, param):
     s = serve(context_length=1024)

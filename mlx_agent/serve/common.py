@@ -72,9 +72,12 @@ class Limits:
             if not key.isdecimal() or not key.isascii():
                 raise BadRequest(f"logit_bias keys are token ids, got {key!r}; write each id "
                                  "as a decimal number string", param="logit_bias")
-            token = int(key)
-            if self.vocab_size and token >= self.vocab_size:
-                raise BadRequest(f"logit_bias names token {token}, but the model's ids end "
+            # past any vocabulary when that long (int() refuses over 4,300 digits)
+            digits = key.lstrip("0") or "0"
+            token = int(digits) if len(digits) <= 18 else None
+            if token is None or self.vocab_size and token >= self.vocab_size:
+                shown = token if token is not None else digits[:18] + "..."
+                raise BadRequest(f"logit_bias names token {shown}, but the model's ids end "
                                  f"at {self.vocab_size - 1}", param="logit_bias")
             if not -100 <= value <= 100:
                 raise BadRequest(f"logit_bias values are between -100 and 100, got {value} "

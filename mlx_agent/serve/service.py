@@ -44,7 +44,7 @@ from ..formats import (GET_TOOL_INFO, Call, Format, MessageError, Reply, ReplyMe
                        make_format, text_of, tool_info)
 from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
-from ..grammar import ll_tokenizer, schema_constraint, tool_constraint
+from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..text import TextStream
 from ..tools import Tool
@@ -206,7 +206,11 @@ class ChatService:
         prep = PreparedChat(call, list(tools), fmt, deferred, [], None,
                             call.max_tokens or self.default_max_tokens)
         prep.prompt = self._prompt(prep, call.messages)
-        prep.constraint = self._constraint(prep, 0, call.messages)
+        try:
+            prep.constraint = self._constraint(prep, 0, call.messages)
+        except GrammarError as e:  # the tools' grammar, unless it was the schema's
+            e.param = e.param or (call.schema_field if call.json_schema is not None else "tools")
+            raise
         return prep
 
     def chat(self, prep: PreparedChat, on_text: OnText | None = None,

@@ -44,11 +44,13 @@ class KVSlots:
             n = common_prefix(tokens, prompt)
             if n - live >= gain:
                 best, gain = i, n - live
+        # taken out before the live state is kept: keeping it may drop the oldest slot and
+        # move the others' indices (the wrong state came back once the store was full)
+        chosen = self.slots.pop(best) if best is not None else None
         if len(self.engine.tokens) - live >= self.min_gain:
             keep_snapshot(self.engine, self.slots, self.size)
-        if best is not None:
-            tokens, kvs = self.slots.pop(best)
-            self.engine.restore(tokens, kvs)
+        if chosen is not None:
+            self.engine.restore(*chosen)
 
 
 class Lanes:
