@@ -70,7 +70,8 @@ class Limits:
         out = []
         for key, value in bias.items():
             if not key.isdecimal() or not key.isascii():
-                raise BadRequest(f"logit_bias keys are token ids, got {key!r}; write each id "
+                shown = key if len(key) <= 40 else key[:40] + "..."  # a key may be megabytes
+                raise BadRequest(f"logit_bias keys are token ids, got {shown!r}; write each id "
                                  "as a decimal number string", param="logit_bias")
             # past any vocabulary when that long (int() refuses over 4,300 digits)
             digits = key.lstrip("0") or "0"
