@@ -300,6 +300,9 @@ def _tool_choices(text: str, tools) -> tuple[str, ...]:
             known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") or "none"
             raise UserError(f"--tool-choice names {choice!r}, which is not a tool here "
                             f"(tools: {known}); use auto, required, none or a tool's name")
+        if choice == "required" and not names:
+            raise UserError("--tool-choice required needs a tool, and there is none here; "
+                            "give --tools, or use auto or none")
     return choices
 
 

@@ -28,6 +28,8 @@ def json_problem(error: Exception, data: bytes | str) -> str:
     if not found:
         return text
     what, offset = found.group(1), int(found.group(2))
+    if what == "trailing characters":  # msgspec counts one past the first of them
+        offset = max(offset - 1, 0)
     raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
     before = raw[:offset].decode("utf-8", "replace")
     line = before.count("\n") + 1

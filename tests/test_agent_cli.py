@@ -394,3 +394,14 @@ def test_a_tool_choice_that_names_no_tool_is_a_usage_error(choice, message):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith(f"mlx_agent: error: {message}"), r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_required_tool_choice_without_tools_is_a_usage_error(tmp_path):
+    # "tool_choice 'required' needs at least one tool", the library's field, once the model
+    # had loaded
+    empty = tmp_path / "none.json"
+    empty.write_text("[]")
+    r = run("--tools", str(empty), "--tool-choice", "auto,required", "--single", "hi")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == "mlx_agent: error: --tool-choice required needs a tool, and there is " \
+        "none here; give --tools, or use auto or none\n", r.stderr

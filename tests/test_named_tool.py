@@ -41,6 +41,19 @@ NAMES = ["echo", "get_weather", "time", "search_files", "list", "math.factorial"
     ("call math.factorial on 5", "math.factorial"),
     ("use the echo tools", None),  # another word
     ("run `time` now", "time"),
+    # a negation written with a typographic apostrophe (macOS and phones type one), or
+    # a few words further back; a sentence that opens as a question about the tool
+    ("Don\u2019t use the echo tool, just answer.", None),
+    ("You don't need to use the echo tool.", None),
+    ("You don't have to call the echo tool here.", None),
+    ("Avoid using the echo tool, just answer.", None),
+    ("Instead of using the time tool, guess.", None),
+    ("Don't forget to use the echo tool.", "echo"),
+    ("Is it safe to run the search_files tool?", None),
+    ("What can I do with the echo tool?", None),
+    ("What happens if I call the echo tool?", None),
+    ("Could you run the echo tool for hi?", "echo"),
+    ("What is the weather in Paris? Use the get_weather tool.", "get_weather"),
 ])
 def test_a_tool_is_named_only_when_the_request_says_to_use_it(text, named):
     assert named_tool(text, NAMES) == named

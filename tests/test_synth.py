@@ -654,3 +654,31 @@ def test_a_pattern_draws_strings_that_match_it(pattern):
     for hostile in ("^a{10000}$", r"^((\b{999}){999}){999}$", "^((a{999}){999}){999}$"):
         with pytest.raises(patterns.NoMatch):  # no 10,000-character strings, no hang
             patterns.draw(hostile, random.Random(0))
+
+
+
+def test_a_hostile_pattern_is_drawn_or_refused_at_once(tmp_path):
+    """A repeat of an empty group walked nothing and so spent nothing of the step budget
+    ('(?:){99999999}': 43 s a draw, synth hung on the tool), and a class was listed again at
+    each character drawn (6,000 ranges, 200 characters: 94 s). Each now ends at once."""
+    import time
+
+    from mlx_agent.synth import patterns
+
+    huge = "^[" + "".join(f"\\u{i:04x}-\\u{i + 999:04x}" for i in range(256, 60000, 10)) + \
+        "]{200}$"
+    start = time.perf_counter()
+    assert re.search(huge, patterns.draw(huge, random.Random(0)))
+    with pytest.raises(patterns.NoMatch):
+        patterns.draw("^(?:){99999999}$", random.Random(0))
+    assert time.perf_counter() - start < 10  # about 0.1 s
+    tools = tmp_path / "hostile.json"
+    tools.write_text(json.dumps([fn("empty", "Nothing repeated.", {
+        "z": {"type": "string", "pattern": "^(?:){99999999}$"}}, ["z"])]))
+    start = time.perf_counter()
+    r = cli("--tools", str(tools), "--out", str(tmp_path / "out"), "--n-train", "6",
+            "--n-heldout", "2", "--no-run-tools")
+    assert r.returncode == 0, r.stderr
+    assert time.perf_counter() - start < 30  # about 2 s
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["skipped"] == {"empty": "z: no pool value satisfies its schema"}

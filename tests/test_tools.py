@@ -510,6 +510,9 @@ def test_a_json_file_that_does_not_parse_says_where(tmp_path):
     with pytest.raises(ToolSchemaError, match=re.escape(
             "(the JSON ends early (an unclosed bracket, brace or string))")):
         parse_tools(b'{"tools": [', "t.json")
+    with pytest.raises(ToolSchemaError, match=re.escape(  # where the second document opens
+            "t.json: not valid JSON (trailing characters at line 2, column 1)")):
+        parse_tools(b'[]\n{"name": "t"}', "t.json")
     config = tmp_path / "mcp.json"
     config.write_text('{"mcpServers": {"x": {"command": \'srv\'}}}')
     with pytest.raises(McpError, match=re.escape("mcp.json: not valid JSON (invalid character "

@@ -12,8 +12,9 @@ Not promised: reading intent. A name counts after *use*, *call*, *run*, *invoke*
 "function" or "command", or in quotes or backticks; bare ("use search_files") only where the
 name is no English word (it has ``_``, ``-``, ``.``, a digit or an inner capital), so "use
 the time you have" never forces a ``time`` tool. Underscores and hyphens may be written as
-spaces, in any case. A negation just before ("don't use the echo tool") or a question about
-it ("how do I use the echo tool?") names nothing. The first tool named wins, among the
+spaces, in any case. A negation just before ("don't use the echo tool", "you don't need to
+call it", "avoid using") or a question about it ("how do I use the echo tool?", "is it safe
+to run the delete_files tool?") names nothing. The first tool named wins, among the
 request's first :data:`MAX_VERBS` such verbs.
 """
 
@@ -28,10 +29,15 @@ _BARE_VERBS = frozenset({"use", "call", "run", "invoke", "execute"})
 _WORD = re.compile(r"[^\W_]+(?:\.[^\W_]+)*")  # a name's words: get, weather; math.factorial
 _JOIN = re.compile(r"[_\-\s]?")  # what may stand between a name's words as written
 _KIND = re.compile(r"\s+(?:tool|function|command)\b", re.IGNORECASE)
-_NOT = re.compile(r"\b(?:don'?t|do not|never|not|without|no need to|stop)\s+(?:\w+\s+)?$",
-                  re.IGNORECASE)
+_NOT = re.compile(r"\b(?:(?:don|doesn)['\u2019]?t|do not|never|not|without|no need to|stop|"
+                  r"avoid|instead of)\s+(?:(?:need|have)\s+to\s+)?(?:\w+\s+)?$", re.IGNORECASE)
 _ASKING = re.compile(r"\b(?:how|why|when|whether|should)\s+(?:do|does|did|can|could|would|"
                      r"should|to|i|we|you)\b[^.?!]*$", re.IGNORECASE)
+# a sentence that opens as a question ("Is it safe to run the delete_files tool?"); "can
+# you", "could you" open a request
+_QUESTION = re.compile(r"(?:what|which|who|whose|where|is|are|was|were|do|does|did|has|have|"
+                       r"am|may|might|shall)\b", re.IGNORECASE)
+_SENTENCE = re.compile(r"[.?!](?=\s|$)|\n")
 _DISTINCT = re.compile(r"[_\-.\d]|[a-z][A-Z]")  # search_files, getWeather; not "search"
 _NEAR = 200  # characters before a verb that a negation or a question is looked for in
 MAX_VERBS = 64  # verbs of one request looked at (a hostile one repeats them without end)
@@ -59,9 +65,21 @@ def named_tool(text: str, names: Iterable[str]) -> str | None:
         if named is None:
             continue
         before = text[max(0, verb.start() - _NEAR):verb.start()]
-        if not (_NOT.search(before) or _ASKING.search(before)):
+        if not (_NOT.search(before) or _ASKING.search(before) or _asked(text, verb, before)):
             return named
     return None
+
+
+def _asked(text: str, verb: re.Match, before: str) -> bool:
+    """Whether the verb's sentence asks about the tool: it opens as a question, ends in "?"."""
+    starts = [m.end() for m in _SENTENCE.finditer(before)]
+    if not starts and verb.start() > _NEAR:  # the sentence opens further back than we look
+        return False
+    opening = before[max(starts, default=0):]
+    if not _QUESTION.match(opening.lstrip(" \t\"'(*")):
+        return False
+    end = _SENTENCE.search(text, verb.end(), verb.end() + _NEAR)
+    return end is not None and end.group() == "?"
 
 
 def _after(text: str, verb: re.Match, table: dict, longest: int) -> str | None:

@@ -26,7 +26,8 @@ except ImportError:  # Python 3.10
 
 MAX_EXTRA = 3  # repeats drawn past a repeat's minimum, where it has no maximum
 MAX_CHARS = 256  # a drawn string longer than this is given up on
-MAX_STEPS = 20_000  # pieces of a pattern walked for one string
+MAX_STEPS = 20_000  # pieces of a pattern walked for one string, a repeat's turns among them
+MAX_CLASS = 4096  # characters of a class drawn from (its first ranges, where it has more)
 
 _PLAIN = string.ascii_letters + string.digits  # what "any character" is drawn from
 _CATEGORIES = {
@@ -53,19 +54,17 @@ def draw(pattern: str, rng: random.Random) -> str:
     except (re.error, RecursionError, OverflowError) as e:
         raise NoMatch(f"pattern {pattern[:60]!r} does not parse: {e}") from None
     out: list[str] = []
-    _walk(list(parsed), rng, out, [MAX_STEPS])
+    _walk(list(parsed), rng, out, [MAX_STEPS], {})
     text = "".join(out)
     if len(text) > MAX_CHARS:
         raise NoMatch(f"pattern {pattern[:60]!r} asks for more than {MAX_CHARS} characters")
     return text
 
 
-def _walk(items: list, rng: random.Random, out: list[str], budget: list[int]) -> None:
+def _walk(items: list, rng: random.Random, out: list[str], budget: list[int],
+          classes: dict) -> None:
     for op, arg in items:
-        budget[0] -= 1
-        if len(out) > MAX_CHARS or budget[0] < 0:  # "((\b{999}){999}){999}" draws nothing
-            raise NoMatch(f"a pattern that asks for more than {MAX_CHARS} characters, or "
-                          f"{MAX_STEPS} pieces")
+        _spend(out, budget)
         if op is C.LITERAL:
             out.append(chr(arg))
         elif op is C.NOT_LITERAL:
@@ -73,21 +72,32 @@ def _walk(items: list, rng: random.Random, out: list[str], budget: list[int]) ->
         elif op is C.ANY:
             out.append(rng.choice(_PLAIN))
         elif op is C.IN:
-            out.append(_member(arg, rng))
+            if id(arg) not in classes:  # a class is listed once, not at each repeat
+                classes[id(arg)] = _members(arg)
+            out.append(_choose(classes[id(arg)], rng))
         elif op in _REPEATS:
             lo, hi, body = arg
             hi = lo + MAX_EXTRA if hi is C.MAXREPEAT else hi
             for _ in range(rng.randint(lo, min(hi, lo + MAX_CHARS))):
-                _walk(list(body), rng, out, budget)
+                _spend(out, budget)  # "(?:){99999999}" walks an empty body each turn
+                _walk(list(body), rng, out, budget, classes)
         elif op in _GROUPS:  # a group's body is its argument's last part, or the argument
-            _walk(list(arg[-1] if isinstance(arg, tuple) else arg), rng, out, budget)
+            _walk(list(arg[-1] if isinstance(arg, tuple) else arg), rng, out, budget, classes)
         elif op is C.BRANCH:
-            _walk(list(rng.choice(arg[1])), rng, out, budget)
+            _walk(list(rng.choice(arg[1])), rng, out, budget, classes)
         # AT (anchors), ASSERT/ASSERT_NOT (lookarounds), GROUPREF: nothing drawn
 
 
-def _member(items: list, rng: random.Random) -> str:
-    """A character of a ``[...]`` class (or an escape such as ``\\d``)."""
+def _spend(out: list[str], budget: list[int]) -> None:
+    budget[0] -= 1
+    if len(out) > MAX_CHARS or budget[0] < 0:  # "((\b{999}){999}){999}" draws nothing
+        raise NoMatch(f"a pattern that asks for more than {MAX_CHARS} characters, or "
+                      f"{MAX_STEPS} pieces")
+
+
+def _members(items: list) -> tuple[list[str], list[str], bool]:
+    """What a ``[...]`` class (or an escape such as ``\\d``) is drawn from: its characters,
+    its letters and digits, and whether it is negated."""
     chars: set[str] = set()
     negate = False
     for op, arg in items:
@@ -100,11 +110,20 @@ def _member(items: list, rng: random.Random) -> str:
             chars.update(chr(c) for c in range(lo, min(hi, lo + 1000) + 1))
         elif op is C.CATEGORY:
             chars.update(_CATEGORIES.get(arg, _PLAIN))
+        if len(chars) >= MAX_CLASS and not negate:  # "[\u0000-\u03e7...]" of 6,000 ranges
+            break
     if negate:
         allowed = [c for c in _PRINTABLE if c not in chars]
-        return rng.choice([c for c in allowed if c in _PLAIN] or allowed or ["_"])
-    if not chars:
-        raise NoMatch("an empty character class")
+        return [c for c in allowed if c in _PLAIN] or allowed or ["_"], [], True
     pool = sorted(chars)
-    plain = [c for c in pool if c.isalnum()]  # "[\w.-]": mostly letters, as names are
-    return rng.choice(plain if plain and rng.random() < 0.8 else pool)
+    return pool, [c for c in pool if c.isalnum()], False
+
+
+def _choose(members: tuple[list[str], list[str], bool], rng: random.Random) -> str:
+    """A character of a class listed by :func:`_members`."""
+    pool, plain, negated = members
+    if negated:
+        return rng.choice(pool)
+    if not pool:
+        raise NoMatch("an empty character class")
+    return rng.choice(plain if plain and rng.random() < 0.8 else pool)  # "[\w.-]": names
