@@ -524,3 +524,23 @@ def test_a_json_file_that_does_not_parse_says_where(tmp_path):
     with pytest.raises(TaskError, match=re.escape("tasks.jsonl:1: not a task (invalid "
                                                   "character 'h' at column 12)")):
         load_tasks(tasks)
+
+
+@pytest.mark.parametrize("pattern", ["^(){99999}$", "^((){999}){999}$",
+                                     "^((?:){99999}){99999}$"])
+def test_a_pattern_regex_cannot_compile_in_time_is_refused_at_once(pattern):
+    # regex compiles repeated empty groups in time that grows with the square of the count
+    # (nested: the product), uninterruptibly: a tools file (or a request's tools) held the
+    # process for minutes
+    import time
+
+    entry = [{"name": "t", "description": "d", "_exec": "echo", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}}]
+    start = time.perf_counter()
+    with pytest.raises(ToolSchemaError, match=re.escape(f"'{pattern}' is not a 'regex'")):
+        parse_tools(json.dumps(entry).encode(), "t.json")
+    assert time.perf_counter() - start < 5  # 0.001 s; minutes before
+    for fine in ("^(){999}$", "^[A-Za-z0-9+/]{0,10000}={0,2}$", r"^(\d{1,3}\.){3}\d{1,3}$",
+                 "^(a){9999}$"):
+        entry[0]["parameters"]["properties"]["a"]["pattern"] = fine
+        assert parse_tools(json.dumps(entry).encode(), "t.json")[0].name == "t"

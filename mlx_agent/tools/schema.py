@@ -84,7 +84,50 @@ def _described(e: ValidationError) -> str:
 _FORMATS = FormatChecker()
 _FORMATS.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
 _FORMATS.checks("regex", raises=regex.error)(
-    lambda value: not isinstance(value, str) or regex.compile(value) is not None)
+    lambda value: not isinstance(value, str) or _small(value) and regex.compile(value) is not None)
+
+MAX_UNROLLED = 100_000  # pieces a pattern's counted repeats unroll into, at most
+EMPTY_GROUP = 100  # pieces an empty group counts for: "(){9999}" took 1 s, "(){999}" 8 ms
+_COUNT = re.compile(r"\{(\d*)(?:,(\d*))?\}")
+
+
+def _small(pattern: str) -> bool:
+    """``pattern`` unrolls into at most :data:`MAX_UNROLLED` pieces (an atom is one, a group
+    one more than its contents, an empty one :data:`EMPTY_GROUP`; a counted repeat
+    multiplies what it repeats by its larger bound). ``regex`` compiles repeated empty
+    groups in time that grows with the square of the count, and nested ones with the
+    product, past any request timeout and uninterruptibly: ``^((){999}){999}$`` took 7 s,
+    ``^(){99999}$`` minutes."""
+    stack, last, i = [0], 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            last, i = 1, i + 2
+        elif c == "[":  # a class is one atom: skip to its end
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            last, i = 1, j + 1
+        elif c == "(":
+            stack.append(0)
+            i += 1
+            continue
+        elif c == ")" and len(stack) > 1:  # an empty group costs regex the most to repeat
+            inner = stack.pop()
+            last, i = inner + 1 if inner else EMPTY_GROUP, i + 1
+        elif c == "{" and (found := _COUNT.match(pattern, i)) and any(found.groups()):
+            bound = max(int(g) if len(g) < 8 else 10**8 for g in found.groups() if g)
+            stack[-1] += last * (bound - 1)
+            last, i = last * bound, found.end()
+            if sum(stack) > MAX_UNROLLED:
+                raise regex.error(f"its counted repeats unroll to more than {MAX_UNROLLED:,} "
+                                  "pieces; use smaller counts")
+            continue
+        else:
+            last, i = 1, i + 1
+        stack[-1] += last
+    return True
 
 
 class ToolSchemaError(UserFacingError, ValueError):
