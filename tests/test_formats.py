@@ -213,3 +213,16 @@ def test_a_reply_with_a_number_past_4300_digits_is_not_a_crash():
     assert not reply.complete and not reply.calls
     (call,) = tool_call_blocks('<tool_call>{"name":"x","arguments":{"a":%s}}</tool_call>' % long)
     assert call.error == "tool call holds a number too long to read"
+
+
+def test_an_answer_cut_off_reads_as_its_text_so_far(tiny_lm):
+    # the agent showed '{"answer":"Hello, how can I' for an answer --max-tokens cut
+    fmt = make_format("json", tiny_lm)
+    for raw, text in (('{"answer":"Hello, how can I', "Hello, how can I"),
+                      ('{ "answer" : "caf\\u00', "caf"),  # a cut escape is left off
+                      ('{"answer":"line one\\nline', "line one\nline"),
+                      ('{"answer":"Hi" ', "Hi")):
+        reply = fmt.parse(raw)
+        assert (reply.content, reply.complete, reply.calls) == (text, False, []), raw
+    assert fmt.parse('{"tool":"echo","argum').content == '{"tool":"echo","argum'  # as before
+

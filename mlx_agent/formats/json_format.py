@@ -11,6 +11,7 @@ exact ids sampled for it when the memo has them, else as the grammar would write
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Sequence
 
 from ..grammar import written_json
@@ -152,6 +153,8 @@ class JsonFormat:
         if len(objs) == 1 and isinstance(objs[0], dict) and "answer" in objs[0]:
             answer = objs[0]["answer"]
             return Reply(content=answer if isinstance(answer, str) else compact(answer))
+        if not objs and (opened := _ANSWER_OPENED.match(stripped)):  # cut off mid-answer
+            return Reply(content=_cut_string(stripped[opened.end():]), complete=False)
         return Reply(content=stripped, complete=False)
 
     def scanner(self, parallel: bool = False):
@@ -167,3 +170,18 @@ def unspaced_call(obj: Any) -> Any:
     if isinstance(obj, dict) and isinstance(obj.get("tool"), str) and "arguments" in obj:
         return {**obj, "arguments": unspaced(obj["arguments"])}
     return obj
+
+
+_ANSWER_OPENED = re.compile(r'\{\s*"answer"\s*:\s*"')
+
+
+def _cut_string(rest: str) -> str:
+    """The text of a JSON string cut off (``Hello, how can I``, ``caf\\u00``): what
+    decodes of it, the cut escape left off; ``rest`` itself if none does."""
+    for end in range(len(rest), max(-1, len(rest) - 7), -1):
+        try:
+            value = json.loads(f'"{rest[:end]}"', strict=False)  # raw newlines too
+        except ValueError:
+            continue
+        return value
+    return rest
