@@ -273,8 +273,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
             """One user turn; its exit status: 0 answered (an answer --max-tokens cut is
             one, with a warning, as a completion's finish_reason "length" is), 130 Ctrl-C, 1
             otherwise, a reply the end of the context cut off included (what it wrote is
-            shown, but the context is spent: `{"answer":"Hel`); SIGTERM cutting the reply ends the session: the turn
-            raises it on."""
+            shown, but the context is spent); SIGTERM cutting the reply ends the session:
+            the turn raises it on."""
             out = bot.ask(text)
             if isinstance(out.interrupt, Terminated):
                 raise out.interrupt
