@@ -10,4 +10,12 @@ from __future__ import annotations
 
 
 class UserFacingError(Exception):
-    """Bad input; the message says what is wrong and what to do."""
+    """Bad input; the message says what is wrong and what to do. ``param``: the request
+    field at fault, where a server names it in its error body (OpenAI's ``param``)."""
+
+    param: str | None = None
+
+    def __init__(self, *args, param: str | None = None):
+        super().__init__(*args)
+        if param is not None:
+            self.param = param

@@ -136,12 +136,7 @@ def string_budget(max_tokens: int) -> int:
 
 
 class GrammarError(UserFacingError, ValueError):
-    """A grammar (or a tool's schema) that llguidance cannot compile; ``param``, the
-    request field at fault where a server names it."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+    """A grammar (or a tool's schema) that llguidance cannot compile."""
 
 
 class _SentencePieceForLL:
@@ -448,11 +443,11 @@ def _forced(pairs: list, choice: str) -> tuple[str, dict]:
     if tool is None:
         known = ", ".join(n for n, _ in pairs) or "none"
         raise GrammarError(f"the forced call names {name!r}, which is not a tool here "
-                           f"(tools: {known})", "tool_choice")
+                           f"(tools: {known})", param="tool_choice")
     problems = [e.message for e in Validator(tool).iter_errors(args)]
     if problems:
         raise GrammarError(f"the forced call of {name!r} does not fit its schema: {problems[0]}",
-                           "tool_choice")
+                           param="tool_choice")
     order = list(tool.get("properties", {}))
     keys = sorted(args, key=lambda k: order.index(k) if k in order else len(order))
     return name, {"type": "object", "properties": {k: {"const": args[k]} for k in keys},
@@ -470,14 +465,15 @@ def _chosen(pairs: list, choice: str) -> tuple[list, bool]:
         return [], True
     if choice == "required":
         if not pairs:
-            raise GrammarError("tool_choice 'required' needs at least one tool", "tool_choice")
+            raise GrammarError("tool_choice 'required' needs at least one tool",
+                               param="tool_choice")
         return pairs, False
     named = [p for p in pairs if p[0] == choice]
     if not named:
         known = ", ".join(name for name, _ in pairs) or "none"
         raise GrammarError(f"tool_choice names {choice!r}, which is not a tool here "
                            f"(tools: {known}); use auto, required, none or a tool's name",
-                           "tool_choice")
+                           param="tool_choice")
     return named, False
 
 

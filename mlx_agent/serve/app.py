@@ -146,7 +146,7 @@ class Server:
         try:
             return await job
         except UserFacingError as e:
-            raise BadRequest(str(e), param=getattr(e, "param", None)) from None
+            raise BadRequest(str(e), param=e.param) from None
         except RecursionError:
             raise BadRequest("the request is nested too deeply to use") from None
 

@@ -57,12 +57,7 @@ Cancelled = Callable[[], bool]
 
 
 class RequestError(MessageError):
-    """A request this server cannot serve (the message says what to change; ``param``, the
-    request field at fault, for OpenAI's error body)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+    """A request this server cannot serve (the message says what to change)."""
 
 
 @dataclass
@@ -195,13 +190,14 @@ class ChatService:
         deferred = bool(tools) and self.tool_mode == "deferred"
         self._check_size(_rendered_chars(call.messages, tools, deferred), "messages")
         if call.tool_choice not in ("auto", "none") and not tools:
-            raise RequestError(f"tool_choice {call.tool_choice!r} needs tools", "tool_choice")
+            raise RequestError(f"tool_choice {call.tool_choice!r} needs tools",
+                               param="tool_choice")
         if call.json_schema is not None and tools:
             raise RequestError(f"{call.schema_field} with tools is not supported; send one "
-                               "or the other", call.schema_field)
+                               "or the other", param=call.schema_field)
         if deferred and any(t.name == GET_TOOL_INFO for t in tools):
             raise RequestError(f"a tool named {GET_TOOL_INFO!r} clashes with the server's "
-                               "deferred-mode tool; rename it", "tools")
+                               "deferred-mode tool; rename it", param="tools")
         fmt = self.formats[self.protocol if tools else "plain"]
         prep = PreparedChat(call, list(tools), fmt, deferred, [], None,
                             call.max_tokens or self.default_max_tokens)
@@ -267,13 +263,14 @@ class ChatService:
         tool description took 12 s to tokenize before its 400, other requests waiting)."""
         if chars > self.max_chars:
             raise RequestError(f"the prompt is {chars} characters, more than the "
-                               f"{self.context_length}-token context can hold; send less", param)
+                               f"{self.context_length}-token context can hold; send less",
+                               param=param)
 
     def _prompt(self, prep: PreparedChat, messages: list[dict]) -> list[int]:
         prompt = prep.fmt.prompt_ids(messages, prep.tools, prep.deferred)
         if len(prompt) >= self.context_length:
             raise RequestError(f"the prompt is {len(prompt)} tokens; the context holds "
-                               f"{self.context_length}", "messages")
+                               f"{self.context_length}", param="messages")
         return prompt
 
     def _constraint(self, prep: PreparedChat, hops: int,
@@ -315,10 +312,11 @@ class ChatService:
                 [{"role": "user", "content": prompt}]
             ids = self.formats["plain"].prompt_ids(msgs)
         if not ids:
-            raise RequestError("the prompt is empty; send some text to continue", "prompt")
+            raise RequestError("the prompt is empty; send some text to continue",
+                               param="prompt")
         if len(ids) >= self.context_length:
             raise RequestError(f"the prompt is {len(ids)} tokens; the context holds "
-                               f"{self.context_length}", "prompt")
+                               f"{self.context_length}", param="prompt")
         return PreparedCompletion(ids, schema_constraint(self.lm, json_schema, schema_field)
                                   if json_schema else None, continuation=raw)
 
