@@ -102,7 +102,9 @@ def _adjusted(inner: Sampler, presence: float, frequency: float,
     logits: ``bias[t]`` added, ``frequency`` times the count of ``t`` among the tokens this
     sampler has drawn subtracted, and ``presence`` once ``t`` has been drawn at all (the
     generated tokens only, not the prompt's, as OpenAI and vLLM count them); renormalised
-    before ``inner``'s filters. The counts are a lazy array, so a draw waits on nothing."""
+    before ``inner``'s filters. The counts are a lazy array, so a draw waits on nothing.
+    Not mlx-lm's ``make_logits_processors``: its penalties count the last 20 tokens, the
+    prompt's included, and take the token history our samplers are not given."""
     counts: mx.array | None = None
     added: mx.array | None = None  # the bias over the vocabulary
 
@@ -118,7 +120,8 @@ def _adjusted(inner: Sampler, presence: float, frequency: float,
         if presence or frequency:
             x = x - (frequency * counts + presence * (counts > 0))
         token = inner(x - mx.logsumexp(x, axis=-1, keepdims=True))
-        counts = counts.at[token.reshape(-1)].add(1.0)
+        if presence or frequency:  # a bias alone reads no counts: no chain of updates
+            counts = counts.at[token.reshape(-1)].add(1.0)
         return token
 
     return sample
