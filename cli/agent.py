@@ -200,7 +200,8 @@ def repl(turn, json_out: bool = False) -> None:
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
           max_tokens, no_grammar, allow_repeat_calls, retry_after_error, ignore_named_tool,
           tool_timeout, tool_env, confirm_tools, tool_choice, json_out, transcript,
-          prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype, save_session, resume, trajectory_dir, trajectory_task, sandbox, allow_network,
+          prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype, save_session, resume,
+          trajectory_dir, trajectory_task, sandbox, allow_network,
           mcp_commands, mcp_config, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
     """Run the model as an agent that calls tools.

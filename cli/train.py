@@ -141,8 +141,8 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @ray_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
              no_grammar, allow_repeat_calls, retry_after_error, ignore_named_tool, temperature,
-             batch, sandbox, allow_network, trust_handlers, mcp_commands, mcp_config, adapter, weights,
-             context_length, ray_address, ray_workers):
+             batch, sandbox, allow_network, trust_handlers, mcp_commands, mcp_config, adapter,
+             weights, context_length, ray_address, ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
 
     \b
