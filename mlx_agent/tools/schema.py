@@ -83,8 +83,8 @@ def _described(e: ValidationError) -> str:
 # values: ``re`` refused ``\p{L}``, which JSON Schema's regex dialect (ECMA-262) has
 _FORMATS = FormatChecker()
 _FORMATS.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
-_FORMATS.checks("regex", raises=regex.error)(
-    lambda value: not isinstance(value, str) or _small(value) and regex.compile(value) is not None)
+_FORMATS.checks("regex", raises=regex.error)(  # _small first: regex.compile cannot be stopped
+    lambda value: not isinstance(value, str) or _small(value) and bool(regex.compile(value)))
 
 MAX_UNROLLED = 100_000  # pieces a pattern's counted repeats unroll into, at most
 EMPTY_GROUP = 100  # pieces an empty group counts for: "(){9999}" took 1 s, "(){999}" 8 ms
