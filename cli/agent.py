@@ -199,8 +199,9 @@ def repl(turn, json_out: bool = False) -> None:
 @sampling_options
 def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol, max_steps,
           max_tokens, no_grammar, allow_repeat_calls, retry_after_error, ignore_named_tool,
-          tool_timeout, tool_env, confirm_tools, tool_choice, json_out, transcript,
-          prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype, save_session, resume,
+          no_stated_arguments, tool_timeout, tool_env, confirm_tools, tool_choice, json_out,
+          transcript, prompt_cache_dir, prompt_cache_max_bytes, prompt_cache_dtype, save_session,
+          resume,
           trajectory_dir, trajectory_task, sandbox, allow_network,
           mcp_commands, mcp_config, adapter, weights, context_length,
           no_kv_preallocate, kv_window, temperature, top_p, top_k, min_p, seed):
@@ -253,7 +254,8 @@ def agent(model_spec, tools_file, builtin_tools, root, single, system, protocol,
                                     min_p=min_p, seed=seed),
             confirm=_confirm if confirm_tools else None, grammar=not no_grammar,
             tool_choice=choices, allow_repeat_calls=allow_repeat_calls,
-            retry_after_error=retry_after_error, follow_named_tool=not ignore_named_tool)
+            retry_after_error=retry_after_error, follow_named_tool=not ignore_named_tool,
+            stated_arguments=not no_stated_arguments)
         recorder = _recorder(trajectories, trajectory_task, lm, config)
         bot = Agent(lm, engine, tools, agent_format(protocol, lm, system), config,
                     emit=Sink(json_out, single is not None, log), recorder=recorder)

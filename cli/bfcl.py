@@ -9,7 +9,8 @@ import click
 from . import paths
 from .errors import UserError
 from .fanout import WorkerTally, check_ray_options, ray_options, runs_file
-from .options import BATCH, load_options, max_tokens_option, model_argument, protocol_option
+from .options import (BATCH, STATED_HELP, load_options, max_tokens_option, model_argument,
+                      protocol_option)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -33,6 +34,7 @@ def print_table(rows: list[dict]) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="Questions per category (default: all).")
 @max_tokens_option()
+@click.option("--no-stated-arguments", is_flag=True, help=STATED_HELP)
 @click.option("--batch", type=BATCH, default=1, show_default=True,
               help="Questions answered at a time, decoded together in one batch.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
@@ -42,8 +44,9 @@ def print_table(rows: list[dict]) -> None:
                    "answered, seconds).")
 @load_options
 @ray_options
-def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, batch, out, runs,
-              adapter, weights, context_length, ray_address, ray_workers):
+def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens,
+              no_stated_arguments, batch, out, runs, adapter, weights, context_length,
+              ray_address, ray_workers):
     """Score the model on BFCL's AST categories, grammar on.
 
     \b
@@ -81,10 +84,11 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
         if ray_address:
             score_category = _on_ray(stack, model_spec, adapter, weights, context_length,
                                      tool_mode, protocol, max_tokens, batch, ray_address,
-                                     ray_workers)
+                                     ray_workers, not no_stated_arguments)
         else:
             score_category = _local(model_spec, adapter, weights, context_length,
-                                    tool_mode, protocol, max_tokens, batch)
+                                    tool_mode, protocol, max_tokens, batch,
+                                    not no_stated_arguments)
         rows = []
         order = {q["id"]: i for i, q in enumerate(  # BFCL's ids are unique across categories
             q for name in names for q in category_questions(name, limit))}
@@ -101,7 +105,7 @@ def eval_bfcl(model_spec, categories, tool_mode, protocol, limit, max_tokens, ba
 
 
 def _local(model_spec, adapter, weights, context_length, tool_mode, protocol,
-           max_tokens, batch):
+           max_tokens, batch, stated_arguments):
     """``score(category, limit, bar, record)`` in this process (``batch`` > 1: questions
     decoded together)."""
     from mlx_agent.batch_runner import batch_engines
@@ -112,7 +116,8 @@ def _local(model_spec, adapter, weights, context_length, tool_mode, protocol,
     lm = load(model_spec, adapter=adapter, weights=weights, context_length=context_length)
     # one service; with a batch, its lanes take that many questions at once
     engines = batch_engines(lm, batch) if batch > 1 else []
-    main = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0, engines=engines)
+    main = ChatService(lm, tool_mode=tool_mode, protocol=protocol, kv_slots=0, engines=engines,
+                       stated_arguments=stated_arguments)
     cancel = engines[0].runner.cancel if engines else None  # Ctrl-C ends the batch's questions
 
     def score(name, limit, bar, record):
@@ -127,14 +132,14 @@ def _local(model_spec, adapter, weights, context_length, tool_mode, protocol,
 
 
 def _on_ray(stack, model_spec, adapter, weights, context_length, tool_mode, protocol,
-            max_tokens, batch, address, workers):
+            max_tokens, batch, address, workers, stated_arguments):
     """``score(category, limit, bar, record)`` on a Ray pool, one for all categories; each
     worker answers ``batch`` questions at a time."""
     from mlx_agent.cluster_eval import BfclWorker, ModelSpec, bfcl_category
     from mlx_agent.fanout import Pool
 
     worker = BfclWorker(ModelSpec(model_spec, adapter, weights, context_length), tool_mode,
-                        protocol, max_tokens, batch)
+                        protocol, max_tokens, batch, stated_arguments)
     pool = stack.enter_context(Pool(worker, address=address, workers=workers, slots=batch))
     tally = WorkerTally()
 

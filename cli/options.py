@@ -83,9 +83,15 @@ NAMED_HELP = ("Let the model choose freely even when the request tells it to use
               "name (\"Use the echo tool to ...\" makes the first step call echo).")
 
 
+STATED_HELP = ("Leave a call's optional arguments as the model wrote them; by default each "
+               "one it left out is asked of the model and added when the request states "
+               "its value (\"in Celsius\").")
+
+
 def loop_options(f):
     """--protocol, --max-steps, --max-tokens, --no-grammar, --allow-repeat-calls,
-    --retry-after-error and --ignore-named-tool: how the agent loop runs."""
+    --retry-after-error, --ignore-named-tool and --no-stated-arguments: how the agent loop
+    runs."""
     return _compose(
         protocol_option,
         click.option("--max-steps", type=click.IntRange(min=1), default=MAX_STEPS,
@@ -97,6 +103,7 @@ def loop_options(f):
         click.option("--retry-after-error", type=click.IntRange(min=0),
                      default=RETRY_AFTER_ERROR, show_default=True, metavar="N", help=RETRY_HELP),
         click.option("--ignore-named-tool", is_flag=True, help=NAMED_HELP),
+        click.option("--no-stated-arguments", is_flag=True, help=STATED_HELP),
     )(f)
 
 

@@ -6,8 +6,8 @@ import click
 
 from . import paths
 from .errors import UserError, warn
-from .options import (ALLOW_REPEAT_HELP, BATCH, Bytes, Finite, load_options, max_tokens_option,
-                      model_argument, prompt_cache_dtype_option, protocol_option,
+from .options import (ALLOW_REPEAT_HELP, BATCH, STATED_HELP, Bytes, Finite, load_options,
+                      max_tokens_option, model_argument, prompt_cache_dtype_option, protocol_option,
                       sampling_options)
 
 
@@ -31,6 +31,7 @@ from .options import (ALLOW_REPEAT_HELP, BATCH, Bytes, Finite, load_options, max
               help="Earlier conversations whose KV state is kept for prefix reuse.")
 @max_tokens_option(512, help="Reply length when a request sets none.")
 @click.option("--allow-repeat-calls", is_flag=True, help=ALLOW_REPEAT_HELP)
+@click.option("--no-stated-arguments", is_flag=True, help=STATED_HELP)
 @click.option("--max-body-bytes", type=Bytes(min=1024), default=8 * 1024 * 1024,
               show_default=True, help="Larger request bodies get a 413.")
 @click.option("--max-batch", type=BATCH, default=1, show_default=True,
@@ -45,8 +46,8 @@ from .options import (ALLOW_REPEAT_HELP, BATCH, Bytes, Finite, load_options, max
 @sampling_options
 def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, protocol,
           prompt_cache_dir, prompt_cache_dtype, kv_slots, max_tokens, allow_repeat_calls,
-          max_body_bytes, max_batch, request_timeout, max_connections, adapter, weights,
-          context_length, temperature, top_p, top_k, min_p, seed):
+          no_stated_arguments, max_body_bytes, max_batch, request_timeout, max_connections,
+          adapter, weights, context_length, temperature, top_p, top_k, min_p, seed):
     """Serve the model over the OpenAI and Ollama HTTP APIs.
 
     \b
@@ -87,7 +88,8 @@ def serve(model_spec, host, port, tools_file, tool_mode, tool_metrics_out, proto
         service = ChatService(lm, tools=tools, tool_mode=tool_mode, protocol=protocol,
                               kv_slots=kv_slots, default_max_tokens=max_tokens,
                               metrics_out=tool_metrics_out,
-                              allow_repeat_calls=allow_repeat_calls, engines=engines)
+                              allow_repeat_calls=allow_repeat_calls,
+                              stated_arguments=not no_stated_arguments, engines=engines)
         hit = None
         if prompt_cache_dir and tools:
             from mlx_agent.prompt_cache import PromptCache

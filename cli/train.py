@@ -129,7 +129,8 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
               help="Write each run's .atraj here, with its reward.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSONL file: one row per run (task, seed, reward, calls, turns, answered, "
-                   "tool_errors, guarded_steps, retried_steps, named_steps, seconds).")
+                   "tool_errors, guarded_steps, retried_steps, named_steps, stated_calls, "
+                   "seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=Finite(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=BATCH, default=1, show_default=True,
@@ -140,7 +141,8 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @load_options
 @ray_options
 def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_steps, max_tokens,
-             no_grammar, allow_repeat_calls, retry_after_error, ignore_named_tool, temperature,
+             no_grammar, allow_repeat_calls, retry_after_error, ignore_named_tool,
+             no_stated_arguments, temperature,
              batch, sandbox, allow_network, trust_handlers, mcp_commands, mcp_config, adapter,
              weights, context_length, ray_address, ray_workers):
     """Run the agent on every task, check the outcomes, print the success table.
@@ -175,6 +177,7 @@ def eval_cmd(model_spec, tasks_file, seeds, trajectory_dir, out, protocol, max_s
     overrides = {"max_steps": max_steps, "max_tokens": max_tokens, "grammar": not no_grammar,
                  "allow_repeat_calls": allow_repeat_calls, "retry_after_error": retry_after_error,
                  "follow_named_tool": not ignore_named_tool,
+                 "stated_arguments": not no_stated_arguments,
                  "sampling": SamplingParams(temperature=temperature)}
     tally = WorkerTally()
     order = {task.id: i for i, task in enumerate(tasks.tasks)}

@@ -188,11 +188,13 @@ class BfclWorker:
     protocol: str
     max_tokens: int
     batch: int = 1  # questions at once on a worker, decoded together
+    stated_arguments: bool = True  # see mlx_agent.stated_arguments
 
     def __call__(self) -> Callable[[dict], tuple]:
         lm = self.model.load()  # one service; its lanes take the questions at once
         service = ChatService(lm, tool_mode=self.tool_mode, protocol=self.protocol,
-                              kv_slots=0, engines=_engines(lm, self.batch))
+                              kv_slots=0, engines=_engines(lm, self.batch),
+                              stated_arguments=self.stated_arguments)
         types = bfcl().types
         return lambda q: answer_question(service, q, types, self.max_tokens)
 

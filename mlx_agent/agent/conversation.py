@@ -45,6 +45,10 @@ class Conversation:
     def add_user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
 
+    def request(self) -> str:
+        """The last user message's text (empty before the first)."""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
+
     def drop_last(self) -> None:
         """Forget the last message (a user message the context could not take)."""
         self.messages.pop()

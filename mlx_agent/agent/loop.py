@@ -31,6 +31,7 @@ from ..formats import Call, Format
 from ..grammar import GrammarError, forced_call, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
+from ..stated_arguments import complete_reply
 from ..text import TextStream
 from ..tokenizer import special_tokens
 from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
@@ -74,6 +75,9 @@ class AgentConfig:
     # makes the first step call it, where the choice is "auto" (see named_tool). Needs
     # the grammar.
     follow_named_tool: bool = True
+    # a call's optional parameters the request states and the call left out are probed
+    # and added (see mlx_agent.stated_arguments). Needs the grammar.
+    stated_arguments: bool = True
 
     def choice(self, step: int) -> str:
         tc = self.tool_choice
@@ -278,15 +282,25 @@ class Agent:
         q = self._query(choice)
         stats.generated_tokens += len(q.sampled)
         stats.guarded_steps += q.guarded_steps
-        reply = self.fmt.parse(q.turn_text)
-        self.emit(ev.Assistant(step=step, raw=q.raw))
-        self.conversation.add_reply(reply, q.turn_text, q.sampled[:-1] if q.closed else q.sampled)
+        reply = parsed = self.fmt.parse(q.turn_text)
+        text, ids = q.turn_text, q.sampled[:-1] if q.closed else q.sampled
+        raw, sampled = q.raw, q.sampled
+        if self.config.stated_arguments and self.config.grammar and q.interrupt is None:
+            tail = q.sampled[len(ids):]
+            reply, text, ids = complete_reply(
+                self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
+                list(self.tools.values()), self.conversation.request(), self.sampler)
+            if reply is not parsed:  # the call as completed is what the model reads next
+                raw, sampled = text, ids + tail
+                stats.stated_calls += 1
+        self.emit(ev.Assistant(step=step, raw=raw))
+        self.conversation.add_reply(reply, text, ids)
         self._failed = False
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
         if self.log is not None:
-            self.log.step(prompt, sync.reused, user_text, q.raw, q.sampled, reply, results)
+            self.log.step(prompt, sync.reused, user_text, raw, sampled, reply, results)
         if q.interrupt is not None:
             return _End("interrupted", interrupt=q.interrupt)
         if q.gave_up:

@@ -46,6 +46,7 @@ from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
+from ..stated_arguments import complete_reply
 from ..text import TextStream
 from ..tools import Tool
 from .slots import Lanes
@@ -141,6 +142,7 @@ class ChatService:
                  metrics_out: str | Path | None = None, model_name: str | None = None,
                  sampler_for: Callable[[SamplingParams], Callable] | None = None,
                  context_length: int | None = None, allow_repeat_calls: bool = False,
+                 stated_arguments: bool = True,
                  engines: Sequence[Engine] = ()):
         if tool_mode not in ("full", "deferred"):
             raise ValueError(f"unknown tool mode {tool_mode!r}; use full or deferred")
@@ -148,6 +150,7 @@ class ChatService:
         self.tools = list(tools)
         self.tool_mode = tool_mode
         self.allow_repeat_calls = allow_repeat_calls
+        self.stated_arguments = stated_arguments
         self.protocol = choose(protocol, lm.chat)
         self.lanes = Lanes(list(engines) or [lm.engine(context_length=context_length)
                                              if context_length else lm.engine()], kv_slots)
@@ -232,7 +235,13 @@ class ChatService:
             if gen.finish == "cancelled":
                 return self._cancelled(ChatResult(gen.shown.text, [], "cancelled", usage, hops))
             reply = prep.fmt.parse(gen.text)
-            prep.fmt.reply_message(reply, gen.text, _without_stop(gen.ids, self.lm.end_ids))
+            text, ids = gen.text, _without_stop(gen.ids, self.lm.end_ids)
+            if self.stated_arguments and prep.tools:
+                reply, text, ids = complete_reply(
+                    lane[0], self.lm, prep.fmt.name, prompt, reply, text, ids,
+                    gen.ids[len(ids):], prep.tools, _request_text(messages),
+                    self.sampler_for(prep.call.sampling))
+            prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
                 break
@@ -455,6 +464,12 @@ def _made(messages: list[dict], tools: list[Tool]) -> list[tuple[Tool, dict]]:
             if tool is not None:
                 pending.append((tool, arguments_of(c)))
     return made
+
+
+def _request_text(messages: list[dict]) -> str:
+    """The last user message's text: what a call's stated arguments are read from."""
+    return next((text_of(m.get("content")) for m in reversed(messages)
+                 if m["role"] == "user"), "")
 
 
 def _without_stop(ids: list[int], stop_ids) -> list[int]:

@@ -1,0 +1,188 @@
+"""Optional arguments a request states: probed once a call is sampled, added where stated.
+
+The bundled model, asked for the weather "in fahrenheit" with a tool whose ``unit`` is
+optional, called ``get_weather(city="Oslo")`` and reported Celsius.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.agent import Agent, AgentConfig, agent_format
+from mlx_agent.agent import events as ev
+from mlx_agent.chat import ChatFormat
+from mlx_agent.stated_arguments import stated
+from mlx_agent.tools import parse_tools
+
+from .test_agent_loop import QWEN_LIKE, Recorder
+from .test_loop_guard import Obliging
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+WEATHER = parse_tools(json.dumps([{
+    "name": "weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]},
+    "_exec": 'printf "%s %s" "$city" "${unit:-celsius}"'}]))
+TOOL = WEATHER[0]
+BFCL_LIKE = parse_tools(json.dumps([{
+    "name": "calculate_triangle_area", "description": "Calculate the area of a triangle.",
+    "parameters": {"type": "object", "properties": {
+        "base": {"type": "integer"}, "height": {"type": "integer"},
+        "unit": {"type": "string", "description": "The unit of the base and height."},
+        "distance": {"type": "integer", "description": "Distance, typically in kilometers."},
+        "label": {"type": "string"}, "reason": {"type": "string"},
+        "include_human_impact": {"type": "boolean"}, "tags": {"type": "array"}},
+        "required": ["base"]}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("name, value, request_, arguments, expected", [
+    ("unit", "fahrenheit", "Weather in Oslo in Fahrenheit", {"city": "Oslo"}, True),
+    ("unit", "inch", "a radius of 4 inches", {"radius": 4}, True),  # its plural
+    ("unit", "fahren", "Weather in Oslo in Fahrenheit", {"city": "Oslo"}, False),  # part word
+    ("unit", "kelvin", "Weather in Oslo in Fahrenheit", {"city": "Oslo"}, False),
+    ("city", "Oslo", "Weather in Oslo", {"place": "Oslo"}, False),  # another argument's
+    ("city", "Oslo", "Weather in Oslo, Norway", {"place": "Oslo, Norway"}, False),
+    ("reason", "38951", "odometer 38951, booking SER-5510", {"odometer": 38951}, False),
+    ("days", 3, "the next 3 days", {"city": "Oslo"}, True),
+    ("days", 3, "the next 3 days", {"hours": 3}, False),
+    ("days", 4, "the next 3 days", {}, False),
+    ("days", 1500, "driving 1,500 miles", {}, True),
+    ("include_human_impact", True, "for 5 years including human impact", {}, True),
+    ("include_human_impact", True, "for 5 years", {}, False),
+    ("include_human_impact", False, "including human impact", {}, False),
+    ("tags", ["red", "blue"], "tag it red and blue", {}, True),
+    ("tags", ["red", "green"], "tag it red and blue", {}, False),
+    ("tags", [], "tag it red and blue", {}, False),
+])
+def test_what_a_request_states(name, value, request_, arguments, expected):
+    assert stated(TOOL, name, value, request_, arguments) is expected
+
+
+def test_what_the_tool_is_about_or_another_arguments_unit_is_not_stated():
+    tool = BFCL_LIKE
+    request = "Find the area of a triangle with a base of 10 units, 50 kilometers away."
+    assert not stated(tool, "label", "triangle", request, {"base": 10})  # the tool's subject
+    assert not stated(tool, "label", "kilometers", request, {"base": 10})  # distance's word
+    assert not stated(tool, "reason", "units", request, {"base": 10})  # the base's unit
+    assert stated(tool, "unit", "units", request, {"base": 10})  # unit "of the base"
+
+
+def ask(lm, protocol, replies, request, **config):
+    rec = Recorder()
+    recorder = config.pop("recorder", None)
+    agent = Agent(lm, lm.engine(), WEATHER, agent_format(protocol, lm),
+                  AgentConfig(grammar=True, max_steps=3, **config), emit=rec,
+                  sampler=Obliging(lm, *replies), recorder=recorder)
+    return agent, agent.ask(request), rec
+
+
+def weather_replies(protocol):
+    call = '{"tool":"weather","arguments":{"city":"Oslo"}}' if protocol == "json" else \
+        '<tool_call>\n{"name":"weather","arguments":{"city":"Oslo"}}\n</tool_call>'
+    answer = '{"answer":"done"}' if protocol == "json" else "done"
+    return call, answer
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_stated_optional_argument_is_added_and_the_cache_is_reused_whole(tiny_lm, protocol,
+                                                                           tmp_path):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call, answer = weather_replies(protocol)
+    rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
+    # the probes: days (3, which the request does not say), then unit
+    agent, out, events = ask(lm, protocol, [call, "3", '"fahrenheit"', answer],
+                             "Weather in Oslo in Fahrenheit, over 2 days.", recorder=rec)
+    calls = events.of(ev.ToolCall)
+    assert [(c.arguments, c.stdout) for c in calls] == \
+        [({"city": "Oslo", "unit": "fahrenheit"}, "Oslo fahrenheit")]
+    assert out.answer == "done" and out.stats.stated_calls == 1
+    t = tj.read(rec.path)
+    arguments = '{"city":"Oslo","unit":"fahrenheit"}'
+    written = f'{{"tool":"weather","arguments":{arguments}}}' if protocol == "json" else \
+        f'<tool_call>\n{{"name":"weather","arguments":{arguments}}}\n</tool_call>'
+    reply = next(s for s in t.steps if s.role == "assistant")
+    assert reply.content == written and lm.decode(reply.output_ids).startswith(written)
+    assert_reused_whole(t, agent)  # the completed call is what the model read next
+
+
+def assert_reused_whole(t: tj.Trajectory, agent: Agent) -> None:
+    """The trajectory replays to the cache, and each step after the first reused all that
+    came before it: the probes left the engine holding the reply as kept."""
+    assert t.token_sequence() == agent.engine.tokens
+    fed = [s for s in t.steps if s.input_ids is not None]
+    assert all(s.prefix_len == len(tj.Trajectory(id="x", steps=t.steps[:t.steps.index(s)])
+                                    .token_sequence()) for s in fed[1:])
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_an_unstated_value_or_the_switch_leaves_the_call_as_sampled(tiny_lm, protocol,
+                                                                   tmp_path):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call, answer = weather_replies(protocol)
+    rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
+    # days probed (the request has a number), unit not (it names no unit): nothing stated
+    agent, out, events = ask(lm, protocol, [call, "3", answer], "Weather in Oslo for 5 days.",
+                             recorder=rec)
+    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
+    assert out.answer == "done" and out.stats.stated_calls == 0
+    assert_reused_whole(tj.read(rec.path), agent)
+    _, out, events = ask(lm, protocol, [call, answer], "Weather in Oslo in Fahrenheit.",
+                         stated_arguments=False)
+    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
+    assert out.answer == "done" and out.stats.stated_calls == 0
+
+
+@pytest.mark.real_model
+def test_the_bundled_model_asked_in_fahrenheit_gets_fahrenheit():
+    cli = [sys.executable, "-m", "mlx_agent.cli.main", "agent", "--tools",
+           str(EXAMPLES / "everyday.json"), "--json-out", "--single",
+           "Check the current weather for Oslo with the get_weather tool, in fahrenheit."]
+    for extra, arguments in (([], {"city": "Oslo", "unit": "fahrenheit"}),
+                             (["--no-stated-arguments"], {"city": "Oslo"})):
+        r = subprocess.run(cli + extra, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        events = [ev.decode(line) for line in r.stdout.splitlines()]
+        assert [e.arguments for e in events if isinstance(e, ev.ToolCall)] == [arguments]
+
+
+@pytest.mark.real_model
+def test_the_server_returns_the_call_with_its_stated_argument():
+    from mlx_agent.models import default_adapter, load
+    from mlx_agent.serve import ChatService
+    from mlx_agent.serve.service import ChatCall
+    from mlx_agent.tools import load_tools
+
+    lm = load("smollm2-135m", adapter=default_adapter("smollm2-135m"))  # as `serve` loads it
+    tools = load_tools(str(EXAMPLES / "everyday.json"))
+    request = "What is the weather in Oslo in fahrenheit?"
+    for on, arguments in ((True, {"city": "Oslo", "unit": "fahrenheit"}),
+                          (False, {"city": "Oslo"})):
+        service = ChatService(lm, tools=tools, kv_slots=0, stated_arguments=on)
+        result = service.chat(service.prepare(ChatCall(
+            messages=[{"role": "user", "content": request}], tool_choice="get_weather")))
+        assert [(c.name, c.arguments) for c in result.tool_calls] == \
+            [("get_weather", arguments)]
+
+
+def test_a_hostile_request_is_read_in_linear_time():
+    import time
+
+    start = time.perf_counter()
+    for request in ("1" * 100_000 + " lb kg", "1," * 100_000 + "0 lb x", "a " * 100_000):
+        for name, value in (("label", "kg"), ("label", "x"), ("include_human_impact", True)):
+            stated(BFCL_LIKE, name, value, request, {"base": 1})  # a number's every start
+            # once took time quadratic in a run of digits
+    nested: dict = {"base": 1}
+    for _ in range(5000):  # deeper than Python's recursion limit
+        nested = {"x": [nested]}
+    assert not stated(BFCL_LIKE, "distance", 1, "1", nested)
+    assert time.perf_counter() - start < 5
