@@ -135,10 +135,13 @@ def test_an_unstated_value_or_the_switch_leaves_the_call_as_sampled(tiny_lm, pro
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
     assert out.answer == "done" and out.stats.stated_calls == 0
     assert_reused_whole(tj.read(rec.path), agent)
-    _, out, events = ask(lm, protocol, [call, answer], "Weather in Oslo in Fahrenheit.",
-                         stated_arguments=False)
-    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
-    assert out.answer == "done" and out.stats.stated_calls == 0
+    # turned off, or an exact call the step was given (a guided rollout's)
+    for config in ({"stated_arguments": False},
+                   {"tool_choice": [{"name": "weather", "arguments": {"city": "Oslo"}}, "auto"]}):
+        _, out, events = ask(lm, protocol, [call, answer], "Weather in Oslo in Fahrenheit.",
+                             **config)
+        assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
+        assert out.answer == "done" and out.stats.stated_calls == 0
 
 
 @pytest.mark.real_model

@@ -28,7 +28,7 @@ import msgspec
 from ..cache import ContextFull
 from ..engine import Constraint, Engine, PrefillStats, SamplingParams
 from ..formats import Call, Format
-from ..grammar import GrammarError, forced_call, ll_tokenizer, tool_constraint
+from ..grammar import GrammarError, forced_call, is_forced, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..stated_arguments import complete_reply
@@ -285,7 +285,8 @@ class Agent:
         reply = parsed = self.fmt.parse(q.turn_text)
         text, ids = q.turn_text, q.sampled[:-1] if q.closed else q.sampled
         raw, sampled = q.raw, q.sampled
-        if self.config.stated_arguments and self.config.grammar and q.interrupt is None:
+        if self.config.stated_arguments and self.config.grammar and q.interrupt is None \
+                and not is_forced(choice):  # an exact call (a guided rollout's) stays so
             tail = q.sampled[len(ids):]
             reply, text, ids = complete_reply(
                 self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
