@@ -28,7 +28,7 @@ import functools
 import json
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from .engine import Sampler, greedy_sampler
 from .formats.messages import Call, Reply, unspaced
@@ -233,12 +233,14 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
 
 def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply,
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
-                   request: str, sampler: Sampler = greedy_sampler
-                   ) -> tuple[Reply, str, list[int]]:
+                   request: str, sampler: Sampler = greedy_sampler,
+                   made: Collection[str] = ()) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one) with its one call completed (:func:`complete_call`), and the text and ids it now
-    reads as; all three as they were where nothing was added, or where the reply is not
-    one complete call of a known tool with no text beside it. After probing, the engine
+    reads as; all three as they were where nothing was added, where the reply is not one
+    complete call of a known tool with no text beside it, or where the completed call is
+    one of ``made`` (calls that ran this turn, as the loop guard writes them: completing
+    must not turn a new call into a repeat). After probing, the engine
     holds ``prompt``, the reply's ids and ``tail`` again, as if the reply had been sampled
     so (the next turn reuses all of it)."""
     unchanged = reply, text, ids
@@ -253,7 +255,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         return unchanged  # nothing to probe
     arguments = complete_call(engine, lm, prompt, protocol, tool, call.arguments, request,
                               sampler)
-    if arguments is not call.arguments:
+    if arguments is not call.arguments and call_text(protocol, tool, arguments) not in made:
         text = call_text(protocol, tool, arguments)
         reply, ids = Reply(calls=[Call(call.name, arguments)]), lm.encode_text(text)
     engine.sync(list(prompt) + ids + tail)

@@ -189,3 +189,38 @@ def test_a_hostile_request_is_read_in_linear_time():
         nested = {"x": [nested]}
     assert not stated(BFCL_LIKE, "distance", 1, "1", nested)
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_completing_never_makes_a_repeat(tiny_lm, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call, answer = weather_replies(protocol)
+    # the model writes the call as it first sampled it again: the guard refuses it (it
+    # would complete into the call that ran), so the model makes another (this random
+    # model: unit celsius) or answers
+    agent, out, events = ask(lm, protocol, [call, '"fahrenheit"', call, answer],
+                             "Weather in Oslo in Fahrenheit.")
+    calls = [json.dumps(c.arguments) for c in events.of(ev.ToolCall)]
+    assert calls[0] == '{"city": "Oslo", "unit": "fahrenheit"}' and out.stats.stated_calls == 1
+    assert '{"city": "Oslo"}' not in calls and len(set(calls)) == len(calls), calls
+    # and a call is not completed into one that ran this turn (the server's case: it sees
+    # only the completed call in the request's messages)
+    from mlx_agent.grammar import call_text
+    from mlx_agent.stated_arguments import complete_reply
+
+    fmt = agent_format(protocol, lm)
+    engine = lm.engine()
+    prompt = fmt.prompt_ids([{"role": "user", "content": "Weather in Oslo in Fahrenheit."}],
+                            WEATHER)
+    engine.sync(prompt)
+    reply = fmt.parse(call)
+    ids = lm.encode_text(call)
+    done = call_text(protocol, TOOL, {"city": "Oslo", "unit": "fahrenheit"})
+    for made, expected in (([], {"city": "Oslo", "unit": "fahrenheit"}),
+                           ([done], {"city": "Oslo"})):
+        probe = Obliging(lm, '"fahrenheit"')
+        out_reply, text, out_ids = complete_reply(engine, lm, protocol, prompt, reply, call,
+                                                  ids, [], WEATHER, "Weather in Oslo in "
+                                                  "Fahrenheit.", probe, made)
+        assert out_reply.calls[0].arguments == expected
+        assert engine.tokens == prompt + out_ids

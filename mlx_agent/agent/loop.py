@@ -290,7 +290,8 @@ class Agent:
             tail = q.sampled[len(ids):]
             reply, text, ids = complete_reply(
                 self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                list(self.tools.values()), self.conversation.request(), self.sampler)
+                list(self.tools.values()), self.conversation.request(), self.sampler,
+                self._made)
             if reply is not parsed:  # the call as completed is what the model reads next
                 raw, sampled = text, ids + tail
                 stats.stated_calls += 1
@@ -300,6 +301,11 @@ class Agent:
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
+        if reply is not parsed and reply.calls[0].name in self._called:
+            # the completed call ran: the guard refuses the call as sampled too, which the
+            # next step would complete into the same call
+            call = parsed.calls[0]
+            self._made += refused_texts(self.fmt.name, self.tools[call.name], call.arguments)
         if self.log is not None:
             self.log.step(prompt, sync.reused, user_text, raw, sampled, reply, results)
         if q.interrupt is not None:
