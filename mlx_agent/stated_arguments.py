@@ -9,7 +9,7 @@ The grammar offers each optional argument in turn; the model takes the closing b
 After a reply of one call, :func:`complete_call` asks the model what it would write for each
 optional parameter the call left out: the engine syncs to the prompt and the call's text up
 to where the grammar writes that parameter, ``"name":`` included, and decodes its value
-greedily under the parameter's schema. A value the request states (:func:`stated`) that no
+greedily (by default) under the parameter's schema. A value the request states (:func:`stated`) that no
 argument of the call already holds is added, and the call reads as the grammar writes it
 (:func:`mlx_agent.grammar.call_text`) with the additions.
 

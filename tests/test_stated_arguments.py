@@ -79,9 +79,10 @@ def test_what_the_tool_is_about_or_another_arguments_unit_is_not_stated():
 def ask(lm, protocol, replies, request, **config):
     rec = Recorder()
     recorder = config.pop("recorder", None)
+    script = Obliging(lm, *replies)  # the replies, and the values the probes write
     agent = Agent(lm, lm.engine(), WEATHER, agent_format(protocol, lm),
                   AgentConfig(grammar=True, max_steps=3, **config), emit=rec,
-                  sampler=Obliging(lm, *replies), recorder=recorder)
+                  sampler=script, recorder=recorder, probe_sampler=script)
     return agent, agent.ask(request), rec
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 import msgspec
 
 from ..cache import ContextFull
-from ..engine import Constraint, Engine, PrefillStats, SamplingParams
+from ..engine import Constraint, Engine, PrefillStats, SamplingParams, greedy_sampler
 from ..formats import Call, Format
 from ..grammar import GrammarError, forced_call, is_forced, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
@@ -158,12 +158,16 @@ class Agent:
     def __init__(self, lm, engine: Engine, tools: Sequence[Tool], fmt: Format,
                  config: AgentConfig | None = None,
                  emit: Callable[[ev.Event], None] = lambda e: None, sampler=None,
-                 recorder=None):
+                 recorder=None, probe_sampler=None):
+        """``probe_sampler`` draws the values of a call's stated-arguments probes
+        (:mod:`mlx_agent.stated_arguments`): greedy by default, the value the model finds
+        most likely, whatever ``sampler`` draws replies with."""
         self.lm, self.engine, self.fmt = lm, engine, fmt
         self.tools = {t.name: t for t in tools}
         self.config = config or AgentConfig()
         self.emit = emit
         self.sampler = sampler or self.config.sampling.sampler()
+        self.probe_sampler = probe_sampler or greedy_sampler
         self.conversation = Conversation(fmt, tools)
         self.log = TrajectoryLog(recorder, self.conversation.system_ids,
                                  self.conversation.system_text) if recorder else None
@@ -290,7 +294,7 @@ class Agent:
             tail = q.sampled[len(ids):]
             reply, text, ids = complete_reply(
                 self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                list(self.tools.values()), self.conversation.request(), self.sampler,
+                list(self.tools.values()), self.conversation.request(), self.probe_sampler,
                 self._made)
             if reply is not parsed:  # the call as completed is what the model reads next
                 raw, sampled = text, ids + tail

@@ -240,8 +240,7 @@ class ChatService:
                 reply, text, ids = complete_reply(
                     lane[0], self.lm, prep.fmt.name, prompt, reply, text, ids,
                     gen.ids[len(ids):], prep.tools, _request_text(messages),
-                    self.sampler_for(prep.call.sampling),
-                    [written for t, args in _made(messages, prep.tools)
+                    made=[written for t, args in _made(messages, prep.tools)
                      for written in refused_texts(prep.fmt.name, t, args)])
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
