@@ -7,11 +7,13 @@ optional ones a request states in passing ("in Celsius", "using the simpson meth
 The grammar offers each optional argument in turn; the model takes the closing brace.
 
 After a reply of one call, :func:`complete_call` asks the model what it would write for each
-optional parameter the call left out: the engine syncs to the prompt and the call's text up
-to where the grammar writes that parameter, ``"name":`` included, and decodes its value
-greedily (by default) under the parameter's schema. A value the request states (:func:`stated`) that no
-argument of the call already holds is added, and the call reads as the grammar writes it
-(:func:`mlx_agent.grammar.call_text`) with the additions.
+optional parameter the call left out and the request could state a value of
+(:func:`_may_state`): the engine syncs to the prompt and the call's text up to where the
+grammar writes that parameter, ``"name":`` included, and the model writes a value under the
+parameter's schema (greedy by default: the value it finds most likely). A value the request
+states (:func:`stated`) is added, and the call reads as the grammar writes it
+(:func:`mlx_agent.grammar.call_text`) with the additions, unless that is a call that already
+ran this turn (:func:`complete_reply`'s ``made``: completing never makes a repeat).
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it
 was sampled; a value the request implies without writing it ("next week" for 7 days, "from
