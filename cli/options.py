@@ -85,7 +85,8 @@ NAMED_HELP = ("Let the model choose freely even when the request tells it to use
 
 STATED_HELP = ("Leave a call's optional arguments as the model wrote them; by default each "
                "one it left out is asked of the model and added when the request states "
-               "its value (\"in Celsius\").")
+               "its value (\"in Celsius\"), and one whose value neither the request nor a "
+               "tool result wrote is dropped.")
 
 
 def loop_options(f):

@@ -1,4 +1,5 @@
-"""Optional arguments a request states: probed once a call is sampled, added where stated.
+"""A call's optional arguments as the request states them: added where stated, dropped where
+made up.
 
 A small model closes a call once the required arguments are written, and leaves out the
 optional ones a request states in passing ("in Celsius", "using the simpson method",
@@ -15,6 +16,14 @@ states (:func:`stated`) is added, and the call reads as the grammar writes it
 (:func:`mlx_agent.grammar.call_text`) with the additions, unless that is a call that already
 ran this turn (:func:`complete_reply`'s ``made``: completing never makes a repeat).
 
+The other way round, the model also fills optional parameters with values nobody wrote
+(``distance_km: 20``, ``species: "parrot"``, ``service_date: "2022-01-01"``); in a chain the
+made-up value changes the first result, and so the second call. Before probing,
+:func:`without_made_up` drops each optional argument whose value neither the request nor a
+tool result of the turn writes (:meth:`_Heard.made_up`, a looser reading than
+:func:`stated`'s: a word that begins one of theirs counts), so the tool's own default stands.
+A flag, an object or a required argument is never dropped.
+
 Not promised: a reply of more than one call, or with text beside its call, is left as it
 was sampled; a value the request implies without writing it ("next week" for 7 days, "from
 rest" for 0) is not added, nor an object. A flag is added only as ``true`` and only where the
@@ -26,6 +35,7 @@ request uses every word of its name but a verb such as *include* (``include_huma
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -233,10 +243,51 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     return completed if not tool.validate(completed) else arguments
 
 
+class _Heard:
+    """What a turn's request and tool results write: their words, sorted (a word's prefix is
+    found by bisection, so a long tool result costs a sort, not a scan per value), and their
+    numbers."""
+
+    def __init__(self, text: str):
+        self.words = sorted(set(_words(text)))
+        self.numbers = _numbers(text)
+
+    def begins_a_word(self, prefix: str) -> bool:
+        i = bisect.bisect_left(self.words, prefix)
+        return i < len(self.words) and self.words[i].startswith(prefix)
+
+    def made_up(self, value: Any) -> bool:
+        """Whether ``value`` is a string or number (or a list of them) never written here:
+        a string none of whose words of three or more characters begins a word ("postgres"
+        is written in "PostgreSQL", "New York City" in "New York"), a number
+        :func:`_numbers` does not find; a flag, an object, null or an empty string never
+        is."""
+        if isinstance(value, bool) or value is None:
+            return False
+        if isinstance(value, str):
+            words = [w for w in _words(value) if len(w) > 2]
+            return bool(words) and not any(map(self.begins_a_word, words))
+        if isinstance(value, (int, float)):
+            return float(value) not in self.numbers
+        if isinstance(value, list):
+            return bool(value) and all(map(self.made_up, value))
+        return False
+
+
+def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
+    """``arguments`` without the optional ones whose value ``heard`` (the turn's request
+    and tool results) never writes (:meth:`_Heard.made_up`): the tool's own default stands
+    for a value the model made up. ``arguments`` itself where none is."""
+    said = _Heard(heard)
+    kept = {k: v for k, v in arguments.items() if k in tool.required or not said.made_up(v)}
+    return arguments if len(kept) == len(arguments) else kept
+
+
 def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply,
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
                    request: str, sampler: Sampler = greedy_sampler,
-                   made: Collection[str] = ()) -> tuple[Reply, str, list[int]]:
+                   made: Collection[str] = (), heard: str | None = None
+                   ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one) with its one call completed (:func:`complete_call`), and the text and ids it now
     reads as; all three as they were where nothing was added, where the reply is not one
@@ -253,11 +304,17 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             or not text.lstrip().startswith("{" if protocol == "json" else "<tool_call>"):
         return unchanged
     call = reply.calls[0]
-    if all(p in call.arguments or p in tool.required for p in tool.properties):
-        return unchanged  # nothing to probe
-    arguments = complete_call(engine, lm, prompt, protocol, tool, call.arguments, request,
-                              sampler)
-    if arguments is not call.arguments and call_text(protocol, tool, arguments) not in made:
+    arguments = without_made_up(tool, call.arguments, request if heard is None else heard)
+    probed = any(p not in arguments and p not in tool.required for p in tool.properties)
+    if probed:
+        arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
+                                  sampler)
+    if arguments is call.arguments:
+        if probed:
+            engine.sync(list(prompt) + ids + tail)
+        return unchanged
+    arguments = written_arguments(protocol, tool, arguments)
+    if not tool.validate(arguments) and call_text(protocol, tool, arguments) not in made:
         text = call_text(protocol, tool, arguments)
         reply, ids = Reply(calls=[Call(call.name, arguments)]), lm.encode_text(text)
     engine.sync(list(prompt) + ids + tail)

@@ -225,3 +225,48 @@ def test_completing_never_makes_a_repeat(tiny_lm, protocol):
                                                   "Fahrenheit.", probe, made)
         assert out_reply.calls[0].arguments == expected
         assert engine.tokens == prompt + out_ids
+
+
+def test_an_optional_argument_no_one_wrote_is_dropped():
+    from mlx_agent.stated_arguments import without_made_up
+
+    heard = "List all PostgreSQL servers in New York from 2024.\nfound 3 servers, ref 42"
+    cases = [
+        ({"city": "Oslo", "days": 9}, {"city": "Oslo"}),  # 9: made up
+        ({"city": "Paris"}, {"city": "Paris"}),  # required: the model's, whatever it is
+        ({"city": "x", "unit": "parrot"}, {"city": "x"}),
+        ({"city": "x", "unit": "postgres"}, None),  # begins "PostgreSQL"
+        ({"city": "x", "unit": "New York City"}, None),
+        ({"city": "x", "days": 2024}, None), ({"city": "x", "days": 42}, None),  # a result's
+        ({"city": "x", "days": [3, 1]}, None), ({"city": "x", "days": [7, 8]}, {"city": "x"}),
+        ({"city": "x", "unit": ""}, None),
+    ]
+    for arguments, expected in cases:
+        assert without_made_up(TOOL, arguments, heard) == (expected or arguments), arguments
+    flags = BFCL_LIKE
+    assert without_made_up(flags, {"base": 3, "include_human_impact": False}, "x") == \
+        {"base": 3, "include_human_impact": False}  # a flag is never made up
+    long = "7" * 100_000 + " 1 " + "word " * 100_000  # a tool's long output: one sort
+    assert without_made_up(TOOL, {"city": "x", "days": 1, "unit": "wor"}, long) == \
+        {"city": "x", "days": 1, "unit": "wor"}
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_made_up_value_is_dropped_and_a_results_value_kept(tiny_lm, protocol, tmp_path):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+
+    def call(arguments):
+        arguments = json.dumps(arguments, separators=(",", ":"))
+        return f'{{"tool":"weather","arguments":{arguments}}}' if protocol == "json" else \
+            f'<tool_call>\n{{"name":"weather","arguments":{arguments}}}\n</tool_call>'
+
+    _, answer = weather_replies(protocol)
+    rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
+    agent, out, events = ask(lm, protocol, [
+        call({"city": "Oslo", "days": 9}),  # nobody said 9: the tool's default stands
+        call({"city": "Bergen", "unit": "celsius"}),  # the first result said celsius
+        answer], "Weather in Oslo, then in Bergen in the same unit.", recorder=rec)
+    assert [c.arguments for c in events.of(ev.ToolCall)] == \
+        [{"city": "Oslo"}, {"city": "Bergen", "unit": "celsius"}]
+    assert out.stats.stated_calls == 1
+    assert_reused_whole(tj.read(rec.path), agent)

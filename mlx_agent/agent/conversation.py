@@ -49,6 +49,12 @@ class Conversation:
         """The last user message's text (empty before the first)."""
         return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
 
+    def heard(self) -> str:
+        """The last user message and the tool results after it, a line each."""
+        last = max((i for i, m in enumerate(self.messages) if m["role"] == "user"), default=0)
+        return "\n".join(m["content"] for m in self.messages[last:]
+                         if m["role"] in ("user", "tool"))
+
     def drop_last(self) -> None:
         """Forget the last message (a user message the context could not take)."""
         self.messages.pop()

@@ -75,8 +75,9 @@ class AgentConfig:
     # makes the first step call it, where the choice is "auto" (see named_tool). Needs
     # the grammar.
     follow_named_tool: bool = True
-    # a call's optional parameters the request states and the call left out are probed
-    # and added (see mlx_agent.stated_arguments). Needs the grammar.
+    # a call's optional arguments are made the ones the request states: probed and added
+    # where it states them, dropped where nobody wrote them (see stated_arguments). Needs
+    # the grammar.
     stated_arguments: bool = True
 
     def choice(self, step: int) -> str:
@@ -295,7 +296,7 @@ class Agent:
             reply, text, ids = complete_reply(
                 self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
                 list(self.tools.values()), self.conversation.request(), self.probe_sampler,
-                self._made)
+                self._made, self.conversation.heard())
             if reply is not parsed:  # the call as completed is what the model reads next
                 raw, sampled = text, ids + tail
                 stats.stated_calls += 1

@@ -241,7 +241,8 @@ class ChatService:
                     lane[0], self.lm, prep.fmt.name, prompt, reply, text, ids,
                     gen.ids[len(ids):], prep.tools, _request_text(messages),
                     made=[written for t, args in _made(messages, prep.tools)
-                     for written in refused_texts(prep.fmt.name, t, args)])
+                          for written in refused_texts(prep.fmt.name, t, args)],
+                    heard=_heard(messages))
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
@@ -471,6 +472,14 @@ def _request_text(messages: list[dict]) -> str:
     """The last user message's text: what a call's stated arguments are read from."""
     return next((text_of(m.get("content")) for m in reversed(messages)
                  if m["role"] == "user"), "")
+
+
+def _heard(messages: list[dict]) -> str:
+    """The last user message and the tool results after it, a line each: what a call's
+    optional arguments may come from."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    return "\n".join(text_of(m.get("content")) for m in messages[last:]
+                     if m["role"] in ("user", "tool"))
 
 
 def _without_stop(ids: list[int], stop_ids) -> list[int]:
