@@ -25,12 +25,13 @@ tool result of the turn writes (:meth:`_Heard.made_up`, a looser reading than
 A flag, an object or a required argument is never dropped.
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it
-was sampled; a value the request implies without writing it ("next week" for 7 days, "from
-rest" for 0) is not added, nor an object. A flag is added only as ``true`` and only where the
-request uses every word of its name but a verb such as *include* (``include_human_impact``:
-"human", "impact"). Each probe costs a short prefill and a few decoded tokens, up to
-:data:`MAX_PROBES` a call; the call's own tokens are not the model's sampled ones after this
-(the reply is tokenized as written).
+was sampled, and so is every call with a rotating KV cache; a value the request implies
+without writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an object.
+A flag is added only as ``true``, only where the request uses every word of its name but a
+verb such as *include* (``include_human_impact``: "human", "impact"), and not after a
+negation. Each probe costs a short prefill and a few decoded tokens, up to
+:data:`MAX_PROBES` a call; a changed call's ids are its text's, tokenized
+(:func:`reply_ids`), not ids the model sampled.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ import math
 import re
 from typing import Any, Collection, Sequence
 
+from llguidance import LLMatcher
+
+from .cache import ContextFull
 from .engine import Sampler, greedy_sampler
 from .formats.messages import Call, Reply, unspaced
-from .grammar import (Constraint, _bound, _schema_grammar, call_text, ll_tokenizer,
-                      written_arguments)
+from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, check_compiles,
+                      ll_tokenizer, written_arguments)
 from .tools import Tool
 
 MAX_PROBES = 8  # optional parameters probed a call, in the order the grammar writes them
@@ -55,7 +59,8 @@ _SENTINEL = "\x00probe\x00"
 # words a flag's name may hold that a request need not use ("include_images": "images")
 FLAG_VERBS = frozenset("""include includes is has use allow enable show with get should
 return want need do flag only add as by in of for to the""".split())
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(?![\w])")
+NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
 _NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
@@ -65,14 +70,33 @@ def _words(text: str) -> list[str]:
 
 def _text_stated(text: str, request: str) -> bool:
     """``text`` is in ``request`` as whole words, case aside, or as their plural ("inch"
-    in "4 inches")."""
+    in "4 inches"); two letters only as written ("US" is not in "tell us")."""
     text = text.strip()
+    flags = re.IGNORECASE if len(text) > 2 else 0
     return len(text) >= 2 and re.search(rf"(?<!\w){re.escape(text)}(?:e?s)?(?!\w)", request,
-                                        re.IGNORECASE) is not None
+                                        flags) is not None
 
 
-def _numbers(request: str) -> set[float]:
-    return {float(m.group().replace(",", "")) for m in _NUMBER.finditer(request)}
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (a flag, a string, an integer of 400 digits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _numbers(text: str) -> set[float]:
+    """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
+    fraction ("5%": 5 and 0.05)."""
+    out = set()
+    for m in _NUMBER.finditer(text):
+        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
+        if math.isfinite(x):
+            out |= {x, x / 100} if m.group(1) else {x}
+    return out
 
 
 def _flag_stated(name: str, request: str) -> bool:
@@ -81,7 +105,11 @@ def _flag_stated(name: str, request: str) -> bool:
     words = [w.lower() for w in _NAME_WORD.findall(name)]
     words = [w for w in words if w not in FLAG_VERBS]
     said = _words(request)
-    return bool(words) and all(any(s.startswith(w[:6]) for s in said) for w in words)
+    if not words or not all(any(s.startswith(w[:6]) for s in said) for w in words):
+        return False
+    # "do not include images", "excluding human impact": the request says false
+    return not any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{re.escape(w[:6])}", request,
+                             re.IGNORECASE) for w in words)
 
 
 def _taken(arguments: dict) -> tuple[list[str], set[float]]:
@@ -93,8 +121,9 @@ def _taken(arguments: dict) -> tuple[list[str], set[float]]:
             continue
         if isinstance(v, str):
             strings.append(v.strip().lower())
-        elif isinstance(v, (int, float)):
-            numbers.add(float(v))
+            numbers |= _numbers(v)  # "March 3" holds 3
+        elif _number(v) is not None:
+            numbers.add(_number(v))
         elif isinstance(v, dict):
             todo += v.values()
         elif isinstance(v, list):
@@ -123,8 +152,7 @@ def _unit_of_another(tool: Tool, name: str, text: str, request: str, arguments: 
     unit = rf"(?<![\w.,])(-?\d+(?:,\d{{3}})*(?:\.\d+)?)\s*{re.escape(text.strip())}(?!\w)"
     for m in re.finditer(unit, request, re.IGNORECASE):  # a number's start only: linear
         number = float(m.group(1).replace(",", ""))
-        owners = [p for p, v in arguments.items() if not isinstance(v, bool)
-                  and isinstance(v, (int, float)) and float(v) == number]
+        owners = [p for p, v in arguments.items() if _number(v) == number]
         if any(not _text_stated(p.replace("_", " "), about) for p in owners):
             return True
     return False
@@ -150,9 +178,8 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict) -> 
                 and not (_numbers(low) & numbers) \
                 and not _subject(tool, name, v) \
                 and not _unit_of_another(tool, name, v, request, arguments)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            return float(v) in said and float(v) not in numbers
-        return False
+        x = _number(v)
+        return x is not None and x in said and x not in numbers
 
     if value is True:
         return _flag_stated(name, request)
@@ -164,7 +191,16 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict) -> 
 
 @functools.lru_cache(maxsize=256)
 def _value_grammar(schema_json: str, tokenizer) -> str:
-    return _schema_grammar(schema_json, tokenizer, "a parameter's schema")
+    """A value of the schema, then the ``,`` or ``}`` that ends it in the call: a bare
+    number's grammar is never done (another digit may follow), so the probe ends at the
+    delimiter instead, as the call's own grammar does."""
+    schema = json.dumps({**json.loads(schema_json), "x-guidance": _guidance("json")})
+    try:
+        grammar = LLMatcher.grammar_from_lark(f"start: value /[,}}]/\nvalue: %json {schema}\n")
+    except ValueError as e:
+        raise GrammarError(f"a parameter's schema is not usable: {e}") from None
+    check_compiles(grammar, tokenizer, "a parameter's schema")
+    return grammar
 
 
 def _probe_schema(tool: Tool, name: str) -> dict | None:
@@ -188,18 +224,31 @@ def _probe(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str, t
     prefix = text[:text.index(json.dumps(_SENTINEL))]
     try:
         grammar = _value_grammar(json.dumps(schema, sort_keys=True), ll_tokenizer(lm))
-    except ValueError:  # GrammarError: a schema the value grammar cannot take
+        constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
+        engine.sync(list(prompt) + reply_ids(lm, protocol, prefix))
+        ids = list(engine.generate(sampler, max_tokens=PROBE_TOKENS,
+                                   stop_ids=lm.end_ids, constraint=constraint))
+    except GrammarError:  # a schema it cannot compile, or llguidance gave up mid-value
         return None
-    constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
-    engine.sync(list(prompt) + lm.encode_text(prefix))
-    ids = list(engine.generate(sampler, max_tokens=PROBE_TOKENS,
-                               stop_ids=lm.end_ids, constraint=constraint))
-    if not constraint.done or (ids and ids[-1] in lm.end_ids):
+    text = lm.decode(ids)
+    if not constraint.done or (ids and ids[-1] in lm.end_ids) or text[-1:] not in (",", "}"):
         return None
     try:
-        return unspaced(json.loads(lm.decode(ids)))
+        return unspaced(json.loads(text[:-1]))
     except ValueError:
         return None
+
+
+def reply_ids(lm, protocol: str, text: str) -> list[int]:
+    """The ids of a reply (or its start) the runtime writes: text, but hermes's
+    ``<tool_call>`` tags as the grammar writes them, one special token each where the
+    tokenizer has them (the text between is never read as control tokens)."""
+    if protocol != "hermes" or not text.startswith("<tool_call>"):
+        return lm.encode_text(text)
+    body, closed = text[len("<tool_call>"):], text.endswith("</tool_call>")
+    body = body[:-len("</tool_call>")] if closed else body
+    return lm.encode("<tool_call>") + lm.encode_text(body) + \
+        (lm.encode("</tool_call>") if closed else [])
 
 
 def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
@@ -225,8 +274,8 @@ def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
 
 def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                   arguments: dict, request: str, sampler: Sampler = greedy_sampler) -> dict:
-    """``arguments`` with the optional parameters the request states added (in the order
-    the grammar writes them), each probed after ``prompt`` (the reply's prompt ids) and the
+    """``arguments`` with the optional parameters the request states added (probed in
+    :meth:`Tool.argument_order`), each probed after ``prompt`` (the reply's prompt ids) and the
     call with the additions before it; the arguments as they were where none is. The
     engine is left wherever the last probe left it: sync before generating again."""
     left = [p for p in tool.argument_order() if p not in arguments and p not in tool.required]
@@ -267,17 +316,20 @@ class _Heard:
         if isinstance(value, str):
             words = [w for w in _words(value) if len(w) > 2]
             return bool(words) and not any(map(self.begins_a_word, words))
-        if isinstance(value, (int, float)):
-            return float(value) not in self.numbers
+        if isinstance(value, (int, float)):  # one no float holds is written nowhere here
+            return _number(value) not in self.numbers
         if isinstance(value, list):
             return bool(value) and all(map(self.made_up, value))
         return False
 
 
 def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
-    """``arguments`` without the optional ones whose value ``heard`` (the turn's request
-    and tool results) never writes (:meth:`_Heard.made_up`): the tool's own default stands
-    for a value the model made up. ``arguments`` itself where none is."""
+    """``arguments`` without the optional ones whose value ``heard`` (the user's messages
+    and the turn's tool results) never writes (:meth:`_Heard.made_up`): the tool's own
+    default stands for a value the model made up. ``arguments`` itself where none is, or
+    where the tool requires nothing (its schema then says nothing of what is optional)."""
+    if not tool.required:
+        return arguments
     said = _Heard(heard)
     kept = {k: v for k, v in arguments.items() if k in tool.required or not said.made_up(v)}
     return arguments if len(kept) == len(arguments) else kept
@@ -298,6 +350,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     so (the next turn reuses all of it)."""
     unchanged = reply, text, ids
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
+    if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
+        return unchanged  # back to the reply: each probe would prefill it all again
     if tool is None or len(reply.calls) != 1 or not reply.complete \
             or reply.content is not None or reply.calls[0].error \
             or not isinstance(reply.calls[0].arguments, dict) or not request.strip() \
@@ -306,16 +360,23 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     call = reply.calls[0]
     arguments = without_made_up(tool, call.arguments, request if heard is None else heard)
     probed = any(p not in arguments and p not in tool.required for p in tool.properties)
-    if probed:
-        arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
-                                  sampler)
-    if arguments is call.arguments:
+    try:
         if probed:
-            engine.sync(list(prompt) + ids + tail)
+            arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
+                                      sampler)
+        if arguments is call.arguments:
+            if probed:
+                engine.sync(list(prompt) + ids + tail)
+            return unchanged
+        arguments = written_arguments(protocol, tool, arguments)
+        if not tool.validate(arguments) and call_text(protocol, tool, arguments) not in made:
+            text = call_text(protocol, tool, arguments)
+            reply, ids = Reply(calls=[Call(call.name, arguments)]), reply_ids(lm, protocol, text)
+        engine.sync(list(prompt) + ids + tail)
+        return reply, text, ids
+    except ContextFull:  # a probe, or the longer call, past the context: as it was sampled,
+        engine.sync(list(prompt) + unchanged[2] + tail)  # which fitted
         return unchanged
-    arguments = written_arguments(protocol, tool, arguments)
-    if not tool.validate(arguments) and call_text(protocol, tool, arguments) not in made:
-        text = call_text(protocol, tool, arguments)
-        reply, ids = Reply(calls=[Call(call.name, arguments)]), lm.encode_text(text)
-    engine.sync(list(prompt) + ids + tail)
-    return reply, text, ids
+    except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
+        engine.sync(list(prompt) + unchanged[2] + tail)
+        raise

@@ -62,6 +62,13 @@ BFCL_LIKE = parse_tools(json.dumps([{
     ("tags", ["red", "blue"], "tag it red and blue", {}, True),
     ("tags", ["red", "green"], "tag it red and blue", {}, False),
     ("tags", [], "tag it red and blue", {}, False),
+    ("unit", "IT", "Is it going to rain?", {}, False),  # two letters: only as written
+    ("unit", "US", "Rain in the US?", {}, True),
+    ("days", 3, "from March 3 on", {"start": "March 3"}, False),  # a string's number
+    ("days", 0.05, "a 5% discount", {}, True), ("days", 1e-9, "a charge of 1e-9", {}, True),
+    ("days", 10**400, "1" * 401, {}, False),  # no float holds it: not an OverflowError
+    ("include_human_impact", True, "excluding human impact", {}, False),
+    ("include_human_impact", True, "do not include the human impact", {}, False),
 ])
 def test_what_a_request_states(name, value, request_, arguments, expected):
     assert stated(TOOL, name, value, request_, arguments) is expected
@@ -100,7 +107,7 @@ def test_a_stated_optional_argument_is_added_and_the_cache_is_reused_whole(tiny_
     call, answer = weather_replies(protocol)
     rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
     # the probes: days (3, which the request does not say), then unit
-    agent, out, events = ask(lm, protocol, [call, "3", '"fahrenheit"', answer],
+    agent, out, events = ask(lm, protocol, [call, "3,", '"fahrenheit"}', answer],
                              "Weather in Oslo in Fahrenheit, over 2 days.", recorder=rec)
     calls = events.of(ev.ToolCall)
     assert [(c.arguments, c.stdout) for c in calls] == \
@@ -131,7 +138,7 @@ def test_an_unstated_value_or_the_switch_leaves_the_call_as_sampled(tiny_lm, pro
     call, answer = weather_replies(protocol)
     rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
     # days probed (the request has a number), unit not (it names no unit): nothing stated
-    agent, out, events = ask(lm, protocol, [call, "3", answer], "Weather in Oslo for 5 days.",
+    agent, out, events = ask(lm, protocol, [call, "3,", answer], "Weather in Oslo for 5 days.",
                              recorder=rec)
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
     assert out.answer == "done" and out.stats.stated_calls == 0
@@ -199,7 +206,7 @@ def test_completing_never_makes_a_repeat(tiny_lm, protocol):
     # the model writes the call as it first sampled it again: the guard refuses it (it
     # would complete into the call that ran), so the model makes another (this random
     # model: unit celsius) or answers
-    agent, out, events = ask(lm, protocol, [call, '"fahrenheit"', call, answer],
+    agent, out, events = ask(lm, protocol, [call, '"fahrenheit"}', call, answer],
                              "Weather in Oslo in Fahrenheit.")
     calls = [json.dumps(c.arguments) for c in events.of(ev.ToolCall)]
     assert calls[0] == '{"city": "Oslo", "unit": "fahrenheit"}' and out.stats.stated_calls == 1
@@ -219,7 +226,7 @@ def test_completing_never_makes_a_repeat(tiny_lm, protocol):
     done = call_text(protocol, TOOL, {"city": "Oslo", "unit": "fahrenheit"})
     for made, expected in (([], {"city": "Oslo", "unit": "fahrenheit"}),
                            ([done], {"city": "Oslo"})):
-        probe = Obliging(lm, '"fahrenheit"')
+        probe = Obliging(lm, '"fahrenheit"}')
         out_reply, text, out_ids = complete_reply(engine, lm, protocol, prompt, reply, call,
                                                   ids, [], WEATHER, "Weather in Oslo in "
                                                   "Fahrenheit.", probe, made)
@@ -246,6 +253,10 @@ def test_an_optional_argument_no_one_wrote_is_dropped():
     flags = BFCL_LIKE
     assert without_made_up(flags, {"base": 3, "include_human_impact": False}, "x") == \
         {"base": 3, "include_human_impact": False}  # a flag is never made up
+    assert without_made_up(TOOL, {"city": "x", "days": 10**400}, "x") == {"city": "x"}
+    free = parse_tools(json.dumps([{"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string"}}}}]), runnable=False)[0]  # requires nothing: says nothing
+    assert without_made_up(free, {"a": "made up"}, "hello") == {"a": "made up"}
     long = "7" * 100_000 + " 1 " + "word " * 100_000  # a tool's long output: one sort
     assert without_made_up(TOOL, {"city": "x", "days": 1, "unit": "wor"}, long) == \
         {"city": "x", "days": 1, "unit": "wor"}
@@ -270,3 +281,56 @@ def test_a_made_up_value_is_dropped_and_a_results_value_kept(tiny_lm, protocol, 
         [{"city": "Oslo"}, {"city": "Bergen", "unit": "celsius"}]
     assert out.stats.stated_calls == 1
     assert_reused_whole(tj.read(rec.path), agent)
+
+
+def test_a_probe_past_the_context_leaves_the_call_as_sampled(tiny_lm):
+    from mlx_agent.stated_arguments import complete_reply
+
+    fmt = agent_format("json", tiny_lm)
+    request = "Weather in Oslo in Fahrenheit."
+    prompt = fmt.prompt_ids([{"role": "user", "content": request}], WEATHER)
+    call = '{"tool":"weather","arguments":{"city":"Oslo"}}'
+    ids = tiny_lm.encode_text(call)
+    engine = tiny_lm.engine(context_length=len(prompt) + len(ids) + 1)  # no room for more
+    engine.sync(prompt + ids)
+    reply = fmt.parse(call)
+    out = complete_reply(engine, tiny_lm, "json", prompt, reply, call, ids, [], WEATHER,
+                         request, Obliging(tiny_lm, '"fahrenheit"}'))
+    assert out == (reply, call, ids) and engine.tokens == prompt + ids  # was: ContextFull
+
+
+def test_ctrl_c_during_a_probe_cuts_the_turn_not_the_session(tiny_lm):
+    call, answer = weather_replies("json")
+
+    def interrupted(logprobs):
+        raise KeyboardInterrupt
+
+    rec = Recorder()
+    agent = Agent(tiny_lm, tiny_lm.engine(), WEATHER, agent_format("json", tiny_lm),
+                  AgentConfig(grammar=True, max_steps=3), emit=rec,
+                  sampler=Obliging(tiny_lm, call, answer), probe_sampler=interrupted)
+    out = agent.ask("Weather in Oslo in Fahrenheit.")
+    assert out.interrupt is not None and rec.of(ev.ToolCall) == []  # the call did not run
+    assert tiny_lm.decode(agent.engine.tokens).endswith(call)  # not the probe's prefix
+    assert agent.ask("Thanks.").answer == "done"  # the session goes on
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_stated_number_is_added(tiny_lm, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call, answer = weather_replies(protocol)
+    # a bare number's grammar is never done: the probe ends at the "," or "}" after it
+    _, out, events = ask(lm, protocol, [call, "4}", answer], "Weather in Oslo for 4 days.")
+    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo", "days": 4}]
+
+
+def test_a_rotating_cache_is_left_alone(tiny_lm):
+    from mlx_agent.stated_arguments import complete_reply
+
+    fmt = agent_format("json", tiny_lm)
+    call = '{"tool":"weather","arguments":{"city":"Oslo","days":9}}'
+    engine = tiny_lm.engine(cache_mode="rotating", kv_window=64)
+    reply = fmt.parse(call)
+    out = complete_reply(engine, tiny_lm, "json", [1, 2], reply, call, [3], [], WEATHER,
+                         "Weather in Oslo.")  # 9 made up, but a rotated cache cannot be cut
+    assert out == (reply, call, [3])

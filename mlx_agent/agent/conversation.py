@@ -50,10 +50,10 @@ class Conversation:
         return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
 
     def heard(self) -> str:
-        """The last user message and the tool results after it, a line each."""
+        """Every user message and the tool results after the last one, a line each."""
         last = max((i for i, m in enumerate(self.messages) if m["role"] == "user"), default=0)
-        return "\n".join(m["content"] for m in self.messages[last:]
-                         if m["role"] in ("user", "tool"))
+        return "\n".join(m["content"] for i, m in enumerate(self.messages)
+                         if m["role"] == "user" or m["role"] == "tool" and i > last)
 
     def drop_last(self) -> None:
         """Forget the last message (a user message the context could not take)."""

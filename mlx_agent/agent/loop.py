@@ -293,10 +293,13 @@ class Agent:
         if self.config.stated_arguments and self.config.grammar and q.interrupt is None \
                 and not is_forced(choice):  # an exact call (a guided rollout's) stays so
             tail = q.sampled[len(ids):]
-            reply, text, ids = complete_reply(
-                self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                list(self.tools.values()), self.conversation.request(), self.probe_sampler,
-                self._made, self.conversation.heard())
+            try:
+                reply, text, ids = complete_reply(
+                    self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
+                    list(self.tools.values()), self.conversation.request(),
+                    self.probe_sampler, self._made, self.conversation.heard())
+            except KeyboardInterrupt as e:  # during a probe: the reply stands as sampled,
+                q.interrupt = e  # and the engine's cache holds what its tokens say
             if reply is not parsed:  # the call as completed is what the model reads next
                 raw, sampled = text, ids + tail
                 stats.stated_calls += 1
@@ -306,9 +309,9 @@ class Agent:
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
-        if reply is not parsed and reply.calls[0].name in self._called:
-            # the completed call ran: the guard refuses the call as sampled too, which the
-            # next step would complete into the same call
+        if reply is not parsed and text in self._made:
+            # the changed call ran: the guard refuses the call as sampled too, which the
+            # next step would change into the same call
             call = parsed.calls[0]
             self._made += refused_texts(self.fmt.name, self.tools[call.name], call.arguments)
         if self.log is not None:

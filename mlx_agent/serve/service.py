@@ -475,11 +475,13 @@ def _request_text(messages: list[dict]) -> str:
 
 
 def _heard(messages: list[dict]) -> str:
-    """The last user message and the tool results after it, a line each: what a call's
-    optional arguments may come from."""
+    """Every user message and the tool results after the last one, a line each: what a
+    call's optional arguments may come from (not the server's get_tool_info answers,
+    which hold the schemas)."""
     last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
-    return "\n".join(text_of(m.get("content")) for m in messages[last:]
-                     if m["role"] in ("user", "tool"))
+    return "\n".join(text_of(m.get("content")) for i, m in enumerate(messages)
+                     if m["role"] == "user" or m["role"] == "tool" and i > last
+                     and m.get("name") != GET_TOOL_INFO)
 
 
 def _without_stop(ids: list[int], stop_ids) -> list[int]:
