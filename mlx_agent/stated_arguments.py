@@ -47,6 +47,7 @@ from llguidance import LLMatcher
 
 from .cache import ContextFull
 from .engine import Sampler, greedy_sampler
+from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply, unspaced
 from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, check_compiles,
                       ll_tokenizer, written_arguments)
@@ -321,6 +322,22 @@ class _Heard:
         if isinstance(value, list):
             return bool(value) and all(map(self.made_up, value))
         return False
+
+
+def request_text(messages: Sequence[dict]) -> str:
+    """The last user message's text: what a stated value must be written in."""
+    return next((text_of(m.get("content")) for m in reversed(messages)
+                 if m["role"] == "user"), "")
+
+
+def heard_text(messages: Sequence[dict]) -> str:
+    """Every user message and the tool results after the last one, a line each: where a
+    kept value may come from (not the server's get_tool_info answers, which hold the
+    tools' schemas)."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    return "\n".join(text_of(m.get("content")) for i, m in enumerate(messages)
+                     if m["role"] == "user" or m["role"] == "tool" and i > last
+                     and m.get("name") != GET_TOOL_INFO)
 
 
 def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:

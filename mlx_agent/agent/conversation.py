@@ -45,16 +45,6 @@ class Conversation:
     def add_user(self, text: str) -> None:
         self.messages.append({"role": "user", "content": text})
 
-    def request(self) -> str:
-        """The last user message's text (empty before the first)."""
-        return next((m["content"] for m in reversed(self.messages) if m["role"] == "user"), "")
-
-    def heard(self) -> str:
-        """Every user message and the tool results after the last one, a line each."""
-        last = max((i for i, m in enumerate(self.messages) if m["role"] == "user"), default=0)
-        return "\n".join(m["content"] for i, m in enumerate(self.messages)
-                         if m["role"] == "user" or m["role"] == "tool" and i > last)
-
     def drop_last(self) -> None:
         """Forget the last message (a user message the context could not take)."""
         self.messages.pop()

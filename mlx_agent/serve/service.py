@@ -46,7 +46,7 @@ from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
-from ..stated_arguments import complete_reply
+from ..stated_arguments import complete_reply, heard_text, request_text
 from ..text import TextStream
 from ..tools import Tool
 from .slots import Lanes
@@ -239,10 +239,10 @@ class ChatService:
             if self.stated_arguments and prep.tools:
                 reply, text, ids = complete_reply(
                     lane[0], self.lm, prep.fmt.name, prompt, reply, text, ids,
-                    gen.ids[len(ids):], prep.tools, _request_text(messages),
+                    gen.ids[len(ids):], prep.tools, request_text(messages),
                     made=[written for t, args in _made(messages, prep.tools)
                           for written in refused_texts(prep.fmt.name, t, args)],
-                    heard=_heard(messages))
+                    heard=heard_text(messages))
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
@@ -466,22 +466,6 @@ def _made(messages: list[dict], tools: list[Tool]) -> list[tuple[Tool, dict]]:
             if tool is not None:
                 pending.append((tool, arguments_of(c)))
     return made
-
-
-def _request_text(messages: list[dict]) -> str:
-    """The last user message's text: what a call's stated arguments are read from."""
-    return next((text_of(m.get("content")) for m in reversed(messages)
-                 if m["role"] == "user"), "")
-
-
-def _heard(messages: list[dict]) -> str:
-    """Every user message and the tool results after the last one, a line each: what a
-    call's optional arguments may come from (not the server's get_tool_info answers,
-    which hold the schemas)."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
-    return "\n".join(text_of(m.get("content")) for i, m in enumerate(messages)
-                     if m["role"] == "user" or m["role"] == "tool" and i > last
-                     and m.get("name") != GET_TOOL_INFO)
 
 
 def _without_stop(ids: list[int], stop_ids) -> list[int]:
