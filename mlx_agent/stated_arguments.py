@@ -41,7 +41,7 @@ import functools
 import json
 import math
 import re
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from llguidance import LLMatcher
 
@@ -274,7 +274,8 @@ def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
 
 
 def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
-                  arguments: dict, request: str, sampler: Sampler = greedy_sampler) -> dict:
+                  arguments: dict, request: str, sampler: Sampler = greedy_sampler,
+                  stop: Callable[[], bool] = lambda: False) -> dict:
     """``arguments`` with the optional parameters the request states added (probed in
     :meth:`Tool.argument_order`), each probed after ``prompt`` (the reply's prompt ids) and the
     call with the additions before it; the arguments as they were where none is. The
@@ -283,6 +284,8 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     added = {}
     left = [p for p in left if _may_state(tool, p, request, arguments)]
     for name in left[:MAX_PROBES]:
+        if stop():  # the client left: no more probes for a reply no one will read
+            break
         value = _probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)
         if value is not None and stated(tool, name, value, request, {**arguments, **added}):
@@ -355,16 +358,19 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
 def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply,
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
                    request: str, sampler: Sampler = greedy_sampler,
-                   made: Collection[str] = (), heard: str | None = None
+                   made: Collection[str] = (), heard: str | None = None,
+                   stop: Callable[[], bool] = lambda: False
                    ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
-    one) with its one call completed (:func:`complete_call`), and the text and ids it now
-    reads as; all three as they were where nothing was added, where the reply is not one
-    complete call of a known tool with no text beside it, or where the completed call is
-    one of ``made`` (calls that ran this turn, as the loop guard writes them: completing
-    must not turn a new call into a repeat). After probing, the engine
-    holds ``prompt``, the reply's ids and ``tail`` again, as if the reply had been sampled
-    so (the next turn reuses all of it)."""
+    one) with its one call's made-up optional arguments dropped (:func:`without_made_up`,
+    against ``heard``; ``request`` where None) and the stated ones added
+    (:func:`complete_call`), and the text and ids it now reads as. All three as they were
+    where nothing changed, where the reply is not one complete call of a known tool with
+    no text beside it, or where the new call is one of ``made`` (calls that ran this turn,
+    as the loop guard writes them: this must not turn a new call into a repeat). ``stop``
+    is asked before each probe (a client that left). Afterwards the engine holds
+    ``prompt``, the reply's ids and ``tail``, as if the reply had been sampled so (the next
+    turn reuses all of it)."""
     unchanged = reply, text, ids
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
@@ -380,7 +386,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     try:
         if probed:
             arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
-                                      sampler)
+                                      sampler, stop)
         if arguments is call.arguments:
             if probed:
                 engine.sync(list(prompt) + ids + tail)

@@ -334,3 +334,23 @@ def test_a_rotating_cache_is_left_alone(tiny_lm):
     out = complete_reply(engine, tiny_lm, "json", [1, 2], reply, call, [3], [], WEATHER,
                          "Weather in Oslo.")  # 9 made up, but a rotated cache cannot be cut
     assert out == (reply, call, [3])
+
+
+def test_no_probe_once_the_client_has_left(tiny_lm):
+    from mlx_agent.stated_arguments import complete_reply
+
+    fmt = agent_format("json", tiny_lm)
+    request = "Weather in Oslo in Fahrenheit."
+    prompt = fmt.prompt_ids([{"role": "user", "content": request}], WEATHER)
+    call = '{"tool":"weather","arguments":{"city":"Oslo"}}'
+    ids = tiny_lm.encode_text(call)
+    engine = tiny_lm.engine()
+    engine.sync(prompt + ids)
+
+    def never(logprobs):
+        raise AssertionError("a probe ran for a client that left")
+
+    reply = fmt.parse(call)
+    out = complete_reply(engine, tiny_lm, "json", prompt, reply, call, ids, [], WEATHER,
+                         request, never, stop=lambda: True)
+    assert out == (reply, call, ids) and engine.tokens == prompt + ids

@@ -242,7 +242,7 @@ class ChatService:
                     gen.ids[len(ids):], prep.tools, request_text(messages),
                     made=[written for t, args in _made(messages, prep.tools)
                           for written in refused_texts(prep.fmt.name, t, args)],
-                    heard=heard_text(messages))
+                    heard=heard_text(messages), stop=cancelled)
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
