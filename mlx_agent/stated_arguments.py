@@ -53,7 +53,7 @@ from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, ch
                       ll_tokenizer, written_arguments)
 from .tools import Tool
 
-MAX_PROBES = 8  # optional parameters probed a call, in the order the grammar writes them
+MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
 PROBE_TOKENS = 24  # the longest value a probe decodes; a longer one is not added
 PROBE_CHARS = 64  # strings are bounded so, in the probe's grammar
 _SENTINEL = "\x00probe\x00"
@@ -221,8 +221,8 @@ def _probe(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str, t
     schema = _probe_schema(tool, name)
     if schema is None:
         return None
-    text = call_text(protocol, tool, {**arguments, name: _SENTINEL})
-    prefix = text[:text.index(json.dumps(_SENTINEL))]
+    written = call_text(protocol, tool, {**arguments, name: _SENTINEL})
+    prefix = written[:written.index(json.dumps(_SENTINEL))]
     try:
         grammar = _value_grammar(json.dumps(schema, sort_keys=True), ll_tokenizer(lm))
         constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
@@ -276,24 +276,22 @@ def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
 def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                   arguments: dict, request: str, sampler: Sampler = greedy_sampler,
                   stop: Callable[[], bool] = lambda: False) -> dict:
-    """``arguments`` with the optional parameters the request states added (probed in
-    :meth:`Tool.argument_order`), each probed after ``prompt`` (the reply's prompt ids) and the
-    call with the additions before it; the arguments as they were where none is. The
-    engine is left wherever the last probe left it: sync before generating again."""
-    left = [p for p in tool.argument_order() if p not in arguments and p not in tool.required]
-    added = {}
-    left = [p for p in left if _may_state(tool, p, request, arguments)]
-    for name in left[:MAX_PROBES]:
+    """``arguments`` with the optional parameters the request states added, each probed
+    (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
+    reply's prompt ids) and the call with the additions before it; ``arguments`` itself
+    where none is. ``stop`` is asked before each probe. The engine is left wherever the
+    last probe left it: sync before generating again."""
+    added: dict = {}
+    for name in [p for p in tool.argument_order() if p not in arguments
+                 and p not in tool.required
+                 and _may_state(tool, p, request, arguments)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
             break
         value = _probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)
         if value is not None and stated(tool, name, value, request, {**arguments, **added}):
             added[name] = value
-    if not added:
-        return arguments
-    completed = written_arguments(protocol, tool, {**arguments, **added})
-    return completed if not tool.validate(completed) else arguments
+    return {**arguments, **added} if added else arguments
 
 
 class _Heard:
@@ -357,49 +355,54 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
 
 def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply,
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
-                   request: str, sampler: Sampler = greedy_sampler,
-                   made: Collection[str] = (), heard: str | None = None,
-                   stop: Callable[[], bool] = lambda: False
+                   messages: Sequence[dict], sampler: Sampler = greedy_sampler,
+                   made: Collection[str] = (), stop: Callable[[], bool] = lambda: False
                    ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
-    one) with its one call's made-up optional arguments dropped (:func:`without_made_up`,
-    against ``heard``; ``request`` where None) and the stated ones added
-    (:func:`complete_call`), and the text and ids it now reads as. All three as they were
-    where nothing changed, where the reply is not one complete call of a known tool with
-    no text beside it, or where the new call is one of ``made`` (calls that ran this turn,
-    as the loop guard writes them: this must not turn a new call into a repeat). ``stop``
-    is asked before each probe (a client that left). Afterwards the engine holds
-    ``prompt``, the reply's ids and ``tail``, as if the reply had been sampled so (the next
-    turn reuses all of it)."""
+    one; the reply to ``messages``) with its one call's made-up optional arguments dropped
+    (:func:`without_made_up`, against :func:`heard_text`) and the stated ones added
+    (:func:`complete_call`, from :func:`request_text`), and the text and ids it now reads
+    as. All three as they were where nothing changed, where the reply is not one complete
+    call of a known tool with no text beside it, or where the new call is one of ``made``
+    (calls that ran this turn, as the loop guard writes them: this must not turn a new
+    call into a repeat). ``stop`` is asked before each probe (a client that left).
+    Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if the reply
+    had been sampled so (the next turn reuses all of it)."""
     unchanged = reply, text, ids
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
         return unchanged  # back to the reply: each probe would prefill it all again
     if tool is None or len(reply.calls) != 1 or not reply.complete \
             or reply.content is not None or reply.calls[0].error \
-            or not isinstance(reply.calls[0].arguments, dict) or not request.strip() \
+            or not isinstance(reply.calls[0].arguments, dict) \
             or not text.lstrip().startswith("{" if protocol == "json" else "<tool_call>"):
         return unchanged
-    call = reply.calls[0]
-    arguments = without_made_up(tool, call.arguments, request if heard is None else heard)
-    probed = any(p not in arguments and p not in tool.required for p in tool.properties)
+    request, call = request_text(messages), reply.calls[0]
+    if not request.strip():
+        return unchanged
+    arguments = without_made_up(tool, call.arguments, heard_text(messages))
     try:
-        if probed:
-            arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
-                                      sampler, stop)
-        if arguments is call.arguments:
-            if probed:
-                engine.sync(list(prompt) + ids + tail)
-            return unchanged
-        arguments = written_arguments(protocol, tool, arguments)
-        if not tool.validate(arguments) and call_text(protocol, tool, arguments) not in made:
-            text = call_text(protocol, tool, arguments)
-            reply, ids = Reply(calls=[Call(call.name, arguments)]), reply_ids(lm, protocol, text)
-        engine.sync(list(prompt) + ids + tail)
+        arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
+                                  sampler, stop)
+        if arguments is not call.arguments:
+            arguments = written_arguments(protocol, tool, arguments)
+            if not tool.validate(arguments) and \
+                    call_text(protocol, tool, arguments) not in made:
+                text = call_text(protocol, tool, arguments)
+                reply, ids = Reply(calls=[Call(call.name, arguments)]), \
+                    reply_ids(lm, protocol, text)
+        _hold(engine, list(prompt) + ids + tail)
         return reply, text, ids
     except ContextFull:  # a probe, or the longer call, past the context: as it was sampled,
-        engine.sync(list(prompt) + unchanged[2] + tail)  # which fitted
+        _hold(engine, list(prompt) + unchanged[2] + tail)  # which fitted
         return unchanged
     except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
-        engine.sync(list(prompt) + unchanged[2] + tail)
+        _hold(engine, list(prompt) + unchanged[2] + tail)
         raise
+
+
+def _hold(engine, ids: list[int]) -> None:
+    """Sync ``engine`` to ``ids`` where a probe moved it (a batched engine's sync waits
+    for the model thread, so it is skipped where nothing was probed or changed)."""
+    if engine.tokens != ids:
+        engine.sync(ids)

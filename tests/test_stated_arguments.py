@@ -18,7 +18,7 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import Agent, AgentConfig, agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.stated_arguments import stated
+from mlx_agent.stated_arguments import complete_reply, stated
 from mlx_agent.tools import parse_tools
 
 from .test_agent_loop import QWEN_LIKE, Recorder
@@ -214,24 +214,33 @@ def test_completing_never_makes_a_repeat(tiny_lm, protocol):
     # and a call is not completed into one that ran this turn (the server's case: it sees
     # only the completed call in the request's messages)
     from mlx_agent.grammar import call_text
-    from mlx_agent.stated_arguments import complete_reply
 
-    fmt = agent_format(protocol, lm)
-    engine = lm.engine()
-    prompt = fmt.prompt_ids([{"role": "user", "content": "Weather in Oslo in Fahrenheit."}],
-                            WEATHER)
-    engine.sync(prompt)
-    reply = fmt.parse(call)
-    ids = lm.encode_text(call)
     done = call_text(protocol, TOOL, {"city": "Oslo", "unit": "fahrenheit"})
     for made, expected in (([], {"city": "Oslo", "unit": "fahrenheit"}),
                            ([done], {"city": "Oslo"})):
-        probe = Obliging(lm, '"fahrenheit"}')
+        engine, prompt, reply, call, ids = sampled(lm, protocol)
         out_reply, text, out_ids = complete_reply(engine, lm, protocol, prompt, reply, call,
-                                                  ids, [], WEATHER, "Weather in Oslo in "
-                                                  "Fahrenheit.", probe, made)
+                                                  ids, [], WEATHER, FAHRENHEIT,
+                                                  Obliging(lm, '"fahrenheit"}'), made)
         assert out_reply.calls[0].arguments == expected
         assert engine.tokens == prompt + out_ids
+
+
+FAHRENHEIT = [{"role": "user", "content": "Weather in Oslo in Fahrenheit."}]
+
+
+def sampled(lm, protocol: str = "json", room: int | None = None):
+    """An engine holding the prompt for :data:`FAHRENHEIT` and ``weather(city="Oslo")``
+    as if the model had sampled it (its context ``room`` tokens past them, if given), the
+    prompt, the parsed reply, its text and ids: what :func:`complete_reply` takes."""
+    fmt = agent_format(protocol, lm)
+    prompt = fmt.prompt_ids(FAHRENHEIT, WEATHER)
+    call = weather_replies(protocol)[0]
+    ids = lm.encode_text(call)
+    engine = lm.engine() if room is None else \
+        lm.engine(context_length=len(prompt) + len(ids) + room)
+    engine.sync(prompt + ids)
+    return engine, prompt, fmt.parse(call), call, ids
 
 
 def test_an_optional_argument_no_one_wrote_is_dropped():
@@ -284,18 +293,9 @@ def test_a_made_up_value_is_dropped_and_a_results_value_kept(tiny_lm, protocol, 
 
 
 def test_a_probe_past_the_context_leaves_the_call_as_sampled(tiny_lm):
-    from mlx_agent.stated_arguments import complete_reply
-
-    fmt = agent_format("json", tiny_lm)
-    request = "Weather in Oslo in Fahrenheit."
-    prompt = fmt.prompt_ids([{"role": "user", "content": request}], WEATHER)
-    call = '{"tool":"weather","arguments":{"city":"Oslo"}}'
-    ids = tiny_lm.encode_text(call)
-    engine = tiny_lm.engine(context_length=len(prompt) + len(ids) + 1)  # no room for more
-    engine.sync(prompt + ids)
-    reply = fmt.parse(call)
+    engine, prompt, reply, call, ids = sampled(tiny_lm, room=1)  # no room for more
     out = complete_reply(engine, tiny_lm, "json", prompt, reply, call, ids, [], WEATHER,
-                         request, Obliging(tiny_lm, '"fahrenheit"}'))
+                         FAHRENHEIT, Obliging(tiny_lm, '"fahrenheit"}'))
     assert out == (reply, call, ids) and engine.tokens == prompt + ids  # was: ContextFull
 
 
@@ -325,32 +325,22 @@ def test_a_stated_number_is_added(tiny_lm, protocol):
 
 
 def test_a_rotating_cache_is_left_alone(tiny_lm):
-    from mlx_agent.stated_arguments import complete_reply
-
     fmt = agent_format("json", tiny_lm)
     call = '{"tool":"weather","arguments":{"city":"Oslo","days":9}}'
     engine = tiny_lm.engine(cache_mode="rotating", kv_window=64)
     reply = fmt.parse(call)
     out = complete_reply(engine, tiny_lm, "json", [1, 2], reply, call, [3], [], WEATHER,
-                         "Weather in Oslo.")  # 9 made up, but a rotated cache cannot be cut
+                         [{"role": "user", "content": "Weather in Oslo."}])
+    # 9 is made up, but a rotated cache cannot be cut back to the reply
     assert out == (reply, call, [3])
 
 
 def test_no_probe_once_the_client_has_left(tiny_lm):
-    from mlx_agent.stated_arguments import complete_reply
-
-    fmt = agent_format("json", tiny_lm)
-    request = "Weather in Oslo in Fahrenheit."
-    prompt = fmt.prompt_ids([{"role": "user", "content": request}], WEATHER)
-    call = '{"tool":"weather","arguments":{"city":"Oslo"}}'
-    ids = tiny_lm.encode_text(call)
-    engine = tiny_lm.engine()
-    engine.sync(prompt + ids)
+    engine, prompt, reply, call, ids = sampled(tiny_lm)
 
     def never(logprobs):
         raise AssertionError("a probe ran for a client that left")
 
-    reply = fmt.parse(call)
     out = complete_reply(engine, tiny_lm, "json", prompt, reply, call, ids, [], WEATHER,
-                         request, never, stop=lambda: True)
+                         FAHRENHEIT, never, stop=lambda: True)
     assert out == (reply, call, ids) and engine.tokens == prompt + ids

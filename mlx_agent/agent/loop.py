@@ -31,7 +31,7 @@ from ..formats import Call, Format
 from ..grammar import GrammarError, forced_call, is_forced, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
-from ..stated_arguments import complete_reply, heard_text, request_text
+from ..stated_arguments import complete_reply
 from ..text import TextStream
 from ..tokenizer import special_tokens
 from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
@@ -296,8 +296,8 @@ class Agent:
             try:
                 reply, text, ids = complete_reply(
                     self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                    list(self.tools.values()), request_text(self.conversation.messages),
-                    self.probe_sampler, self._made, heard_text(self.conversation.messages))
+                    list(self.tools.values()), self.conversation.messages,
+                    self.probe_sampler, self._made)
             except KeyboardInterrupt as e:  # during a probe: the reply stands as sampled,
                 q.interrupt = e  # and the engine's cache holds what its tokens say
             if reply is not parsed:  # the call as completed is what the model reads next

@@ -46,7 +46,7 @@ from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
-from ..stated_arguments import complete_reply, heard_text, request_text
+from ..stated_arguments import complete_reply
 from ..text import TextStream
 from ..tools import Tool
 from .slots import Lanes
@@ -236,13 +236,13 @@ class ChatService:
                 return self._cancelled(ChatResult(gen.shown.text, [], "cancelled", usage, hops))
             reply = prep.fmt.parse(gen.text)
             text, ids = gen.text, _without_stop(gen.ids, self.lm.end_ids)
-            if self.stated_arguments and prep.tools:
+            if self.stated_arguments and prep.tools and len(reply.calls) == 1:
                 reply, text, ids = complete_reply(
                     lane[0], self.lm, prep.fmt.name, prompt, reply, text, ids,
-                    gen.ids[len(ids):], prep.tools, request_text(messages),
+                    gen.ids[len(ids):], prep.tools, messages,
                     made=[written for t, args in _made(messages, prep.tools)
                           for written in refused_texts(prep.fmt.name, t, args)],
-                    heard=heard_text(messages), stop=cancelled)
+                    stop=cancelled)
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
