@@ -9,9 +9,10 @@ The grammar offers each optional argument in turn; the model takes the closing b
 
 After a reply of one call, :func:`complete_call` asks the model what it would write for each
 optional parameter the call left out and the request could state a value of
-(:func:`_may_state`): the engine syncs to the prompt and the call's text up to where the
-grammar writes that parameter, ``"name":`` included, and the model writes a value under the
-parameter's schema (greedy by default: the value it finds most likely). A value the request
+(:func:`_may_state`), with a probe (:func:`mlx_agent.probe.probe`: the engine syncs to the
+prompt and the call's text up to where the grammar writes that parameter, and the model
+writes a value under the parameter's schema; greedy by default, the value it finds most
+likely). A value the request
 states (:func:`stated`) is added, and the call reads as the grammar writes it
 (:func:`mlx_agent.grammar.call_text`) with the additions, unless that is a call that already
 ran this turn (:func:`complete_reply`'s ``made``: completing never makes a repeat).
@@ -31,32 +32,26 @@ A flag is added only as ``true``, only where the request uses every word of its 
 verb such as *include* (``include_human_impact``: "human", "impact"), and not after a
 negation. Each probe costs a short prefill and a few decoded tokens, up to
 :data:`MAX_PROBES` a call; a changed call's ids are its text's, tokenized
-(:func:`reply_ids`), not ids the model sampled.
+(:func:`mlx_agent.probe.reply_ids`), not ids the model sampled.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import math
 import re
 from typing import Any, Callable, Collection, Sequence
 
-from llguidance import LLMatcher
-
 from .cache import ContextFull
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
-from .formats.messages import Call, Reply, unspaced
-from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, check_compiles,
-                      ll_tokenizer, written_arguments)
+from .formats.messages import Call, Reply
+from .grammar import call_text, written_arguments
+from .probe import probe, reply_ids
 from .tools import Tool
 
 MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
-PROBE_TOKENS = 24  # the longest value a probe decodes; a longer one is not added
-PROBE_CHARS = 64  # strings are bounded so, in the probe's grammar
-_SENTINEL = "\x00probe\x00"
 # words a flag's name may hold that a request need not use ("include_images": "images")
 FLAG_VERBS = frozenset("""include includes is has use allow enable show with get should
 return want need do flag only add as by in of for to the""".split())
@@ -190,68 +185,6 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict) -> 
     return one(value)
 
 
-@functools.lru_cache(maxsize=256)
-def _value_grammar(schema_json: str, tokenizer) -> str:
-    """A value of the schema, then the ``,`` or ``}`` that ends it in the call: a bare
-    number's grammar is never done (another digit may follow), so the probe ends at the
-    delimiter instead, as the call's own grammar does."""
-    schema = json.dumps({**json.loads(schema_json), "x-guidance": _guidance("json")})
-    try:
-        grammar = LLMatcher.grammar_from_lark(f"start: value /[,}}]/\nvalue: %json {schema}\n")
-    except ValueError as e:
-        raise GrammarError(f"a parameter's schema is not usable: {e}") from None
-    check_compiles(grammar, tokenizer, "a parameter's schema")
-    return grammar
-
-
-def _probe_schema(tool: Tool, name: str) -> dict | None:
-    schema = tool.properties.get(name)
-    if not isinstance(schema, dict) or schema.get("type") == "object":  # never added
-        return None
-    bound = _bound(schema, PROBE_CHARS)
-    defs = tool.parameters.get("$defs")
-    return {**bound, "$defs": defs} if isinstance(defs, dict) and "$defs" not in bound \
-        else bound
-
-
-def _probe(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str, tool: Tool,
-           arguments: dict, name: str) -> Any:
-    """The value the model writes for ``name`` after the call's text up to it (drawn by
-    ``sampler`` under the parameter's schema), or None where it writes none."""
-    schema = _probe_schema(tool, name)
-    if schema is None:
-        return None
-    written = call_text(protocol, tool, {**arguments, name: _SENTINEL})
-    prefix = written[:written.index(json.dumps(_SENTINEL))]
-    try:
-        grammar = _value_grammar(json.dumps(schema, sort_keys=True), ll_tokenizer(lm))
-        constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
-        engine.sync(list(prompt) + reply_ids(lm, protocol, prefix))
-        ids = list(engine.generate(sampler, max_tokens=PROBE_TOKENS,
-                                   stop_ids=lm.end_ids, constraint=constraint))
-    except GrammarError:  # a schema it cannot compile, or llguidance gave up mid-value
-        return None
-    text = lm.decode(ids)
-    if not constraint.done or (ids and ids[-1] in lm.end_ids) or text[-1:] not in (",", "}"):
-        return None
-    try:
-        return unspaced(json.loads(text[:-1]))
-    except ValueError:
-        return None
-
-
-def reply_ids(lm, protocol: str, text: str) -> list[int]:
-    """The ids of a reply (or its start) the runtime writes: text, but hermes's
-    ``<tool_call>`` tags as the grammar writes them, one special token each where the
-    tokenizer has them (the text between is never read as control tokens)."""
-    if protocol != "hermes" or not text.startswith("<tool_call>"):
-        return lm.encode_text(text)
-    body, closed = text[len("<tool_call>"):], text.endswith("</tool_call>")
-    body = body[:-len("</tool_call>")] if closed else body
-    return lm.encode("<tool_call>") + lm.encode_text(body) + \
-        (lm.encode("</tool_call>") if closed else [])
-
-
 def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
     """False where no value the probe could write would pass :func:`stated`, so the probe
     is not run: a flag whose name the request does not use, an enum none of whose values
@@ -287,7 +220,7 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                  and _may_state(tool, p, request, arguments)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
             break
-        value = _probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
+        value = probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)
         if value is not None and stated(tool, name, value, request, {**arguments, **added}):
             added[name] = value

@@ -1,0 +1,100 @@
+"""What the model would write for one parameter of a call: a probe.
+
+The engine syncs to the prompt and the call's text up to where the grammar writes the
+parameter, ``"name":`` included, and the model writes a value under a schema (the
+parameter's own, bounded, or one the caller gives), up to the ``,`` or ``}`` that ends
+it. :mod:`mlx_agent.stated_arguments` probes
+the optional parameters a call left out.
+
+Not promised: a value longer than :data:`PROBE_TOKENS` tokens (strings longer than
+:data:`PROBE_CHARS` characters) is not written; the engine is left where the probe left it,
+and the caller syncs it back.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Sequence
+
+from llguidance import LLMatcher
+
+from .engine import Sampler
+from .formats.messages import unspaced
+from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, check_compiles,
+                      ll_tokenizer)
+from .tools import Tool
+
+PROBE_TOKENS = 24  # the longest value a probe decodes; a longer one is not written
+PROBE_CHARS = 64  # strings are bounded so, in the probe's grammar
+_SENTINEL = "\x00probe\x00"
+
+
+@functools.lru_cache(maxsize=256)
+def _value_grammar(schema_json: str, tokenizer) -> str:
+    """A value of the schema, then the ``,`` or ``}`` that ends it in the call: a bare
+    number's grammar is never done (another digit may follow), so the probe ends at the
+    delimiter instead, as the call's own grammar does."""
+    schema = json.dumps({**json.loads(schema_json), "x-guidance": _guidance("json")})
+    try:
+        grammar = LLMatcher.grammar_from_lark(f"start: value /[,}}]/\nvalue: %json {schema}\n")
+    except ValueError as e:
+        raise GrammarError(f"a parameter's schema is not usable: {e}") from None
+    check_compiles(grammar, tokenizer, "a parameter's schema")
+    return grammar
+
+
+def _probe_schema(tool: Tool, name: str) -> dict | None:
+    schema = tool.properties.get(name)
+    if not isinstance(schema, dict) or schema.get("type") == "object":  # never added
+        return None
+    bound = _bound(schema, PROBE_CHARS)
+    defs = tool.parameters.get("$defs")
+    return {**bound, "$defs": defs} if isinstance(defs, dict) and "$defs" not in bound \
+        else bound
+
+
+def probe(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str, tool: Tool,
+          arguments: dict, name: str, schema: dict | None = None) -> Any:
+    """The value the model writes for ``name`` after ``prompt`` and the call's text up to
+    it (``arguments`` before it, in the grammar's order), drawn by ``sampler`` under
+    ``schema`` (the parameter's own, bounded, where None), or None where it writes none."""
+    schema = _probe_schema(tool, name) if schema is None else schema
+    if schema is None:
+        return None
+    prefix = _before(protocol, tool, arguments, name)
+    try:
+        grammar = _value_grammar(json.dumps(schema, sort_keys=True), ll_tokenizer(lm))
+        constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
+        engine.sync(list(prompt) + reply_ids(lm, protocol, prefix))
+        ids = list(engine.generate(sampler, max_tokens=PROBE_TOKENS,
+                                   stop_ids=lm.end_ids, constraint=constraint))
+    except GrammarError:  # a schema it cannot compile, or llguidance gave up mid-value
+        return None
+    text = lm.decode(ids)
+    if not constraint.done or (ids and ids[-1] in lm.end_ids) or text[-1:] not in (",", "}"):
+        return None
+    try:
+        return unspaced(json.loads(text[:-1]))
+    except ValueError:
+        return None
+
+
+def _before(protocol: str, tool: Tool, arguments: dict, name: str) -> str:
+    """The call's text up to where the grammar writes ``name``'s value."""
+    written = call_text(protocol, tool, {**arguments, name: _SENTINEL})
+    return written[:written.index(json.dumps(_SENTINEL))]
+
+
+def reply_ids(lm, protocol: str, text: str) -> list[int]:
+    """The ids of a reply (or its start) the runtime writes: text, but hermes's
+    ``<tool_call>`` tags as the grammar writes them, one special token each where the
+    tokenizer has them (the text between is never read as control tokens)."""
+    if protocol != "hermes" or not text.startswith("<tool_call>"):
+        return lm.encode_text(text)
+    body, closed = text[len("<tool_call>"):], text.endswith("</tool_call>")
+    body = body[:-len("</tool_call>")] if closed else body
+    return lm.encode("<tool_call>") + lm.encode_text(body) + \
+        (lm.encode("</tool_call>") if closed else [])
+
+
