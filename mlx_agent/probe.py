@@ -2,9 +2,10 @@
 
 The engine syncs to the prompt and the call's text up to where the grammar writes the
 parameter, ``"name":`` included, and the model writes a value under a schema (the
-parameter's own, bounded, or one the caller gives), up to the ``,`` or ``}`` that ends
-it. :mod:`mlx_agent.stated_arguments` probes
-the optional parameters a call left out.
+parameter's own, bounded, or one the caller gives, such as a choice of the request's
+phrases), up to the ``,`` or ``}`` that ends it. :mod:`mlx_agent.stated_arguments` probes
+the optional parameters a call left out; :mod:`mlx_agent.copied_values` probes again a
+string the call garbled.
 
 Not promised: a value longer than :data:`PROBE_TOKENS` tokens (strings longer than
 :data:`PROBE_CHARS` characters) is not written; the engine is left where the probe left it,
@@ -17,12 +18,13 @@ import functools
 import json
 from typing import Any, Sequence
 
+import mlx.core as mx
 from llguidance import LLMatcher
 
 from .engine import Sampler
 from .formats.messages import unspaced
 from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, check_compiles,
-                      ll_tokenizer)
+                      ll_tokenizer, written_json)
 from .tools import Tool
 
 PROBE_TOKENS = 24  # the longest value a probe decodes; a longer one is not written
@@ -84,6 +86,22 @@ def _before(protocol: str, tool: Tool, arguments: dict, name: str) -> str:
     """The call's text up to where the grammar writes ``name``'s value."""
     written = call_text(protocol, tool, {**arguments, name: _SENTINEL})
     return written[:written.index(json.dumps(_SENTINEL))]
+
+
+def likelihood(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, arguments: dict,
+               name: str, value: Any) -> float:
+    """The log-probability the model gives ``value`` (its tokens as the grammar writes it)
+    for ``name`` after ``prompt`` and the call's text up to it, with no grammar: how much
+    the model itself would write it. The engine is left after the value."""
+    ids = list(prompt) + reply_ids(lm, protocol, _before(protocol, tool, arguments, name))
+    engine.sync(ids)
+    total = 0.0
+    for token in lm.encode_text(written_json(value, protocol)):
+        logits = engine.logits.astype(mx.float32)
+        total += (logits[token] - mx.logsumexp(logits)).item()
+        ids.append(token)
+        engine.sync(ids)
+    return total
 
 
 def reply_ids(lm, protocol: str, text: str) -> list[int]:

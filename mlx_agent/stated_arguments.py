@@ -25,6 +25,10 @@ tool result of the turn writes (:meth:`_Heard.made_up`, a looser reading than
 :func:`stated`'s: a word that begins one of theirs counts), so the tool's own default stands.
 A flag, an object or a required argument is never dropped.
 
+The same pass reads the call's strings against the request (:mod:`mlx_agent.copied_values`):
+a garbled copy ("Lasagna" for "Los Angeles") is copied again, and a place cut at its comma
+("Riga" for "Riga, Latvia") is copied whole.
+
 Not promised: a reply of more than one call, or with text beside its call, is left as it
 was sampled, and so is every call with a rotating KV cache; a value the request implies
 without writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an object.
@@ -44,6 +48,7 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
+from .copied_values import recopied, whole_places
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -293,7 +298,9 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                    ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call's made-up optional arguments dropped
-    (:func:`without_made_up`, against :func:`heard_text`) and the stated ones added
+    (:func:`without_made_up`, against :func:`heard_text`), its garbled copies copied again
+    and its places whole (:func:`~mlx_agent.copied_values.recopied`,
+    :func:`~mlx_agent.copied_values.whole_places`) and the stated optional arguments added
     (:func:`complete_call`, from :func:`request_text`), and the text and ids it now reads
     as. All three as they were where nothing changed, where the reply is not one complete
     call of a known tool with no text beside it, or where the new call is one of ``made``
@@ -313,8 +320,12 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     request, call = request_text(messages), reply.calls[0]
     if not request.strip():
         return unchanged
-    arguments = without_made_up(tool, call.arguments, heard_text(messages))
+    heard = heard_text(messages)
+    arguments = without_made_up(tool, call.arguments, heard)
     try:
+        arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request, heard,
+                             sampler, stop)
+        arguments = whole_places(tool, arguments, request)
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop)
         if arguments is not call.arguments:

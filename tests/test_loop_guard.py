@@ -157,10 +157,12 @@ def test_the_server_returns_the_value_without_the_space_and_refuses_it_spaced(ti
 
     s = serve(sampler_for=lambda sampling: Obliging(tiny_lm, call(" Perth"), call(" Perth?")))
     tools = [t.openai() for t in ECHO]
-    r = s.client.chat.completions.create(model="tiny", messages=user("echo"), tools=tools)
+    # the request writes Perth: a value it does not write may be copied again from it
+    r = s.client.chat.completions.create(model="tiny", messages=user("echo Perth"),
+                                         tools=tools)
     (tc,) = r.choices[0].message.tool_calls
     assert json.loads(tc.function.arguments) == {"text": "Perth"}
-    messages = user("echo") + [r.choices[0].message.model_dump(exclude_none=True),
+    messages = user("echo Perth") + [r.choices[0].message.model_dump(exclude_none=True),
                                {"role": "tool", "tool_call_id": tc.id, "content": "Perth"}]
     r = s.client.chat.completions.create(model="tiny", messages=messages, tools=tools)
     (tc,) = r.choices[0].message.tool_calls  # " Perth" again is refused: " Perth?" instead

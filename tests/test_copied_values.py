@@ -1,0 +1,200 @@
+"""A call's strings as the request writes them: a garbled copy copied again, a place whole.
+
+The default adapter, asked for the weather in "Riga, Latvia", called
+``get_current_weather(location="Riga")``; asked for the route to "Los Angeles", it wrote
+``end_location: "Lasagna"``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.agent import agent_format
+from mlx_agent.agent import events as ev
+from mlx_agent.chat import ChatFormat
+from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, whole_place,
+                                     whole_places)
+from mlx_agent.stated_arguments import complete_reply
+from mlx_agent.tools import parse_tools
+
+from .test_agent_loop import QWEN_LIKE
+from .test_loop_guard import Obliging
+from .test_stated_arguments import WEATHER, ask, assert_reused_whole
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def tool(**properties):
+    return parse_tools(json.dumps([{"name": "t", "description": "A tool.", "parameters": {
+        "type": "object", "properties": properties,
+        "required": list(properties)[:1]}}]), runnable=False)[0]
+
+
+ROUTE = "from San Francisco, CA to Los Angeles, CA"
+
+
+@pytest.mark.parametrize("value, request_, expected", [
+    ("Riga", "Im at Riga, Latvia, Can you tell me the temperature?", "Riga, Latvia"),
+    ("Bangkok", "the weather in Bangkok, Thailand. I have a busy day", "Bangkok, Thailand"),
+    ("2020 Addison Street", "a ride from 2020 Addison Street, Berkeley, CA, USA, and I can wait",
+     "2020 Addison Street, Berkeley, CA, USA"),
+    ("San Francisco", ROUTE, "San Francisco, CA"), ("Los Angeles", ROUTE, "Los Angeles, CA"),
+    ("Berkeley", "at Berkeley, CA 94704 and then", "Berkeley, CA 94704"),
+    ("paris", "Weather in Paris, France?", "Paris, France"),  # as the request writes it
+    ("Paris", "Weather in Paris, france", "Paris"),  # a qualifier is capitalised
+    ("Paris", "Weather in Paris, Can you tell me?", "Paris"),  # a clause's first word
+    ("Paris", "Visit Paris, London and Rome.", "Paris"),  # a list of places
+    ("Oslo", "Weather in Oslo.", "Oslo"), ("Lima", "Weather in Oslo, Norway.", "Lima"),
+])
+def test_a_place_is_copied_whole(value, request_, expected):
+    assert whole_place(value, request_, []) == expected
+
+
+def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
+    request = "Weather in Paris, France, for Alice, Bob."
+    weather = tool(location={"type": "string"})
+    assert whole_places(weather, {"location": "Paris"}, request) == \
+        {"location": "Paris, France"}
+    described = tool(name={"type": "string", "description": "The city and state."})
+    assert whole_places(described, {"name": "Paris"}, request) == {"name": "Paris, France"}
+    for t, arguments in ((tool(city={"type": "string"}, country={"type": "string"}),
+                          {"city": "Paris"}),  # France goes in country
+                         (tool(to={"type": "string"}), {"to": "Alice"}),  # not a place
+                         (tool(city={"type": "string", "enum": ["Paris"]}), {"city": "Paris"}),
+                         (tool(city={"type": "string"}, note={"type": "string"}),
+                          {"city": "Paris", "note": "France"})):  # another argument's
+        assert whole_places(t, arguments, request) is arguments
+    assert [is_place(n, {}) for n in ("loc", "pickup_city", "startLocation", "block")] == \
+        [True, True, True, False]
+
+
+@pytest.mark.parametrize("value, heard, expected", [
+    ("Lasagna", "Route to Los Angeles", True), ("Las Angeles", "to Los Angeles", True),
+    ("Los Angeles", "to los angeles", False), ("inch", "4 inches", False),
+    ("inches", "1 inch", False), ("PLA-8435", "plate PLA-8435", False),
+    ("2024-03-05", "tomorrow", False),  # no word of letters: a date, an id, a number
+    ("ORD-124", "order ORD-1234", False), ("go", "went", False),  # under three letters
+    ("miles", "the distance in milesfrom here", False),  # begins a word written
+])
+def test_what_is_garbled(value, heard, expected):
+    assert garbled(value, heard) is expected
+
+
+def test_a_requests_phrases_are_its_runs_of_words_as_written():
+    got = phrases("Route to Los Angeles, CA? Now.")
+    assert {"Los Angeles", "Los Angeles, CA", "CA", "Route to Los Angeles, CA? Now"} <= set(got)
+    assert "Angeles, CA?" not in got and got == sorted(got)
+    long = phrases("word " * 100_000)  # the first 2,000 characters only
+    assert long == ["word" + " word" * i for i in range(8)]
+
+
+def route_replies(protocol, city):
+    arguments = json.dumps({"city": city}, separators=(",", ":"))
+    call = f'{{"tool":"weather","arguments":{arguments}}}' if protocol == "json" else \
+        f'<tool_call>\n{{"name":"weather","arguments":{arguments}}}\n</tool_call>'
+    return call, '{"answer":"done"}' if protocol == "json" else "done"
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_garbled_copy_is_copied_again_and_the_cache_reused_whole(tiny_lm, protocol,
+                                                                   tmp_path):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call, answer = route_replies(protocol, "Rigggga Lattvviiaa")
+    rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
+    # the probe may write only the request's phrases: the script's is one, and this model
+    # finds it more likely than its own spelling (test_a_less_likely_copy_is_not_taken)
+    agent, out, events = ask(lm, protocol, [call, '"Riga, Latvia"}', answer],
+                             "Weather in Riga, Latvia.", recorder=rec)
+    assert [(c.arguments, c.stdout) for c in events.of(ev.ToolCall)] == \
+        [({"city": "Riga, Latvia"}, "Riga, Latvia celsius")]
+    assert out.answer == "done" and out.stats.stated_calls == 1
+    assert_reused_whole(tj.read(rec.path), agent)
+    # a place cut at its comma is copied whole, with no probe
+    call, answer = route_replies(protocol, "Riga")
+    _, out, events = ask(lm, protocol, [call, answer], "Weather in Riga, Latvia.")
+    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Riga, Latvia"}]
+
+
+def test_a_less_likely_copy_is_not_taken(tiny_lm):
+    from mlx_agent.probe import likelihood
+
+    fmt = agent_format("json", tiny_lm)
+    messages = [{"role": "user", "content": "Weather in Riga, Latvia."}]
+    prompt = fmt.prompt_ids(messages, WEATHER)
+    for city, taken in (("Rigggga Lattvviiaa", True), ("Rigga", False)):
+        call = route_replies("json", city)[0]
+        ids = tiny_lm.encode_text(call)
+        engine = tiny_lm.engine()
+        odds = [likelihood(engine, tiny_lm, prompt, "json", WEATHER[0], {}, "city", v)
+                for v in ("Riga, Latvia", city)]
+        assert (odds[0] >= odds[1] - MARGIN) is taken  # the model's own preference decides
+        engine.sync(prompt + ids)
+        reply, _, out_ids = complete_reply(engine, tiny_lm, "json", prompt, fmt.parse(call),
+                                           call, ids, [], WEATHER, messages,
+                                           Obliging(tiny_lm, '"Riga, Latvia"}'))
+        assert reply.calls[0].arguments == {"city": "Riga, Latvia" if taken else city}
+        assert engine.tokens == prompt + out_ids
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_value_the_model_meant_otherwise_stays(tiny_lm, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call, answer = route_replies(protocol, "New York City")
+    # the phrase the model picks shares too little with what it wrote: not a miscopy
+    _, out, events = ask(lm, protocol, [call, '"Manhattan"}', answer], "Weather in Manhattan.")
+    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "New York City"}]
+    _, out, events = ask(lm, protocol, [route_replies(protocol, "Rigga")[0], answer],
+                         "Weather in Riga, Latvia.", stated_arguments=False)
+    assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Rigga"}]
+
+
+def test_a_phrase_another_argument_holds_is_not_copied(tiny_lm):
+    two = parse_tools(json.dumps([{"name": "server", "description": "Add a server.",
+                                   "parameters": {"type": "object", "properties": {
+                                       "host": {"type": "string"}, "key": {"type": "string"}},
+                                       "required": ["host", "key"]}}]), runnable=False)
+    fmt = agent_format("json", tiny_lm)
+    messages = [{"role": "user", "content": "Add the server plga.ca with key topsecret."}]
+    for key, script, expected in (("plgax", '"plga.ca"}', "plgax"),  # the host's
+                                  ("topsecrt", '"topsecret"}', "topsecret")):
+        call = json.dumps({"tool": "server", "arguments": {"host": "plga.ca", "key": key}},
+                          separators=(",", ":"))
+        prompt, ids = fmt.prompt_ids(messages, two), tiny_lm.encode_text(call)
+        engine = tiny_lm.engine()
+        engine.sync(prompt + ids)
+        reply, text, out_ids = complete_reply(engine, tiny_lm, "json", prompt, fmt.parse(call),
+                                              call, ids, [], two, messages,
+                                              Obliging(tiny_lm, script))
+        assert reply.calls[0].arguments == {"host": "plga.ca", "key": expected}
+        assert engine.tokens == prompt + out_ids
+
+
+def test_a_hostile_request_is_read_in_linear_time():
+    start = time.perf_counter()
+    for request in ("Paris" + ", A B C" * 50_000 + " x", "Paris, " * 50_000,
+                    ("Paris, France" + "x" * 100) * 5_000):
+        whole_place("Paris", request, [])
+        phrases(request)
+        garbled("Parris " * 1000, request)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.real_model
+def test_the_bundled_model_asked_for_a_qualified_place_gets_it_whole():
+    cli = [sys.executable, "-m", "mlx_agent.cli.main", "agent", "--tools",
+           str(EXAMPLES / "everyday.json"), "--json-out", "--single",
+           "Check the current weather for Riga, Latvia with the get_weather tool."]
+    for extra, city in (([], "Riga, Latvia"), (["--no-stated-arguments"], "Riga")):
+        r = subprocess.run(cli + extra, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        events = [ev.decode(line) for line in r.stdout.splitlines()]
+        calls = [e.arguments for e in events if isinstance(e, ev.ToolCall)]
+        assert calls[0]["city"] == city, calls
