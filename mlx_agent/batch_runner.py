@@ -331,6 +331,9 @@ class BatchedEngine(Engine):
     def prefill(self, ids: Sequence[int], stop=None) -> PrefillStats:
         return self.call(lambda: Engine.prefill(self, ids, stop))
 
+    def logprob(self, ids: Sequence[int]) -> float:
+        return self.call(lambda: Engine.logprob(self, ids))
+
     def sync(self, ids: Sequence[int], stop=None) -> PrefillStats:
         """As :meth:`Engine.sync`, starting from a shared prefix where one is stored."""
         def work() -> PrefillStats:

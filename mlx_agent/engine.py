@@ -387,6 +387,20 @@ class Engine:
         self.tokens.extend(ids)
         return PrefillStats(0, len(ids), time.perf_counter() - start)
 
+    def logprob(self, ids: Sequence[int]) -> float:
+        """The log-probability the model gives ``ids`` after what the cache holds, with no
+        sampler or grammar: each id's log-softmax where it stands, summed. The cache then
+        holds all but the last id (whose own logits are never needed)."""
+        if self._logits is None:
+            raise RuntimeError("nothing to continue from: prefill or sync a prompt first")
+        total = 0.0
+        for i, token in enumerate(ids):
+            if i:
+                self.prefill([ids[i - 1]])
+            logits = self._logits.astype(mx.float32)
+            total += (logits[token] - mx.logsumexp(logits)).item()
+        return total
+
     def sync(self, ids: Sequence[int], stop: Callable[[], bool] | None = None) -> PrefillStats:
         """Make the cache hold exactly ``ids``, reusing the longest common prefix.
 

@@ -18,7 +18,6 @@ import functools
 import json
 from typing import Any, Sequence
 
-import mlx.core as mx
 from llguidance import LLMatcher
 
 from .engine import Sampler
@@ -91,17 +90,11 @@ def _before(protocol: str, tool: Tool, arguments: dict, name: str) -> str:
 def likelihood(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, arguments: dict,
                name: str, value: Any) -> float:
     """The log-probability the model gives ``value`` (its tokens as the grammar writes it)
-    for ``name`` after ``prompt`` and the call's text up to it, with no grammar: how much
-    the model itself would write it. The engine is left after the value."""
-    ids = list(prompt) + reply_ids(lm, protocol, _before(protocol, tool, arguments, name))
-    engine.sync(ids)
-    total = 0.0
-    for token in lm.encode_text(written_json(value, protocol)):
-        logits = engine.logits.astype(mx.float32)
-        total += (logits[token] - mx.logsumexp(logits)).item()
-        ids.append(token)
-        engine.sync(ids)
-    return total
+    for ``name`` after ``prompt`` and the call's text up to it, with no grammar
+    (:meth:`~mlx_agent.engine.Engine.logprob`): how readily the model itself writes it. The
+    engine is left wherever that leaves it."""
+    engine.sync(list(prompt) + reply_ids(lm, protocol, _before(protocol, tool, arguments, name)))
+    return engine.logprob(lm.encode_text(written_json(value, protocol)))
 
 
 def reply_ids(lm, protocol: str, text: str) -> list[int]:

@@ -21,13 +21,13 @@ The other way round, the model also fills optional parameters with values nobody
 (``distance_km: 20``, ``species: "parrot"``, ``service_date: "2022-01-01"``); in a chain the
 made-up value changes the first result, and so the second call. Before probing,
 :func:`without_made_up` drops each optional argument whose value neither the request nor a
-tool result of the turn writes (:meth:`_Heard.made_up`, a looser reading than
+tool result of the turn writes (:meth:`Heard.made_up`, a looser reading than
 :func:`stated`'s: a word that begins one of theirs counts), so the tool's own default stands.
 A flag, an object or a required argument is never dropped.
 
 The same pass reads the call's strings against the request (:mod:`mlx_agent.copied_values`):
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, and a place cut at its comma
-("Riga" for "Riga, Latvia") is copied whole.
+("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole.
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it
 was sampled, and so is every call with a rotating KV cache; a value the request implies
@@ -41,18 +41,20 @@ negation. Each probe costs a short prefill and a few decoded tokens, up to
 
 from __future__ import annotations
 
-import bisect
 import json
-import math
 import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import recopied, whole_places
+from .copied_values import recopied, whole_lists, whole_places
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
 from .grammar import call_text, written_arguments
+from .heard import NAME_WORD, Heard
+from .heard import number as _number
+from .heard import numbers as _numbers
+from .heard import words as _words
 from .probe import probe, reply_ids
 from .tools import Tool
 
@@ -60,13 +62,7 @@ MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
 # words a flag's name may hold that a request need not use ("include_images": "images")
 FLAG_VERBS = frozenset("""include includes is has use allow enable show with get should
 return want need do flag only add as by in of for to the""".split())
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(?![\w])")
 NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
-_NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9]+", text.lower())
 
 
 def _text_stated(text: str, request: str) -> bool:
@@ -78,32 +74,10 @@ def _text_stated(text: str, request: str) -> bool:
                                         flags) is not None
 
 
-def _number(value: Any) -> float | None:
-    """``value`` as a finite float, or None (a flag, a string, an integer of 400 digits)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        x = float(value)
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _numbers(text: str) -> set[float]:
-    """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
-    fraction ("5%": 5 and 0.05)."""
-    out = set()
-    for m in _NUMBER.finditer(text):
-        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
-        if math.isfinite(x):
-            out |= {x, x / 100} if m.group(1) else {x}
-    return out
-
-
 def _flag_stated(name: str, request: str) -> bool:
     """Every word of a flag's name but :data:`FLAG_VERBS` begins a word of the request
     (up to its sixth letter: "detailed" for ``detailed``, "transfer" for ``allow_transfer``)."""
-    words = [w.lower() for w in _NAME_WORD.findall(name)]
+    words = [w.lower() for w in NAME_WORD.findall(name)]
     words = [w for w in words if w not in FLAG_VERBS]
     said = _words(request)
     if not words or not all(any(s.startswith(w[:6]) for s in said) for w in words):
@@ -232,37 +206,6 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     return {**arguments, **added} if added else arguments
 
 
-class _Heard:
-    """What a turn's request and tool results write: their words, sorted (a word's prefix is
-    found by bisection, so a long tool result costs a sort, not a scan per value), and their
-    numbers."""
-
-    def __init__(self, text: str):
-        self.words = sorted(set(_words(text)))
-        self.numbers = _numbers(text)
-
-    def begins_a_word(self, prefix: str) -> bool:
-        i = bisect.bisect_left(self.words, prefix)
-        return i < len(self.words) and self.words[i].startswith(prefix)
-
-    def made_up(self, value: Any) -> bool:
-        """Whether ``value`` is a string or number (or a list of them) never written here:
-        a string none of whose words of three or more characters begins a word ("postgres"
-        is written in "PostgreSQL", "New York City" in "New York"), a number
-        :func:`_numbers` does not find; a flag, an object, null or an empty string never
-        is."""
-        if isinstance(value, bool) or value is None:
-            return False
-        if isinstance(value, str):
-            words = [w for w in _words(value) if len(w) > 2]
-            return bool(words) and not any(map(self.begins_a_word, words))
-        if isinstance(value, (int, float)):  # one no float holds is written nowhere here
-            return _number(value) not in self.numbers
-        if isinstance(value, list):
-            return bool(value) and all(map(self.made_up, value))
-        return False
-
-
 def request_text(messages: Sequence[dict]) -> str:
     """The last user message's text: what a stated value must be written in."""
     return next((text_of(m.get("content")) for m in reversed(messages)
@@ -281,12 +224,12 @@ def heard_text(messages: Sequence[dict]) -> str:
 
 def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     """``arguments`` without the optional ones whose value ``heard`` (the user's messages
-    and the turn's tool results) never writes (:meth:`_Heard.made_up`): the tool's own
+    and the turn's tool results) never writes (:meth:`Heard.made_up`): the tool's own
     default stands for a value the model made up. ``arguments`` itself where none is, or
     where the tool requires nothing (its schema then says nothing of what is optional)."""
     if not tool.required:
         return arguments
-    said = _Heard(heard)
+    said = Heard(heard)
     kept = {k: v for k, v in arguments.items() if k in tool.required or not said.made_up(v)}
     return arguments if len(kept) == len(arguments) else kept
 
@@ -299,8 +242,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call's made-up optional arguments dropped
     (:func:`without_made_up`, against :func:`heard_text`), its garbled copies copied again
-    and its places whole (:func:`~mlx_agent.copied_values.recopied`,
-    :func:`~mlx_agent.copied_values.whole_places`) and the stated optional arguments added
+    and its places and lists whole (:mod:`mlx_agent.copied_values`) and the stated optional
+    arguments added
     (:func:`complete_call`, from :func:`request_text`), and the text and ids it now reads
     as. All three as they were where nothing changed, where the reply is not one complete
     call of a known tool with no text beside it, or where the new call is one of ``made``
@@ -325,7 +268,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     try:
         arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request, heard,
                              sampler, stop)
-        arguments = whole_places(tool, arguments, request)
+        arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop)
         if arguments is not call.arguments:

@@ -20,8 +20,9 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, whole_place,
-                                     whole_places)
+from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, whole_lists,
+                                     whole_place, whole_places)
+from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import parse_tools
 
@@ -52,6 +53,7 @@ ROUTE = "from San Francisco, CA to Los Angeles, CA"
     ("Paris", "Weather in Paris, france", "Paris"),  # a qualifier is capitalised
     ("Paris", "Weather in Paris, Can you tell me?", "Paris"),  # a clause's first word
     ("Paris", "Visit Paris, London and Rome.", "Paris"),  # a list of places
+    ("Boston", "Flights from Boston, Chicago, and Denver", "Boston"),
     ("Oslo", "Weather in Oslo.", "Oslo"), ("Lima", "Weather in Oslo, Norway.", "Lima"),
 ])
 def test_a_place_is_copied_whole(value, request_, expected):
@@ -70,10 +72,37 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
                          (tool(to={"type": "string"}), {"to": "Alice"}),  # not a place
                          (tool(city={"type": "string", "enum": ["Paris"]}), {"city": "Paris"}),
                          (tool(city={"type": "string"}, note={"type": "string"}),
-                          {"city": "Paris", "note": "France"})):  # another argument's
+                          {"city": "Paris", "note": "France"}),  # another argument's
+                         (tool(city={"type": "string", "maxLength": 8}), {"city": "Paris"})):
         assert whole_places(t, arguments, request) is arguments
+    # another argument's value as whole words only: "en" is not in "Sweden"
+    assert whole_places(tool(city={"type": "string"}, lang={"type": "string"}),
+                        {"city": "Lund", "lang": "en"}, "Go to Lund, Sweden.") == \
+        {"city": "Lund, Sweden", "lang": "en"}
     assert [is_place(n, {}) for n in ("loc", "pickup_city", "startLocation", "block")] == \
         [True, True, True, False]
+    for description in ("The title as stated by the user.", "Recipient email address.",
+                        "Folder where the file is saved.", "The original name."):
+        assert not is_place("x", {"description": description}), description
+
+
+def test_a_list_of_numbers_one_item_off_the_requests_is_copied_whole():
+    request = "Average of [12, 15, 18, 20, 21]; bins 5, 6 and 7 and 8, then 1,500 or 2"
+    assert number_runs(request) == [[12, 15, 18, 20, 21], [5, 6, 7, 8]]
+    numbers = tool(data={"type": "array", "items": {"type": "integer"}},
+                   other={"type": "array", "items": {"type": "number"}})
+    for data, expected in (([12, 15, 20, 21], [12, 15, 18, 20, 21]),  # one left out
+                           ([12, 15, 18, 20, 21, 21], [12, 15, 18, 20, 21]),  # one added
+                           ([12, 15, 19, 20, 21], [12, 15, 18, 20, 21]),  # one changed
+                           ([12, 20, 21], None),  # two off: the model's own list
+                           ([5, 7, 8], [5, 6, 7, 8]), ([21, 20, 18, 15, 12], None)):
+        arguments = {"data": data}
+        assert whole_lists(numbers, arguments, request) == \
+            ({"data": expected} if expected else arguments), data
+    held = {"data": [5, 7, 8], "other": [5, 6, 7, 8]}  # another argument's list
+    assert whole_lists(numbers, held, request) is held
+    words = tool(tags={"type": "array", "items": {"type": "string"}})
+    assert whole_lists(words, {"tags": ["12", "15"]}, request) == {"tags": ["12", "15"]}
 
 
 @pytest.mark.parametrize("value, heard, expected", [
@@ -85,7 +114,7 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
     ("miles", "the distance in milesfrom here", False),  # begins a word written
 ])
 def test_what_is_garbled(value, heard, expected):
-    assert garbled(value, heard) is expected
+    assert garbled(value, Heard(heard)) is expected
 
 
 def test_a_requests_phrases_are_its_runs_of_words_as_written():
@@ -183,7 +212,7 @@ def test_a_hostile_request_is_read_in_linear_time():
                     ("Paris, France" + "x" * 100) * 5_000):
         whole_place("Paris", request, [])
         phrases(request)
-        garbled("Parris " * 1000, request)
+        garbled("Parris " * 1000, Heard(request))
     assert time.perf_counter() - start < 5
 
 
@@ -198,3 +227,32 @@ def test_the_bundled_model_asked_for_a_qualified_place_gets_it_whole():
         events = [ev.decode(line) for line in r.stdout.splitlines()]
         calls = [e.arguments for e in events if isinstance(e, ev.ToolCall)]
         assert calls[0]["city"] == city, calls
+
+
+def test_likelihood_is_the_models_own_log_probability(tiny_lm):
+    """Summed from one forward pass over the whole text, as a plain engine and a batched
+    one (on its model thread) both compute it."""
+    import mlx.core as mx
+
+    from mlx_agent.batch_runner import batch_engines
+    from mlx_agent.grammar import call_text
+    from mlx_agent.probe import likelihood
+
+    fmt = agent_format("json", tiny_lm)
+    prompt = fmt.prompt_ids([{"role": "user", "content": "Weather in Riga."}], WEATHER)
+    text = call_text("json", WEATHER[0], {"city": "Riga, Latvia"})
+    head = prompt + tiny_lm.encode_text(text[:text.index('"Riga')])
+    value = tiny_lm.encode_text('"Riga, Latvia"')
+    logits = tiny_lm.model(mx.array([head + value]))[0].astype(mx.float32)
+    expected = sum((logits[len(head) - 1 + i, t] - mx.logsumexp(logits[len(head) - 1 + i]))
+                   .item() for i, t in enumerate(value))
+    plain = likelihood(tiny_lm.engine(), tiny_lm, prompt, "json", WEATHER[0], {}, "city",
+                       "Riga, Latvia")
+    engine = batch_engines(tiny_lm, 2)[0]
+    try:
+        batched = likelihood(engine, tiny_lm, prompt, "json", WEATHER[0], {}, "city",
+                             "Riga, Latvia")
+    finally:
+        engine.runner.close()
+    assert plain == pytest.approx(expected, rel=1e-3) and batched == pytest.approx(plain,
+                                                                                 rel=1e-4)

@@ -1,0 +1,99 @@
+"""What a turn's messages write: their words and numbers, as a call's values are read
+against them.
+
+A value "is written" in a request when its words begin the request's words (``postgres`` in
+"PostgreSQL") or its number is one the request writes ("1,500", "1e-9", "5%" also as 0.05).
+:class:`Heard` holds a text's words sorted, so a long tool result costs one sort, not a scan
+per value. Not promised: words are ASCII letters and digits, lower-cased ("Zürich" is "z",
+"rich"); numbers are decimal, with thousands commas but not spaces or dots.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from typing import Any
+
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(?![\w])")
+NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
+
+
+def words(text: str) -> list[str]:
+    """The lower-case runs of ASCII letters and digits of ``text``."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (a flag, a string, an integer of 400 digits)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def numbers(text: str) -> set[float]:
+    """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
+    fraction ("5%": 5 and 0.05)."""
+    out = set()
+    for m in NUMBER.finditer(text):
+        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
+        if math.isfinite(x):
+            out |= {x, x / 100} if m.group(1) else {x}
+    return out
+
+
+_LIST_GAP = re.compile(r"\s*(?:[,;&]|and|,\s*and)?\s*")
+
+
+def number_runs(text: str) -> list[list[float]]:
+    """The runs of three or more numbers ``text`` writes one after another, apart only by
+    a comma, a semicolon, "and" or spaces ("85, 90, 88 and 92", "[12, 15, 18]"), as
+    written (a percentage as its number)."""
+    runs: list[list[float]] = []
+    run: list[float] = []
+    end = None
+    for m in NUMBER.finditer(text):
+        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
+        if run and _LIST_GAP.fullmatch(text, end, m.start()) and math.isfinite(x):
+            run.append(x)
+        else:
+            if len(run) >= 3:
+                runs.append(run)
+            run = [x] if math.isfinite(x) else []
+        end = m.end()
+    return runs + [run] if len(run) >= 3 else runs
+
+
+class Heard:
+    """What a turn's request and tool results write: their words, sorted (a word's prefix is
+    found by bisection, so a long tool result costs a sort, not a scan per value), and their
+    numbers."""
+
+    def __init__(self, text: str):
+        self.words = sorted(set(words(text)))
+        self.numbers = numbers(text)
+
+    def begins_a_word(self, prefix: str) -> bool:
+        i = bisect.bisect_left(self.words, prefix)
+        return i < len(self.words) and self.words[i].startswith(prefix)
+
+    def made_up(self, value: Any) -> bool:
+        """Whether ``value`` is a string or number (or a list of them) never written here:
+        a string none of whose words of three or more characters begins a word ("postgres"
+        is written in "PostgreSQL", "New York City" in "New York"), a number
+        :func:`numbers` does not find; a flag, an object, null or an empty string never
+        is."""
+        if isinstance(value, bool) or value is None:
+            return False
+        if isinstance(value, str):
+            said = [w for w in words(value) if len(w) > 2]
+            return bool(said) and not any(map(self.begins_a_word, said))
+        if isinstance(value, (int, float)):  # one no float holds is written nowhere here
+            return number(value) not in self.numbers
+        if isinstance(value, list):
+            return bool(value) and all(map(self.made_up, value))
+        return False
