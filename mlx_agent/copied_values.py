@@ -22,25 +22,28 @@ request does not write but the model means). Greedy decoding commits to a token 
 so a garble can be less likely as a whole than the phrase ("Lasagna", -7.0 nats, against
 "Los Angeles", -6.1), or a little more ("nucleus", -1.3, against "neutron", -3.1).
 
-:func:`whole_lists`: a list of numbers one item off a run of numbers the request writes
-("85, 90, 88, 92, 86, 89, 91" copied with 91 twice, "[12, 15, 18, 20, 21, 26, 30]" without
-18) is made that run.
+:func:`whole_lists`: a list of numbers that is a slipped copy of a run of numbers the
+request writes, one item repeated in place or one inner item left out ("85, 90, 88, 92, 86,
+89, 91" copied with 91 twice, "[12, 15, 18, 20, 21, 26, 30]" without 18), is made that run.
+An item dropped from an end, or one of a repeat, reads as a filter, and one added or
+changed as an edit: those lists stay.
 
-:func:`whole_places`: each string argument of a place parameter (:func:`is_place`: its name
-or description says location, city, address...) that the request writes is extended to
-the comma-separated qualifiers the request writes right after it (up to four, of one to
-three words each, capitalised or a code: "CA", "94704"), up to the end of the clause, where
-the schema takes the longer value.
+:func:`whole_places`: each string argument of a place parameter (:func:`is_place`, by its
+name: "location", "pickup_city", "loc") that the request writes is extended to the
+comma-separated qualifiers the request writes right after it (up to four, of one to three
+words each, capitalised, a postal code after a word: "Berkeley, CA 94704"), up to the end
+of the clause, where the schema takes the longer value.
 
-Not promised: only top-level strings of a parameter with no ``enum``, ``const``,
+Not promised: only top-level strings and lists of a parameter with no ``enum``, ``const``,
 ``format`` or ``pattern`` are read, and only a value of at most :data:`PHRASE_WORDS` words
 is copied again (a longer one is the model's own text, not a copy). Words are ASCII
 letters: a value in another script is never garbled. Phrases come from the last user
 message only, its first :data:`PHRASE_CHARS` characters: a garbled id copied from a tool
-result stays garbled. A qualifier is recognised by its capital letter, so one written in
-lower case ("paris, france") is not taken; a clause that starts with a capitalised word
-after a comma ("Riga, Latvia, Can you...") is cut before it only where that word is one of
-:data:`CLAUSE_STARTS`; a list of places ending in "and" or "or" ("Boston, Chicago, and
+result stays garbled. A list the model filtered of an inner item on purpose gets it back.
+A qualifier is recognised by its capital letter, so one written in lower case ("paris,
+france") is not taken; one that starts with a digit ("2 adults") or a word of
+:data:`NOT_QUALIFIERS` (a clause's start, a date, a unit, a title: "Can you", "May 5",
+"Celsius") ends the place; a list of places ending in "and" or "or" ("Boston, Chicago, and
 Denver") is not a place qualified, but one with neither ("Compare Boston, Chicago,
 Denver") reads as one. A place is not extended where the tool has a parameter of its own
 for a place's parts (state, country, region, postal code) or another argument holds the
@@ -65,21 +68,26 @@ MARGIN = 2.0  # nats: how much less likely than its own value the model may find
 PHRASE_WORDS = 8  # the longest phrase of the request a copy may take, in words
 PHRASE_CHARS = 2000  # phrases come from the request's first so many characters
 MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
+# a value longer than this shares under LIKENESS of its letters with any phrase (of at most
+# PROBE_CHARS): 2 * PROBE_CHARS / (length + PROBE_CHARS) < LIKENESS
+LONGEST = int((2 / LIKENESS - 1) * PROBE_CHARS)
 _TOKEN = re.compile(r"\w[\w'./@:-]*\w|\w")
-# a parameter's name words that make it a place's (by their start: "startLocation")
-PLACE_STEMS = ("locat", "city", "cities", "place", "address", "town", "destination",
-               "origin", "region", "venue", "country", "airport")
-# its description's words that do, as whole words ("The city and state, e.g. Paris, TX")
-PLACE_WORDS = frozenset("""location locations city cities place places address town
-destination origin region venue country airport""".split())
-# words that make it something else's: an email address, a web address
-NOT_PLACE_WORDS = frozenset("email mail url uri web website ip host server path file".split())
+# a parameter's name words that make it a place's ("startLocation", "pickup_city", "loc")
+PLACE_WORDS = frozenset("""loc location locations city cities place places address addresses
+town towns destination destinations origin region venue country airport""".split())
+# name words that make it something else's: an email address, a web address
+NOT_PLACE_WORDS = frozenset("""email mail url uri web website ip mac host server path file
+wallet""".split())
 # a tool with a parameter for one of these takes a place's qualifier there, not in the place
 PART_STEMS = ("state", "country", "region", "province", "zip", "postal", "postcode")
-# capitalised words that start a clause, not a place ("Riga, Latvia, Can you tell me...")
-CLAUSE_STARTS = frozenset("""I Can Could Would Will Please What How Which When Where Who Why
+# capitalised words that start something else after a place's comma: a clause ("Riga,
+# Latvia, Can you tell me..."), a date or a time ("Paris, May 5"), a unit, a person
+NOT_QUALIFIERS = frozenset("""I Can Could Would Will Please What How Which When Where Who Why
 And But Also Then Is Are Do Does The It This That My We You Tell Give Show Find Get Let
-Make Set Thanks Thank Hi Hello Ok Okay Yes No""".split())
+Make Set Thanks Thank Hi Hello Ok Okay Yes No Today Tomorrow Tonight Yesterday Now Next
+Last This Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March
+April May June July August September October November December Jan Feb Mar Apr Jun Jul Aug
+Sep Sept Oct Nov Dec Celsius Fahrenheit Kelvin Mr Mrs Ms Dr Prof Sir""".split())
 _QUALIFIER_WORD = r"[A-Z0-9][\w'-]*(?:\.\w+)*"
 _QUALIFIERS = re.compile(rf"(?:, {_QUALIFIER_WORD}(?: {_QUALIFIER_WORD}){{0,2}}){{1,4}}"
                          r"(?=$|[.,?!;:)\n]| +[a-z])")
@@ -119,8 +127,16 @@ def phrases(request: str) -> list[str]:
     return sorted(out)
 
 
-def _alike(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio()
+def _alike(value: str, choices: list[str]) -> list[str]:
+    """The ``choices`` that share at least :data:`LIKENESS` of their letters with
+    ``value``, the most alike first, at most :data:`MAX_PHRASES`, sorted."""
+    matcher, ratios = difflib.SequenceMatcher(None, b=value.lower()), {}
+    for choice in choices:  # the quick upper bounds first: most phrases are unlike
+        matcher.set_seq1(choice.lower())
+        if matcher.real_quick_ratio() >= LIKENESS and matcher.quick_ratio() >= LIKENESS \
+                and (ratio := matcher.ratio()) >= LIKENESS:
+            ratios[choice] = ratio
+    return sorted(sorted(ratios, key=ratios.__getitem__, reverse=True)[:MAX_PHRASES])
 
 
 def _holds(text: str, others: list[str]) -> bool:
@@ -144,17 +160,17 @@ def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, argum
     for name in [p for p in tool.argument_order() if p in arguments]:
         value = out[name]
         if not isinstance(value, str) or not _plain_string(tool.properties.get(name)) \
-                or len(_TOKEN.findall(value)) > PHRASE_WORDS or not garbled(value, said):
+                or len(value) > LONGEST or len(_TOKEN.findall(value)) > PHRASE_WORDS \
+                or not garbled(value, said):
             continue
         choices = choices if choices is not None else phrases(request)
-        alike = [c for c in choices if _alike(value, c) >= LIKENESS]
+        alike = _alike(value, choices)
         if not alike:
             continue
         if stop():
             break
-        alike = sorted(alike, key=lambda c: -_alike(value, c))[:MAX_PHRASES]
         copy = probe(engine, lm, sampler, prompt, protocol, tool, out, name,
-                     {"type": "string", "enum": sorted(alike)})
+                     {"type": "string", "enum": alike})
         others = [v.strip().lower() for k, v in out.items() if k != name and isinstance(v, str)]
         if not isinstance(copy, str) or copy.strip().lower() in others \
                 or tool.validate({**out, name: copy}):
@@ -165,18 +181,12 @@ def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, argum
     return out
 
 
-def is_place(name: str, schema: Any) -> bool:
-    """Whether a parameter takes a place: a word of its name begins with one of
-    :data:`PLACE_STEMS` (``loc`` as a whole word), or its description uses one of
-    :data:`PLACE_WORDS`, and neither uses one of :data:`NOT_PLACE_WORDS`."""
-    description = schema.get("description") if isinstance(schema, dict) else None
-    named = [w.lower() for w in NAME_WORD.findall(name)]
-    described = set(re.findall(r"[a-z]+", description.lower())) \
-        if isinstance(description, str) else set()
-    if NOT_PLACE_WORDS & (set(named) | described):
-        return False
-    return any(w == "loc" or w.startswith(PLACE_STEMS) for w in named) \
-        or bool(PLACE_WORDS & described)
+def is_place(name: str) -> bool:
+    """Whether a parameter takes a place, by its name: one of its words is one of
+    :data:`PLACE_WORDS` ("start_location", "pickupCity", "loc") and none is one of
+    :data:`NOT_PLACE_WORDS` ("email_address")."""
+    named = {w.lower() for w in NAME_WORD.findall(name)}
+    return bool(named & PLACE_WORDS) and not named & NOT_PLACE_WORDS
 
 
 def _takes_parts(tool: Tool, name: str) -> bool:
@@ -186,18 +196,20 @@ def _takes_parts(tool: Tool, name: str) -> bool:
 
 def _qualifiers(text: str, start: int) -> str:
     """The comma-separated qualifiers ``text`` writes from ``start``, up to the clause's end
-    and before a word of :data:`CLAUSE_STARTS`; "" where none, or where a list goes on after
-    them ("Paris, London and Rome", "Boston, Chicago, and Denver")."""
+    and before one that starts with a digit ("2 adults") or a word of
+    :data:`NOT_QUALIFIERS` ("Can you", "May 5"); "" where none, or where a list goes on
+    after them ("Paris, London and Rome", "Boston, Chicago, and Denver")."""
     m = _QUALIFIERS.match(text, start)
     if not m:
         return ""
-    kept = ""  # cut before a clause's start, what is kept ends at that clause's comma
+    kept = ""  # cut before a part that is no qualifier: what is kept ends at its comma
     for part in m.group().split(", ")[1:]:
-        if part.split(" ")[0] in CLAUSE_STARTS:
+        first = part.split(" ")[0]
+        if first[0].isdigit() or first.split(".")[0] in NOT_QUALIFIERS:
             break
         kept += ", " + part
     more = re.match(r",? +(?:and|or|&) +([A-Z][\w'-]*)", text[start + len(kept):])
-    return "" if more and more.group(1) not in CLAUSE_STARTS else kept  # not "..., and I"
+    return "" if more and more.group(1) not in NOT_QUALIFIERS else kept  # not "..., and I"
 
 
 def whole_place(value: str, request: str, others: list[str]) -> str:
@@ -223,7 +235,7 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
     out = arguments
     for name, value in arguments.items():
         schema = tool.properties.get(name)
-        if not isinstance(value, str) or not is_place(name, schema) \
+        if not isinstance(value, str) or not is_place(name) \
                 or (isinstance(schema, dict) and ("enum" in schema or "const" in schema)) \
                 or _takes_parts(tool, name):
             continue
@@ -234,35 +246,47 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
     return out
 
 
-def _one_off(a: list[float], b: list[float]) -> bool:
-    """Whether ``a`` is ``b`` with one item left out, added or changed."""
-    if a == b or abs(len(a) - len(b)) > 1:
-        return False
-    if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b)) == 1
-    short, long = sorted((a, b), key=len)
-    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+def _miscopied(value: list[float], run: list[float]) -> bool:
+    """Whether ``value`` is ``run`` with one item repeated in place ("89, 91, 91") or one
+    inner item left out ("12, 15, 20" for "12, 15, 18, 20"), not a repeat of its neighbour:
+    how a copy slips, not how a list is edited (an item dropped from an end, or one of a
+    repeat, is a filter; one added or changed, an edit)."""
+    if len(value) == len(run) + 1:
+        i = next((i for i, (x, y) in enumerate(zip(value, run)) if x != y), len(run))
+        return i > 0 and value[i] == value[i - 1] and value[i + 1:] == run[i:]
+    if len(value) == len(run) - 1:
+        i = next((i for i, (x, y) in enumerate(zip(value, run)) if x != y), len(value))
+        return 0 < i < len(run) - 1 and run[i] not in (run[i - 1], run[i + 1]) \
+            and value[i:] == run[i + 1:]
+    return False
+
+
+def _numbers_of(tool: Tool, name: str, value: Any) -> list[float] | None:
+    """``value`` as floats where it is a list of numbers for a parameter of numbers."""
+    schema = tool.properties.get(name)
+    items = schema.get("items") if isinstance(schema, dict) else None
+    if not isinstance(value, list) or not isinstance(items, dict) \
+            or items.get("type") not in ("integer", "number"):
+        return None
+    numbers = [number(v) for v in value]
+    return numbers if None not in numbers else None
 
 
 def whole_lists(tool: Tool, arguments: dict, request: str) -> dict:
-    """``arguments`` with each list of numbers (of a parameter whose items are numbers) that
-    is one item off a run of numbers the request writes (:func:`mlx_agent.heard.number_runs`:
-    one left out, added or changed) made that run, where no other argument holds it and the
-    schema takes it; ``arguments`` itself where none is."""
-    out, runs = arguments, None
-    for name, value in arguments.items():
-        schema = tool.properties.get(name)
-        items = schema.get("items") if isinstance(schema, dict) else None
-        if not isinstance(value, list) or len(value) < 2 or not isinstance(items, dict) \
-                or items.get("type") not in ("integer", "number") \
-                or any(number(v) is None for v in value):
+    """``arguments`` with each list of numbers (of a parameter whose items are numbers)
+    that is a slipped copy (:func:`_miscopied`) of exactly one run of numbers the request
+    writes (:func:`mlx_agent.heard.number_runs`) made that run, where it is no other list's
+    run or slip and the schema takes it; ``arguments`` itself where none is."""
+    lists = {name: numbers for name, value in arguments.items()
+             if (numbers := _numbers_of(tool, name, value)) is not None}
+    runs = number_runs(request) if lists else []
+    out = arguments
+    for name, numbers in lists.items():
+        fits = [run for run in runs if _miscopied(numbers, run)] if numbers not in runs else []
+        if len(fits) != 1 or any(other != name and (v == fits[0] or _miscopied(v, fits[0]))
+                                 for other, v in lists.items()):
             continue
-        runs = runs if runs is not None else number_runs(request)
-        held = [v for k, v in out.items() if k != name]
-        for run in runs:
-            whole = [int(x) if x.is_integer() else x for x in run]
-            if _one_off([number(v) for v in value], run) and whole not in held \
-                    and not tool.validate({**out, name: whole}):
-                out = {**out, name: whole}
-                break
+        whole = [int(x) if x.is_integer() else x for x in fits[0]]
+        if not tool.validate({**out, name: whole}):
+            out = {**out, name: whole}
     return out

@@ -55,6 +55,11 @@ ROUTE = "from San Francisco, CA to Los Angeles, CA"
     ("Paris", "Visit Paris, London and Rome.", "Paris"),  # a list of places
     ("Boston", "Flights from Boston, Chicago, and Denver", "Boston"),
     ("Oslo", "Weather in Oslo.", "Oslo"), ("Lima", "Weather in Oslo, Norway.", "Lima"),
+    ("Paris", "Weather in Paris, May 5, 2024?", "Paris"),  # a date
+    ("New York", "Hotels in New York, 2 adults, 3 nights", "New York"),  # a count
+    ("Paris", "in Paris, France, Celsius please", "Paris, France"),  # a unit
+    ("London", "Weather in London, UK, Tomorrow I fly", "London, UK"),
+    ("Paris", "Weather in Paris, Mr. Smith asks", "Paris"), ("Paris", "Paris, TX", "Paris, TX"),
 ])
 def test_a_place_is_copied_whole(value, request_, expected):
     assert whole_place(value, request_, []) == expected
@@ -65,8 +70,6 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
     weather = tool(location={"type": "string"})
     assert whole_places(weather, {"location": "Paris"}, request) == \
         {"location": "Paris, France"}
-    described = tool(name={"type": "string", "description": "The city and state."})
-    assert whole_places(described, {"name": "Paris"}, request) == {"name": "Paris, France"}
     for t, arguments in ((tool(city={"type": "string"}, country={"type": "string"}),
                           {"city": "Paris"}),  # France goes in country
                          (tool(to={"type": "string"}), {"to": "Alice"}),  # not a place
@@ -79,11 +82,10 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
     assert whole_places(tool(city={"type": "string"}, lang={"type": "string"}),
                         {"city": "Lund", "lang": "en"}, "Go to Lund, Sweden.") == \
         {"city": "Lund, Sweden", "lang": "en"}
-    assert [is_place(n, {}) for n in ("loc", "pickup_city", "startLocation", "block")] == \
-        [True, True, True, False]
-    for description in ("The title as stated by the user.", "Recipient email address.",
-                        "Folder where the file is saved.", "The original name."):
-        assert not is_place("x", {"description": description}), description
+    assert [is_place(n) for n in ("loc", "pickup_city", "startLocation", "home_address")] == \
+        [True, True, True, True]
+    assert not any(map(is_place, ("block", "email_address", "placeholder", "original_text",
+                                  "name", "title")))
 
 
 def test_a_list_of_numbers_one_item_off_the_requests_is_copied_whole():
@@ -91,9 +93,12 @@ def test_a_list_of_numbers_one_item_off_the_requests_is_copied_whole():
     assert number_runs(request) == [[12, 15, 18, 20, 21], [5, 6, 7, 8]]
     numbers = tool(data={"type": "array", "items": {"type": "integer"}},
                    other={"type": "array", "items": {"type": "number"}})
-    for data, expected in (([12, 15, 20, 21], [12, 15, 18, 20, 21]),  # one left out
-                           ([12, 15, 18, 20, 21, 21], [12, 15, 18, 20, 21]),  # one added
-                           ([12, 15, 19, 20, 21], [12, 15, 18, 20, 21]),  # one changed
+    for data, expected in (([12, 15, 20, 21], [12, 15, 18, 20, 21]),  # an inner one left out
+                           ([12, 15, 18, 20, 21, 21], [12, 15, 18, 20, 21]),  # one repeated
+                           ([12, 15, 15, 18, 20, 21], [12, 15, 18, 20, 21]),
+                           ([15, 18, 20, 21], None),  # dropped from an end: a filter
+                           ([12, 15, 19, 20, 21], None),  # one changed: an edit
+                           ([12, 15, 18, 20, 21, 7], None),  # one added: an edit
                            ([12, 20, 21], None),  # two off: the model's own list
                            ([5, 7, 8], [5, 6, 7, 8]), ([21, 20, 18, 15, 12], None)):
         arguments = {"data": data}
@@ -103,6 +108,20 @@ def test_a_list_of_numbers_one_item_off_the_requests_is_copied_whole():
     assert whole_lists(numbers, held, request) is held
     words = tool(tags={"type": "array", "items": {"type": "string"}})
     assert whole_lists(words, {"tags": ["12", "15"]}, request) == {"tags": ["12", "15"]}
+
+
+def test_a_list_already_right_or_an_edit_stays():
+    numbers = tool(x={"type": "array", "items": {"type": "number"}},
+                   y={"type": "array", "items": {"type": "number"}})
+    # a list equal to one run is not "fixed" into another it is one off
+    assert whole_lists(numbers, {"x": [10, 20, 30, 40]},
+                       "Data: 10, 20, 30. Update: use 10, 20, 30, 40 instead.") == \
+        {"x": [10, 20, 30, 40]}
+    # "remove duplicates from 1, 2, 2, 3": a repeat left out is the request's edit
+    assert whole_lists(numbers, {"x": [1, 2, 3]}, "Dedupe 1, 2, 2, 3.") == {"x": [1, 2, 3]}
+    # one run two lists are near: neither is changed (no swap)
+    both = {"x": [1, 2, 3, 3], "y": [1, 3]}
+    assert whole_lists(numbers, both, "x: 1, 2, 3 and more") is both
 
 
 @pytest.mark.parametrize("value, heard, expected", [
@@ -209,10 +228,11 @@ def test_a_phrase_another_argument_holds_is_not_copied(tiny_lm):
 def test_a_hostile_request_is_read_in_linear_time():
     start = time.perf_counter()
     for request in ("Paris" + ", A B C" * 50_000 + " x", "Paris, " * 50_000,
-                    ("Paris, France" + "x" * 100) * 5_000):
+                    ("Paris, France" + "x" * 100) * 5_000, ", 1" * 50_000):
         whole_place("Paris", request, [])
         phrases(request)
         garbled("Parris " * 1000, Heard(request))
+        number_runs(request)
     assert time.perf_counter() - start < 5
 
 
