@@ -130,9 +130,9 @@ def phrases(request: str) -> list[str]:
 def _alike(value: str, choices: list[str]) -> list[str]:
     """The ``choices`` that share at least :data:`LIKENESS` of their letters with
     ``value``, the most alike first, at most :data:`MAX_PHRASES`, sorted."""
-    matcher, ratios = difflib.SequenceMatcher(None, b=value.lower()), {}
+    matcher, ratios = difflib.SequenceMatcher(None, value.lower()), {}
     for choice in choices:  # the quick upper bounds first: most phrases are unlike
-        matcher.set_seq1(choice.lower())
+        matcher.set_seq2(choice.lower())  # the ratio is not symmetric: value first
         if matcher.real_quick_ratio() >= LIKENESS and matcher.quick_ratio() >= LIKENESS \
                 and (ratio := matcher.ratio()) >= LIKENESS:
             ratios[choice] = ratio

@@ -140,6 +140,12 @@ def test_a_requests_phrases_are_its_runs_of_words_as_written():
     got = phrases("Route to Los Angeles, CA? Now.")
     assert {"Los Angeles", "Los Angeles, CA", "CA", "Route to Los Angeles, CA? Now"} <= set(got)
     assert "Angeles, CA?" not in got and got == sorted(got)
+    from mlx_agent.copied_values import _alike
+
+    # the phrases a probe may choose for "LAS": SequenceMatcher's ratio of the value first
+    # (its ratio is not symmetric: "Los Angeles" first would give 0.29, under LIKENESS)
+    assert _alike("LAS", ["Los Angeles", "Los", "lawsuit", "court"]) == \
+        ["Los", "Los Angeles", "lawsuit"]
     long = phrases("word " * 100_000)  # the first 2,000 characters only
     assert long == ["word" + " word" * i for i in range(8)]
 

@@ -76,8 +76,9 @@ class AgentConfig:
     # the grammar.
     follow_named_tool: bool = True
     # a call's optional arguments are made the ones the request states: probed and added
-    # where it states them, dropped where nobody wrote them (see stated_arguments). Needs
-    # the grammar.
+    # where it states them, dropped where nobody wrote them (see stated_arguments); and the
+    # values it copies from the request copied exactly (see copied_values). Needs the
+    # grammar.
     stated_arguments: bool = True
 
     def choice(self, step: int) -> str:
@@ -160,9 +161,10 @@ class Agent:
                  config: AgentConfig | None = None,
                  emit: Callable[[ev.Event], None] = lambda e: None, sampler=None,
                  recorder=None, probe_sampler=None):
-        """``probe_sampler`` draws the values of a call's stated-arguments probes
-        (:mod:`mlx_agent.stated_arguments`): greedy by default, the value the model finds
-        most likely, whatever ``sampler`` draws replies with."""
+        """``probe_sampler`` draws the values of a call's probes
+        (:mod:`mlx_agent.stated_arguments`, :mod:`mlx_agent.copied_values`): greedy by
+        default, the value the model finds most likely, whatever ``sampler`` draws replies
+        with."""
         self.lm, self.engine, self.fmt = lm, engine, fmt
         self.tools = {t.name: t for t in tools}
         self.config = config or AgentConfig()
