@@ -29,7 +29,9 @@ An item dropped from an end, or one of a repeat, reads as a filter, and one adde
 changed as an edit: those lists stay.
 
 :func:`whole_places`: each string argument of a place parameter (:func:`is_place`, by its
-name: "location", "pickup_city", "loc") that the request writes is extended to the
+name: "location", "pickup_city", "loc") that runs on into another parameter (" Tunis, litres
+equal to 119.21", "Lang Son in fahrenheit") is cut back to the place
+(:func:`place_alone`), and each that the request writes is extended to the
 comma-separated qualifiers the request writes right after it (up to four, of one to three
 words each, capitalised, a postal code after a word: "Berkeley, CA 94704"), up to the end
 of the clause, where the schema takes the longer value.
@@ -227,22 +229,64 @@ def whole_place(value: str, request: str, others: list[str]) -> str:
     return value
 
 
+# words that join a place to what the request says next ("Tunis, litres equal to ...")
+CONNECTORS = frozenset("in with and at for of to the a an by using equal is being".split())
+
+
+def _mentions(tool: Tool, name: str) -> list[str]:
+    """How the request may name the tool's other parameters: their names' words ("plate
+    number") and their enum values ("fahrenheit"), lower case, of three letters or more."""
+    out = []
+    for other, schema in tool.properties.items():
+        if other != name:
+            out.append(" ".join(w.lower() for w in NAME_WORD.findall(other)))
+            enum = schema.get("enum") if isinstance(schema, dict) else None
+            out += [v.lower() for v in enum or () if isinstance(v, str)]
+    return [m for m in out if len(m) >= 3]
+
+
+def place_alone(tool: Tool, name: str, value: str, request: str) -> str:
+    """``value``, copied from the request as it is, cut before the first mention of another
+    of the tool's parameters (:func:`_mentions`) and the words that join it
+    (:data:`CONNECTORS`): " Tunis, litres equal to 119.21" is "Tunis", "Lang Son in
+    fahrenheit" is "Lang Son"; ``value`` itself where it mentions none, or where nothing
+    would be left."""
+    if not value.strip() or value.strip().lower() not in request.lower():
+        return value
+    low = value.lower()
+    at = min((m.start() for mention in _mentions(tool, name)
+              for m in itertools.islice(re.finditer(rf"(?<!\w){re.escape(mention)}(?!\w)",
+                                                    low), 1)), default=None)
+    if at is None:
+        return value
+    head = value[:at].rstrip(" \t\n,;:(")
+    while head:
+        rest, _, last = head.rpartition(" ")
+        if last.lower() not in CONNECTORS:
+            break
+        head = rest.rstrip(" \t\n,;:(")
+    return head.strip() or value
+
+
 def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each place (a string argument of a parameter :func:`is_place`)
-    that the request writes extended to the qualifiers it writes after it
-    (:func:`whole_place`), where the tool's schema takes the longer value; ``arguments``
+    that runs on into another parameter cut back to the place (:func:`place_alone`), and
+    each that the request writes extended to the qualifiers it writes after it
+    (:func:`whole_place`), where the tool's schema takes the new value; ``arguments``
     itself where none is."""
     out = arguments
     for name, value in arguments.items():
         schema = tool.properties.get(name)
         if not isinstance(value, str) or not is_place(name) \
-                or (isinstance(schema, dict) and ("enum" in schema or "const" in schema)) \
-                or _takes_parts(tool, name):
+                or (isinstance(schema, dict) and ("enum" in schema or "const" in schema)):
             continue
-        others = [v.strip().lower() for k, v in out.items() if k != name and isinstance(v, str)]
-        whole = whole_place(value, request, others)
-        if whole != value and not tool.validate({**out, name: whole}):
-            out = {**out, name: whole}
+        place = place_alone(tool, name, value, request)
+        if not _takes_parts(tool, name):
+            others = [v.strip().lower() for k, v in out.items()
+                      if k != name and isinstance(v, str)]
+            place = whole_place(place, request, others)
+        if place != value and not tool.validate({**out, name: place}):
+            out = {**out, name: place}
     return out
 
 

@@ -20,8 +20,8 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, whole_lists,
-                                     whole_place, whole_places)
+from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, place_alone,
+                                     whole_lists, whole_place, whole_places)
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import parse_tools
@@ -86,6 +86,24 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
         [True, True, True, True]
     assert not any(map(is_place, ("block", "email_address", "placeholder", "original_text",
                                   "name", "title")))
+
+
+def test_a_place_that_runs_on_into_another_parameter_is_cut_back_to_the_place():
+    rental = tool(plate_number={"type": "string"}, pickup_city={"type": "string"},
+                  litres={"type": "number"},
+                  unit={"type": "string", "enum": ["celsius", "fahrenheit"]})
+    request = "Browse rentals with pickup city equal to Tunis, litres equal to 119.21."
+    assert place_alone(rental, "pickup_city", " Tunis, litres equal to 119.21", request) == \
+        "Tunis"
+    assert place_alone(rental, "pickup_city", "Lang Son in fahrenheit",
+                       "Weather in Lang Son in fahrenheit?") == "Lang Son"  # an enum value
+    for value, request_ in (("Tunis", request),  # mentions none
+                            ("litres", "litres"),  # nothing would be left
+                            ("Tunis, litres", "Tunis and litres")):  # not copied as it is
+        assert place_alone(rental, "pickup_city", value, request_) == value
+    assert whole_places(rental, {"plate_number": "P", "pickup_city": "Sfax, litres"},
+                        "in Sfax, litres 3 and Sfax, Tunisia") == \
+        {"plate_number": "P", "pickup_city": "Sfax, Tunisia"}  # cut, then made whole
 
 
 def test_a_list_of_numbers_one_item_off_the_requests_is_copied_whole():
@@ -239,6 +257,8 @@ def test_a_hostile_request_is_read_in_linear_time():
         phrases(request)
         garbled("Parris " * 1000, Heard(request))
         number_runs(request)
+        place_alone(tool(city={"type": "string"}, in_x={"type": "string"}), "city",
+                    request[:20_000], request)
     assert time.perf_counter() - start < 5
 
 
