@@ -74,14 +74,16 @@ MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
 # PROBE_CHARS): 2 * PROBE_CHARS / (length + PROBE_CHARS) < LIKENESS
 LONGEST = int((2 / LIKENESS - 1) * PROBE_CHARS)
 _TOKEN = re.compile(r"\w[\w'./@:-]*\w|\w")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # a parameter's name words that make it a place's ("startLocation", "pickup_city", "loc")
 PLACE_WORDS = frozenset("""loc location locations city cities place places address addresses
 town towns destination destinations origin region venue country airport""".split())
 # name words that make it something else's: an email address, a web address
 NOT_PLACE_WORDS = frozenset("""email mail url uri web website ip mac host server path file
-wallet""".split())
-# a tool with a parameter for one of these takes a place's qualifier there, not in the place
-PART_STEMS = ("state", "country", "region", "province", "zip", "postal", "postcode")
+wallet language""".split())
+# a tool with a parameter named so takes a place's qualifier there, not in the place
+PART_WORDS = frozenset("""state states country countries region province zip zipcode postal
+postcode""".split())
 # capitalised words that start something else after a place's comma: a clause ("Riga,
 # Latvia, Can you tell me..."), a date or a time ("Paris, May 5"), a unit, a person
 NOT_QUALIFIERS = frozenset("""I Can Could Would Will Please What How Which When Where Who Why
@@ -115,7 +117,7 @@ def garbled(value: str, heard: Heard) -> bool:
 def phrases(request: str) -> list[str]:
     """Every run of one to :data:`PHRASE_WORDS` words of the request's first
     :data:`PHRASE_CHARS` characters, as written between its first and last word (commas and
-    spaces kept, not a line break), of at most :data:`~mlx_agent.probe.PROBE_CHARS`
+    spaces kept, no line break or other control character), of at most :data:`~mlx_agent.probe.PROBE_CHARS`
     characters; sorted."""
     text = request[:PHRASE_CHARS]
     words = list(_TOKEN.finditer(text))
@@ -123,7 +125,9 @@ def phrases(request: str) -> list[str]:
     for i, first in enumerate(words):
         for last in words[i:i + PHRASE_WORDS]:
             phrase = text[first.start():last.end()]
-            if len(phrase) > PROBE_CHARS or "\n" in phrase:
+            # no line break, and no control character: never NUL, which the call's own
+            # grammar refuses (a tool's environment cannot hold it)
+            if len(phrase) > PROBE_CHARS or _CONTROL.search(phrase):
                 break
             out.add(phrase)
     return sorted(out)
@@ -146,6 +150,10 @@ def _holds(text: str, others: list[str]) -> bool:
     return any(o and re.search(rf"(?<!\w){re.escape(o)}(?!\w)", text, re.IGNORECASE)
                for o in others)
 
+
+def _other_strings(arguments: dict, name: str) -> list[str]:
+    """The string values of the arguments but ``name``'s, stripped, lower case."""
+    return [v.strip().lower() for k, v in arguments.items() if k != name and isinstance(v, str)]
 
 def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, arguments: dict,
              request: str, heard: str, sampler: Sampler = greedy_sampler,
@@ -173,8 +181,7 @@ def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, argum
             break
         copy = probe(engine, lm, sampler, prompt, protocol, tool, out, name,
                      {"type": "string", "enum": alike})
-        others = [v.strip().lower() for k, v in out.items() if k != name and isinstance(v, str)]
-        if not isinstance(copy, str) or copy.strip().lower() in others \
+        if not isinstance(copy, str) or copy.strip().lower() in _other_strings(out, name) \
                 or tool.validate({**out, name: copy}):
             continue
         if likelihood(engine, lm, prompt, protocol, tool, out, name, copy) >= \
@@ -192,8 +199,11 @@ def is_place(name: str) -> bool:
 
 
 def _takes_parts(tool: Tool, name: str) -> bool:
-    return any(p != name and any(w.lower().startswith(PART_STEMS) for w in NAME_WORD.findall(p))
+    """Whether another of the tool's parameters is named for a place's part (a word of
+    :data:`PART_WORDS`: ``state``, ``country_code``)."""
+    return any(p != name and {w.lower() for w in NAME_WORD.findall(p)} & PART_WORDS
                for p in tool.properties)
+
 
 
 def _qualifiers(text: str, start: int) -> str:
@@ -282,9 +292,7 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
             continue
         place = place_alone(tool, name, value, request)
         if not _takes_parts(tool, name):
-            others = [v.strip().lower() for k, v in out.items()
-                      if k != name and isinstance(v, str)]
-            place = whole_place(place, request, others)
+            place = whole_place(place, request, _other_strings(out, name))
         if place != value and not tool.validate({**out, name: place}):
             out = {**out, name: place}
     return out

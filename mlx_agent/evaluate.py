@@ -91,7 +91,7 @@ class RunResult:
     guarded_steps: int = 0  # steps in which the loop guard masked a repeated call
     retried_steps: int = 0  # steps made to call again after a failed call
     named_steps: int = 0  # first steps made to call the tool the request named
-    stated_calls: int = 0  # calls whose optional arguments were made the stated ones
+    stated_calls: int = 0  # calls the request's stated and copied values changed
 
     def row(self) -> dict:
         """The run's row in ``eval --out``: the same however the runs were distributed,

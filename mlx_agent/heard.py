@@ -35,12 +35,17 @@ def number(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _written(m: re.Match) -> float:
+    """A :data:`NUMBER` match's number, as written: "1,500%" is 1500."""
+    return float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
+
+
 def numbers(text: str) -> set[float]:
     """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
     fraction ("5%": 5 and 0.05)."""
     out = set()
     for m in NUMBER.finditer(text):
-        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
+        x = _written(m)
         if math.isfinite(x):
             out |= {x, x / 100} if m.group(1) else {x}
     return out
@@ -57,7 +62,7 @@ def number_runs(text: str) -> list[list[float]]:
     run: list[float] = []
     end = None
     for m in NUMBER.finditer(text):
-        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
+        x = _written(m)
         if run and _LIST_GAP.fullmatch(text, end, m.start()) and math.isfinite(x):
             run.append(x)
         else:

@@ -60,12 +60,15 @@ def probe(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str, to
     """The value the model writes for ``name`` after ``prompt`` and the call's text up to
     it (``arguments`` before it, in the grammar's order), drawn by ``sampler`` under
     ``schema`` (the parameter's own, bounded, where None), or None where it writes none."""
+    # a parameter's own schema recurs across requests and is cached; one the caller gives
+    # (a request's phrases) is the request's alone, and would only push those out
+    grammar_of = _value_grammar if schema is None else _value_grammar.__wrapped__
     schema = _probe_schema(tool, name) if schema is None else schema
     if schema is None:
         return None
     prefix = _before(protocol, tool, arguments, name)
     try:
-        grammar = _value_grammar(json.dumps(schema, sort_keys=True), ll_tokenizer(lm))
+        grammar = grammar_of(json.dumps(schema, sort_keys=True), ll_tokenizer(lm))
         constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
         engine.sync(list(prompt) + reply_ids(lm, protocol, prefix))
         ids = list(engine.generate(sampler, max_tokens=PROBE_TOKENS,

@@ -242,15 +242,14 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call's made-up optional arguments dropped
     (:func:`without_made_up`, against :func:`heard_text`), its garbled copies copied again
-    and its places and lists whole (:mod:`mlx_agent.copied_values`) and the stated optional
-    arguments added
-    (:func:`complete_call`, from :func:`request_text`), and the text and ids it now reads
-    as. All three as they were where nothing changed, where the reply is not one complete
-    call of a known tool with no text beside it, or where the new call is one of ``made``
-    (calls that ran this turn, as the loop guard writes them: this must not turn a new
-    call into a repeat). ``stop`` is asked before each probe (a client that left).
-    Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if the reply
-    had been sampled so (the next turn reuses all of it)."""
+    and its places and lists whole (:mod:`mlx_agent.copied_values`), and the stated
+    optional arguments added (:func:`complete_call`, from :func:`request_text`); and the
+    text and ids it now reads as. All three as they were where nothing changed, where the
+    reply is not one complete call of a known tool with no text beside it, or where the new
+    call is one of ``made`` (calls that ran this turn, as the loop guard writes them: this
+    must not turn a new call into a repeat). ``stop`` is asked before each probe (a client
+    that left). Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if
+    the reply had been sampled so (the next turn reuses all of it)."""
     unchanged = reply, text, ids
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut

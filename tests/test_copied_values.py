@@ -28,7 +28,7 @@ from mlx_agent.tools import parse_tools
 
 from .test_agent_loop import QWEN_LIKE
 from .test_loop_guard import Obliging
-from .test_stated_arguments import WEATHER, ask, assert_reused_whole
+from .test_stated_arguments import WEATHER, ask, assert_reused_whole, weather_replies
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
@@ -78,6 +78,9 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
                           {"city": "Paris", "note": "France"}),  # another argument's
                          (tool(city={"type": "string", "maxLength": 8}), {"city": "Paris"})):
         assert whole_places(t, arguments, request) is arguments
+    # a parameter for a place's part by whole words: "statement_id" is no state
+    assert whole_places(tool(city={"type": "string"}, statement_id={"type": "string"}),
+                        {"city": "Lund"}, "Go to Lund, Sweden.") == {"city": "Lund, Sweden"}
     # another argument's value as whole words only: "en" is not in "Sweden"
     assert whole_places(tool(city={"type": "string"}, lang={"type": "string"}),
                         {"city": "Lund", "lang": "en"}, "Go to Lund, Sweden.") == \
@@ -85,7 +88,7 @@ def test_only_a_place_of_a_tool_with_no_parameter_for_its_parts_is_extended():
     assert [is_place(n) for n in ("loc", "pickup_city", "startLocation", "home_address")] == \
         [True, True, True, True]
     assert not any(map(is_place, ("block", "email_address", "placeholder", "original_text",
-                                  "name", "title")))
+                                  "origin_language", "name", "title")))
 
 
 def test_a_place_that_runs_on_into_another_parameter_is_cut_back_to_the_place():
@@ -158,6 +161,7 @@ def test_a_requests_phrases_are_its_runs_of_words_as_written():
     got = phrases("Route to Los Angeles, CA? Now.")
     assert {"Los Angeles", "Los Angeles, CA", "CA", "Route to Los Angeles, CA? Now"} <= set(got)
     assert "Angeles, CA?" not in got and got == sorted(got)
+    assert phrases("Los\x00Angeles\tnow") == ["Angeles", "Los", "now"]  # no NUL, no tab
     from mlx_agent.copied_values import _alike
 
     # the phrases a probe may choose for "LAS": SequenceMatcher's ratio of the value first
@@ -168,18 +172,11 @@ def test_a_requests_phrases_are_its_runs_of_words_as_written():
     assert long == ["word" + " word" * i for i in range(8)]
 
 
-def route_replies(protocol, city):
-    arguments = json.dumps({"city": city}, separators=(",", ":"))
-    call = f'{{"tool":"weather","arguments":{arguments}}}' if protocol == "json" else \
-        f'<tool_call>\n{{"name":"weather","arguments":{arguments}}}\n</tool_call>'
-    return call, '{"answer":"done"}' if protocol == "json" else "done"
-
-
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_a_garbled_copy_is_copied_again_and_the_cache_reused_whole(tiny_lm, protocol,
                                                                    tmp_path):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    call, answer = route_replies(protocol, "Rigggga Lattvviiaa")
+    call, answer = weather_replies(protocol, "Rigggga Lattvviiaa")
     rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
     # the probe may write only the request's phrases: the script's is one, and this model
     # finds it more likely than its own spelling (test_a_less_likely_copy_is_not_taken)
@@ -190,19 +187,20 @@ def test_a_garbled_copy_is_copied_again_and_the_cache_reused_whole(tiny_lm, prot
     assert out.answer == "done" and out.stats.stated_calls == 1
     assert_reused_whole(tj.read(rec.path), agent)
     # a place cut at its comma is copied whole, with no probe
-    call, answer = route_replies(protocol, "Riga")
+    call, answer = weather_replies(protocol, "Riga")
     _, out, events = ask(lm, protocol, [call, answer], "Weather in Riga, Latvia.")
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Riga, Latvia"}]
 
 
 def test_a_less_likely_copy_is_not_taken(tiny_lm):
-    from mlx_agent.probe import likelihood
+    from mlx_agent.probe import _value_grammar, likelihood
 
+    cached = _value_grammar.cache_info().currsize
     fmt = agent_format("json", tiny_lm)
     messages = [{"role": "user", "content": "Weather in Riga, Latvia."}]
     prompt = fmt.prompt_ids(messages, WEATHER)
     for city, taken in (("Rigggga Lattvviiaa", True), ("Rigga", False)):
-        call = route_replies("json", city)[0]
+        call = weather_replies("json", city)[0]
         ids = tiny_lm.encode_text(call)
         engine = tiny_lm.engine()
         odds = [likelihood(engine, tiny_lm, prompt, "json", WEATHER[0], {}, "city", v)
@@ -214,16 +212,18 @@ def test_a_less_likely_copy_is_not_taken(tiny_lm):
                                            Obliging(tiny_lm, '"Riga, Latvia"}'))
         assert reply.calls[0].arguments == {"city": "Riga, Latvia" if taken else city}
         assert engine.tokens == prompt + out_ids
+    # a request's phrases make a grammar of its own: not kept in the schemas' cache
+    assert _value_grammar.cache_info().currsize == cached
 
 
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_a_value_the_model_meant_otherwise_stays(tiny_lm, protocol):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    call, answer = route_replies(protocol, "New York City")
+    call, answer = weather_replies(protocol, "New York City")
     # the phrase the model picks shares too little with what it wrote: not a miscopy
     _, out, events = ask(lm, protocol, [call, '"Manhattan"}', answer], "Weather in Manhattan.")
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "New York City"}]
-    _, out, events = ask(lm, protocol, [route_replies(protocol, "Rigga")[0], answer],
+    _, out, events = ask(lm, protocol, [weather_replies(protocol, "Rigga")[0], answer],
                          "Weather in Riga, Latvia.", stated_arguments=False)
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Rigga"}]
 
@@ -282,8 +282,9 @@ def test_likelihood_is_the_models_own_log_probability(tiny_lm):
 
     from mlx_agent.batch_runner import batch_engines
     from mlx_agent.grammar import call_text
-    from mlx_agent.probe import likelihood
+    from mlx_agent.probe import _value_grammar, likelihood
 
+    cached = _value_grammar.cache_info().currsize
     fmt = agent_format("json", tiny_lm)
     prompt = fmt.prompt_ids([{"role": "user", "content": "Weather in Riga."}], WEATHER)
     text = call_text("json", WEATHER[0], {"city": "Riga, Latvia"})

@@ -93,9 +93,11 @@ def ask(lm, protocol, replies, request, **config):
     return agent, agent.ask(request), rec
 
 
-def weather_replies(protocol):
-    call = '{"tool":"weather","arguments":{"city":"Oslo"}}' if protocol == "json" else \
-        '<tool_call>\n{"name":"weather","arguments":{"city":"Oslo"}}\n</tool_call>'
+def weather_replies(protocol, city="Oslo"):
+    """``weather(city=...)`` as ``protocol``'s grammar writes it, and an answer."""
+    arguments = json.dumps({"city": city}, separators=(",", ":"))
+    call = f'{{"tool":"weather","arguments":{arguments}}}' if protocol == "json" else \
+        f'<tool_call>\n{{"name":"weather","arguments":{arguments}}}\n</tool_call>'
     answer = '{"answer":"done"}' if protocol == "json" else "done"
     return call, answer
 
