@@ -83,11 +83,13 @@ NAMED_HELP = ("Let the model choose freely even when the request tells it to use
               "name (\"Use the echo tool to ...\" makes the first step call echo).")
 
 
-STATED_HELP = ("Leave a call's arguments as the model wrote them; by default each optional "
-               "one it left out is asked of the model and added when the request states "
-               "its value (\"in Celsius\"), one whose value neither the request nor a "
-               "tool result wrote is dropped, a garbled copy of the request's words is "
-               "copied again, and a place or a list of numbers it copies is copied whole.")
+STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first call of a "
+               "tool other than the one the request describes is written again for that "
+               "one, each optional argument left out is asked of the model and added when "
+               "the request states its value (\"in Celsius\"), one whose value neither the "
+               "request nor a tool result wrote is dropped, a garbled copy of the request's "
+               "words is copied again, and a place or a list of numbers it copies is copied "
+               "whole.")
 
 
 def loop_options(f):

@@ -5,25 +5,27 @@ parameter, ``"name":`` included, and the model writes a value under a schema (th
 parameter's own, bounded, or one the caller gives, such as a choice of the request's
 phrases), up to the ``,`` or ``}`` that ends it. :mod:`mlx_agent.stated_arguments` probes
 the optional parameters a call left out; :mod:`mlx_agent.copied_values` probes again a
-string the call garbled.
+string the call garbled. :func:`probe_arguments` has the model write a whole call's
+arguments the same way, for the tool :mod:`mlx_agent.described_tool` finds the request
+describes.
 
 Not promised: a value longer than :data:`PROBE_TOKENS` tokens (strings longer than
-:data:`PROBE_CHARS` characters) is not written; the engine is left where the probe left it,
-and the caller syncs it back.
+:data:`PROBE_CHARS` characters), or arguments longer than the reply's token budget, are not
+written; the engine is left where the probe left it, and the caller syncs it back.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from llguidance import LLMatcher
 
 from .engine import Sampler
 from .formats.messages import unspaced
-from .grammar import (Constraint, GrammarError, _bound, _guidance, call_text, check_compiles,
-                      ll_tokenizer, written_json)
+from .grammar import (Constraint, GrammarError, _arguments_schema, _bound, _guidance, _ordered,
+                      call_text, check_compiles, ll_tokenizer, string_budget, written_json)
 from .tools import Tool
 
 PROBE_TOKENS = 24  # the longest value a probe decodes; a longer one is not written
@@ -32,13 +34,13 @@ _SENTINEL = "\x00probe\x00"
 
 
 @functools.lru_cache(maxsize=256)
-def _value_grammar(schema_json: str, tokenizer) -> str:
-    """A value of the schema, then the ``,`` or ``}`` that ends it in the call: a bare
+def _value_grammar(schema_json: str, tokenizer, ends: str = ",}") -> str:
+    """A value of the schema, then one of ``ends``, which ends it in the call: a bare
     number's grammar is never done (another digit may follow), so the probe ends at the
     delimiter instead, as the call's own grammar does."""
     schema = json.dumps({**json.loads(schema_json), "x-guidance": _guidance("json")})
     try:
-        grammar = LLMatcher.grammar_from_lark(f"start: value /[,}}]/\nvalue: %json {schema}\n")
+        grammar = LLMatcher.grammar_from_lark(f"start: value /[{ends}]/\nvalue: %json {schema}\n")
     except ValueError as e:
         raise GrammarError(f"a parameter's schema is not usable: {e}") from None
     check_compiles(grammar, tokenizer, "a parameter's schema")
@@ -82,6 +84,39 @@ def probe(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str, to
         return unspaced(json.loads(text[:-1]))
     except ValueError:
         return None
+
+
+def probe_arguments(engine, lm, sampler: Sampler, prompt: Sequence[int], protocol: str,
+                    tool: Tool, max_tokens: int,
+                    stop: Callable[[], bool] = lambda: False) -> dict | None:
+    """The arguments the model writes for a call of ``tool`` after ``prompt`` and the
+    call's text up to them, drawn by ``sampler`` under the tool's parameters as the reply's
+    grammar binds them (in the order it writes them, strings bounded by ``max_tokens``), or
+    None where it writes none within ``max_tokens`` tokens or ``stop`` says so (asked
+    before each token)."""
+    written = call_text(protocol, tool, {})
+    prefix = written[:written.rindex("{}")]
+    schema = _arguments_schema(_ordered(tool, protocol), string_budget(max_tokens))
+    try:
+        grammar = _value_grammar(json.dumps(schema), ll_tokenizer(lm), "}")
+        constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
+        engine.sync(list(prompt) + reply_ids(lm, protocol, prefix))
+        ids = []
+        for token in engine.generate(sampler, max_tokens=max_tokens, stop_ids=lm.end_ids,
+                                     constraint=constraint):
+            if stop():
+                return None
+            ids.append(token)
+    except GrammarError:
+        return None
+    text = lm.decode(ids)
+    if not constraint.done or (ids and ids[-1] in lm.end_ids) or text[-1:] != "}":
+        return None
+    try:
+        arguments = unspaced(json.loads(text[:-1]))
+    except ValueError:
+        return None
+    return arguments if isinstance(arguments, dict) else None
 
 
 def _before(protocol: str, tool: Tool, arguments: dict, name: str) -> str:

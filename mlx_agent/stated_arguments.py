@@ -27,7 +27,9 @@ A flag, an object or a required argument is never dropped.
 
 The same pass reads the call's strings against the request (:mod:`mlx_agent.copied_values`):
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, and a place cut at its comma
-("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole.
+("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole. Before all
+that, a turn's first call of a tool other than the one the request describes
+(:mod:`mlx_agent.described_tool`) is written again for that one.
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it
 was sampled, and so is every call with a rotating KV cache; a value the request implies
@@ -47,6 +49,7 @@ from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
 from .copied_values import recopied, whole_lists, whole_places
+from .described_tool import described_tool
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -55,7 +58,7 @@ from .heard import NAME_WORD, Heard
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
-from .probe import probe, reply_ids
+from .probe import probe, probe_arguments, reply_ids
 from .tools import Tool
 
 MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
@@ -237,10 +240,15 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
 def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply,
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
                    messages: Sequence[dict], sampler: Sampler = greedy_sampler,
-                   made: Collection[str] = (), stop: Callable[[], bool] = lambda: False
+                   made: Collection[str] = (), stop: Callable[[], bool] = lambda: False,
+                   choices: Sequence[Tool] = (), max_tokens: int = 256
                    ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
-    one; the reply to ``messages``) with its one call's made-up optional arguments dropped
+    one; the reply to ``messages``) with its one call written again for the tool of
+    ``choices`` the request describes, where that is another and this is the turn's first
+    call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's grammar
+    let it call, none where a tool was named; ``max_tokens`` the reply's budget), its
+    made-up optional arguments dropped
     (:func:`without_made_up`, against :func:`heard_text`), its garbled copies copied again
     and its places and lists whole (:mod:`mlx_agent.copied_values`), and the stated
     optional arguments added (:func:`complete_call`, from :func:`request_text`); and the
@@ -263,8 +271,10 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     if not request.strip():
         return unchanged
     heard = heard_text(messages)
-    arguments = without_made_up(tool, call.arguments, heard)
     try:
+        tool, arguments = _described(engine, lm, protocol, prompt, tool, call.arguments,
+                                     messages, heard, sampler, stop, choices, max_tokens)
+        arguments = without_made_up(tool, arguments, heard)
         arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request, heard,
                              sampler, stop)
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
@@ -275,7 +285,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             if not tool.validate(arguments) and \
                     call_text(protocol, tool, arguments) not in made:
                 text = call_text(protocol, tool, arguments)
-                reply, ids = Reply(calls=[Call(call.name, arguments)]), \
+                reply, ids = Reply(calls=[Call(tool.name, arguments)]), \
                     reply_ids(lm, protocol, text)
         _hold(engine, list(prompt) + ids + tail)
         return reply, text, ids
@@ -285,6 +295,41 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
         _hold(engine, list(prompt) + unchanged[2] + tail)
         raise
+
+
+def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arguments: dict,
+               messages: Sequence[dict], heard: str, sampler: Sampler,
+               stop: Callable[[], bool], choices: Sequence[Tool], max_tokens: int
+               ) -> tuple[Tool, dict]:
+    """The tool of ``choices`` the request describes (:func:`described_tool`) and the
+    arguments the model writes for it, where the turn's first call is another's and no
+    required string it writes is made up (:func:`_invents`: a chain's second tool, whose
+    id the first call would find, is not called first); ``tool`` and ``arguments`` as
+    they were otherwise (a later call of a chain is read as the model made it)."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    if any(m["role"] == "tool" for m in messages[last:]):
+        return tool, arguments
+    described = described_tool(choices, request_text(messages), tool)
+    if described is None or stop():
+        return tool, arguments
+    written = probe_arguments(engine, lm, sampler, prompt, protocol, described, max_tokens,
+                              stop)
+    if written is None or described.validate(written):
+        return tool, arguments
+    written = recopied(engine, lm, prompt, protocol, described, written,
+                       request_text(messages), heard, sampler, stop)  # "SanDiego" is no id
+    return (tool, arguments) if _invents(described, written, heard) else (described, written)
+
+
+def _invents(tool: Tool, arguments: dict, heard: str) -> bool:
+    """Whether a required string of ``arguments`` (free of an enum or a const) is one
+    neither ``heard`` nor the tool's schema writes (:meth:`Heard.made_up`): an id or a name
+    the model made up. A number may be worked out ("monthly": 12 a year)."""
+    said = Heard("\n".join((heard, tool.description, json.dumps(tool.parameters))))
+    free = [k for k in tool.required if isinstance(arguments.get(k), str)
+            and isinstance(tool.properties.get(k), dict)
+            and not {"enum", "const"} & tool.properties[k].keys()]
+    return any(said.made_up(arguments[k]) for k in free)
 
 
 def _hold(engine, ids: list[int]) -> None:

@@ -75,10 +75,11 @@ class AgentConfig:
     # makes the first step call it, where the choice is "auto" (see named_tool). Needs
     # the grammar.
     follow_named_tool: bool = True
-    # a call's optional arguments are made the ones the request states: probed and added
-    # where it states them, dropped where nobody wrote them (see stated_arguments); and the
-    # values it copies from the request copied exactly (see copied_values). Needs the
-    # grammar.
+    # a turn's first call of another tool than the one the request describes is written
+    # again for that one (see described_tool); a call's optional arguments are made the
+    # ones the request states: probed and added where it states them, dropped where nobody
+    # wrote them (see stated_arguments); and the values it copies from the request copied
+    # exactly (see copied_values). Needs the grammar.
     stated_arguments: bool = True
 
     def choice(self, step: int) -> str:
@@ -162,7 +163,8 @@ class Agent:
                  emit: Callable[[ev.Event], None] = lambda e: None, sampler=None,
                  recorder=None, probe_sampler=None):
         """``probe_sampler`` draws the values of a call's probes
-        (:mod:`mlx_agent.stated_arguments`, :mod:`mlx_agent.copied_values`): greedy by
+        (:mod:`mlx_agent.stated_arguments`, :mod:`mlx_agent.copied_values`,
+        :mod:`mlx_agent.described_tool`): greedy by
         default, the value the model finds most likely, whatever ``sampler`` draws replies
         with."""
         self.lm, self.engine, self.fmt = lm, engine, fmt
@@ -299,7 +301,9 @@ class Agent:
                 reply, text, ids = complete_reply(
                     self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
                     list(self.tools.values()), self.conversation.messages,
-                    self.probe_sampler, self._made)
+                    self.probe_sampler, self._made,
+                    choices=list(self.tools.values()) if choice in ("auto", "required")
+                    else (), max_tokens=self.config.max_tokens)  # a named tool stays
             except KeyboardInterrupt as e:  # during a probe: the reply stands as sampled,
                 q.interrupt = e  # and the engine's cache holds what its tokens say
             if reply is not parsed:  # the call as completed is what the model reads next
@@ -311,9 +315,11 @@ class Agent:
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
-        if reply is not parsed and text in self._made:
+        if reply is not parsed and text in self._made \
+                and reply.calls[0].name == parsed.calls[0].name:
             # the changed call ran: the guard refuses the call as sampled too, which the
-            # next step would change into the same call
+            # next step would change into the same call (a call of another tool is never
+            # moved after the turn's first: the model may make it next)
             call = parsed.calls[0]
             self._made += refused_texts(self.fmt.name, self.tools[call.name], call.arguments)
         if self.log is not None:

@@ -242,7 +242,9 @@ class ChatService:
                     gen.ids[len(ids):], prep.tools, messages,
                     made=[written for t, args in _made(messages, prep.tools)
                           for written in refused_texts(prep.fmt.name, t, args)],
-                    stop=cancelled)
+                    stop=cancelled, choices=prep.tools if not prep.deferred
+                    and prep.call.tool_choice in ("auto", "required") else (),
+                    max_tokens=prep.max_tokens)
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
