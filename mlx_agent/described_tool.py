@@ -25,8 +25,8 @@ a word with a letter outside ASCII counts nothing ("hôtel"), so a request in an
 language mostly describes no tool. A request can describe the second tool of a chain more
 than the first, where it does not write the first's name ("book a flight to Denver", with
 ``search_flights`` called first): the caller reads only a turn's first call, and keeps the
-model's call where the other tool's required arguments are ones the request never writes
-(the flight's id).
+model's call where a required string it writes for the other tool is made up (the flight's
+id; :mod:`mlx_agent.stated_arguments`).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def stem(word: str) -> str:
 
 
 def stems(text: str) -> set[str]:
-    """The stems of ``text``'s words of three or more letters that are not
+    """The stems of ``text``'s words of three or more letters or digits that are not
     :data:`FUNCTION_WORDS`; a name's parts are words ("getTopGoalScorers": get, top, goal,
     scor); a word with a letter outside ASCII is none ("Zürich", "hôtel")."""
     found = (w.lower() for word in re.findall(r"[^\W_]+", text) if word.isascii()

@@ -91,9 +91,10 @@ def probe_arguments(engine, lm, sampler: Sampler, prompt: Sequence[int], protoco
                     stop: Callable[[], bool] = lambda: False) -> dict | None:
     """The arguments the model writes for a call of ``tool`` after ``prompt`` and the
     call's text up to them, drawn by ``sampler`` under the tool's parameters as the reply's
-    grammar binds them (in the order it writes them, strings bounded by ``max_tokens``), or
-    None where it writes none within ``max_tokens`` tokens or ``stop`` says so (asked
-    before each token)."""
+    grammar binds them (in the order it writes them, strings bounded by
+    :func:`~mlx_agent.grammar.string_budget`), or None where it writes none within
+    ``max_tokens`` tokens (the call's opening text aside) or ``stop`` says so (asked after
+    each token)."""
     written = call_text(protocol, tool, {})
     prefix = written[:written.rindex("{}")]
     schema = _arguments_schema(_ordered(tool, protocol), string_budget(max_tokens))
@@ -102,11 +103,15 @@ def probe_arguments(engine, lm, sampler: Sampler, prompt: Sequence[int], protoco
         constraint = Constraint(ll_tokenizer(lm), grammar, lm.vocab_size)
         engine.sync(list(prompt) + reply_ids(lm, protocol, prefix))
         ids = []
-        for token in engine.generate(sampler, max_tokens=max_tokens, stop_ids=lm.end_ids,
-                                     constraint=constraint):
-            if stop():
-                return None
-            ids.append(token)
+        tokens = engine.generate(sampler, max_tokens=max_tokens, stop_ids=lm.end_ids,
+                                 constraint=constraint)
+        try:  # closed at once on a stop: a batched engine's row leaves its batch
+            for token in tokens:
+                if stop():
+                    return None
+                ids.append(token)
+        finally:
+            tokens.close()
     except GrammarError:
         return None
     text = lm.decode(ids)

@@ -272,11 +272,13 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         return unchanged
     heard = heard_text(messages)
     try:
-        tool, arguments = _described(engine, lm, protocol, prompt, tool, call.arguments,
-                                     messages, heard, sampler, stop, choices, max_tokens)
-        arguments = without_made_up(tool, arguments, heard)
-        arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request, heard,
-                             sampler, stop)
+        moved, arguments = _described(engine, lm, protocol, prompt, tool, call.arguments,
+                                      messages, heard, sampler, stop, choices, max_tokens)
+        arguments = without_made_up(moved, arguments, heard)
+        if moved is tool:  # a moved call's copies were read before it was moved
+            arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
+                                 heard, sampler, stop)
+        tool = moved
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop)
@@ -322,14 +324,23 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
 
 
 def _invents(tool: Tool, arguments: dict, heard: str) -> bool:
-    """Whether a required string of ``arguments`` (free of an enum or a const) is one
-    neither ``heard`` nor the tool's schema writes (:meth:`Heard.made_up`): an id or a name
-    the model made up. A number may be worked out ("monthly": 12 a year)."""
+    """Whether a required string of ``arguments``, or a list of strings (free of an enum or
+    a const), is one neither ``heard`` nor the tool's schema writes: no word of it begins
+    one of theirs (:meth:`Heard.made_up`), or a word of it with a digit is none of theirs
+    whole ("flight_1234"): an id or a name the model made up. A number may be worked out
+    ("monthly": 12 a year), and is not read; nor is an object."""
     said = Heard("\n".join((heard, tool.description, json.dumps(tool.parameters))))
-    free = [k for k in tool.required if isinstance(arguments.get(k), str)
-            and isinstance(tool.properties.get(k), dict)
-            and not {"enum", "const"} & tool.properties[k].keys()]
-    return any(said.made_up(arguments[k]) for k in free)
+    whole = set(said.words)
+
+    def made_up(value: str) -> bool:
+        return said.made_up(value) or any(w not in whole for w in _words(value)
+                                           if not w.isalpha())
+
+    free = [arguments[k] for k in tool.required if k in arguments
+            and (not isinstance(tool.properties.get(k), dict)
+                 or not {"enum", "const"} & tool.properties[k].keys())]
+    return any(made_up(v) for value in free
+               for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
 
 
 def _hold(engine, ids: list[int]) -> None:

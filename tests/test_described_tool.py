@@ -105,10 +105,20 @@ def test_a_request_that_describes_the_called_tool_too_may_ask_for_both():
     assert described_tool(pets, "Update feeding plan FEE-2285.", pets[0]) is pets[1]
 
 
-def test_one_tool_alone_or_a_tool_not_offered_is_kept():
+def test_one_tool_alone_a_tool_not_offered_or_one_the_user_names_is_kept():
     one = tools(("plot_sine_wave", "Plot a sine wave.", ["frequency"]))
     assert described_tool(one, "The area of a circle?", one[0]) is None
     assert described_tool(TOOLS, ASKED, one[0]) is None
+    assert described_tool(TOOLS, ASKED, WEATHER) is EXCHANGE
+    assert described_tool(TOOLS, "Use the weather tool. " + ASKED, WEATHER) is None
+
+
+def test_a_tool_of_no_words_leaves_the_words_every_other_tool_has():
+    interest = tools(("compound_interest", "Interest of a principal, compounded.", []),
+                     ("simple_interest", "Interest of a principal.", []))
+    request = "The compound interest on a principal of 1000."
+    assert scores(interest + tools(("do", "", [])), request) == scores(interest, request) \
+        + [0] == [2, 0, 0]
 
 
 def ask(lm, protocol, replies, request, **config):
@@ -137,11 +147,9 @@ def test_a_call_of_another_tool_is_written_again_for_the_described_one(tiny_lm, 
     assert [(c.tool, c.arguments, c.stdout) for c in events.of(ev.ToolCall)] == \
         [("currency_exchange", {"amount": 200, "to": "dollars"}, "200 dollars")]
     assert out.answer == "done" and out.stats.stated_calls == 1
-    # with the pass off, or a tool the user named, the model's call stands
-    for request, config in ((ASKED, {"stated_arguments": False}),
-                            ("Use the weather tool. " + ASKED, {})):
-        _, out, events = ask(lm, protocol, [wrong, answer], request, **config)
-        assert [c.tool for c in events.of(ev.ToolCall)] == ["weather"]
+    # with the pass off, the model's call stands
+    _, out, events = ask(lm, protocol, [wrong, answer], ASKED, stated_arguments=False)
+    assert [c.tool for c in events.of(ev.ToolCall)] == ["weather"]
 
 
 def test_the_models_own_call_may_follow_a_moved_one(tiny_lm):
@@ -162,7 +170,9 @@ def reread(lm, tools_, messages, call, script, max_tokens=256):
     engine = lm.engine()
     engine.sync(prompt + ids)
     reply, text, out_ids = complete_reply(engine, lm, "json", prompt, fmt.parse(call), call,
-                                          ids, [], tools_, messages, Obliging(lm, script),
+                                          ids, [], tools_, messages,
+                                          Obliging(lm, *([script] if isinstance(script, str)
+                                                         else script)),
                                           choices=tools_, max_tokens=max_tokens)
     return (reply.calls[0].name, reply.calls[0].arguments), engine.tokens == prompt + out_ids
 
@@ -191,9 +201,43 @@ def test_a_call_whose_required_values_the_request_never_writes_is_not_made_first
     call = written("json", "search_flights", {"origin": "Boston", "destination": "Denver"})
     assert reread(tiny_lm, flights, messages, call, '{"flight_id":"UA-2291"}}')[0] == \
         ("search_flights", {"origin": "Boston", "destination": "Denver"})  # its id comes next
+    assert reread(tiny_lm, flights, messages, call, '{"flight_id":"flight_2291"}}')[0] == \
+        ("search_flights", {"origin": "Boston", "destination": "Denver"})  # a word with digits
     messages = [{"role": "user", "content": "Book me flight UA-2291 from Boston to Denver."}]
     assert reread(tiny_lm, flights, messages, call, '{"flight_id":"UA-2291"}}')[0] == \
         ("book_flight", {"flight_id": "UA-2291"})
+
+
+def test_a_garble_in_the_moved_call_is_copied_again_before_it_is_read(tiny_lm):
+    hotels = parse_tools(json.dumps([
+        {"name": "weather", "description": "Current weather for a city.",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"]}},
+        {"name": "book_hotel", "description": "Book a hotel room.",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"]}}]), runnable=False)
+    messages = [{"role": "user", "content": "Book a hotel room in Riga, Latvia."}]
+    call = written("json", "weather", {"city": "Riga, Latvia"})
+    # the garble alone reads as made up; the copy probe writes the request's phrase, which
+    # this model finds about as likely (test_copied_values's test_a_less_likely_copy...)
+    assert reread(tiny_lm, hotels, messages, call,
+                  ['{"city":"Rigggga Lattvviiaa"}}', '"Riga, Latvia"}']) == \
+        (("book_hotel", {"city": "Riga, Latvia"}), True)
+
+
+def test_a_client_that_leaves_during_the_arguments_stops_them(tiny_lm):
+    fmt = agent_format("json", tiny_lm)
+    messages = [{"role": "user", "content": ASKED}]
+    prompt, call = fmt.prompt_ids(messages, TOOLS), written("json", "weather", {"city": "x"})
+    ids = tiny_lm.encode_text(call)
+    engine = tiny_lm.engine()
+    engine.sync(prompt + ids)
+    asked = []  # the client leaves once the arguments' first token is written
+    reply, _, out_ids = complete_reply(
+        engine, tiny_lm, "json", prompt, fmt.parse(call), call, ids, [], TOOLS, messages,
+        Obliging(tiny_lm, '{"amount":200,"to":"dollars"}}'), choices=TOOLS,
+        stop=lambda: asked.append(1) or len(asked) > 1)
+    assert reply.calls[0].name == "weather" and engine.tokens == prompt + out_ids
 
 
 def test_arguments_are_written_in_the_calls_order_and_within_its_budget(tiny_lm):
@@ -203,15 +247,16 @@ def test_arguments_are_written_in_the_calls_order_and_within_its_budget(tiny_lm)
                         "required": ["city"]}},
         {"name": "currency_exchange", "description": "Convert money at the exchange rate.",
          "parameters": {"type": "object", "properties": {   # the required one declared last
-             "note": {"type": "string"}, "amount": {"type": "number"}},
-             "required": ["amount"]}}]), runnable=False)
+             "note": {"type": "string"}, "value": {"type": "number"}},
+             "required": ["value"]}}]), runnable=False)
     messages = [{"role": "user", "content": "Change 200 euros, a currency exchange for me."}]
     call = written("json", "weather", {"city": "euros"})
-    # the json protocol writes required arguments first: so does the probe
-    assert reread(tiny_lm, noted, messages, call, '{"amount":200,"note":"for me"}}') == \
-        (("currency_exchange", {"amount": 200, "note": "for me"}), True)
+    # the json protocol writes required arguments first (not as declared, nor sorted): so
+    # does the probe
+    assert reread(tiny_lm, noted, messages, call, '{"value":200,"note":"for me"}}') == \
+        (("currency_exchange", {"value": 200, "note": "for me"}), True)
     # arguments the reply's budget cannot hold: the call stays as sampled
-    assert reread(tiny_lm, noted, messages, call, '{"amount":200,"note":"for me"}}',
+    assert reread(tiny_lm, noted, messages, call, '{"value":200,"note":"for me"}}',
                   max_tokens=4) == (("weather", {"city": "euros"}), True)
 
 
