@@ -13,6 +13,7 @@ import pytest
 from mlx_agent.models import tinygpt_format as fmt
 
 from .conftest import pid_alive, random_tinygpt_file, wait_for_line
+from .test_agent_cli import default_sigint
 
 CLI = [sys.executable, "-m", "mlx_agent.cli.main"]
 
@@ -526,7 +527,8 @@ def test_ctrl_c_stops_eval_and_keeps_the_runs_done(tmp_path, batch, sig):
     proc = subprocess.Popen([*CLI, "eval", "--tasks", str(tmp_path / "tasks.jsonl"),
                              "--out", str(out), "--trajectory-dir", str(runs),
                              "--batch", batch],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)  # as a background CI run starts it
     for line in proc.stderr:  # one progress line per finished run
         if "eval 1/12" in line:
             proc.send_signal(getattr(signal, sig))
