@@ -31,6 +31,7 @@ id; :mod:`mlx_agent.stated_arguments`).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Sequence
 
@@ -66,13 +67,21 @@ def stems(text: str) -> set[str]:
     return {stem(w) for w in found if len(w) > 2 and w not in FUNCTION_WORDS}
 
 
-def _words(tools: Sequence[Tool], request: str) -> tuple[list[set], list[set], set]:
+@functools.lru_cache(maxsize=4096)
+def _tool_words(name: str, description: str, parameters: tuple[str, ...]
+                ) -> tuple[frozenset, frozenset]:
+    """A tool's name stems and its other stems: read once per tool, not per reply (a
+    server's catalogue recurs in every request)."""
+    return frozenset(stems(name)), frozenset(stems(description) | stems(" ".join(parameters)))
+
+
+def _words(tools: Sequence[Tool], request: str) -> tuple[list, list, set]:
     """Each tool's name stems and its other stems (description, parameters' names), and
     the request's stems less those every tool has (a tool with no words at all aside)."""
-    names = [stems(t.name) for t in tools]
-    others = [stems(t.description) | stems(" ".join(t.properties)) for t in tools]
-    held = [n | o for n, o in zip(names, others) if n | o]  # a tool of no words has them all
-    every = set.intersection(*held) if len(held) > 1 else set()
+    words = [_tool_words(t.name, t.description, tuple(t.properties)) for t in tools]
+    names, others = [n for n, _ in words], [o for _, o in words]
+    held = [n | o for n, o in words if n | o]  # a tool of no words has them all
+    every = frozenset.intersection(*held) if len(held) > 1 else frozenset()
     return names, others, stems(request) - every
 
 

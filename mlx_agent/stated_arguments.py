@@ -311,15 +311,16 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
     last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
     if any(m["role"] == "tool" for m in messages[last:]):
         return tool, arguments
-    described = described_tool(choices, request_text(messages), tool)
+    request = request_text(messages)
+    described = described_tool(choices, request, tool)
     if described is None or stop():
         return tool, arguments
     written = probe_arguments(engine, lm, sampler, prompt, protocol, described, max_tokens,
                               stop)
     if written is None or described.validate(written):
         return tool, arguments
-    written = recopied(engine, lm, prompt, protocol, described, written,
-                       request_text(messages), heard, sampler, stop)  # "SanDiego" is no id
+    written = recopied(engine, lm, prompt, protocol, described, written, request, heard,
+                       sampler, stop)  # "SanDiego" is no id
     return (tool, arguments) if _invents(described, written, heard) else (described, written)
 
 

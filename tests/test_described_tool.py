@@ -24,11 +24,11 @@ from mlx_agent.tools import load_tools, parse_tools
 from .test_agent_loop import QWEN_LIKE, Recorder
 from .test_loop_guard import Obliging
 
+WEATHER_SPEC = {"name": "weather", "description": "Current weather for a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}}
 TOOLS = parse_tools(json.dumps([
-    {"name": "weather", "description": "Current weather for a city.",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                    "required": ["city"]},
-     "_exec": 'printf "sunny in %s" "$city"'},
+    {**WEATHER_SPEC, "_exec": 'printf "sunny in %s" "$city"'},
     {"name": "currency_exchange", "description": "Convert money at today's exchange rate.",
      "parameters": {"type": "object", "properties": {
          "amount": {"type": "number"}, "to": {"type": "string"}},
@@ -36,6 +36,12 @@ TOOLS = parse_tools(json.dumps([
      "_exec": 'printf "%s %s" "$amount" "$to"'}]))
 WEATHER, EXCHANGE = TOOLS
 ASKED = "Change 200 euros into dollars at the currency exchange rate."
+
+
+def beside_weather(*specs):
+    """The weather tool and ``specs``, not runnable: the catalogues the model's wrong call
+    (of weather) is moved out of."""
+    return parse_tools(json.dumps([WEATHER_SPEC, *specs]), runnable=False)
 
 
 def tools(*spec):
@@ -162,9 +168,11 @@ def test_the_models_own_call_may_follow_a_moved_one(tiny_lm):
          ("weather", {"city": "dollars"})]
 
 
-def reread(lm, tools_, messages, call, script, max_tokens=256):
-    """``complete_reply`` on ``call``, the probes writing ``script``: the call's tool and
-    arguments after, and whether the engine holds the prompt and the reply as it reads."""
+def reread(lm, tools_, messages, call, script, max_tokens=256, choices=None,
+           stop=lambda: False):
+    """``complete_reply`` on ``call``, the probes writing ``script`` (``choices``: all of
+    ``tools_`` unless given): the call's tool and arguments after, and whether the engine
+    holds the prompt and the reply as it reads (its text, as the grammar writes it)."""
     fmt = agent_format("json", lm)
     prompt, ids = fmt.prompt_ids(messages, tools_), lm.encode_text(call)
     engine = lm.engine()
@@ -173,8 +181,10 @@ def reread(lm, tools_, messages, call, script, max_tokens=256):
                                           ids, [], tools_, messages,
                                           Obliging(lm, *([script] if isinstance(script, str)
                                                          else script)),
-                                          choices=tools_, max_tokens=max_tokens)
-    return (reply.calls[0].name, reply.calls[0].arguments), engine.tokens == prompt + out_ids
+                                          choices=tools_ if choices is None else choices,
+                                          max_tokens=max_tokens, stop=stop)
+    made = reply.calls[0].name, reply.calls[0].arguments
+    return made, text == written("json", *made) and engine.tokens == prompt + out_ids
 
 
 def test_a_chains_later_call_is_read_as_made(tiny_lm):
@@ -209,13 +219,8 @@ def test_a_call_whose_required_values_the_request_never_writes_is_not_made_first
 
 
 def test_a_garble_in_the_moved_call_is_copied_again_before_it_is_read(tiny_lm):
-    hotels = parse_tools(json.dumps([
-        {"name": "weather", "description": "Current weather for a city.",
-         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                        "required": ["city"]}},
-        {"name": "book_hotel", "description": "Book a hotel room.",
-         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                        "required": ["city"]}}]), runnable=False)
+    hotels = beside_weather({"name": "book_hotel", "description": "Book a hotel room.",
+                             "parameters": WEATHER_SPEC["parameters"]})
     messages = [{"role": "user", "content": "Book a hotel room in Riga, Latvia."}]
     call = written("json", "weather", {"city": "Riga, Latvia"})
     # the garble alone reads as made up; the copy probe writes the request's phrase, which
@@ -226,29 +231,19 @@ def test_a_garble_in_the_moved_call_is_copied_again_before_it_is_read(tiny_lm):
 
 
 def test_a_client_that_leaves_during_the_arguments_stops_them(tiny_lm):
-    fmt = agent_format("json", tiny_lm)
-    messages = [{"role": "user", "content": ASKED}]
-    prompt, call = fmt.prompt_ids(messages, TOOLS), written("json", "weather", {"city": "x"})
-    ids = tiny_lm.encode_text(call)
-    engine = tiny_lm.engine()
-    engine.sync(prompt + ids)
     asked = []  # the client leaves once the arguments' first token is written
-    reply, _, out_ids = complete_reply(
-        engine, tiny_lm, "json", prompt, fmt.parse(call), call, ids, [], TOOLS, messages,
-        Obliging(tiny_lm, '{"amount":200,"to":"dollars"}}'), choices=TOOLS,
-        stop=lambda: asked.append(1) or len(asked) > 1)
-    assert reply.calls[0].name == "weather" and engine.tokens == prompt + out_ids
+    assert reread(tiny_lm, TOOLS, [{"role": "user", "content": ASKED}],
+                  written("json", "weather", {"city": "x"}), '{"amount":200,"to":"dollars"}}',
+                  stop=lambda: asked.append(1) or len(asked) > 1) == \
+        (("weather", {"city": "x"}), True)
 
 
 def test_arguments_are_written_in_the_calls_order_and_within_its_budget(tiny_lm):
-    noted = parse_tools(json.dumps([
-        {"name": "weather", "description": "Current weather for a city.",
-         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                        "required": ["city"]}},
+    noted = beside_weather(
         {"name": "currency_exchange", "description": "Convert money at the exchange rate.",
          "parameters": {"type": "object", "properties": {   # the required one declared last
              "note": {"type": "string"}, "value": {"type": "number"}},
-             "required": ["value"]}}]), runnable=False)
+             "required": ["value"]}})
     messages = [{"role": "user", "content": "Change 200 euros, a currency exchange for me."}]
     call = written("json", "weather", {"city": "euros"})
     # the json protocol writes required arguments first (not as declared, nor sorted): so
@@ -262,19 +257,11 @@ def test_arguments_are_written_in_the_calls_order_and_within_its_budget(tiny_lm)
 
 @pytest.mark.parametrize("choices", [TOOLS, ()])
 def test_the_engine_holds_the_call_as_it_now_reads(tiny_lm, choices):
-    fmt = agent_format("json", tiny_lm)
-    messages = [{"role": "user", "content": ASKED}]
-    prompt, call = fmt.prompt_ids(messages, TOOLS), written("json", "weather", {"city": "x"})
-    ids = tiny_lm.encode_text(call)
-    engine = tiny_lm.engine()
-    engine.sync(prompt + ids)
-    reply, text, out_ids = complete_reply(
-        engine, tiny_lm, "json", prompt, fmt.parse(call), call, ids, [], TOOLS, messages,
-        Obliging(tiny_lm, '{"amount":200,"to":"dollars"}}'), choices=choices)
     expected = ("currency_exchange", {"amount": 200, "to": "dollars"}) if choices \
         else ("weather", {"city": "x"})
-    assert (reply.calls[0].name, reply.calls[0].arguments) == expected
-    assert text == written("json", *expected) and engine.tokens == prompt + out_ids
+    assert reread(tiny_lm, TOOLS, [{"role": "user", "content": ASKED}],
+                  written("json", "weather", {"city": "x"}), '{"amount":200,"to":"dollars"}}',
+                  choices=choices) == (expected, True)
 
 
 INTEREST = [
