@@ -67,11 +67,12 @@ def stems(text: str) -> set[str]:
     return {stem(w) for w in found if len(w) > 2 and w not in FUNCTION_WORDS}
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)
 def _tool_words(name: str, description: str, parameters: tuple[str, ...]
                 ) -> tuple[frozenset, frozenset]:
     """A tool's name stems and its other stems: read once per tool, not per reply (a
-    server's catalogue recurs in every request)."""
+    server's catalogue recurs in every request). At most 256 tools are kept: a client
+    sending a new catalogue of long descriptions each time holds tens of MB, not GB."""
     return frozenset(stems(name)), frozenset(stems(description) | stems(" ".join(parameters)))
 
 
