@@ -88,8 +88,9 @@ STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first ca
                "one, each optional argument left out is asked of the model and added when "
                "the request states its value (\"in Celsius\"), one whose value neither the "
                "request nor a tool result wrote is dropped, a garbled copy of the request's "
-               "words is copied again, and a place or a list of numbers it copies is copied "
-               "whole.")
+               "words is copied again, a place or a list of numbers it copies is copied "
+               "whole, and where the reply may answer, a call on a number no one gave "
+               "becomes a question asking the user for it.")
 
 
 def loop_options(f):

@@ -2,20 +2,37 @@
 against them.
 
 A value "is written" in a request when its words begin the request's words (``postgres`` in
-"PostgreSQL") or its number is one the request writes ("1,500", "1e-9", "5%" also as 0.05).
-:class:`Heard` holds a text's words sorted, so a long tool result costs one sort, not a scan
-per value. Not promised: words are ASCII letters and digits, lower-cased ("Zürich" is "z",
-"rich"); numbers are decimal, with thousands commas but not spaces or dots.
+"PostgreSQL") or its number is one the request writes ("1,500", "1e-9", "5%" also as 0.05);
+read loosely, also "6cm", "five", "twenty-one" and "2 million" as 2,000,000. :class:`Heard`
+holds a text's words sorted, so a long tool result costs one sort, not a scan per value. Not
+promised: words are ASCII letters and digits, lower-cased ("Zürich" is "z", "rich"); numbers
+are decimal, with thousands commas but not spaces or dots; loosely read, a letter glued on
+may be a variable ("3x^2" writes 3), and spelt numbers are English words up to the nineties,
+"hundred", "thousand" and "dozen", not "three hundred and two".
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 from typing import Any
 
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(?![\w])")
+# read loosely: a unit may be glued on ("6cm", "300K"), never inside a word ("rs64")
+GLUED = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)"
+                   r"(?=[a-zA-Z])(?![eE][-+]?\d)")
+UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen " \
+    "fourteen fifteen sixteen seventeen eighteen nineteen".split()
+TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+SPELT = {**{w: i for i, w in enumerate(UNITS)}, **{w: 20 + 10 * i for i, w in enumerate(TENS)},
+         "hundred": 100, "thousand": 1000, "dozen": 12}
+SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9}
+_SPELT = re.compile(rf"\b(?:({'|'.join(TENS)})(?:-({'|'.join(UNITS[1:10])}))?"
+                    rf"|({'|'.join(UNITS)}|hundred|thousand|dozen))\b", re.IGNORECASE)
+_SCALED = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) (" + "|".join(SCALES) + r")\b",
+                     re.IGNORECASE)
 NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
 
 
@@ -40,14 +57,23 @@ def _written(m: re.Match) -> float:
     return float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
 
 
-def numbers(text: str) -> set[float]:
+def numbers(text: str, loose: bool = False) -> set[float]:
     """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
-    fraction ("5%": 5 and 0.05)."""
+    fraction ("5%": 5 and 0.05); ``loose``, also those with a unit glued on ("6cm"), a number
+    of a scale as its whole too ("8.5 million": 8.5 and 8,500,000), and the spelt ones
+    ("five", "twenty-one", "a dozen")."""
     out = set()
-    for m in NUMBER.finditer(text):
+    for m in itertools.chain(NUMBER.finditer(text), GLUED.finditer(text) if loose else ()):
         x = _written(m)
         if math.isfinite(x):
             out |= {x, x / 100} if m.group(1) else {x}
+    if not loose:
+        return out
+    scaled = (float(m.group(1)) * SCALES[m.group(2).lower()] for m in _SCALED.finditer(text))
+    out |= {x for x in scaled if math.isfinite(x)}
+    for m in _SPELT.finditer(text):
+        tens, unit, alone = (g.lower() if g else "" for g in m.groups())
+        out.add(float(SPELT[alone] if alone else SPELT[tens] + SPELT.get(unit, 0)))
     return out
 
 

@@ -53,13 +53,14 @@ from .described_tool import described_tool
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
-from .grammar import call_text, written_arguments
+from .grammar import call_text, written_arguments, written_json
 from .heard import NAME_WORD, Heard
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
 from .probe import probe, probe_arguments, reply_ids
 from .tools import Tool
+from .unfounded import question, unfounded
 
 MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
 # words a flag's name may hold that a request need not use ("include_images": "images")
@@ -241,23 +242,25 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
                    messages: Sequence[dict], sampler: Sampler = greedy_sampler,
                    made: Collection[str] = (), stop: Callable[[], bool] = lambda: False,
-                   choices: Sequence[Tool] = (), max_tokens: int = 256
-                   ) -> tuple[Reply, str, list[int]]:
+                   choices: Sequence[Tool] = (), max_tokens: int = 256,
+                   may_answer: bool = False) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call written again for the tool of
     ``choices`` the request describes, where that is another and this is the turn's first
-    call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's grammar
-    let it call, none where a tool was named; ``max_tokens`` the reply's budget), its
-    made-up optional arguments dropped
-    (:func:`without_made_up`, against :func:`heard_text`), its garbled copies copied again
-    and its places and lists whole (:mod:`mlx_agent.copied_values`), and the stated
-    optional arguments added (:func:`complete_call`, from :func:`request_text`); and the
-    text and ids it now reads as. All three as they were where nothing changed, where the
-    reply is not one complete call of a known tool with no text beside it, or where the new
-    call is one of ``made`` (calls that ran this turn, as the loop guard writes them: this
-    must not turn a new call into a repeat). ``stop`` is asked before each probe (a client
-    that left). Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if
-    the reply had been sampled so (the next turn reuses all of it)."""
+    call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's grammar let
+    it call, none where a tool was named; ``max_tokens`` the reply's budget), its made-up
+    optional arguments dropped (:func:`without_made_up`, against :func:`heard_text`), its
+    garbled copies copied again and its places and lists whole
+    (:mod:`mlx_agent.copied_values`), and the stated optional arguments added
+    (:func:`complete_call`, from :func:`request_text`); where ``may_answer`` (the tool
+    choice is auto), a call that is then :func:`~mlx_agent.unfounded.unfounded` becomes an
+    answer that asks the user for its made-up values; and the text and ids it now reads as.
+    All three as they were where nothing changed, where the reply is not one complete call
+    of a known tool with no text beside it, or where the new call is one of ``made`` (calls
+    that ran this turn, as the loop guard writes them: this must not turn a new call into a
+    repeat). ``stop`` is asked before each probe (a client that left). Afterwards the engine
+    holds ``prompt``, the reply's ids and ``tail``, as if the reply had been sampled so (the
+    next turn reuses all of it)."""
     unchanged = reply, text, ids
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
@@ -282,7 +285,11 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop)
-        if arguments is not call.arguments:
+        if may_answer and (made_up := unfounded(tool, arguments, messages)):
+            content = question(tool, made_up)
+            text = written_json({"answer": content}, "json") if protocol == "json" else content
+            reply, ids = Reply(content=content), reply_ids(lm, protocol, text)
+        elif arguments is not call.arguments:
             arguments = written_arguments(protocol, tool, arguments)
             if not tool.validate(arguments) and \
                     call_text(protocol, tool, arguments) not in made:

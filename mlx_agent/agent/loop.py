@@ -79,7 +79,8 @@ class AgentConfig:
     # again for that one (see described_tool); a call's optional arguments are made the
     # ones the request states: probed and added where it states them, dropped where nobody
     # wrote them (see stated_arguments); and the values it copies from the request copied
-    # exactly (see copied_values). Needs the grammar.
+    # exactly (see copied_values); where the tool choice is auto, a call on a number no
+    # one gave becomes an answer that asks the user for it (see unfounded). Needs the grammar.
     stated_arguments: bool = True
 
     def choice(self, step: int) -> str:
@@ -303,12 +304,16 @@ class Agent:
                     list(self.tools.values()), self.conversation.messages,
                     self.probe_sampler, self._made,
                     choices=list(self.tools.values()) if choice in ("auto", "required")
-                    else (), max_tokens=self.config.max_tokens)  # a named tool stays
+                    else (), max_tokens=self.config.max_tokens,  # a named tool stays
+                    may_answer=choice == "auto")
             except KeyboardInterrupt as e:  # during a probe: the reply stands as sampled,
                 q.interrupt = e  # and the engine's cache holds what its tokens say
             if reply is not parsed:  # the call as completed is what the model reads next
                 raw, sampled = text, ids + tail
-                stats.stated_calls += 1
+                if reply.calls:
+                    stats.stated_calls += 1
+                else:  # a call on made-up numbers: the user is asked for them
+                    stats.unfounded_calls += 1
         self.emit(ev.Assistant(step=step, raw=raw))
         self.conversation.add_reply(reply, text, ids)
         self._failed = False

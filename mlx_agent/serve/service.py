@@ -244,7 +244,9 @@ class ChatService:
                           for written in refused_texts(prep.fmt.name, t, args)],
                     stop=cancelled, choices=prep.tools if not prep.deferred
                     and prep.call.tool_choice in ("auto", "required") else (),
-                    max_tokens=prep.max_tokens)
+                    max_tokens=prep.max_tokens, may_answer=prep.call.tool_choice == "auto")
+                if not reply.calls and reply.content and on_text:  # the call became a
+                    on_text(reply.content)  # question to the user: streamed as an answer is
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:

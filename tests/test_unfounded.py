@@ -1,0 +1,203 @@
+"""A call on a number no one gave: the user is asked for it, where the reply may answer.
+
+The bundled model, asked for a final price after a discount and tax with no price given,
+called ``calculate_final_price`` with a price of its own (BFCL's irrelevance questions are
+mostly such calls).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from mlx_agent import trajectory as tj
+from mlx_agent.agent import Agent, AgentConfig, agent_format
+from mlx_agent.agent import events as ev
+from mlx_agent.chat import ChatFormat
+from mlx_agent.heard import numbers
+from mlx_agent.tools import parse_tools
+from mlx_agent.unfounded import question, unfounded
+
+from .test_agent_loop import QWEN_LIKE, Recorder
+from .test_loop_guard import Obliging
+from .test_serve import Scripted, serve, user  # noqa: F401  (the serve fixture)
+from .test_stated_arguments import assert_reused_whole
+
+PRICE_TOOL = {
+    "name": "final_price", "description": "Price after a discount and tax (tax default 8).",
+    "parameters": {"type": "object", "properties": {
+        "price": {"type": "number"}, "discount": {"type": "number"},
+        "tax": {"type": "number"}, "lines": {"type": "array", "items": {"type": "object"}}},
+        "required": ["price", "discount", "lines"]},
+    "_exec": 'echo "$price"'}
+PRICE = parse_tools(json.dumps([PRICE_TOOL]))
+TOOL = PRICE[0]
+
+
+@pytest.mark.parametrize("arguments, said, expected", [
+    ({"price": 100, "discount": 25}, "after a 25% discount", ["price"]),
+    ({"price": 100, "discount": 25}, "a 100 dollar item, 25% off", []),
+    ({"price": 100, "discount": 0.25}, "a 100 dollar item, 25% off", []),  # 25% as 0.25
+    ({"price": 6, "discount": 10}, "6cm wide, 10cm high", []),  # a unit glued on
+    ({"price": 5, "discount": 21}, "five of them, twenty-one off", []),  # spelt
+    ({"price": 8_500_000, "discount": 2}, "8.5 million, two off", []),
+    ({"price": 0, "discount": 1}, "from nothing, a single one", []),  # 0 and 1: never counted
+    ({"price": -100, "discount": 5}, "cash flows of -$100, 5 off", []),  # its sign aside
+    ({"price": 100, "discount": 8}, "100 dollars", []),  # 8: the tool's description says it
+    ({"price": 100, "discount": 3, "tax": 9}, "100 dollars, 3 off", []),  # tax: optional
+    ({"price": 100, "discount": 3, "lines": [{"qty": 7}]}, "100 dollars, 3 off", ["lines"]),
+    ({"price": 100, "discount": True}, "100 dollars", []),  # a flag is not a number
+    ({"price": 12, "discount": 3}, "rs12 and v3", ["price", "discount"]),  # inside words
+])
+def test_what_is_unfounded(arguments, said, expected):
+    assert unfounded(TOOL, arguments, [{"role": "user", "content": said}]) == expected
+
+
+def test_a_number_from_any_message_or_tool_result_is_founded():
+    messages = [{"role": "system", "content": "Prices in euros."},
+                {"role": "user", "content": "Look up item 7, then price it with 25% off."},
+                {"role": "assistant", "content": None},
+                {"role": "tool", "content": "item 7 costs 129.50"}]
+    assert unfounded(TOOL, {"price": 129.5, "discount": 25}, messages) == []
+    assert unfounded(TOOL, {"price": 130, "discount": 25}, messages) == ["price"]
+    parts = [{"type": "text", "text": "price 44"}]  # a message's content as parts
+    assert unfounded(TOOL, {"price": 44, "discount": 0},
+                     [{"role": "user", "content": parts}]) == []
+
+
+def test_the_question_names_what_is_missing():
+    assert question(TOOL, ["price"]) == "To use final_price I need the price: what is it?"
+    assert question(TOOL, ["price", "discountRate", "sales_tax"]) == (
+        "To use final_price I need the price, the discount rate and the sales tax: "
+        "what are they?")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("6cm and 10cm", {6, 10}), ("300K", {300}), ("rs6034464 v2", set()),
+    ("five matches", {5}), ("twenty-one", {21}), ("ninety-nine", {99}), ("one-two", {1, 2}),
+    ("a dozen", {12}), ("someone often", set()), ("8.5 million", {8.5, 8_500_000}),
+    ("1,500 items at 5%", {1500, 5, 0.05}), ("1e5 and 2e-3m", {1e5, 2e-3}),
+])
+def test_numbers_a_request_writes(text, expected):
+    assert numbers(text, loose=True) == expected
+
+
+def call_text(protocol, arguments):
+    arguments = json.dumps(arguments, separators=(",", ":"))
+    return f'{{"tool":"final_price","arguments":{arguments}}}' if protocol == "json" else \
+        f'<tool_call>\n{{"name":"final_price","arguments":{arguments}}}\n</tool_call>'
+
+
+def ask(lm, replies, *requests, **config):
+    rec = Recorder()
+    recorder = config.pop("recorder", None)
+    protocol = config.pop("protocol", "json")
+    agent = Agent(lm, lm.engine(), PRICE, agent_format(protocol, lm),
+                  AgentConfig(grammar=True, max_steps=3, **config), emit=rec,
+                  sampler=Obliging(lm, *replies), recorder=recorder)
+    return agent, [agent.ask(r) for r in requests], rec
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_the_agent_asks_for_a_made_up_number_and_calls_once_it_is_given(tiny_lm, protocol,
+                                                                        tmp_path):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call = call_text(protocol, {"price": 100, "discount": 25, "lines": []})
+    answer = '{"answer":"done"}' if protocol == "json" else "done"
+    rec = tj.Recorder(tmp_path, task="t", model_fingerprint="fp", sampling={})
+    agent, (first, second), events = ask(
+        lm, [call, call, answer], "Final price after a 25% discount?", "It costs 100.",
+        protocol=protocol, recorder=rec)
+    asked = "To use final_price I need the price: what is it?"
+    assert first.answer == asked and first.stats.unfounded_calls == 1
+    assert first.stats.calls == 0  # nothing ran on the made-up price
+    # the user gave it: the same call is founded now, and runs
+    assert [c.arguments["price"] for c in events.of(ev.ToolCall)] == [100]
+    assert second.answer == "done" and second.stats.unfounded_calls == 0
+    written = json.dumps({"answer": asked}, separators=(",", ":")) if protocol == "json" \
+        else asked
+    assert [e.raw for e in events.of(ev.Assistant)][0] == written
+    assert_reused_whole(tj.read(rec.path), agent)  # the question is what the model read
+
+
+def test_a_call_that_must_be_made_or_the_switch_keeps_the_call(tiny_lm):
+    call = call_text("json", {"price": 100, "discount": 25, "lines": []})
+    for config in ({"stated_arguments": False}, {"tool_choice": ["required", "auto"]},
+                   {"tool_choice": ["final_price", "auto"]}):
+        _, (out,), events = ask(tiny_lm, [call, '{"answer":"done"}'],
+                                "Final price after a 25% discount?", **config)
+        assert [c.arguments["price"] for c in events.of(ev.ToolCall)] == [100], config
+        assert out.stats.unfounded_calls == 0
+
+
+def test_the_server_asks_and_streams_the_question(tiny_lm, serve):  # noqa: F811
+    call = call_text("json", {"price": 100, "discount": 25, "lines": []})
+    s = serve(sampler_for=Scripted(tiny_lm, call, call, call, call))
+    tools = [TOOL.openai()]
+    messages = user("Final price after a 25% discount?")
+    asked = "To use final_price I need the price: what is it?"
+    r = s.client.chat.completions.create(model="tiny", messages=messages, tools=tools)
+    assert r.choices[0].message.content == asked and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(s.client.chat.completions.create(model="tiny", messages=messages,
+                                                   tools=tools, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == asked
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)
+    # a client that requires a call gets the call; one that gives the price gets it too
+    r = s.client.chat.completions.create(model="tiny", messages=messages, tools=tools,
+                                         tool_choice="required")
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["price"] == 100
+    r = s.client.chat.completions.create(
+        model="tiny", messages=user("Final price of 100 after a 25% discount?"), tools=tools)
+    assert r.choices[0].message.tool_calls[0].function.name == "final_price"
+
+
+@pytest.mark.real_model
+def test_the_bundled_model_asks_for_the_price_it_was_not_given(tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps({"tools": [{"type": "function", "function": {
+        "name": "calculate_final_price",
+        "description": "Calculate the final price of a product after a discount and sales tax.",
+        "parameters": {"type": "object", "properties": {
+            "price": {"type": "number", "description": "The original price of the product."},
+            "discount_rate": {"type": "number", "description": "The discount in percent."},
+            "sales_tax": {"type": "number", "description": "The sales tax in percent."}},
+            "required": ["price", "discount_rate", "sales_tax"]},
+        "_exec": "awk -v p=\"$price\" -v d=\"$discount_rate\" -v t=\"$sales_tax\" "
+                 "'BEGIN { printf \"%.2f\\n\", p * (1 - d / 100) * (1 + t / 100) }'"}}]}))
+
+    def agent(request):
+        cli = [sys.executable, "-m", "mlx_agent.cli.main", "agent", "--tools", str(tools),
+               "--json-out", "--single", request]
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    events = agent("How much is the final price after a discount and sales tax?")
+    assert not [e for e in events if e["type"] == "tool_call"]
+    (answer,) = [e["text"] for e in events if e["type"] == "answer"]
+    assert answer.startswith("To use calculate_final_price I need the price")
+    assert [e["unfounded_calls"] for e in events if e["type"] == "stats"] == [1]
+    events = agent("What is the final price of a 80 dollar product after a 25% discount and "
+                   "10% sales tax?")
+    assert [e["stdout"] for e in events if e["type"] == "tool_call"] == ["66.00\n"]
+
+
+def test_a_hostile_conversation_is_read_in_linear_time():
+    import time
+
+    start = time.perf_counter()
+    for text in ("1" * 100_000 + " million", "1," * 100_000, "twenty-" * 30_000,
+                 "1a" * 100_000, "1." * 100_000):  # "9 million"'s every start once took
+        assert unfounded(TOOL, {"price": 7, "discount": 2},  # time quadratic in the digits
+                         [{"role": "user", "content": text}]) == ["price", "discount"]
+    nested: dict = {"qty": 7}
+    for _ in range(5000):  # deeper than Python's recursion limit
+        nested = {"x": [nested]}
+    assert unfounded(TOOL, {"price": 2, "discount": 2, "lines": nested},
+                     [{"role": "user", "content": "2"}]) == ["lines"]
+    assert time.perf_counter() - start < 5
