@@ -92,7 +92,7 @@ class RunResult:
     retried_steps: int = 0  # steps made to call again after a failed call
     named_steps: int = 0  # first steps made to call the tool the request named
     stated_calls: int = 0  # calls the request's stated and copied values changed
-    unfounded_calls: int = 0  # calls on a number no one gave, sampled again as answers
+    unfounded_calls: int = 0  # calls on a number no one gave, made questions
 
     def row(self) -> dict:
         """The run's row in ``eval --out``: the same however the runs were distributed,

@@ -20,19 +20,25 @@ import re
 from typing import Any
 
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(?![\w])")
-# read loosely: a unit may be glued on ("6cm", "300K"), never inside a word ("rs64")
-GLUED = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)"
-                   r"(?=[a-zA-Z])(?![eE][-+]?\d)")
+# read loosely: the digits of a run, whatever follows or joins them ("6cm", "[120,250]"),
+# never inside a word ("rs64"); "25 percent"; a scale ("8.5 million", "1,500 thousand",
+# "$1.2k", "2.5bn"); spelt ("twenty one", "two hundred", "a dozen")
+_DIGITS = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(%?)")
+_PERCENT = re.compile(r"(?<![\w.,])(\d+(?:,\d{3})*(?:\.\d+)?)\s*(?:percent|per\s+cent)\b",
+                      re.IGNORECASE)
+SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "k": 1e3, "m": 1e6, "bn": 1e9,
+          "b": 1e9}
+_SCALED = re.compile(r"(?<![\w.,])(\d+(?:,\d{3})*(?:\.\d+)?)\s*(thousand|million|billion|k|m|"
+                     r"bn|b)\b", re.IGNORECASE)
 UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen " \
     "fourteen fifteen sixteen seventeen eighteen nineteen".split()
 TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 SPELT = {**{w: i for i, w in enumerate(UNITS)}, **{w: 20 + 10 * i for i, w in enumerate(TENS)},
-         "hundred": 100, "thousand": 1000, "dozen": 12}
-SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9}
-_SPELT = re.compile(rf"\b(?:({'|'.join(TENS)})(?:-({'|'.join(UNITS[1:10])}))?"
-                    rf"|({'|'.join(UNITS)}|hundred|thousand|dozen))\b", re.IGNORECASE)
-_SCALED = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) (" + "|".join(SCALES) + r")\b",
-                     re.IGNORECASE)
+         "a": 1, "an": 1, "dozen": 12}
+_SPELT = re.compile(rf"\b(?:({'|'.join(TENS)})(?:[- ]({'|'.join(UNITS[1:10])}))?"
+                    rf"|({'|'.join(UNITS)}|dozen|an?(?= (?:hundred|thousand|million|billion))))"
+                    rf"(?: (hundred|thousand|million|billion))?\b"
+                    rf"|\b(hundred|thousand|million|billion)\b", re.IGNORECASE)
 NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
 
 
@@ -59,22 +65,48 @@ def _written(m: re.Match) -> float:
 
 def numbers(text: str, loose: bool = False) -> set[float]:
     """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
-    fraction ("5%": 5 and 0.05); ``loose``, also those with a unit glued on ("6cm"), a number
-    of a scale as its whole too ("8.5 million": 8.5 and 8,500,000), and the spelt ones
-    ("five", "twenty-one", "a dozen")."""
+    fraction ("5%": 5 and 0.05); ``loose``, also each run of digits whatever follows or
+    joins it ("6cm": 6; "[120,250]": 120 and 250 too), "25 percent" as 0.25 too, a number of
+    a scale as its whole too ("8.5 million", "$1.2k", "2.5bn"), and the spelt ones ("five",
+    "twenty one", "two hundred", "a dozen")."""
     out = set()
-    for m in itertools.chain(NUMBER.finditer(text), GLUED.finditer(text) if loose else ()):
-        x = _written(m)
+    for m in itertools.chain(NUMBER.finditer(text), _DIGITS.finditer(text) if loose else ()):
+        x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
         if math.isfinite(x):
             out |= {x, x / 100} if m.group(1) else {x}
     if not loose:
         return out
-    scaled = (float(m.group(1)) * SCALES[m.group(2).lower()] for m in _SCALED.finditer(text))
-    out |= {x for x in scaled if math.isfinite(x)}
+    for m in _PERCENT.finditer(text):
+        out.add(float(m.group(1).replace(",", "")) / 100)
+    for m in _SCALED.finditer(text):
+        out.add(float(m.group(1).replace(",", "")) * SCALES[m.group(2).lower()])
     for m in _SPELT.finditer(text):
-        tens, unit, alone = (g.lower() if g else "" for g in m.groups())
-        out.add(float(SPELT[alone] if alone else SPELT[tens] + SPELT.get(unit, 0)))
-    return out
+        tens, unit, alone, scale, bare = (g.lower() if g else "" for g in m.groups())
+        if bare:
+            out.add(SCALES[bare] if bare in SCALES else 100.0)
+            continue
+        base = float(SPELT[alone] if alone else SPELT[tens] + SPELT.get(unit, 0))
+        factor = SCALES.get(scale, 100.0) if scale else 1.0
+        out |= {base * factor, float(SPELT[tens])} if tens and unit else {base * factor}
+    return {x for x in out if math.isfinite(x)}
+
+
+def json_text(value: Any) -> str:
+    """The keys, strings and numbers of a JSON value (a schema, a call's arguments), a line
+    each, as written: its JSON text would hide a digit after an escape ("Units:\\n2")."""
+    out, stack = [], [value]
+    while stack:  # no recursion: a model's arguments may nest as deep as the parser allows
+        item = stack.pop()
+        if isinstance(item, dict):
+            out.extend(k for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            out.append(item)
+        elif number(item) is not None:
+            out.append(repr(item))
+    return "\n".join(out)
 
 
 _LIST_GAP = re.compile(r"\s*(?:[,;&]|and|,\s*and)?\s*")

@@ -29,7 +29,9 @@ The same pass reads the call's strings against the request (:mod:`mlx_agent.copi
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, and a place cut at its comma
 ("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole. Before all
 that, a turn's first call of a tool other than the one the request describes
-(:mod:`mlx_agent.described_tool`) is written again for that one.
+(:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
+the reply may answer, a call on a required number no one gave becomes a question to the
+user (:mod:`mlx_agent.unfounded`).
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it
 was sampled, and so is every call with a rotating KV cache; a value the request implies
@@ -54,7 +56,7 @@ from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
 from .grammar import call_text, written_arguments, written_json
-from .heard import NAME_WORD, Heard
+from .heard import NAME_WORD, Heard, json_text
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
@@ -283,13 +285,16 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                                  heard, sampler, stop)
         tool = moved
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
-        arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
-                                  sampler, stop)
         if may_answer and (made_up := unfounded(tool, arguments, messages)):
+            # no probe for a call that will not be made: the user is asked instead
             content = question(tool, made_up)
             text = written_json({"answer": content}, "json") if protocol == "json" else content
             reply, ids = Reply(content=content), reply_ids(lm, protocol, text)
-        elif arguments is not call.arguments:
+            _hold(engine, list(prompt) + ids + tail)
+            return reply, text, ids
+        arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
+                                  sampler, stop)
+        if arguments is not call.arguments:
             arguments = written_arguments(protocol, tool, arguments)
             if not tool.validate(arguments) and \
                     call_text(protocol, tool, arguments) not in made:
@@ -337,7 +342,7 @@ def _invents(tool: Tool, arguments: dict, heard: str) -> bool:
     one of theirs (:meth:`Heard.made_up`), or a word of it with a digit is none of theirs
     whole ("flight_1234"): an id or a name the model made up. A number may be worked out
     ("monthly": 12 a year), and is not read; nor is an object."""
-    said = Heard("\n".join((heard, tool.description, json.dumps(tool.parameters))))
+    said = Heard("\n".join((heard, tool.description, json_text(tool.parameters))))
     whole = set(said.words)
 
     def made_up(value: str) -> bool:

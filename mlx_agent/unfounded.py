@@ -4,8 +4,9 @@ A small model asked something its tools do not serve often calls the nearest too
 and fills the numbers it needs with its own: "What is the final price after a 25% discount
 and 10% tax?" calls ``calculate_final_price`` with ``price: 100``. :func:`unfounded` finds
 such a call: a required parameter holds a number (at any depth: a list's items, an object's
-values) that the conversation (every message, tool results included) and the tool's own
-schema (its description, defaults and examples) never write, read loosely
+values) that the conversation (every message, the system prompt and tool results included,
+and the arguments of the calls it made) and the tool's own schema (its description,
+defaults and examples) never write, read loosely
 (:func:`~mlx_agent.heard.numbers`: "6cm", "five", "8.5 million" and "5%" as 0.05 all count).
 Where the reply may be an answer (tool choice ``auto``),
 :func:`mlx_agent.stated_arguments.complete_reply` replaces the call by :func:`question`,
@@ -13,19 +14,19 @@ which asks the user for those values, as OpenAI's function-calling guide asks of
 ("don't make assumptions about what values to plug into functions"): nothing runs on a
 made-up input, and the user's next message gives it.
 
-Not promised: a number the model worked out ("2 pi" as 6.2832, "a week" as 7 days) is told
-from one it made up (0 and 1 are never counted: "a", "none" and "from rest" write them; nor
-is a sign: "-$100", "112 W"); only numbers are read (a required string the model made up is
-kept: on BFCL's questions that rule refused right calls and no wrong ones).
+Not promised: a number the model worked out from the request ("2 pi" as 6.2832, "a week" as
+7 days) counts as made up (0 and 1 never count: "a", "none" and "from rest" write them; nor
+does a sign: "-$100", "112 W"); only numbers are read (a required string the model made up
+is kept: on BFCL's questions that rule refused right calls and no wrong ones); a reply of
+several calls, and a tool that requires nothing, are not read; the question is in English.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterator, Sequence
 
 from .formats import text_of
-from .heard import NAME_WORD, number, numbers
+from .heard import NAME_WORD, json_text, number, numbers
 from .tools import Tool
 
 FREE = frozenset({0.0, 1.0})  # numbers a request writes without digits ("a", "from rest")
@@ -34,28 +35,45 @@ FREE = frozenset({0.0, 1.0})  # numbers a request writes without digits ("a", "f
 def _numbers_in(value: Any) -> Iterator[float]:
     """The numbers of ``value``, at any depth (flags are not numbers)."""
     stack = [value]
-    while stack:
+    while stack:  # no recursion: a model's arguments may nest as deep as the parser allows
         item = stack.pop()
         if isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
         elif (x := number(item)) is not None:
-            yield abs(x)
+            yield x
+
+
+def _key(x: float) -> float:
+    """``x`` without its sign, to 12 significant digits: "0.7%" read as 0.006999999999999999
+    is the 0.007 a model writes."""
+    return float(f"{abs(x):.12g}")
+
+
+def _heard(tool: Tool, messages: Sequence[dict]) -> set[float]:
+    """The numbers ``messages`` write (their text, and the arguments of the calls they made)
+    and the tool's description and schema do, as :func:`_key` reads them."""
+    texts = [tool.description or "", json_text(tool.parameters)]
+    for m in messages:
+        texts.append(text_of(m.get("content")))
+        for call in m.get("tool_calls") or ():
+            arguments = (call.get("function") or {}).get("arguments") \
+                if isinstance(call, dict) else None
+            texts.append(arguments if isinstance(arguments, str) else json_text(arguments))
+    return {_key(x) for x in numbers("\n".join(texts), loose=True)}
 
 
 def unfounded(tool: Tool, arguments: dict, messages: Sequence[dict]) -> list[str]:
     """The required parameters of ``tool`` whose value in ``arguments`` holds a number that
-    neither ``messages`` nor the tool's schema writes (0 and 1 aside, signs aside), in the
-    call's order; empty where the call is founded."""
+    neither ``messages`` nor the tool's description and schema write (0 and 1 aside, signs
+    aside), in the call's order; empty where the call is founded."""
     required = set(tool.required)
     if not required & arguments.keys():
         return []
-    heard = numbers("\n".join([*(text_of(m.get("content")) for m in messages),
-                               tool.description or "", json.dumps(tool.parameters)]), loose=True)
+    heard = _heard(tool, messages)
     return [name for name, value in arguments.items() if name in required
-            and any(x not in FREE and x not in heard and -x not in heard
-                    for x in _numbers_in(value))]
+            and any(_key(x) not in FREE and _key(x) not in heard for x in _numbers_in(value))]
 
 
 def question(tool: Tool, names: Sequence[str]) -> str:

@@ -64,9 +64,29 @@ def test_a_number_from_any_message_or_tool_result_is_founded():
                 {"role": "tool", "content": "item 7 costs 129.50"}]
     assert unfounded(TOOL, {"price": 129.5, "discount": 25}, messages) == []
     assert unfounded(TOOL, {"price": 130, "discount": 25}, messages) == ["price"]
+    compact = [{"role": "user", "content": "Price the second at 25% off."},
+               {"role": "tool", "content": '{"prices":[120,250,399]}'}]
+    assert unfounded(TOOL, {"price": 250, "discount": 25}, compact) == []
+    earlier = [{"role": "user", "content": "Weather there at 25% cloud?"},  # an earlier
+               {"role": "assistant", "content": None, "tool_calls": [  # call's arguments
+                   {"type": "function", "function": {"name": "geo", "arguments": {"lat": 48.85}}},
+                   {"type": "function", "function": {"name": "geo", "arguments": '{"x": 2.35}'}}]}]
+    assert unfounded(TOOL, {"price": 48.85, "discount": 2.35}, earlier) == []
+    assert unfounded(TOOL, {"price": 100, "discount": 0.007},  # 0.7% is 0.00699999...
+                     [{"role": "user", "content": "100 at 0.7% off"}]) == []
     parts = [{"type": "text", "text": "price 44"}]  # a message's content as parts
     assert unfounded(TOOL, {"price": 44, "discount": 0},
                      [{"role": "user", "content": parts}]) == []
+
+
+def test_the_schema_is_read_as_written_not_as_json():
+    tool = parse_tools(json.dumps([{**PRICE_TOOL, "parameters": {
+        "type": "object", "required": ["price", "discount"], "properties": {
+            "price": {"type": "number", "description": "Units:\n2 = imperial, 5–10 = metric"},
+            "discount": {"type": "number", "default": 12.5}}}}]))[0]
+    assert unfounded(tool, {"price": 2, "discount": 12.5}, []) == []
+    assert unfounded(tool, {"price": 10, "discount": 5}, []) == []
+    assert unfounded(tool, {"price": 11, "discount": 5}, []) == ["price"]
 
 
 def test_the_question_names_what_is_missing():
@@ -76,14 +96,20 @@ def test_the_question_names_what_is_missing():
         "what are they?")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("6cm and 10cm", {6, 10}), ("300K", {300}), ("rs6034464 v2", set()),
-    ("five matches", {5}), ("twenty-one", {21}), ("ninety-nine", {99}), ("one-two", {1, 2}),
-    ("a dozen", {12}), ("someone often", set()), ("8.5 million", {8.5, 8_500_000}),
-    ("1,500 items at 5%", {1500, 5, 0.05}), ("1e5 and 2e-3m", {1e5, 2e-3}),
+@pytest.mark.parametrize("text, written, not_written", [
+    ("6cm and 10cm", {6, 10}, set()), ("300K", {300}, set()),
+    ("rs6034464 v2", set(), {6034464, 2}),  # inside words
+    ("five matches", {5}, set()), ("twenty-one, ninety nine", {21, 99}, set()),
+    ("two hundred, ten thousand, a million, a dozen", {200, 10_000, 1e6, 12}, set()),
+    ("someone often", set(), {1, 10}), ("8.5 million", {8.5, 8_500_000}, set()),
+    ("1,500 million", {1.5e9}, set()), ("$1.2k, 1.5M and 2.5bn", {1200, 1.5e6, 2.5e9}, set()),
+    ("1,500 items at 5%", {1500, 5, 0.05}, set()), ("25 percent", {25, 0.25}, set()),
+    ("1e5 and 0.7%", {1e5, 0.7}, set()), ("[120,250,399]", {120, 250, 399}, set()),
 ])
-def test_numbers_a_request_writes(text, expected):
-    assert numbers(text, loose=True) == expected
+def test_numbers_a_request_writes_read_loosely(text, written, not_written):
+    found = numbers(text, loose=True)
+    assert written <= found and not not_written & found
+    assert numbers("[120,250]") == {120250}  # read strictly, as the other rules do
 
 
 def call_text(protocol, arguments):
@@ -96,7 +122,8 @@ def ask(lm, replies, *requests, **config):
     rec = Recorder()
     recorder = config.pop("recorder", None)
     protocol = config.pop("protocol", "json")
-    agent = Agent(lm, lm.engine(), PRICE, agent_format(protocol, lm),
+    system = config.pop("system", None)
+    agent = Agent(lm, lm.engine(), PRICE, agent_format(protocol, lm, system),
                   AgentConfig(grammar=True, max_steps=3, **config), emit=rec,
                   sampler=Obliging(lm, *replies), recorder=recorder)
     return agent, [agent.ask(r) for r in requests], rec
@@ -124,10 +151,11 @@ def test_the_agent_asks_for_a_made_up_number_and_calls_once_it_is_given(tiny_lm,
     assert_reused_whole(tj.read(rec.path), agent)  # the question is what the model read
 
 
-def test_a_call_that_must_be_made_or_the_switch_keeps_the_call(tiny_lm):
+def test_a_call_that_must_be_made_the_switch_or_the_system_prompt_keeps_the_call(tiny_lm):
     call = call_text("json", {"price": 100, "discount": 25, "lines": []})
     for config in ({"stated_arguments": False}, {"tool_choice": ["required", "auto"]},
-                   {"tool_choice": ["final_price", "auto"]}):
+                   {"tool_choice": ["final_price", "auto"]},
+                   {"system": "Every item costs 100 euros."}):
         _, (out,), events = ask(tiny_lm, [call, '{"answer":"done"}'],
                                 "Final price after a 25% discount?", **config)
         assert [c.arguments["price"] for c in events.of(ev.ToolCall)] == [100], config
@@ -136,7 +164,7 @@ def test_a_call_that_must_be_made_or_the_switch_keeps_the_call(tiny_lm):
 
 def test_the_server_asks_and_streams_the_question(tiny_lm, serve):  # noqa: F811
     call = call_text("json", {"price": 100, "discount": 25, "lines": []})
-    s = serve(sampler_for=Scripted(tiny_lm, call, call, call, call))
+    s = serve(sampler_for=Scripted(tiny_lm, call, call, call, call, call))
     tools = [TOOL.openai()]
     messages = user("Final price after a 25% discount?")
     asked = "To use final_price I need the price: what is it?"
@@ -147,6 +175,9 @@ def test_the_server_asks_and_streams_the_question(tiny_lm, serve):  # noqa: F811
                                                    tools=tools, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == asked
     assert not any(c.choices[0].delta.tool_calls for c in chunks)
+    cut = s.client.chat.completions.create(model="tiny", messages=messages, tools=tools,
+                                           stop=[":"])  # the client's stop strings apply
+    assert cut.choices[0].message.content == "To use final_price I need the price"
     # a client that requires a call gets the call; one that gives the price gets it too
     r = s.client.chat.completions.create(model="tiny", messages=messages, tools=tools,
                                          tool_choice="required")
@@ -192,8 +223,9 @@ def test_a_hostile_conversation_is_read_in_linear_time():
 
     start = time.perf_counter()
     for text in ("1" * 100_000 + " million", "1," * 100_000, "twenty-" * 30_000,
-                 "1a" * 100_000, "1." * 100_000):  # "9 million"'s every start once took
-        assert unfounded(TOOL, {"price": 7, "discount": 2},  # time quadratic in the digits
+                 "1a" * 100_000, "1." * 100_000, "1" + ",111" * 50_000 + "x",
+                 "1" + ",111" * 50_000 + " million"):  # "9 million"'s every start, and each
+        assert unfounded(TOOL, {"price": 7, "discount": 3},  # ",111", once took time
                          [{"role": "user", "content": text}]) == ["price", "discount"]
     nested: dict = {"qty": 7}
     for _ in range(5000):  # deeper than Python's recursion limit

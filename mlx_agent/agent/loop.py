@@ -301,7 +301,9 @@ class Agent:
             try:
                 reply, text, ids = complete_reply(
                     self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                    list(self.tools.values()), self.conversation.messages,
+                    list(self.tools.values()), [  # the conversation as the model read it
+                        {"role": "system", "content": self.conversation.system_text},
+                        *self.conversation.messages],
                     self.probe_sampler, self._made,
                     choices=list(self.tools.values()) if choice in ("auto", "required")
                     else (), max_tokens=self.config.max_tokens,  # a named tool stays

@@ -245,8 +245,10 @@ class ChatService:
                     stop=cancelled, choices=prep.tools if not prep.deferred
                     and prep.call.tool_choice in ("auto", "required") else (),
                     max_tokens=prep.max_tokens, may_answer=prep.call.tool_choice == "auto")
-                if not reply.calls and reply.content and on_text:  # the call became a
-                    on_text(reply.content)  # question to the user: streamed as an answer is
+                if not reply.calls:  # the call became a question to the user: shown as an
+                    shown = gen.shown.feed(reply.content or "") + gen.shown.flush()  # answer is
+                    if shown and on_text:
+                        on_text(shown)
             prep.fmt.reply_message(reply, text, ids)
             info = [c for c in reply.calls if c.name == GET_TOOL_INFO and c.error is None]
             if len(info) < len(reply.calls) or not info:
