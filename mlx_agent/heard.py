@@ -3,12 +3,12 @@ against them.
 
 A value "is written" in a request when its words begin the request's words (``postgres`` in
 "PostgreSQL") or its number is one the request writes ("1,500", "1e-9", "5%" also as 0.05);
-read loosely, also "6cm", "five", "twenty-one" and "2 million" as 2,000,000. :class:`Heard`
-holds a text's words sorted, so a long tool result costs one sort, not a scan per value. Not
-promised: words are ASCII letters and digits, lower-cased ("Zürich" is "z", "rich"); numbers
-are decimal, with thousands commas but not spaces or dots; loosely read, a letter glued on
-may be a variable ("3x^2" writes 3), and spelt numbers are English words up to the nineties,
-"hundred", "thousand" and "dozen", not "three hundred and two".
+read loosely, also "6cm", "five", "twenty-one", "2 million" as 2,000,000 and "monthly" as
+12. :class:`Heard` holds a text's words sorted, so a long tool result costs one sort, not a
+scan per value. Not promised: words are ASCII letters and digits, lower-cased ("Zürich" is
+"z", "rich"); numbers are decimal, with thousands commas but not spaces or dots; loosely
+read, a letter glued on may be a variable ("3x^2" writes 3), and spelt numbers are English
+words up to the nineties, "hundred", "thousand" and "dozen", not "three hundred and two".
 """
 
 from __future__ import annotations
@@ -39,6 +39,13 @@ _SPELT = re.compile(rf"\b(?:({'|'.join(TENS)})(?:[- ]({'|'.join(UNITS[1:10])}))?
                     rf"|({'|'.join(UNITS)}|dozen|an?(?= (?:hundred|thousand|million|billion))))"
                     rf"(?: (hundred|thousand|million|billion))?\b"
                     rf"|\b(hundred|thousand|million|billion)\b", re.IGNORECASE)
+# how many of a smaller unit a word of time implies ("compounded monthly": 12 a year)
+PERIODS = {"hourly": (24,), "daily": (365,), "weekly": (52,), "biweekly": (26,),
+           "fortnightly": (26,), "monthly": (12,), "quarterly": (4,), "semiannually": (2,),
+           "biannually": (2,), "annually": (1,), "yearly": (1,), "minute": (60,),
+           "hour": (60,), "day": (24,), "week": (7,), "fortnight": (14,),
+           "month": (30, 31), "year": (12, 52, 365), "decade": (10,), "century": (100,)}
+_PERIOD = re.compile(rf"\b(semi-annually|half-yearly|{'|'.join(PERIODS)})s?\b", re.IGNORECASE)
 NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
 
 
@@ -67,8 +74,9 @@ def numbers(text: str, loose: bool = False) -> set[float]:
     """The numbers ``text`` writes ("1,500", "-2.5", "1e-9"), a percentage also as its
     fraction ("5%": 5 and 0.05); ``loose``, also each run of digits whatever follows or
     joins it ("6cm": 6; "[120,250]": 120 and 250 too), "25 percent" as 0.25 too, a number of
-    a scale as its whole too ("8.5 million", "$1.2k", "2.5bn"), and the spelt ones ("five",
-    "twenty one", "two hundred", "a dozen")."""
+    a scale as its whole too ("8.5 million", "$1.2k", "2.5bn"), the spelt ones ("five",
+    "twenty one", "two hundred", "a dozen"), and the counts a word of time implies
+    (:data:`PERIODS`: "monthly" 12, "a week" 7 days)."""
     out = set()
     for m in itertools.chain(NUMBER.finditer(text), _DIGITS.finditer(text) if loose else ()):
         x = float(m.group()[:len(m.group()) - len(m.group(1))].replace(",", ""))
@@ -80,6 +88,9 @@ def numbers(text: str, loose: bool = False) -> set[float]:
         out.add(float(m.group(1).replace(",", "")) / 100)
     for m in _SCALED.finditer(text):
         out.add(float(m.group(1).replace(",", "")) * SCALES[m.group(2).lower()])
+    for m in _PERIOD.finditer(text):
+        word = m.group(1).lower()
+        out.update(float(x) for x in PERIODS.get(word, (2,)))  # semi-annually, half-yearly
     for m in _SPELT.finditer(text):
         tens, unit, alone, scale, bare = (g.lower() if g else "" for g in m.groups())
         if bare:

