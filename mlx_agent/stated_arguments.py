@@ -38,7 +38,9 @@ was sampled, and so is every call with a rotating KV cache; a value the request 
 without writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an object.
 A flag is added only as ``true``, only where the request uses every word of its name but a
 verb such as *include* (``include_human_impact``: "human", "impact"), and not after a
-negation. Each probe costs a short prefill and a few decoded tokens, up to
+negation; it is added without a probe (asked, the model wrote ``false`` for "detailed
+information" as readily as ``true``), so a negation further off than three words ("not
+concerned about the rating or whether smoking is allowed") is not read. Each probe costs a short prefill and a few decoded tokens, up to
 :data:`MAX_PROBES` a call; a changed call's ids are its text's, tokenized
 (:func:`mlx_agent.probe.reply_ids`), not ids the model sampled.
 """
@@ -196,8 +198,8 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                   stop: Callable[[], bool] = lambda: False) -> dict:
     """``arguments`` with the optional parameters the request states added, each probed
     (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
-    reply's prompt ids) and the call with the additions before it; ``arguments`` itself
-    where none is. ``stop`` is asked before each probe. The engine is left wherever the
+    reply's prompt ids) and the call with the additions before it, a flag whose name the
+    request uses set ``true`` without a probe; ``arguments`` itself where none is. ``stop`` is asked before each probe. The engine is left wherever the
     last probe left it: sync before generating again."""
     added: dict = {}
     for name in [p for p in tool.argument_order() if p not in arguments
@@ -205,6 +207,9 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                  and _may_state(tool, p, request, arguments)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
             break
+        if tool.properties[name].get("type") == "boolean":  # its name said, not negated
+            added[name] = True  # (_may_state): asked, the model wrote false as often as not
+            continue
         value = probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)
         if value is not None and stated(tool, name, value, request, {**arguments, **added}):

@@ -346,3 +346,28 @@ def test_no_probe_once_the_client_has_left(tiny_lm):
     out = complete_reply(engine, tiny_lm, "json", prompt, reply, call, ids, [], WEATHER,
                          FAHRENHEIT, never, stop=lambda: True)
     assert out == (reply, call, ids) and engine.tokens == prompt + ids
+
+
+@pytest.mark.parametrize("request_, expected", [
+    ("Weather in Oslo, with the detailed forecast.", {"city": "Oslo", "detailed": True}),
+    ("Weather in Oslo, no detailed forecast.", {"city": "Oslo"}),  # not after a negation
+    ("Weather in Oslo.", {"city": "Oslo"}),
+])
+def test_a_flag_the_request_names_is_set_without_a_probe(tiny_lm, request_, expected):
+    tool = parse_tools(json.dumps([{
+        "name": "weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string"}, "detailed": {"type": "boolean"}}},
+        "_exec": 'printf "%s %s" "$city" "${detailed:-false}"'}]))
+
+    def never(logprobs):
+        raise AssertionError("a flag was probed")
+
+    call, answer = weather_replies("json")
+    rec = Recorder()
+    agent = Agent(tiny_lm, tiny_lm.engine(), tool, agent_format("json", tiny_lm),
+                  AgentConfig(grammar=True, max_steps=3), emit=rec,
+                  sampler=Obliging(tiny_lm, call, answer), probe_sampler=never)
+    out = agent.ask(request_)
+    assert [c.arguments for c in rec.of(ev.ToolCall)] == [expected]
+    assert out.stats.stated_calls == (len(expected) > 1)
