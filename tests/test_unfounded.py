@@ -163,9 +163,11 @@ def test_a_call_that_must_be_made_the_switch_or_the_system_prompt_keeps_the_call
         assert out.stats.unfounded_calls == 0
 
 
-def test_the_server_asks_and_streams_the_question(tiny_lm, serve):  # noqa: F811
-    call = call_text("json", {"price": 100, "discount": 25, "lines": []})
-    s = serve(sampler_for=Scripted(tiny_lm, call, call, call, call, call))
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_the_server_asks_and_streams_the_question(tiny_lm, serve, protocol):  # noqa: F811
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    call = call_text(protocol, {"price": 100, "discount": 25, "lines": []})
+    s = serve(lm, sampler_for=Scripted(lm, call, call, call, call, call), protocol=protocol)
     tools = [TOOL.openai()]
     messages = user("Final price after a 25% discount?")
     asked = "To use final_price I need the price: what is it?"
