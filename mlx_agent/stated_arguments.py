@@ -33,16 +33,17 @@ that, a turn's first call of a tool other than the one the request describes
 the reply may answer, a call on a required number no one gave becomes a question to the
 user (:mod:`mlx_agent.unfounded`).
 
-Not promised: a reply of more than one call, or with text beside its call, is left as it
-was sampled, and so is every call with a rotating KV cache; a value the request implies
-without writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an object.
-A flag is added only as ``true``, only where the request uses every word of its name but a
-verb such as *include* (``include_human_impact``: "human", "impact"), and not after a
-negation; it is added without a probe (asked, the model wrote ``false`` for "detailed
-information" as readily as ``true``), so a negation further off than three words ("not
-concerned about the rating or whether smoking is allowed") is not read. Each probe costs a short prefill and a few decoded tokens, up to
-:data:`MAX_PROBES` a call; a changed call's ids are its text's, tokenized
-(:func:`mlx_agent.probe.reply_ids`), not ids the model sampled.
+Not promised: a reply of more than one call, or with text beside its call, is left as it was
+sampled, and so is every call with a rotating KV cache; a value the request implies without
+writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an object. A flag
+is added only as ``true``, only where the request uses every word of its name but a verb
+such as *include* (``include_human_impact``: "human", "impact"), and not after a negation
+(within three words) or indifference ("not too concerned about the rating or whether smoking
+is allowed", :data:`INDIFFERENT`, within its clause); it is added without a probe (asked,
+the model wrote ``false`` for "detailed information" as readily as ``true``). Each probe
+costs a short prefill and a few decoded tokens, up to :data:`MAX_PROBES` a call; a changed
+call's ids are its text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids the model
+sampled.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
 FLAG_VERBS = frozenset("""include includes is has use allow enable show with get should
 return want need do flag only add as by in of for to the""".split())
 NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
+# "not too concerned about the rating or whether smoking is allowed": no wish either way,
+# for what follows in the sentence
+INDIFFERENT = r"(?:not\s+(?:\w+\s+){0,2}(?:concerned|bothered|fussed|worried|picky)" \
+    r"|(?:don't|dont|do\s+not|doesn't|does\s+not)\s+(?:care|mind|matter))"
 
 
 def _text_stated(text: str, request: str) -> bool:
@@ -84,15 +89,24 @@ def _text_stated(text: str, request: str) -> bool:
 
 def _flag_stated(name: str, request: str) -> bool:
     """Every word of a flag's name but :data:`FLAG_VERBS` begins a word of the request
-    (up to its sixth letter: "detailed" for ``detailed``, "transfer" for ``allow_transfer``)."""
+    (up to its sixth letter: "detailed" for ``detailed``, "transfer" for ``allow_transfer``),
+    not after a negation nor after indifference (:data:`INDIFFERENT`) in its sentence."""
     words = [w.lower() for w in NAME_WORD.findall(name)]
     words = [w for w in words if w not in FLAG_VERBS]
     said = _words(request)
     if not words or not all(any(s.startswith(w[:6]) for s in said) for w in words):
         return False
     # "do not include images", "excluding human impact": the request says false
-    return not any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{re.escape(w[:6])}", request,
-                             re.IGNORECASE) for w in words)
+    if any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{re.escape(w[:6])}", request,
+                     re.IGNORECASE) for w in words):
+        return False
+    # "I don't mind whether it has a pool": it says neither, for the rest of the clause
+    for sentence in re.split(r"[.;!?]|\bbut\b", request, flags=re.IGNORECASE):
+        m = re.search(rf"\b{INDIFFERENT}\b", sentence, re.IGNORECASE)
+        if m and any(re.search(rf"\b{re.escape(w[:6])}", sentence[m.end():], re.IGNORECASE)
+                     for w in words):
+            return False
+    return True
 
 
 def _taken(arguments: dict) -> tuple[list[str], set[float]]:
@@ -199,8 +213,9 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     """``arguments`` with the optional parameters the request states added, each probed
     (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
     reply's prompt ids) and the call with the additions before it, a flag whose name the
-    request uses set ``true`` without a probe; ``arguments`` itself where none is. ``stop`` is asked before each probe. The engine is left wherever the
-    last probe left it: sync before generating again."""
+    request uses set ``true`` without a probe; ``arguments`` itself where none is. ``stop``
+    is asked before each probe. The engine is left wherever the last probe left it: sync
+    before generating again."""
     added: dict = {}
     for name in [p for p in tool.argument_order() if p not in arguments
                  and p not in tool.required

@@ -69,6 +69,9 @@ BFCL_LIKE = parse_tools(json.dumps([{
     ("days", 10**400, "1" * 401, {}, False),  # no float holds it: not an OverflowError
     ("include_human_impact", True, "excluding human impact", {}, False),
     ("include_human_impact", True, "do not include the human impact", {}, False),
+    ("include_human_impact", True, "I'm not too concerned about the human impact", {}, False),
+    ("include_human_impact", True, "Not concerned about cost, but include human impact", {},
+     True),  # indifference holds for its own clause
 ])
 def test_what_a_request_states(name, value, request_, arguments, expected):
     assert stated(TOOL, name, value, request_, arguments) is expected
