@@ -109,6 +109,38 @@ def _flag_stated(name: str, request: str) -> bool:
     return True
 
 
+# a flag named so is false where it is said ("no_cache"): the model decides it
+NEGATIVE_NAMES = frozenset("no not non disable disabled skip exclude without hide ignore "
+                           "avoid".split())
+# a clause that may say false, or neither: "doesn't need", "not required", "optional",
+# "non-smoking", "with or without", "either is fine", "whatever"
+DOUBT = re.compile(r"n't\b|\b(?:not|no|non|never|without|optional|except|excluding|excluded?"
+                   r"|avoid|omit|leave|rather|either|whatever|any|unless|instead|mind|matter"
+                   r"|concerned|bothered|fussed|worried)\b", re.IGNORECASE)
+_CLAUSE = re.compile(r"[^.;!?]+[.;!?]?")
+_YES_NO = frozenset("is are does did has was were".split())  # "Is smoking allowed?"
+
+
+def _flag_plain(name: str, request: str) -> bool:
+    """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
+    one clause writes every word of its name but :data:`FLAG_VERBS` whole (or as "-s",
+    "-es", "-ed", "-d", "-ing"; words of four letters or more, no digits), with no word of
+    :data:`DOUBT` in it and not as a yes-no question ("Is smoking allowed?"); the name does
+    not start with a word of :data:`NEGATIVE_NAMES`. Where :func:`_flag_stated` holds but
+    this does not, the model is asked, as for any other parameter."""
+    named = [w.lower() for w in NAME_WORD.findall(name)]
+    words = [w for w in named if w not in FLAG_VERBS]
+    if not words or named[0] in NEGATIVE_NAMES \
+            or any(len(w) < 4 or not w.isalpha() for w in words):  # "new", "all", "24h"
+        return False
+    for m in _CLAUSE.finditer(request.replace("\u2019", "'")):
+        clause = m.group()
+        first = clause.split(maxsplit=1)[0].lower() if clause.strip() else ""
+        if all(re.search(rf"\b{w}(?:s|es|ed|d|ing)?\b", clause, re.IGNORECASE) for w in words):
+            return not DOUBT.search(clause) and not (clause.endswith("?") and first in _YES_NO)
+    return False
+
+
 def _taken(arguments: dict) -> tuple[list[str], set[float]]:
     """The strings (stripped, lower case) and numbers the arguments hold, at any depth."""
     strings, numbers, todo = [], set(), [arguments]
@@ -212,8 +244,9 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                   stop: Callable[[], bool] = lambda: False) -> dict:
     """``arguments`` with the optional parameters the request states added, each probed
     (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
-    reply's prompt ids) and the call with the additions before it, a flag whose name the
-    request uses set ``true`` without a probe; ``arguments`` itself where none is. ``stop``
+    reply's prompt ids) and the call with the additions before it, a flag the request asks
+    for plainly (:func:`_flag_plain`) set ``true`` without a probe; ``arguments`` itself
+    where none is. ``stop``
     is asked before each probe. The engine is left wherever the last probe left it: sync
     before generating again."""
     added: dict = {}
@@ -222,8 +255,8 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                  and _may_state(tool, p, request, arguments)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
             break
-        if tool.properties[name].get("type") == "boolean":  # its name said, not negated
-            added[name] = True  # (_may_state): asked, the model wrote false as often as not
+        if tool.properties[name].get("type") == "boolean" and _flag_plain(name, request):
+            added[name] = True  # asked, the model wrote false as often as true
             continue
         value = probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)

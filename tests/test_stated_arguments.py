@@ -374,3 +374,26 @@ def test_a_flag_the_request_names_is_set_without_a_probe(tiny_lm, request_, expe
     out = agent.ask(request_)
     assert [c.arguments for c in rec.of(ev.ToolCall)] == [expected]
     assert out.stats.stated_calls == (len(expected) > 1)
+
+
+@pytest.mark.parametrize("name, request_, plain", [
+    ("detailed", "Find me detailed information about the human cell", True),
+    ("allow_transfer", "Go by train, and you can transfer.", True),
+    ("include_comments", "ratings and comments for the interview?", True),  # asked for
+    ("include_images", "Don\u2019t include images", False),  # a curly apostrophe
+    ("include_images", "The report doesn't need images", False),
+    ("include_images", "Images are not required", False),
+    ("include_images", "Images are optional", False), ("include_images", "Leave out images", False),
+    ("smoking", "I need a non-smoking room", False),
+    ("smoking_allowed", "Is smoking allowed at the Hilton?", False),  # a yes-no question
+    ("has_pool", "a pool or not, either is fine", False),
+    ("smoking_allowed", "I'm not too concerned about the rating or whether smoking is allowed",
+     False),
+    ("in_stock", "a bike shop in Stockholm", False), ("sort_desc", "Describe the orders", False),
+    ("is_new", "a used car in New York", False), ("include_all", "Show all flights", False),
+    ("use_24h", "Book 24 rooms", False), ("no_cache", "Cache the page", False),
+])
+def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
+    from mlx_agent.stated_arguments import _flag_plain
+
+    assert _flag_plain(name, request_) is plain
