@@ -39,8 +39,9 @@ writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an obje
 is added only as ``true``, only where the request uses every word of its name but a verb
 such as *include* (``include_human_impact``: "human", "impact"), and not after a negation
 (within three words) or indifference ("not too concerned about the rating or whether smoking
-is allowed", :data:`INDIFFERENT`, within its clause); it is added without a probe (asked,
-the model wrote ``false`` for "detailed information" as readily as ``true``). Each probe
+is allowed", :data:`INDIFFERENT`, within its clause); where the request asks for it plainly
+(:func:`_flag_plain`) it is added without a probe (asked, the model wrote ``false`` for
+"detailed information" as readily as ``true``), elsewhere the model is asked. Each probe
 costs a short prefill and a few decoded tokens, up to :data:`MAX_PROBES` a call; a changed
 call's ids are its text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids the model
 sampled.
@@ -73,7 +74,7 @@ FLAG_VERBS = frozenset("""include includes is has use allow enable show with get
 return want need do flag only add as by in of for to the""".split())
 NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
 # "not too concerned about the rating or whether smoking is allowed": no wish either way,
-# for what follows in the sentence
+# for what follows in the clause (up to ".", ";", "!", "?" or "but")
 INDIFFERENT = r"(?:not\s+(?:\w+\s+){0,2}(?:concerned|bothered|fussed|worried|picky)" \
     r"|(?:don't|dont|do\s+not|doesn't|does\s+not)\s+(?:care|mind|matter))"
 
@@ -90,7 +91,7 @@ def _text_stated(text: str, request: str) -> bool:
 def _flag_stated(name: str, request: str) -> bool:
     """Every word of a flag's name but :data:`FLAG_VERBS` begins a word of the request
     (up to its sixth letter: "detailed" for ``detailed``, "transfer" for ``allow_transfer``),
-    not after a negation nor after indifference (:data:`INDIFFERENT`) in its sentence."""
+    not after a negation nor after indifference (:data:`INDIFFERENT`) in its clause."""
     words = [w.lower() for w in NAME_WORD.findall(name)]
     words = [w for w in words if w not in FLAG_VERBS]
     said = _words(request)
