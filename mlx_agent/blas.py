@@ -14,6 +14,13 @@ Candidates, first found wins:
 3. Debian's ``libopenblas0-pthread``. Its CPU auto-detection picks a slow kernel on some
    virtual machines, so ``OPENBLAS_CORETYPE`` is set to ``Haswell`` when unset.
 
+MKL's OpenMP runtime registers each process in ``/dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>``;
+a process killed at the wrong moment leaves that file empty, and the next process to get
+the same pid dies of SIGBUS when the runtime maps it (our killed tools and Ctrl-C'd runs left
+25 such files on the test machine in a day, and CI saw "Bus error" in unrelated tests). A
+file for this process's own pid and uid can only be such a leftover, so it is removed before
+MKL loads (:func:`_clear_stale_registration`).
+
 MKL's OpenMP threads spin for 200 ms after each call by default, so the first 200 ms of the
 decode that follows a prefill shares the cores with them; ``KMP_BLOCKTIME`` is set to 0 (they
 sleep at once) unless it is already set.
@@ -68,6 +75,15 @@ def _candidates() -> list[tuple[str, str]]:
     return out
 
 
+def _clear_stale_registration() -> None:
+    """Remove the OpenMP registration file a dead process with this pid left (see above)."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    try:
+        os.unlink(f"/dev/shm/__KMP_REGISTERED_LIB_{os.getpid()}_{uid}")
+    except OSError:  # none (the usual case), or not ours to remove: MKL copes or says so
+        pass
+
+
 def activate() -> BlasStatus:
     """Load the best BLAS found (once per process) and return what is in use."""
     global _status
@@ -85,8 +101,9 @@ def activate() -> BlasStatus:
     for name, path in _candidates():
         if name == "openblas":
             os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
-        if name == "mkl":  # see KMP_BLOCKTIME above
+        if name == "mkl":  # see KMP_BLOCKTIME and the registration file above
             os.environ.setdefault("KMP_BLOCKTIME", "0")
+            _clear_stale_registration()
         try:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:
