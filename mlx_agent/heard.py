@@ -17,7 +17,7 @@ import bisect
 import itertools
 import math
 import re
-from typing import Any
+from typing import Any, Iterator
 
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(?![\w])")
 # read loosely: the digits of a run, whatever follows or joins them ("6cm", "[120,250]"),
@@ -44,8 +44,9 @@ PERIODS = {"hourly": (24,), "daily": (365,), "weekly": (52,), "biweekly": (26,),
            "fortnightly": (26,), "monthly": (12,), "quarterly": (4,), "semiannually": (2,),
            "biannually": (2,), "annually": (1,), "yearly": (1,), "minute": (60,),
            "hour": (60,), "day": (24,), "week": (7,), "fortnight": (14,),
-           "month": (30, 31), "year": (12, 52, 365), "decade": (10,), "century": (100,)}
-_PERIOD = re.compile(rf"\b(semi-annually|half-yearly|{'|'.join(PERIODS)})s?\b", re.IGNORECASE)
+           "month": (30, 31), "year": (12, 52, 365), "decade": (10,), "century": (100,),
+           "semi-annually": (2,), "half-yearly": (2,)}
+_PERIOD = re.compile(rf"\b({'|'.join(PERIODS)})s?\b", re.IGNORECASE)
 NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
 
 
@@ -89,8 +90,7 @@ def numbers(text: str, loose: bool = False) -> set[float]:
     for m in _SCALED.finditer(text):
         out.add(float(m.group(1).replace(",", "")) * SCALES[m.group(2).lower()])
     for m in _PERIOD.finditer(text):
-        word = m.group(1).lower()
-        out.update(float(x) for x in PERIODS.get(word, (2,)))  # semi-annually, half-yearly
+        out.update(float(x) for x in PERIODS[m.group(1).lower()])
     for m in _SPELT.finditer(text):
         tens, unit, alone, scale, bare = (g.lower() if g else "" for g in m.groups())
         if bare:
@@ -102,22 +102,28 @@ def numbers(text: str, loose: bool = False) -> set[float]:
     return {x for x in out if math.isfinite(x)}
 
 
-def json_text(value: Any) -> str:
-    """The keys, strings and numbers of a JSON value (a schema, a call's arguments), a line
-    each, as written: its JSON text would hide a digit after an escape ("Units:\\n2")."""
-    out, stack = [], [value]
-    while stack:  # no recursion: a model's arguments may nest as deep as the parser allows
+def leaves(value: Any, keys: bool = False) -> Iterator[Any]:
+    """The strings, numbers and flags of a JSON value at any depth (and its objects' keys,
+    with ``keys``), without recursion: a model's arguments may nest as deep as the parser
+    allows."""
+    stack = [value]
+    while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            out.extend(k for k in item if isinstance(k, str))
+            if keys:
+                yield from (k for k in item if isinstance(k, str))
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, str):
-            out.append(item)
-        elif number(item) is not None:
-            out.append(repr(item))
-    return "\n".join(out)
+        elif item is not None:
+            yield item
+
+
+def json_text(value: Any) -> str:
+    """The keys, strings and numbers of a JSON value (a schema, a call's arguments), a line
+    each, as written: its JSON text would hide a digit after an escape ("Units:\\n2")."""
+    return "\n".join(v if isinstance(v, str) else repr(v) for v in leaves(value, keys=True)
+                     if isinstance(v, str) or number(v) is not None)
 
 
 _LIST_GAP = re.compile(r"\s*(?:[,;&]|and|,\s*and)?\s*")

@@ -15,34 +15,22 @@ which asks the user for those values, as OpenAI's function-calling guide asks of
 made-up input, and the user's next message gives it.
 
 Not promised: a number the model worked out from the request ("2 pi" as 6.2832, "100 uF" as
-0.0001; a word of time's count, "compounded monthly" as 12, is read) counts as made up (0 and 1 never count: "a", "none" and "from rest" write them; nor
-does a sign: "-$100", "112 W"); only numbers are read (a required string the model made up
-is kept: on BFCL's questions that rule refused right calls and no wrong ones); a reply of
-several calls, and a tool that requires nothing, are not read; the question is in English.
+0.0001; a word of time's count, "compounded monthly" as 12, is read) counts as made up (0
+and 1 never count: "a", "none" and "from rest" write them; nor does a sign: "-$100", "112
+W"); only numbers are read (a required string the model made up is kept: on BFCL's questions
+that rule refused right calls and no wrong ones); a reply of several calls, and a tool that
+requires nothing, are not read; the question is in English.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Sequence
 
 from .formats import text_of
-from .heard import NAME_WORD, json_text, number, numbers
+from .heard import NAME_WORD, json_text, leaves, number, numbers
 from .tools import Tool
 
 FREE = frozenset({0.0, 1.0})  # numbers a request writes without digits ("a", "from rest")
-
-
-def _numbers_in(value: Any) -> Iterator[float]:
-    """The numbers of ``value``, at any depth (flags are not numbers)."""
-    stack = [value]
-    while stack:  # no recursion: a model's arguments may nest as deep as the parser allows
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif (x := number(item)) is not None:
-            yield x
 
 
 def _key(x: float) -> float:
@@ -71,9 +59,12 @@ def unfounded(tool: Tool, arguments: dict, messages: Sequence[dict]) -> list[str
     required = set(tool.required)
     if not required & arguments.keys():
         return []
+    said = {name: {_key(x) for v in leaves(value) if (x := number(v)) is not None} - FREE
+            for name, value in arguments.items() if name in required}
+    if not any(said.values()):  # no number to read: the conversation is not read either
+        return []
     heard = _heard(tool, messages)
-    return [name for name, value in arguments.items() if name in required
-            and any(_key(x) not in FREE and _key(x) not in heard for x in _numbers_in(value))]
+    return [name for name, keys in said.items() if keys - heard]
 
 
 def question(tool: Tool, names: Sequence[str]) -> str:
