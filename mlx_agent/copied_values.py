@@ -1,13 +1,14 @@
 """A call's values as the request writes them: a garbled copy copied again, a place and a
-list whole.
+list whole, the enum's value the request names.
 
 A small model copying a phrase from the request garbles some of it: "Lasagna" for "Los
 Angeles", "nucleus" for "neutron", "Bron LeBron James", ``make the dish to "extra spicy"``
 for "extra spicy". And copying a place it stops at the first comma: "Riga" for "Riga,
 Latvia", "2020 Addison Street" for "2020 Addison Street, Berkeley, CA, USA", "Sousse" for
 "Sousse, Tunisia". The qualifier the user wrote is what tells Paris, France from Paris,
-Texas, and a tool that asks for "the city and state" needs it. And a list of numbers loses
-or repeats an item.
+Texas, and a tool that asks for "the city and state" needs it. A list of numbers loses
+or repeats an item. And of an enum's values, the model picks one the request never wrote
+("cat" for "add a vet visit with the hamster option").
 
 :func:`recopied`: a string argument with a word of letters that neither the user's
 messages, the turn's tool results nor the tool's schema write (:func:`garbled`) is probed
@@ -18,7 +19,9 @@ for "New York City", a value the model meant). The phrase the model picks replac
 value where it is no other argument's value, the schema takes it, and the model itself,
 with no grammar, finds it at most :data:`MARGIN` nats less likely than what it wrote
 (:func:`mlx_agent.probe.likelihood`; not "fresh" for ``language: "english"``, which the
-request does not write but the model means). Greedy decoding commits to a token at a time,
+request does not write but the model means). Where the phrase it picks runs on past a
+shorter one ("Glasgow, the travel" for "Glasgow"), the one the model finds most likely,
+its closing quote included, is taken. Greedy decoding commits to a token at a time,
 so a garble can be less likely as a whole than the phrase ("Lasagna", -7.0 nats, against
 "Los Angeles", -6.1), or a little more ("nucleus", -1.3, against "neutron", -3.1).
 
@@ -27,6 +30,11 @@ request writes, one item repeated in place or one inner item left out ("85, 90, 
 89, 91" copied with 91 twice, "[12, 15, 18, 20, 21, 26, 30]" without 18), is made that run.
 An item dropped from an end, or one of a repeat, reads as a filter, and one added or
 changed as an edit: those lists stay.
+
+:func:`written_choices`: an enum's string that the request does not write (not even as a
+word's start: "postgres" is in "PostgreSQL") is made the one other value of that enum it
+writes as whole words ("news", "app balance", "hot air" for ``hot_air``), unless it writes
+two or another argument holds it.
 
 :func:`whole_places`: each string argument of a place parameter (:func:`is_place`, by its
 name: "location", "pickup_city", "loc") that runs on into another parameter (" Tunis, litres
@@ -61,7 +69,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
-from .heard import NAME_WORD, Heard, number, number_runs
+from .heard import NAME_WORD, Heard, number, number_runs, writes_whole
 from .probe import PROBE_CHARS, likelihood, probe
 from .tools import Tool
 
@@ -117,8 +125,8 @@ def garbled(value: str, heard: Heard) -> bool:
 def phrases(request: str) -> list[str]:
     """Every run of one to :data:`PHRASE_WORDS` words of the request's first
     :data:`PHRASE_CHARS` characters, as written between its first and last word (commas and
-    spaces kept, no line break or other control character), of at most :data:`~mlx_agent.probe.PROBE_CHARS`
-    characters; sorted."""
+    spaces kept, no line break or other control character), of at most
+    :data:`~mlx_agent.probe.PROBE_CHARS` characters; sorted."""
     text = request[:PHRASE_CHARS]
     words = list(_TOKEN.finditer(text))
     out = set()
@@ -181,13 +189,27 @@ def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, argum
             break
         copy = probe(engine, lm, sampler, prompt, protocol, tool, out, name,
                      {"type": "string", "enum": alike})
-        if not isinstance(copy, str) or copy.strip().lower() in _other_strings(out, name) \
+        if not isinstance(copy, str):
+            continue
+        # the probe commits a token at a time, and runs on past the copy it meant
+        # ("Glasgow, the travel" for "Glasgow"): the phrase it starts with that the model
+        # finds most likely, closing quote included, is the copy
+        scored = {c: likelihood(engine, lm, prompt, protocol, tool, out, name, c)
+                  for c in alike if c == copy or _starts(copy, c)}
+        copy = max(sorted(scored), key=scored.__getitem__)
+        if copy.strip().lower() in _other_strings(out, name) \
                 or tool.validate({**out, name: copy}):
             continue
-        if likelihood(engine, lm, prompt, protocol, tool, out, name, copy) >= \
+        if scored[copy] >= \
                 likelihood(engine, lm, prompt, protocol, tool, out, name, value) - MARGIN:
             out = {**out, name: copy}
     return out
+
+
+def _starts(phrase: str, head: str) -> bool:
+    """Whether ``phrase`` starts with ``head``, a shorter phrase, at a word's end."""
+    return len(head) < len(phrase) and phrase.startswith(head) \
+        and not (phrase[len(head)].isalnum() or phrase[len(head)] == "_")
 
 
 def is_place(name: str) -> bool:
@@ -295,6 +317,35 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
             place = whole_place(place, request, _other_strings(out, name))
         if place != value and not tool.validate({**out, name: place}):
             out = {**out, name: place}
+    return out
+
+
+def _writes_choice(request: str, value: str) -> bool:
+    """Whether the request writes an enum's value as whole words, or its words apart
+    ("hot air" for ``hot_air``, "non-smoking" for ``non_smoking``)."""
+    spaced = re.sub(r"[_-]+", " ", value)
+    return writes_whole(request, value) or spaced != value and writes_whole(request, spaced)
+
+
+def written_choices(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each string of a parameter's enum that the request does not write
+    (not even as the start of its words: :meth:`Heard.made_up`) made the one other value of
+    the enum it does (:func:`_writes_choice`: "the hamster option" for ``species: "cat"``),
+    where no other argument holds that value and the schema takes it; ``arguments`` itself
+    where none is. A request that writes two of the enum's other values, or none, leaves
+    the value as the model chose it."""
+    out, heard = arguments, None
+    for name, value in arguments.items():
+        schema = tool.properties.get(name)
+        enum = schema.get("enum") if isinstance(schema, dict) else None
+        if not isinstance(value, str) or not isinstance(enum, list) \
+                or not (heard := heard or Heard(request)).made_up(value):
+            continue  # "postgres" is written in "PostgreSQL"
+        said = [v for v in enum if isinstance(v, str) and v != value
+                and _writes_choice(request, v)]
+        if len(said) == 1 and said[0].strip().lower() not in _other_strings(out, name) \
+                and not tool.validate({**out, name: said[0]}):
+            out = {**out, name: said[0]}
     return out
 
 

@@ -55,6 +55,16 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
+def writes_whole(text: str, phrase: str) -> bool:
+    """Whether ``text`` writes ``phrase`` as whole words, case aside, or as its plural
+    ("inch" in "4 inches"); a phrase of two letters only as written ("US" is not in "tell
+    us"), of one not at all."""
+    phrase = phrase.strip()
+    flags = re.IGNORECASE if len(phrase) > 2 else 0
+    return len(phrase) >= 2 and re.search(rf"(?<!\w){re.escape(phrase)}(?:e?s)?(?!\w)", text,
+                                          flags) is not None
+
+
 def number(value: Any) -> float | None:
     """``value`` as a finite float, or None (a flag, a string, an integer of 400 digits)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

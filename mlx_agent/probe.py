@@ -48,10 +48,17 @@ def _value_grammar(schema_json: str, tokenizer, ends: str = ",}") -> str:
 
 
 def _probe_schema(tool: Tool, name: str) -> dict | None:
+    """The parameter's schema as a probe writes it: bounded, and a string or a list never
+    empty (asked for a city the request names, the model wrote ``""``, which no request
+    states: with one character required it wrote the city)."""
     schema = tool.properties.get(name)
     if not isinstance(schema, dict) or schema.get("type") == "object":  # never added
         return None
     bound = _bound(schema, PROBE_CHARS)
+    if "enum" not in bound and "const" not in bound:
+        least = {"string": "minLength", "array": "minItems"}.get(bound.get("type"))
+        if least and not (isinstance(bound.get(least), int) and bound[least] >= 1):
+            bound = {**bound, least: 1}
     defs = tool.parameters.get("$defs")
     return {**bound, "$defs": defs} if isinstance(defs, dict) and "$defs" not in bound \
         else bound

@@ -26,8 +26,9 @@ tool result of the turn writes (:meth:`Heard.made_up`, a looser reading than
 A flag, an object or a required argument is never dropped.
 
 The same pass reads the call's strings against the request (:mod:`mlx_agent.copied_values`):
-a garbled copy ("Lasagna" for "Los Angeles") is copied again, and a place cut at its comma
-("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole. Before all
+a garbled copy ("Lasagna" for "Los Angeles") is copied again, a place cut at its comma
+("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole, and an
+enum's value the request does not write is the one it does ("hamster", not "cat"). Before all
 that, a turn's first call of a tool other than the one the request describes
 (:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
 the reply may answer, a call on a required number no one gave becomes a question to the
@@ -36,12 +37,14 @@ user (:mod:`mlx_agent.unfounded`).
 Not promised: a reply of more than one call, or with text beside its call, is left as it was
 sampled, and so is every call with a rotating KV cache; a value the request implies without
 writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an object. A flag
-is added only as ``true``, only where the request uses every word of its name but a verb
-such as *include* (``include_human_impact``: "human", "impact"), and not after a negation
-(within three words) or indifference ("not too concerned about the rating or whether smoking
-is allowed", :data:`INDIFFERENT`, within its clause); where the request asks for it plainly
-(:func:`_flag_plain`) it is added without a probe (asked, the model wrote ``false`` for
-"detailed information" as readily as ``true``), elsewhere the model is asked. Each probe
+is added only where the request uses every word of its name but a verb such as *include*
+(``include_human_impact``: "human", "impact"): as ``true``, not after a negation (within
+three words) or indifference ("not too concerned about the rating or whether smoking is
+allowed", :data:`INDIFFERENT`, within its clause); where the request asks for it plainly
+(:func:`_flag_plain`) without a probe (asked, the model wrote ``false`` for "detailed
+information" as readily as ``true``), elsewhere the model is asked. It is added as
+``false`` only where the request refuses it plainly ("don't include hourly",
+:func:`_flag_refused`), without a probe. Each probe
 costs a short prefill and a few decoded tokens, up to :data:`MAX_PROBES` a call; a changed
 call's ids are its text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids the model
 sampled.
@@ -54,13 +57,13 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import recopied, whole_lists, whole_places
+from .copied_values import recopied, whole_lists, whole_places, written_choices
 from .described_tool import described_tool
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
 from .grammar import call_text, written_arguments, written_json
-from .heard import NAME_WORD, Heard, json_text
+from .heard import NAME_WORD, Heard, json_text, writes_whole
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
@@ -77,15 +80,6 @@ NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
 # for what follows in the clause (up to ".", ";", "!", "?" or "but")
 INDIFFERENT = r"(?:not\s+(?:\w+\s+){0,2}(?:concerned|bothered|fussed|worried|picky)" \
     r"|(?:don't|dont|do\s+not|doesn't|does\s+not)\s+(?:care|mind|matter))"
-
-
-def _text_stated(text: str, request: str) -> bool:
-    """``text`` is in ``request`` as whole words, case aside, or as their plural ("inch"
-    in "4 inches"); two letters only as written ("US" is not in "tell us")."""
-    text = text.strip()
-    flags = re.IGNORECASE if len(text) > 2 else 0
-    return len(text) >= 2 and re.search(rf"(?<!\w){re.escape(text)}(?:e?s)?(?!\w)", request,
-                                        flags) is not None
 
 
 def _flag_stated(name: str, request: str) -> bool:
@@ -122,24 +116,57 @@ _CLAUSE = re.compile(r"[^.;!?]+[.;!?]?")
 _YES_NO = frozenset("is are does did has was were".split())  # "Is smoking allowed?"
 
 
-def _flag_plain(name: str, request: str) -> bool:
-    """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
-    one clause writes every word of its name but :data:`FLAG_VERBS` whole (or as "-s",
-    "-es", "-ed", "-d", "-ing"; words of four letters or more, no digits), with no word of
-    :data:`DOUBT` in it and not as a yes-no question ("Is smoking allowed?"); the name does
-    not start with a word of :data:`NEGATIVE_NAMES`. Where :func:`_flag_stated` holds but
-    this does not, the model is asked, as for any other parameter."""
+def _flag_clause(name: str, request: str) -> str | None:
+    """The request's first clause that writes every word of a flag's name but
+    :data:`FLAG_VERBS` whole (or as "-s", "-es", "-ed", "-d", "-ing"), where those words
+    have four letters or more and no digit ("new", "all" and "24h" are read in too many
+    senses) and the name does not start with a word of :data:`NEGATIVE_NAMES`
+    (``no_cache``: true where the request says no); None where there is none."""
     named = [w.lower() for w in NAME_WORD.findall(name)]
     words = [w for w in named if w not in FLAG_VERBS]
     if not words or named[0] in NEGATIVE_NAMES \
-            or any(len(w) < 4 or not w.isalpha() for w in words):  # "new", "all", "24h"
-        return False
+            or any(len(w) < 4 or not w.isalpha() for w in words):
+        return None
     for m in _CLAUSE.finditer(request.replace("\u2019", "'")):
-        clause = m.group()
-        first = clause.split(maxsplit=1)[0].lower() if clause.strip() else ""
-        if all(re.search(rf"\b{w}(?:s|es|ed|d|ing)?\b", clause, re.IGNORECASE) for w in words):
-            return not DOUBT.search(clause) and not (clause.endswith("?") and first in _YES_NO)
-    return False
+        if all(re.search(rf"\b{w}(?:s|es|ed|d|ing)?\b", m.group(), re.IGNORECASE)
+               for w in words):
+            return m.group()
+    return None
+
+
+def _yes_no(clause: str) -> bool:
+    """Whether a clause is a yes-no question ("Is smoking allowed?")."""
+    first = clause.split(maxsplit=1)[0].lower() if clause.strip() else ""
+    return clause.endswith("?") and first in _YES_NO
+
+
+def _flag_plain(name: str, request: str) -> bool:
+    """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
+    in the clause that writes its name (:func:`_flag_clause`) no word of :data:`DOUBT`,
+    and not as a yes-no question. Where :func:`_flag_stated` holds but this does not, the
+    model is asked, as for any other parameter."""
+    clause = _flag_clause(name, request)
+    return clause is not None and not DOUBT.search(clause) and not _yes_no(clause)
+
+
+# a clause that leaves a flag open though it negates: "with or without", "whether or not"
+OPEN = re.compile(r"\bwith\s+or\s+without\b|\bor\s+not\b|\bwhether\b|\beither\b",
+                  re.IGNORECASE)
+
+
+def _flag_refused(name: str, request: str) -> bool:
+    """Whether the request refuses a flag plainly, so it is set ``false`` without a probe
+    ("don't include hourly" for ``include_hourly``, "without a pool" for ``has_pool``): in
+    the clause that writes its name (:func:`_flag_clause`), one of :data:`NEGATIONS`
+    within three words before one of its words, and no indifference (:data:`INDIFFERENT`)
+    nor an open choice (:data:`OPEN`), not as a yes-no question."""
+    clause = _flag_clause(name, request)
+    if clause is None or _yes_no(clause) or OPEN.search(clause) \
+            or re.search(rf"\b{INDIFFERENT}\b", clause, re.IGNORECASE):
+        return False
+    words = [w for w in (w.lower() for w in NAME_WORD.findall(name)) if w not in FLAG_VERBS]
+    return any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
+               for w in words)
 
 
 def _taken(arguments: dict) -> tuple[list[str], set[float]]:
@@ -169,7 +196,7 @@ def _subject(tool: Tool, name: str, text: str) -> bool:
     own = [tool.name.replace("_", " ").replace(".", " "), tool.description]
     own += [s.get("description", "") for p, s in tool.properties.items()
             if p != name and isinstance(s, dict) and isinstance(s.get("description"), str)]
-    return any(_text_stated(text, o) for o in own)
+    return any(writes_whole(o, text) for o in own)
 
 
 def _unit_of_another(tool: Tool, name: str, text: str, request: str, arguments: dict) -> bool:
@@ -183,7 +210,7 @@ def _unit_of_another(tool: Tool, name: str, text: str, request: str, arguments: 
     for m in re.finditer(unit, request, re.IGNORECASE):  # a number's start only: linear
         number = float(m.group(1).replace(",", ""))
         owners = [p for p, v in arguments.items() if _number(v) == number]
-        if any(not _text_stated(p.replace("_", " "), about) for p in owners):
+        if any(not writes_whole(about, p.replace("_", " ")) for p in owners):
             return True
     return False
 
@@ -203,7 +230,7 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict) -> 
             return False
         if isinstance(v, str):
             low = v.strip().lower()
-            return _text_stated(v, request) \
+            return writes_whole(request, v) \
                 and not any(low in s or (len(s) > 2 and s in low) for s in strings) \
                 and not (_numbers(low) & numbers) \
                 and not _subject(tool, name, v) \
@@ -233,7 +260,7 @@ def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
         return _flag_stated(name, request)
     enum = one.get("enum")
     if isinstance(enum, list):
-        return any(isinstance(v, str) and _text_stated(v, request) for v in enum) or \
+        return any(isinstance(v, str) and writes_whole(request, v) for v in enum) or \
             any(not isinstance(v, (str, bool)) for v in enum)
     if kind in ("integer", "number"):
         return bool(_numbers(request) - _taken(arguments)[1])
@@ -246,19 +273,20 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     """``arguments`` with the optional parameters the request states added, each probed
     (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
     reply's prompt ids) and the call with the additions before it, a flag the request asks
-    for plainly (:func:`_flag_plain`) set ``true`` without a probe; ``arguments`` itself
-    where none is. ``stop``
-    is asked before each probe. The engine is left wherever the last probe left it: sync
+    for plainly (:func:`_flag_plain`) set ``true`` and one it refuses plainly
+    (:func:`_flag_refused`) ``false``, without a probe; ``arguments`` itself where none is.
+    ``stop`` is asked before each probe. The engine is left wherever the last probe left it: sync
     before generating again."""
-    added: dict = {}
-    for name in [p for p in tool.argument_order() if p not in arguments
-                 and p not in tool.required
+    left = [p for p in tool.argument_order() if p not in arguments and p not in tool.required]
+    flags = [p for p in left if isinstance(tool.properties[p], dict)
+             and tool.properties[p].get("type") == "boolean"]
+    # asked, the model wrote false as often as true: where the request is plain, no probe
+    added = {p: True for p in flags if _flag_plain(p, request)} | \
+        {p: False for p in flags if _flag_refused(p, request)}
+    for name in [p for p in left if p not in added
                  and _may_state(tool, p, request, arguments)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
             break
-        if tool.properties[name].get("type") == "boolean" and _flag_plain(name, request):
-            added[name] = True  # asked, the model wrote false as often as true
-            continue
         value = probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)
         if value is not None and stated(tool, name, value, request, {**arguments, **added}):
@@ -339,6 +367,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                                  heard, sampler, stop)
         tool = moved
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
+        arguments = written_choices(tool, arguments, request)
         if may_answer and (made_up := unfounded(tool, arguments, messages)):
             # no probe for a call that will not be made: the user is asked instead
             content = question(tool, made_up)

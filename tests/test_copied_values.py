@@ -20,8 +20,8 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, place_alone,
-                                     whole_lists, whole_place, whole_places)
+from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, place_alone, recopied,
+                                     whole_lists, whole_place, whole_places, written_choices)
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import parse_tools
@@ -199,17 +199,26 @@ def test_a_less_likely_copy_is_not_taken(tiny_lm):
     fmt = agent_format("json", tiny_lm)
     messages = [{"role": "user", "content": "Weather in Riga, Latvia."}]
     prompt = fmt.prompt_ids(messages, WEATHER)
-    for city, taken in (("Rigggga Lattvviiaa", True), ("Rigga", False)):
+    # the probe writes "Riga, Latvia"; "Riga", a shorter phrase it starts with, is what this
+    # model finds most likely of the two, and is weighed against the model's own value:
+    # "Rigggga Lattvviiaa" is less likely (a garble), "Paris" more (a value it meant)
+    for city, taken in (("Rigggga Lattvviiaa", True), ("Paris", False)):
         call = weather_replies("json", city)[0]
         ids = tiny_lm.encode_text(call)
         engine = tiny_lm.engine()
-        odds = [likelihood(engine, tiny_lm, prompt, "json", WEATHER[0], {}, "city", v)
-                for v in ("Riga, Latvia", city)]
-        assert (odds[0] >= odds[1] - MARGIN) is taken  # the model's own preference decides
+        odds = {v: likelihood(engine, tiny_lm, prompt, "json", WEATHER[0], {}, "city", v)
+                for v in ("Riga, Latvia", "Riga", city)}
+        assert odds["Riga"] > odds["Riga, Latvia"]
+        assert (odds["Riga"] >= odds[city] - MARGIN) is taken  # the model's preference decides
+        copied = recopied(engine, tiny_lm, prompt, "json", WEATHER[0], {"city": city},
+                          messages[0]["content"], messages[0]["content"],
+                          Obliging(tiny_lm, '"Riga, Latvia"}'))
+        assert copied == {"city": "Riga" if taken else city}
         engine.sync(prompt + ids)
         reply, _, out_ids = complete_reply(engine, tiny_lm, "json", prompt, fmt.parse(call),
                                            call, ids, [], WEATHER, messages,
                                            Obliging(tiny_lm, '"Riga, Latvia"}'))
+        # "Riga", then the qualifier the request writes after it (whole_places)
         assert reply.calls[0].arguments == {"city": "Riga, Latvia" if taken else city}
         assert engine.tokens == prompt + out_ids
     # a request's phrases make a grammar of its own: not kept in the schemas' cache
@@ -249,6 +258,33 @@ def test_a_phrase_another_argument_holds_is_not_copied(tiny_lm):
         assert engine.tokens == prompt + out_ids
 
 
+VISIT = tool(pet_name={"type": "string"},
+             species={"type": "string", "enum": ["cat", "dog", "hamster", "hot_air"]},
+             other={"type": "string", "enum": ["cat", "dog"]}, count={"type": "integer"})
+
+
+@pytest.mark.parametrize("arguments, request_, expected", [
+    # the request writes one other value of the enum: that one
+    ({"pet_name": "Ximena", "species": "cat"}, "Add a visit for Ximena, the hamster option.",
+     {"pet_name": "Ximena", "species": "hamster"}),
+    ({"pet_name": "Ximena", "species": "cat"}, "Ximena flies in a hot air balloon.",
+     {"pet_name": "Ximena", "species": "hot_air"}),  # the value's words apart
+    ({"pet_name": "Ximena", "species": "cat"}, "Two hamsters for Ximena.",
+     {"pet_name": "Ximena", "species": "hamster"}),  # as its plural
+    # the request writes the value, or a word that begins with it ("Cats", "category")
+    ({"pet_name": "X", "species": "cat"}, "Cats, or a hamster, for X.", None),
+    ({"pet_name": "X", "species": "cat"}, "A category for X, hamster or not.", None),
+    ({"pet_name": "X", "species": "cat"}, "A dog or a hamster for X.", None),  # two others
+    ({"pet_name": "X", "species": "cat"}, "A pet for X.", None),  # none
+    ({"pet_name": "X", "species": "cat", "other": "dog"}, "X: dog.", None),  # another holds it
+    ({"pet_name": "X", "species": "dogfish"}, "A hamster for X.",  # not even the enum's
+     {"pet_name": "X", "species": "hamster"}),
+    ({"pet_name": "hamster", "count": 2}, "A hamster called Bo.", None),  # no enum
+])
+def test_an_enums_value_the_request_names_is_taken(arguments, request_, expected):
+    assert written_choices(VISIT, arguments, request_) == (expected or arguments)
+
+
 def test_a_hostile_request_is_read_in_linear_time():
     start = time.perf_counter()
     for request in ("Paris" + ", A B C" * 50_000 + " x", "Paris, " * 50_000,
@@ -273,6 +309,32 @@ def test_the_bundled_model_asked_for_a_qualified_place_gets_it_whole():
         events = [ev.decode(line) for line in r.stdout.splitlines()]
         calls = [e.arguments for e in events if isinstance(e, ev.ToolCall)]
         assert calls[0]["city"] == city, calls
+
+
+@pytest.mark.real_model
+def test_the_bundled_model_gets_the_place_it_garbled_and_not_the_words_after_it():
+    from mlx_agent.models import default_adapter, load
+    from mlx_agent.serve import ChatService
+    from mlx_agent.serve.service import ChatCall
+
+    route = parse_tools(json.dumps([{
+        "name": "report_driving_route",
+        "description": "Get the driving route for a start point and end point.",
+        "parameters": {"type": "object", "properties": {
+            "start_point": {"type": "string", "description": "Start point (a city)"},
+            "end_point": {"type": "string", "description": "End point (a city)"},
+            "travel_mode": {"type": "string", "enum": ["driving", "walking", "transit"]}},
+            "required": ["start_point", "end_point"]}}]), runnable=False)
+    request = ("Is it possible to report driving route using the start point being Glasgow, "
+               "the travel mode being transit and the end point being Porto?")
+    lm = load("smollm2-135m", adapter=default_adapter("smollm2-135m"))
+    # the model writes "Glenorr"; of the request's phrases it then picks "Glasgow, the
+    # travel", which runs on past the "Glasgow" it finds most likely
+    for on, start in ((True, "Glasgow"), (False, "Glenorr")):
+        service = ChatService(lm, tools=route, kv_slots=0, stated_arguments=on)
+        result = service.chat(service.prepare(ChatCall(
+            messages=[{"role": "user", "content": request}])))
+        assert [c.arguments["start_point"] for c in result.tool_calls] == [start]
 
 
 def test_likelihood_is_the_models_own_log_probability(tiny_lm):

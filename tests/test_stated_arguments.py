@@ -189,6 +189,22 @@ def test_the_server_returns_the_call_with_its_stated_argument():
             [("get_weather", arguments)]
 
 
+@pytest.mark.real_model
+def test_the_bundled_model_probed_for_a_string_writes_one():
+    # tests/data/vehicles.json: a catalogue scripts/general_adapter.py generated
+    cli = [sys.executable, "-m", "mlx_agent.cli.main", "agent", "--tools",
+           str(Path(__file__).parent / "data" / "vehicles.json"), "--json-out", "--single",
+           "Create car rental right away \u2014 pickup city (a city) equal to Tunis, service "
+           "date equal to 2025-10-09 and fuel equal to hybrid."]
+    r = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    # the call leaves the city out; probed for it, the model wrote "" (which no request
+    # states) until a probe's string had to hold a character
+    assert [e.arguments for e in events if isinstance(e, ev.ToolCall)][:1] == \
+        [{"service_date": "2025-10-09", "fuel": "hybrid", "pickup_city": "Tunis"}]
+
+
 def test_a_hostile_request_is_read_in_linear_time():
     import time
 
@@ -214,7 +230,9 @@ def test_completing_never_makes_a_repeat(tiny_lm, protocol):
     agent, out, events = ask(lm, protocol, [call, '"fahrenheit"}', call, answer],
                              "Weather in Oslo in Fahrenheit.")
     calls = [json.dumps(c.arguments) for c in events.of(ev.ToolCall)]
-    assert calls[0] == '{"city": "Oslo", "unit": "fahrenheit"}' and out.stats.stated_calls == 1
+    # the second call's celsius is not made the fahrenheit the request writes: that ran
+    assert calls[:2] == ['{"city": "Oslo", "unit": "fahrenheit"}',
+                         '{"city": "Oslo", "unit": "celsius"}'] and out.stats.stated_calls >= 1
     assert '{"city": "Oslo"}' not in calls and len(set(calls)) == len(calls), calls
     # and a call is not completed into one that ran this turn (the server's case: it sees
     # only the completed call in the request's messages)
@@ -353,7 +371,7 @@ def test_no_probe_once_the_client_has_left(tiny_lm):
 
 @pytest.mark.parametrize("request_, expected", [
     ("Weather in Oslo, with the detailed forecast.", {"city": "Oslo", "detailed": True}),
-    ("Weather in Oslo, no detailed forecast.", {"city": "Oslo"}),  # not after a negation
+    ("Weather in Oslo, no detailed forecast.", {"city": "Oslo", "detailed": False}),
     ("Weather in Oslo.", {"city": "Oslo"}),
 ])
 def test_a_flag_the_request_names_is_set_without_a_probe(tiny_lm, request_, expected):
@@ -397,3 +415,24 @@ def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
     from mlx_agent.stated_arguments import _flag_plain
 
     assert _flag_plain(name, request_) is plain
+
+
+@pytest.mark.parametrize("name, request_, refused", [
+    ("include_hourly", "Check pollen near Auckland and don't include hourly.", True),
+    ("include_images", "Don\u2019t include images", True),  # a curly apostrophe
+    ("has_pool", "A room without a pool.", True),
+    ("has_garage", "Two bedrooms. No need for a garage, but a yard.", True),
+    ("detailed", "The weather, no detailed forecast.", True),
+    ("include_images", "Include images.", False), ("include_images", "Images, please", False),
+    ("include_images", "Show images, not videos", False),  # the negation is another's
+    ("include_images", "Images are not required", False),  # not refused: the model decides
+    ("has_pool", "With or without a pool.", False), ("has_pool", "Pool or not.", False),
+    ("has_pool", "I don't mind whether it has no pool", False),
+    ("has_pool", "Is there no pool?", False),  # a yes-no question
+    ("no_cache", "Don't cache the page", False),  # true where refused: the model decides
+    ("is_new", "Not a new car", False),  # a word of three letters
+])
+def test_which_flags_are_set_false_without_asking_the_model(name, request_, refused):
+    from mlx_agent.stated_arguments import _flag_refused
+
+    assert _flag_refused(name, request_) is refused
