@@ -89,8 +89,9 @@ STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first ca
                "the request states its value (\"in Celsius\"), one whose value neither the "
                "request nor a tool result wrote is dropped, a garbled copy of the request's "
                "words is copied again, a place or a list of numbers it copies is copied "
-               "whole, and where the reply may answer, a call on a number no one gave "
-               "becomes a question asking the user for it.")
+               "whole, an enum's value or a flag is the one the request names, and where the "
+               "reply may answer, a call on a number no one gave becomes a question asking "
+               "the user for it.")
 
 
 def loop_options(f):

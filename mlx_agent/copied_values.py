@@ -1,5 +1,5 @@
 """A call's values as the request writes them: a garbled copy copied again, a place and a
-list whole, the enum's value the request names.
+list whole, the enum's value the request names, a number at the scale it writes.
 
 A small model copying a phrase from the request garbles some of it: "Lasagna" for "Los
 Angeles", "nucleus" for "neutron", "Bron LeBron James", ``make the dish to "extra spicy"``
@@ -7,8 +7,9 @@ for "extra spicy". And copying a place it stops at the first comma: "Riga" for "
 Latvia", "2020 Addison Street" for "2020 Addison Street, Berkeley, CA, USA", "Sousse" for
 "Sousse, Tunisia". The qualifier the user wrote is what tells Paris, France from Paris,
 Texas, and a tool that asks for "the city and state" needs it. A list of numbers loses
-or repeats an item. And of an enum's values, the model picks one the request never wrote
-("cat" for "add a vet visit with the hamster option").
+or repeats an item. Of an enum's values, the model picks one the request never wrote
+("cat" for "add a vet visit with the hamster option"). And it writes "100 million shares"
+as 100.
 
 :func:`recopied`: a string argument with a word of letters that neither the user's
 messages, the turn's tool results nor the tool's schema write (:func:`garbled`) is probed
@@ -35,6 +36,9 @@ changed as an edit: those lists stay.
 word's start: "postgres" is in "PostgreSQL") is made the one other value of that enum it
 writes as whole words ("news", "app balance", "hot air" for ``hot_air``), unless it writes
 two or another argument holds it.
+
+:func:`scaled_numbers`: a number the request writes before a scale word ("213 million") is
+the number it means, not 213, where the parameter is not counted in that unit.
 
 :func:`whole_places`: each string argument of a place parameter (:func:`is_place`, by its
 name: "location", "pickup_city", "loc") that runs on into another parameter (" Tunis, litres
@@ -317,6 +321,34 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
             place = whole_place(place, request, _other_strings(out, name))
         if place != value and not tool.validate({**out, name: place}):
             out = {**out, name: place}
+    return out
+
+
+# a number before one of these words means that many times it ("213 million")
+SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_SCALE = re.compile(rf"(?<![\w.,])(\d+(?:,\d{{3}})*(?:\.\d+)?)\s*({'|'.join(SCALE_WORDS)})\b",
+                    re.IGNORECASE)
+
+
+def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level number that the request writes before a scale
+    word ("213 million", "1.5 billion") made the number it means (213000000), unless the
+    parameter's name or description has that word ("population in millions") or the schema
+    refuses it; ``arguments`` itself where none is."""
+    said = [(float(m.group(1).replace(",", "")), m.group(2).lower())
+            for m in itertools.islice(_SCALE.finditer(request), 64)]
+    out = arguments
+    for name, value in arguments.items() if said else ():
+        x, schema = number(value), tool.properties.get(name)
+        about = f"{name} {schema.get('description', '')}".lower() \
+            if isinstance(schema, dict) else name.lower()
+        scales = {word for n, word in said if n == x and word not in about}
+        if x is None or len(scales) != 1:
+            continue
+        meant = x * SCALE_WORDS[scales.pop()]
+        meant = int(meant) if meant.is_integer() else meant
+        if not tool.validate({**out, name: meant}):
+            out = {**out, name: meant}
     return out
 
 

@@ -12,23 +12,28 @@ optional parameter the call left out and the request could state a value of
 (:func:`_may_state`), with a probe (:func:`mlx_agent.probe.probe`: the engine syncs to the
 prompt and the call's text up to where the grammar writes that parameter, and the model
 writes a value under the parameter's schema; greedy by default, the value it finds most
-likely). A value the request
-states (:func:`stated`) is added, and the call reads as the grammar writes it
-(:func:`mlx_agent.grammar.call_text`) with the additions, unless that is a call that already
-ran this turn (:func:`complete_reply`'s ``made``: completing never makes a repeat).
+likely). A value the request states (:func:`stated`) is added, and the call reads as the
+grammar writes it (:func:`mlx_agent.grammar.call_text`) with the additions, unless that is a
+call that already ran this turn (:func:`complete_reply`'s ``made``: completing never makes a
+repeat). A value that is one of the turn's tool results whole counts as stated where the
+request names the parameter it passes it on as ("then cancel the booking, passing its output
+as the reason": :func:`_piped`); the model, probed, writes the result.
 
 The other way round, the model also fills optional parameters with values nobody wrote
 (``distance_km: 20``, ``species: "parrot"``, ``service_date: "2022-01-01"``); in a chain the
 made-up value changes the first result, and so the second call. Before probing,
 :func:`without_made_up` drops each optional argument whose value neither the request nor a
 tool result of the turn writes (:meth:`Heard.made_up`, a looser reading than
-:func:`stated`'s: a word that begins one of theirs counts), so the tool's own default stands.
-A flag, an object or a required argument is never dropped.
+:func:`stated`'s: a word that begins one of theirs counts), and each optional flag whose
+name they never speak of (``is_unisex: false`` for "find a salon in Fremont"), so the tool's
+own default stands. An object, a required argument, or a flag whose name's words they use,
+is never dropped.
 
-The same pass reads the call's strings against the request (:mod:`mlx_agent.copied_values`):
+The same pass reads the call's values against the request (:mod:`mlx_agent.copied_values`):
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, a place cut at its comma
-("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole, and an
-enum's value the request does not write is the one it does ("hamster", not "cat"). Before all
+("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole, an enum's
+value the request does not write is the one it does ("hamster", not "cat"), and a number
+is taken at the scale the request writes it ("213 million": 213000000, not 213). Before all
 that, a turn's first call of a tool other than the one the request describes
 (:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
 the reply may answer, a call on a required number no one gave becomes a question to the
@@ -44,10 +49,10 @@ allowed", :data:`INDIFFERENT`, within its clause); where the request asks for it
 (:func:`_flag_plain`) without a probe (asked, the model wrote ``false`` for "detailed
 information" as readily as ``true``), elsewhere the model is asked. It is added as
 ``false`` only where the request refuses it plainly ("don't include hourly",
-:func:`_flag_refused`), without a probe. Each probe
-costs a short prefill and a few decoded tokens, up to :data:`MAX_PROBES` a call; a changed
-call's ids are its text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids the model
-sampled.
+:func:`_flag_refused`), without a probe. A flag the model wrote is turned only where the
+request plainly says otherwise (:func:`flags_as_asked`). Each probe costs a short prefill
+and a few decoded tokens, up to :data:`MAX_PROBES` a call; a changed call's ids are its
+text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids the model sampled.
 """
 
 from __future__ import annotations
@@ -57,13 +62,14 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import recopied, whole_lists, whole_places, written_choices
+from .copied_values import (recopied, scaled_numbers, whole_lists, whole_places,
+                            written_choices)
 from .described_tool import described_tool
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
 from .grammar import call_text, written_arguments, written_json
-from .heard import NAME_WORD, Heard, json_text, writes_whole
+from .heard import NAME_WORD, NUMBER, Heard, json_text, leaves, writes_whole
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
@@ -110,26 +116,28 @@ NEGATIVE_NAMES = frozenset("no not non disable disabled skip exclude without hid
 # a clause that may say false, or neither: "doesn't need", "not required", "optional",
 # "non-smoking", "with or without", "either is fine", "whatever"
 DOUBT = re.compile(r"n't\b|\b(?:not|no|non|never|without|optional|except|excluding|excluded?"
-                   r"|avoid|omit|leave|rather|either|whatever|any|unless|instead|mind|matter"
-                   r"|concerned|bothered|fussed|worried)\b", re.IGNORECASE)
+                   r"|skip|skipping|ignore|ignoring|drop|hide|avoid|omit|leave|rather|either"
+                   r"|whatever|any|unless|instead|mind|matter|concerned|bothered|fussed"
+                   r"|worried)\b", re.IGNORECASE)
 _CLAUSE = re.compile(r"[^.;!?]+[.;!?]?")
 _YES_NO = frozenset("is are does did has was were".split())  # "Is smoking allowed?"
 
 
-def _flag_clause(name: str, request: str) -> str | None:
+def _flag_clause(name: str, request: str, whole: bool = True) -> str | None:
     """The request's first clause that writes every word of a flag's name but
-    :data:`FLAG_VERBS` whole (or as "-s", "-es", "-ed", "-d", "-ing"), where those words
-    have four letters or more and no digit ("new", "all" and "24h" are read in too many
-    senses) and the name does not start with a word of :data:`NEGATIVE_NAMES`
+    :data:`FLAG_VERBS` whole (or as "-s", "-es", "-ed", "-d", "-ing"; not ``whole``: a
+    word that begins with its first six letters, "normalization" for ``normalize``), where
+    those words have four letters or more and no digit ("new", "all" and "24h" are read in
+    too many senses) and the name does not start with a word of :data:`NEGATIVE_NAMES`
     (``no_cache``: true where the request says no); None where there is none."""
     named = [w.lower() for w in NAME_WORD.findall(name)]
     words = [w for w in named if w not in FLAG_VERBS]
     if not words or named[0] in NEGATIVE_NAMES \
             or any(len(w) < 4 or not w.isalpha() for w in words):
         return None
+    said = [rf"\b{w}(?:s|es|ed|d|ing)?\b" if whole else rf"\b{w[:6]}" for w in words]
     for m in _CLAUSE.finditer(request.replace("\u2019", "'")):
-        if all(re.search(rf"\b{w}(?:s|es|ed|d|ing)?\b", m.group(), re.IGNORECASE)
-               for w in words):
+        if all(re.search(w, m.group(), re.IGNORECASE) for w in said):
             return m.group()
     return None
 
@@ -140,13 +148,29 @@ def _yes_no(clause: str) -> bool:
     return clause.endswith("?") and first in _YES_NO
 
 
-def _flag_plain(name: str, request: str) -> bool:
+def _flag_plain(name: str, request: str, whole: bool = True) -> bool:
     """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
-    in the clause that writes its name (:func:`_flag_clause`) no word of :data:`DOUBT`,
-    and not as a yes-no question. Where :func:`_flag_stated` holds but this does not, the
-    model is asked, as for any other parameter."""
-    clause = _flag_clause(name, request)
+    in the clause that writes its name (:func:`_flag_clause`, its words ``whole``) no word
+    of :data:`DOUBT`, and not as a yes-no question. Where :func:`_flag_stated` holds but
+    this does not, the model is asked, as for any other parameter."""
+    clause = _flag_clause(name, request, whole)
     return clause is not None and not DOUBT.search(clause) and not _yes_no(clause)
+
+
+def flags_as_asked(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each flag the model wrote ``false`` where the request asks for it
+    plainly, its name's words read as the beginnings of words (:func:`_flag_plain` not
+    ``whole``: "apply normalization" for ``normalize``, "including visual outputs" for
+    ``include_visuals``) made ``true``, and each it wrote ``true`` where the request
+    refuses it plainly (:func:`_flag_refused`) made ``false``, where the schema takes it;
+    ``arguments`` itself where none is."""
+    out = arguments
+    for name, value in arguments.items():
+        flip = value is False and _flag_plain(name, request, whole=False) \
+            or value is True and _flag_refused(name, request)
+        if flip and not tool.validate({**out, name: not value}):
+            out = {**out, name: not value}
+    return out
 
 
 # a clause that leaves a flag open though it negates: "with or without", "whether or not"
@@ -215,13 +239,18 @@ def _unit_of_another(tool: Tool, name: str, text: str, request: str, arguments: 
     return False
 
 
-def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict) -> bool:
+def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict,
+           results: Sequence[str] = ()) -> bool:
     """Whether ``request`` states ``value`` for ``tool``'s parameter ``name``, which none of
     the call's ``arguments`` holds: a string the request writes as whole words (case aside)
     that shares no text with an argument's string and no number with its numbers, and is
     neither what the tool is about (:func:`_subject`) nor another argument's unit
     (:func:`_unit_of_another`); a number it writes that no argument has; a list of such
-    items; ``true`` for a flag whose name's words it uses (:func:`_flag_stated`)."""
+    items; ``true`` for a flag whose name's words it uses (:func:`_flag_stated`); or one of
+    the turn's tool ``results`` that the request passes on as this parameter
+    (:func:`_piped`)."""
+    if _piped(name, value, request, results, arguments):
+        return True
     strings, numbers = _taken(arguments)
     said = _numbers(request)
 
@@ -246,10 +275,40 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict) -> 
     return one(value)
 
 
-def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
+def _names(name: str, request: str) -> bool:
+    """Whether the request writes a parameter's name, its words apart ("odometer km" for
+    ``odometer_km``, "reason")."""
+    return writes_whole(request, " ".join(w.lower() for w in NAME_WORD.findall(name)))
+
+
+def _result_number(result: str) -> float | None:
+    """A tool result that is one number and nothing else ("63"), as that number."""
+    m = NUMBER.fullmatch(result)
+    return next(iter(_numbers(result)), None) if m and not m.group(1) else None
+
+
+def _piped(name: str, value: Any, request: str, results: Sequence[str],
+           arguments: dict) -> bool:
+    """Whether ``value`` is one of the turn's tool ``results`` whole (stripped; a number as
+    the one number a result is) that the request passes on as this parameter: it writes the
+    parameter's name ("passing its output as the reason", "its answer as the odometer km")
+    and no argument holds the value already."""
+    if not results or isinstance(value, bool) or not _names(name, request):
+        return False
+    strings, numbers = _taken(arguments)
+    if isinstance(value, str):
+        return bool(value.strip()) and value.strip() in results \
+            and value.strip().lower() not in strings
+    x = _number(value)
+    return x is not None and x not in numbers and x in map(_result_number, results)
+
+
+def _may_state(tool: Tool, name: str, request: str, arguments: dict,
+               results: Sequence[str] = ()) -> bool:
     """False where no value the probe could write would pass :func:`stated`, so the probe
     is not run: a flag whose name the request does not use, an enum none of whose values
-    it writes, a number parameter where it writes no number that no argument has."""
+    it writes, a number parameter where it writes no number that no argument has (and no
+    result is a number it passes on as this parameter)."""
     schema = tool.properties.get(name)
     if not isinstance(schema, dict):
         return False
@@ -263,19 +322,22 @@ def _may_state(tool: Tool, name: str, request: str, arguments: dict) -> bool:
         return any(isinstance(v, str) and writes_whole(request, v) for v in enum) or \
             any(not isinstance(v, (str, bool)) for v in enum)
     if kind in ("integer", "number"):
-        return bool(_numbers(request) - _taken(arguments)[1])
+        return bool(_numbers(request) - _taken(arguments)[1]) or _names(name, request) \
+            and any(_result_number(r) is not None for r in results)
     return True
 
 
 def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                   arguments: dict, request: str, sampler: Sampler = greedy_sampler,
-                  stop: Callable[[], bool] = lambda: False) -> dict:
+                  stop: Callable[[], bool] = lambda: False,
+                  results: Sequence[str] = ()) -> dict:
     """``arguments`` with the optional parameters the request states added, each probed
     (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
     reply's prompt ids) and the call with the additions before it, a flag the request asks
     for plainly (:func:`_flag_plain`) set ``true`` and one it refuses plainly
     (:func:`_flag_refused`) ``false``, without a probe; ``arguments`` itself where none is.
-    ``stop`` is asked before each probe. The engine is left wherever the last probe left it: sync
+    A value one of the turn's tool ``results`` is whole is stated where the request passes
+    it on as that parameter (:func:`_piped`). ``stop`` is asked before each probe. The engine is left wherever the last probe left it: sync
     before generating again."""
     left = [p for p in tool.argument_order() if p not in arguments and p not in tool.required]
     flags = [p for p in left if isinstance(tool.properties[p], dict)
@@ -284,12 +346,13 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     added = {p: True for p in flags if _flag_plain(p, request)} | \
         {p: False for p in flags if _flag_refused(p, request)}
     for name in [p for p in left if p not in added
-                 and _may_state(tool, p, request, arguments)][:MAX_PROBES]:
+                 and _may_state(tool, p, request, arguments, results)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
             break
         value = probe(engine, lm, sampler, prompt, protocol, tool, {**arguments, **added},
                        name)
-        if value is not None and stated(tool, name, value, request, {**arguments, **added}):
+        if value is not None and stated(tool, name, value, request, {**arguments, **added},
+                                        results):
             added[name] = value
     return {**arguments, **added} if added else arguments
 
@@ -310,15 +373,50 @@ def heard_text(messages: Sequence[dict]) -> str:
                      and m.get("name") != GET_TOOL_INFO)
 
 
+def turn_results(messages: Sequence[dict]) -> list[str]:
+    """What the tool results after the last user message hold whole (not the server's
+    get_tool_info answers): each one's text, stripped, and where it is JSON (as the agent
+    writes a result: ``{"tool": ..., "stdout": ...}``), each string in it, stripped, and
+    each number but 0 and 1 (an exit code), as JSON writes it: what a call may pass on."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    out = []
+    for m in messages[last + 1:]:
+        if m["role"] != "tool" or m.get("name") == GET_TOOL_INFO:
+            continue
+        text = text_of(m.get("content")).strip()
+        out.append(text)
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        out += [v.strip() if isinstance(v, str) else json.dumps(v) for v in leaves(value)
+                if isinstance(v, str) and v.strip()
+                or _number(v) is not None and _number(v) not in (0, 1)]
+    return out
+
+
+def _unheard_flag(name: str, value: Any, said: Heard) -> bool:
+    """Whether ``value`` is a flag whose name no word of ``said`` speaks of: no word of
+    the name but :data:`FLAG_VERBS` (of three letters or more) begins a word there, up to
+    its fifth letter ("formatted" in "format")."""
+    words = [w for w in (w.lower() for w in NAME_WORD.findall(name))
+             if w not in FLAG_VERBS and len(w) > 2]
+    return isinstance(value, bool) and bool(words) \
+        and not any(said.begins_a_word(w[:5]) for w in words)
+
+
 def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     """``arguments`` without the optional ones whose value ``heard`` (the user's messages
-    and the turn's tool results) never writes (:meth:`Heard.made_up`): the tool's own
-    default stands for a value the model made up. ``arguments`` itself where none is, or
-    where the tool requires nothing (its schema then says nothing of what is optional)."""
+    and the turn's tool results) never writes (:meth:`Heard.made_up`), and without the
+    optional flags it never speaks of (:func:`_unheard_flag`: ``is_unisex: false`` for "find
+    a salon in Fremont"): the tool's own default stands for a value the model made up.
+    ``arguments`` itself where none is, or where the tool requires nothing (its schema then
+    says nothing of what is optional)."""
     if not tool.required:
         return arguments
     said = Heard(heard)
-    kept = {k: v for k, v in arguments.items() if k in tool.required or not said.made_up(v)}
+    kept = {k: v for k, v in arguments.items() if k in tool.required
+            or not said.made_up(v) and not _unheard_flag(k, v, said)}
     return arguments if len(kept) == len(arguments) else kept
 
 
@@ -336,7 +434,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     optional arguments dropped (:func:`without_made_up`, against :func:`heard_text`), its
     garbled copies copied again and its places and lists whole
     (:mod:`mlx_agent.copied_values`), and the stated optional arguments added
-    (:func:`complete_call`, from :func:`request_text`); where ``may_answer`` (the tool
+    (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`); where ``may_answer`` (the tool
     choice is auto), a call that is then :func:`~mlx_agent.unfounded.unfounded` becomes an
     answer that asks the user for its made-up values; and the text and ids it now reads as.
     All three as they were where nothing changed, where the reply is not one complete call
@@ -367,7 +465,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                                  heard, sampler, stop)
         tool = moved
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
-        arguments = written_choices(tool, arguments, request)
+        arguments = scaled_numbers(tool, written_choices(tool, arguments, request), request)
+        arguments = flags_as_asked(tool, arguments, request)
         if may_answer and (made_up := unfounded(tool, arguments, messages)):
             # no probe for a call that will not be made: the user is asked instead
             content = question(tool, made_up)
@@ -376,7 +475,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             _hold(engine, list(prompt) + ids + tail)
             return reply, text, ids
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
-                                  sampler, stop)
+                                  sampler, stop, turn_results(messages))
         if arguments is not call.arguments:
             arguments = written_arguments(protocol, tool, arguments)
             if not tool.validate(arguments) and \

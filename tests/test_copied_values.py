@@ -21,7 +21,8 @@ from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
 from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, place_alone, recopied,
-                                     whole_lists, whole_place, whole_places, written_choices)
+                                     scaled_numbers, whole_lists, whole_place, whole_places,
+                                     written_choices)
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import parse_tools
@@ -285,6 +286,24 @@ def test_an_enums_value_the_request_names_is_taken(arguments, request_, expected
     assert written_choices(VISIT, arguments, request_) == (expected or arguments)
 
 
+@pytest.mark.parametrize("arguments, request_, expected", [
+    ({"a": 50, "b": 100}, "A payout of 50 million on 100 million shares.",
+     {"a": 50_000_000, "b": 100_000_000}),
+    ({"a": 1.5}, "It costs 1.5 billion dollars.", {"a": 1_500_000_000}),
+    ({"a": 2}, "Some 2 thousand, 2 billion.", None),  # two scales: which one?
+    ({"a": 213}, "213 million people", None),  # the parameter counts in millions
+    ({"a": 8}, "8.5 million square kilometers", None),  # not the number written
+    ({"a": 5}, "5 m tall, 5 k", None),  # words only: "m" may be metres
+    ({"a": "213"}, "213 million", None),  # a number only
+])
+def test_a_number_the_request_scales_is_taken_at_its_scale(arguments, request_, expected):
+    t = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
+        "a": {"type": "number", "description": "in millions" if "people" in request_
+              else "an amount"}, "b": {"type": "integer"}}, "required": ["a"]}}]),
+        runnable=False)[0]
+    assert scaled_numbers(t, arguments, request_) == (expected or arguments)
+
+
 def test_a_hostile_request_is_read_in_linear_time():
     start = time.perf_counter()
     for request in ("Paris" + ", A B C" * 50_000 + " x", "Paris, " * 50_000,
@@ -295,6 +314,8 @@ def test_a_hostile_request_is_read_in_linear_time():
         number_runs(request)
         place_alone(tool(city={"type": "string"}, in_x={"type": "string"}), "city",
                     request[:20_000], request)
+        scaled_numbers(tool(n={"type": "number"}), {"n": 1}, request + " 1" + " " * 50_000)
+        written_choices(tool(e={"type": "string", "enum": ["a b"] * 50}), {"e": "x"}, request)
     assert time.perf_counter() - start < 5
 
 

@@ -205,6 +205,81 @@ def test_the_bundled_model_probed_for_a_string_writes_one():
         [{"service_date": "2025-10-09", "fuel": "hybrid", "pickup_city": "Tunis"}]
 
 
+@pytest.mark.parametrize("arguments, request_, expected", [
+    ({"base": 1, "include_human_impact": False}, "Including the human impact, please.",
+     {"base": 1, "include_human_impact": True}),
+    ({"base": 1, "include_human_impact": False}, "Humanitarian impacts too.",
+     {"base": 1, "include_human_impact": True}),  # the words' beginnings, in one clause
+    ({"base": 1, "include_human_impact": True}, "Don't include the human impact.",
+     {"base": 1, "include_human_impact": False}),
+    ({"base": 1, "include_human_impact": False}, "Skip the human impact.", None),  # as said
+    ({"base": 1, "include_human_impact": False}, "Human? Impact.", None),  # two clauses
+    ({"base": 1, "include_human_impact": False}, "The human impact is optional.", None),
+    ({"base": 1, "include_human_impact": False}, "Is the human impact included?", None),
+    ({"base": 1, "include_human_impact": True}, "Weather in Oslo.", None),  # not spoken of
+])
+def test_a_flag_the_model_wrote_is_turned_only_where_the_request_says_otherwise(
+        arguments, request_, expected):
+    from mlx_agent.stated_arguments import flags_as_asked
+
+    assert flags_as_asked(BFCL_LIKE, arguments, request_) == (expected or arguments)
+
+
+CHAIN = parse_tools(json.dumps([
+    {"name": "find_booking", "description": "Find a booking.",
+     "parameters": {"type": "object", "required": ["booking_id"],
+                    "properties": {"booking_id": {"type": "string"}}},
+     "_exec": "echo REF-42"},
+    {"name": "cancel_booking", "description": "Cancel a booking.",
+     "parameters": {"type": "object", "required": ["booking_id"], "properties": {
+         "booking_id": {"type": "string"}, "reason": {"type": "string"},
+         "nights": {"type": "integer"}}},
+     "_exec": 'printf "%s %s" "$booking_id" "$reason"'}]))
+
+
+@pytest.mark.parametrize("request_, added", [
+    ("Find booking BK-1, then cancel booking BK-1, passing its output as the reason.",
+     {"reason": "REF-42"}),
+    ("Find booking BK-1, then cancel booking BK-1.", {}),  # the request passes nothing on
+])
+def test_a_result_the_request_passes_on_is_added(tiny_lm, request_, added):
+    calls = ['{"tool":"find_booking","arguments":{"booking_id":"BK-1"}}',
+             '{"tool":"cancel_booking","arguments":{"booking_id":"BK-1"}}']
+    rec = Recorder()
+    # the probe for reason writes the first result (the bundled model did so, asked)
+    agent = Agent(tiny_lm, tiny_lm.engine(), CHAIN, agent_format("json", tiny_lm),
+                  AgentConfig(grammar=True, max_steps=4), emit=rec,
+                  sampler=Obliging(tiny_lm, *calls, '{"answer":"done"}'),
+                  probe_sampler=Obliging(tiny_lm, '"REF-42"}'))
+    out = agent.ask(request_)
+    assert [c.arguments for c in rec.of(ev.ToolCall)] == \
+        [{"booking_id": "BK-1"}, {"booking_id": "BK-1", **added}]
+    assert out.stats.stated_calls == len(added)
+
+
+def test_what_a_turns_results_hold_whole():
+    from mlx_agent.stated_arguments import _piped, turn_results
+
+    messages = [{"role": "user", "content": "old"}, {"role": "tool", "content": "OLD-1"},
+                {"role": "user", "content": "new"},
+                {"role": "tool", "content": json.dumps({"tool": "t", "stdout": " 63\n",
+                                                        "stderr": "", "exit_code": 0})},
+                {"role": "tool", "content": "plain text "},
+                {"role": "tool", "name": "get_tool_info", "content": "SCHEMA-9"}]
+    assert sorted(turn_results(messages)) == \
+        sorted([messages[3]["content"], "t", "63", "plain text"])
+    results = turn_results(messages)
+    request = "Then log it, with its output as the odometer km and the note."
+    assert _piped("odometer_km", 63, request, results, {})
+    assert _piped("note", "plain text", request, results, {})
+    assert not _piped("odometer_km", 0, request, results, {})  # an exit code
+    assert not _piped("odometer_km", 63, request, results, {"km": 63})  # another holds it
+    assert not _piped("mileage", 63, request, results, {})  # the request names another
+    assert not _piped("note", "OLD-1", request, results, {})  # an earlier turn's
+    assert not _piped("note", "SCHEMA-9", request, results, {})  # a schema, not a result
+    assert not _piped("note", "plain", request, results, {})  # not whole
+
+
 def test_a_hostile_request_is_read_in_linear_time():
     import time
 
@@ -283,8 +358,14 @@ def test_an_optional_argument_no_one_wrote_is_dropped():
     for arguments, expected in cases:
         assert without_made_up(TOOL, arguments, heard) == (expected or arguments), arguments
     flags = BFCL_LIKE
-    assert without_made_up(flags, {"base": 3, "include_human_impact": False}, "x") == \
-        {"base": 3, "include_human_impact": False}  # a flag is never made up
+    # a flag whose name the request never speaks of is made up, either way; one it does is
+    # the model's (its words begin the request's, up to their fifth letter)
+    for flag in (False, True):
+        assert without_made_up(flags, {"base": 3, "include_human_impact": flag}, "x") == \
+            {"base": 3}
+        for heard in ("the human cost", "without impacts", "humanitarian"):
+            assert without_made_up(flags, {"base": 3, "include_human_impact": flag},
+                                   heard) == {"base": 3, "include_human_impact": flag}
     assert without_made_up(TOOL, {"city": "x", "days": 10**400}, "x") == {"city": "x"}
     free = parse_tools(json.dumps([{"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "string"}}}}]), runnable=False)[0]  # requires nothing: says nothing
@@ -402,6 +483,7 @@ def test_a_flag_the_request_names_is_set_without_a_probe(tiny_lm, request_, expe
     ("include_images", "The report doesn't need images", False),
     ("include_images", "Images are not required", False),
     ("include_images", "Images are optional", False), ("include_images", "Leave out images", False),
+    ("include_images", "Skip the images", False), ("include_images", "Ignore images", False),
     ("smoking", "I need a non-smoking room", False),
     ("smoking_allowed", "Is smoking allowed at the Hilton?", False),  # a yes-no question
     ("has_pool", "a pool or not, either is fine", False),
