@@ -80,7 +80,8 @@ RETRY_HELP = ("After a tool call fails, make the model's next reply a call (anot
               "answer at once.")
 
 NAMED_HELP = ("Let the model choose freely even when the request tells it to use a tool by "
-              "name (\"Use the echo tool to ...\" makes the first step call echo).")
+              "name (\"Use the echo tool to ...\" makes the first step call echo) or "
+              "writes a tool's name (\"the weather in Oslo\" makes it call a tool).")
 
 
 STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first call of a "
@@ -91,7 +92,9 @@ STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first ca
                "words is copied again, a place or a list of numbers it copies is copied "
                "whole, an enum's value or a flag is the one the request names, and where the "
                "reply may answer, a call on a number no one gave becomes a question asking "
-               "the user for it.")
+               "the user for it; a turn's first reply is a call where the request writes a "
+               "tool's name (asking the user for what it would make up; --ignore-named-tool "
+               "turns that off alone).")
 
 
 def loop_options(f):

@@ -20,6 +20,10 @@ describes the called tool too (it may ask for both, one after the other: "retrie
 warning, then update the feeding plan", or name it: "use the weather tool"), and one tool
 alone.
 
+:func:`mentioned` gives the tools whose name a request writes ("the change in entropy" for
+``entropy_change.calculate``): where it writes one, the turn's first reply is a call, not an
+answer from the model's own knowledge (:mod:`mlx_agent.stated_arguments`).
+
 Not promised: English words, matched by spelling ("ran" is not "run", "cost" not "price");
 a word with a letter outside ASCII counts nothing ("hôtel"), so a request in another
 language mostly describes no tool. A request can describe the second tool of a chain more
@@ -114,3 +118,21 @@ def described_tool(tools: Sequence[Tool], request: str, called: Tool) -> Tool | 
             or _score(said - names[j] - others[j], names[i], others[i]) >= MARGIN:
         return None
     return tools[j]
+
+
+# words of a tool's name that say what it does, not what it is about: a request that writes
+# only these ("get the details") names no tool
+DOING = frozenset(stem(w) for w in """get set find fetch search retrieve list create update
+delete add remove calculate calc compute lookup look check show info information detail
+details data api""".split())
+
+
+def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
+    """The tools whose name ``request`` writes: every stem of the name but those of
+    :data:`DOING` is one of the request's (:func:`stems`: "the roots of" for
+    ``find_roots``, "a DNA sequence" for ``generate_DNA_sequence``); a name of only such
+    words is written by no request."""
+    said = stems(request)
+    return [t for t in tools if (own := _tool_words(t.name, t.description,
+                                                    tuple(t.properties))[0] - DOING)
+            and own <= said]

@@ -64,7 +64,7 @@ from typing import Any, Callable, Collection, Sequence
 from .cache import ContextFull
 from .copied_values import (recopied, scaled_numbers, whole_lists, whole_places,
                             written_choices)
-from .described_tool import described_tool
+from .described_tool import described_tool, mentioned
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -363,6 +363,16 @@ def request_text(messages: Sequence[dict]) -> str:
                  if m["role"] == "user"), "")
 
 
+def names_a_tool(tools: Sequence[Tool], messages: Sequence[dict]) -> bool:
+    """Whether the reply to ``messages`` is a turn's first (no tool result follows the
+    last user message) and that message writes one of the ``tools``' names
+    (:func:`mlx_agent.described_tool.mentioned`): the reply should be a call of one, not an
+    answer from the model's own knowledge."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    return last is not None and not any(m["role"] == "tool" for m in messages[last:]) \
+        and bool(mentioned(tools, text_of(messages[last].get("content"))))
+
+
 def heard_text(messages: Sequence[dict]) -> str:
     """Every user message and the tool results after the last one, a line each: where a
     kept value may come from (not the server's get_tool_info answers, which hold the
@@ -425,7 +435,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                    messages: Sequence[dict], sampler: Sampler = greedy_sampler,
                    made: Collection[str] = (), stop: Callable[[], bool] = lambda: False,
                    choices: Sequence[Tool] = (), max_tokens: int = 256,
-                   may_answer: bool = False) -> tuple[Reply, str, list[int]]:
+                   may_answer: bool = False, pressed: bool = False
+                   ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call written again for the tool of
     ``choices`` the request describes, where that is another and this is the turn's first
@@ -436,7 +447,9 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     (:mod:`mlx_agent.copied_values`), and the stated optional arguments added
     (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`); where ``may_answer`` (the tool
     choice is auto), a call that is then :func:`~mlx_agent.unfounded.unfounded` becomes an
-    answer that asks the user for its made-up values; and the text and ids it now reads as.
+    answer that asks the user for its made-up values (its made-up strings too where
+    ``pressed``: the reply had to be a call because the request wrote a tool's name, not
+    because the user asked for one); and the text and ids it now reads as.
     All three as they were where nothing changed, where the reply is not one complete call
     of a known tool with no text beside it, or where the new call is one of ``made`` (calls
     that ran this turn, as the loop guard writes them: this must not turn a new call into a
@@ -467,7 +480,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
         arguments = scaled_numbers(tool, written_choices(tool, arguments, request), request)
         arguments = flags_as_asked(tool, arguments, request)
-        if may_answer and (made_up := unfounded(tool, arguments, messages)):
+        if may_answer and (made_up := unfounded(tool, arguments, messages, strings=pressed)):
             # no probe for a call that will not be made: the user is asked instead
             content = question(tool, made_up)
             text = written_json({"answer": content}, "json") if protocol == "json" else content

@@ -18,8 +18,10 @@ Not promised: a number the model worked out from the request ("2 pi" as 6.2832, 
 0.0001; a word of time's count, "compounded monthly" as 12, is read) counts as made up (0
 and 1 never count: "a", "none" and "from rest" write them; nor does a sign: "-$100", "112
 W"); only numbers are read (a required string the model made up is kept: on BFCL's questions
-that rule refused right calls and no wrong ones); a reply of several calls, and a tool that
-requires nothing, are not read; the question is in English.
+that rule refused right calls and no wrong ones), except in a reply that had to be a call
+because the request wrote a tool's name (``strings``: "What's the weather?" with a
+``get_weather`` tool asks for the city rather than make one up); a reply of several calls,
+and a tool that requires nothing, are not read; the question is in English.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .formats import text_of
-from .heard import NAME_WORD, json_text, leaves, number, numbers
+from .heard import NAME_WORD, Heard, json_text, leaves, number, numbers
 from .tools import Tool
 
 FREE = frozenset({0.0, 1.0})  # numbers a request writes without digits ("a", "from rest")
@@ -39,9 +41,9 @@ def _key(x: float) -> float:
     return float(f"{abs(x):.12g}")
 
 
-def _heard(tool: Tool, messages: Sequence[dict]) -> set[float]:
-    """The numbers ``messages`` write (their text, and the arguments of the calls they made)
-    and the tool's description and schema do, as :func:`_key` reads them."""
+def _conversation(tool: Tool, messages: Sequence[dict]) -> str:
+    """The text of ``messages`` (and the arguments of the calls they made) and of the
+    tool's description and schema, a line each."""
     texts = [tool.description or "", json_text(tool.parameters)]
     for m in messages:
         texts.append(text_of(m.get("content")))
@@ -49,22 +51,33 @@ def _heard(tool: Tool, messages: Sequence[dict]) -> set[float]:
             arguments = (call.get("function") or {}).get("arguments") \
                 if isinstance(call, dict) else None
             texts.append(arguments if isinstance(arguments, str) else json_text(arguments))
-    return {_key(x) for x in numbers("\n".join(texts), loose=True)}
+    return "\n".join(texts)
 
 
-def unfounded(tool: Tool, arguments: dict, messages: Sequence[dict]) -> list[str]:
+def unfounded(tool: Tool, arguments: dict, messages: Sequence[dict],
+              strings: bool = False) -> list[str]:
     """The required parameters of ``tool`` whose value in ``arguments`` holds a number that
     neither ``messages`` nor the tool's description and schema write (0 and 1 aside, signs
-    aside), in the call's order; empty where the call is founded."""
+    aside), and with ``strings``, a string none of whose words they begin
+    (:meth:`~mlx_agent.heard.Heard.made_up`; not a parameter's enum or const), in the
+    call's order; empty where the call is founded."""
     required = set(tool.required)
     if not required & arguments.keys():
         return []
     said = {name: {_key(x) for v in leaves(value) if (x := number(v)) is not None} - FREE
             for name, value in arguments.items() if name in required}
-    if not any(said.values()):  # no number to read: the conversation is not read either
-        return []
-    heard = _heard(tool, messages)
-    return [name for name, keys in said.items() if keys - heard]
+    texts = {name: [v for v in leaves(value) if isinstance(v, str)]
+             for name, value in arguments.items() if strings and name in required
+             and not (isinstance(s := tool.properties.get(name), dict)
+                      and {"enum", "const"} & s.keys())}
+    if not any(said.values()) and not any(texts.values()):  # nothing to read: nor is the
+        return []  # conversation
+    conversation = _conversation(tool, messages)
+    heard = {_key(x) for x in numbers(conversation, loose=True)}
+    words = Heard(conversation) if any(texts.values()) else None
+    return [name for name in arguments if name in required
+            and (said[name] - heard
+                 or words is not None and any(map(words.made_up, texts.get(name, ()))))]
 
 
 def question(tool: Tool, names: Sequence[str]) -> str:

@@ -17,7 +17,7 @@ import pytest
 from mlx_agent.agent import Agent, AgentConfig, agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.described_tool import described_tool, scores, stems
+from mlx_agent.described_tool import described_tool, mentioned, scores, stems
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import load_tools, parse_tools
 
@@ -49,6 +49,25 @@ def tools(*spec):
                                     "parameters": {"type": "object", "properties": {
                                         p: {"type": "string"} for p in params}}}
                                    for name, description, params in spec]), runnable=False)
+
+
+NAMED = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object", "properties": {}}}
+                                 for n in ("find_roots", "entropy_change.calculate",
+                                           "get_details", "generate_DNA_sequence",
+                                           "getWeatherInfo")]), runnable=False)
+
+
+@pytest.mark.parametrize("request_, expected", [
+    ("What are the roots of x^2 - 4?", ["find_roots"]),
+    ("The change in entropy of a 1kg ice block", ["entropy_change.calculate"]),
+    ("Generate a DNA sequence with 100 bases", ["generate_DNA_sequence"]),
+    ("Is it raining? The weather in Oslo.", ["getWeatherInfo"]),  # camelCase words
+    ("Get the details and the information", []),  # what a tool does, not what it is about
+    ("The DNA of a whale", []), ("Entropy alone", []),  # some of the name: not the name
+    ("Les racines", []),
+])
+def test_the_tools_whose_name_a_request_writes(request_, expected):
+    assert [t.name for t in mentioned(NAMED, request_)] == expected
 
 
 def test_words_are_stems_of_names_and_text():

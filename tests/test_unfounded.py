@@ -190,6 +190,76 @@ def test_the_server_asks_and_streams_the_question(tiny_lm, serve, protocol):  # 
     assert r.choices[0].message.tool_calls[0].function.name == "final_price"
 
 
+WEATHER = parse_tools(json.dumps([{
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}},
+    "_exec": 'echo "sunny in $city"'}]))
+
+
+def test_a_made_up_string_counts_only_where_the_reply_had_to_be_a_call():
+    tool = WEATHER[0]
+    said = [{"role": "user", "content": "What's the weather like?"}]
+    assert unfounded(tool, {"city": "Paris"}, said) == []  # only numbers, by default
+    assert unfounded(tool, {"city": "Paris"}, said, strings=True) == ["city"]
+    assert unfounded(tool, {"city": "paris, FR"}, user("Weather in Paris?"), strings=True) == []
+    assert unfounded(tool, {"city": "Oslo", "unit": "f"}, user("Oslo"), strings=True) == []
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_a_request_that_writes_a_tools_name_gets_a_call_or_a_question(tiny_lm, protocol):
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    answer = '{"answer":"It is sunny."}' if protocol == "json" else "It is sunny."
+    call = (lambda city: f'{{"tool":"get_weather","arguments":{{"city":"{city}"}}}}') \
+        if protocol == "json" else (lambda city: '<tool_call>\n{"name":"get_weather",'
+                                    f'"arguments":{{"city":"{city}"}}}}\n</tool_call>')
+
+    def ask_weather(request, **config):
+        rec = Recorder()  # the model would answer from its own knowledge: it may not
+        agent = Agent(lm, lm.engine(), WEATHER, agent_format(protocol, lm),
+                      AgentConfig(grammar=True, max_steps=3, **config), emit=rec,
+                      sampler=Obliging(lm, answer, call("Oslo"), answer))
+        return agent.ask(request), rec
+
+    out, rec = ask_weather("What's the weather in Oslo?")
+    assert [c.arguments for c in rec.of(ev.ToolCall)] == [{"city": "Oslo"}]
+    assert out.stats.mentioned_steps == 1 and out.answer == "It is sunny."
+    # no city given: the call the model must make is on one it made up, so it asks
+    out, rec = ask_weather("What's the weather like?")
+    assert rec.of(ev.ToolCall) == [] and out.stats.unfounded_calls == 1
+    assert out.answer == "To use get_weather I need the city: what is it?"
+    # a request that writes no tool's name, or either switch off: the model's answer
+    for request, config in (("Is it sunny in Oslo?", {}),
+                            ("What's the weather in Oslo?", {"stated_arguments": False}),
+                            ("What's the weather in Oslo?", {"follow_named_tool": False})):
+        out, rec = ask_weather(request, **config)
+        assert rec.of(ev.ToolCall) == [] and out.answer == "It is sunny.", config
+        assert out.stats.mentioned_steps == 0
+
+
+def test_the_server_calls_where_the_request_writes_a_tools_name(tiny_lm, serve):  # noqa: F811
+    answer = '{"answer":"It is sunny."}'
+    # the model would answer each time; where it may not, it makes the call
+    script = Obliging(tiny_lm, answer, '{"tool":"get_weather","arguments":{"city":"Oslo"}}',
+                      answer, answer)
+    s = serve(tiny_lm, sampler_for=lambda sampling: script, protocol="json")
+    tools = [WEATHER[0].openai()]
+    r = s.client.chat.completions.create(model="tiny", messages=user(
+        "What's the weather in Oslo?"), tools=tools)
+    assert [(c.function.name, json.loads(c.function.arguments))
+            for c in r.choices[0].message.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    # after the tool's result, the reply may answer; so may one to a request naming no tool
+    r = s.client.chat.completions.create(model="tiny", tools=tools, messages=[
+        *user("What's the weather in Oslo?"),
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city":"Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny in Oslo"}])
+    assert r.choices[0].message.content == "It is sunny."
+    r = s.client.chat.completions.create(model="tiny", messages=user("Sunny in Oslo?"),
+                                         tools=tools)
+    assert r.choices[0].message.content == "It is sunny."
+
+
 @pytest.mark.real_model
 def test_the_bundled_model_asks_for_the_price_it_was_not_given(tmp_path):
     tools = tmp_path / "tools.json"

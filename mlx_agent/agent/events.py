@@ -69,6 +69,7 @@ class Counts(msgspec.Struct):
     guarded_steps: int = 0  # steps in which the loop guard masked a repeat's tokens
     retried_steps: int = 0  # steps made to call again after a call failed (retry_after_error)
     named_steps: int = 0  # first steps made to call the tool the request named (named_tool)
+    mentioned_steps: int = 0  # first steps made a call: the request wrote a tool's name
     stated_calls: int = 0  # calls the request's stated and copied values changed
     unfounded_calls: int = 0  # calls on a number no one gave, made questions
 

@@ -31,6 +31,7 @@ from ..formats import Call, Format
 from ..grammar import GrammarError, forced_call, is_forced, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
+from ..described_tool import mentioned
 from ..stated_arguments import complete_reply
 from ..text import TextStream
 from ..tokenizer import special_tokens
@@ -72,8 +73,10 @@ class AgentConfig:
     # answer at once. Needs the grammar.
     retry_after_error: int = RETRY_AFTER_ERROR
     # a request that tells the agent to use a tool by name ("Use the echo tool to ...")
-    # makes the first step call it, where the choice is "auto" (see named_tool). Needs
-    # the grammar.
+    # makes the first step call it, where the choice is "auto" (see named_tool); with
+    # stated_arguments, so does one that writes a tool's name (described_tool.mentioned),
+    # and the call becomes a question to the user where it makes up a required value.
+    # Needs the grammar.
     follow_named_tool: bool = True
     # a turn's first call of another tool than the one the request describes is written
     # again for that one (see described_tool); a call's optional arguments are made the
@@ -285,6 +288,13 @@ class Agent:
                 and (named := named_tool(user_text, self.tools)) is not None):
             choice = named
             stats.named_steps += 1
+        pressed = (step == 0 and choice == "auto" and user_text is not None
+                   and self.config.grammar and self.config.stated_arguments
+                   and self.config.follow_named_tool
+                   and self._call_left() and bool(mentioned(list(self.tools.values()), user_text)))
+        if pressed:  # the request writes a tool's name: a call, not an answer from memory
+            choice = "required"
+            stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
             choice, self._retries = "required", self._retries - 1
@@ -307,7 +317,7 @@ class Agent:
                     self.probe_sampler, self._made,
                     choices=list(self.tools.values()) if choice in ("auto", "required")
                     else (), max_tokens=self.config.max_tokens,  # a named tool stays
-                    may_answer=choice == "auto")
+                    may_answer=choice == "auto" or pressed, pressed=pressed)
             except KeyboardInterrupt as e:  # during a probe: the reply stands as sampled,
                 q.interrupt = e  # and the engine's cache holds what its tokens say
             if reply is not parsed:  # the call as completed is what the model reads next

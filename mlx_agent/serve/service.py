@@ -46,7 +46,7 @@ from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
-from ..stated_arguments import complete_reply
+from ..stated_arguments import complete_reply, names_a_tool
 from ..text import TextStream
 from ..tools import Tool
 from .slots import Lanes
@@ -88,6 +88,7 @@ class PreparedChat:
     prompt: list[int]
     constraint: Constraint | None
     max_tokens: int
+    pressed: bool = False  # tool choice auto, but the request wrote a tool's name: a call
 
 
 @dataclass
@@ -205,6 +206,8 @@ class ChatService:
         prep = PreparedChat(call, list(tools), fmt, deferred, [], None,
                             call.max_tokens or self.default_max_tokens)
         prep.prompt = self._prompt(prep, call.messages)
+        prep.pressed = self.stated_arguments and call.tool_choice == "auto" and not deferred \
+            and names_a_tool(prep.tools, call.messages)
         try:
             prep.constraint = self._constraint(prep, 0, call.messages)
         except GrammarError as e:  # the tools' grammar, unless it was the schema's
@@ -244,7 +247,8 @@ class ChatService:
                           for written in refused_texts(prep.fmt.name, t, args)],
                     stop=cancelled, choices=prep.tools if not prep.deferred
                     and prep.call.tool_choice in ("auto", "required") else (),
-                    max_tokens=prep.max_tokens, may_answer=prep.call.tool_choice == "auto")
+                    max_tokens=prep.max_tokens, may_answer=prep.call.tool_choice == "auto",
+                    pressed=prep.pressed)
                 if not reply.calls:  # the call became a question to the user: shown as an
                     shown = gen.shown.feed(reply.content or "") + gen.shown.flush()  # answer is
                     if shown and on_text:
@@ -299,8 +303,9 @@ class ChatService:
             offer_info = prep.deferred and hops < MAX_HOPS and \
                 call.tool_choice in ("auto", "required")
             shown = prep.tools + ([get_tool_info_tool(prep.tools)] if offer_info else [])
+            choice = "required" if prep.pressed else call.tool_choice
             constraint = tool_constraint(self.lm, prep.fmt.name, shown, prep.max_tokens,
-                                         call.tool_choice, call.parallel, bound_answer=False)
+                                         choice, call.parallel, bound_answer=False)
             made = [] if self.allow_repeat_calls else _made(messages, prep.tools)
             if not made:
                 return constraint
