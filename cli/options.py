@@ -93,8 +93,8 @@ STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first ca
                "whole, an enum's value or a flag is the one the request names, and where the "
                "reply may answer, a call on a number no one gave becomes a question asking "
                "the user for it; a turn's first reply is a call where the request writes a "
-               "tool's name (asking the user for what it would make up; --ignore-named-tool "
-               "turns that off alone).")
+               "tool's name and the model would answer (asking the user for what the call "
+               "would make up; in the agent, --ignore-named-tool turns that off alone).")
 
 
 def loop_options(f):

@@ -69,11 +69,13 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
-from .heard import NAME_WORD, Heard, number, number_runs, writes_whole
+from .heard import (NAME_WORD, NUMBER, SCALE_WORDS, Heard, number, number_runs,
+                    writes_whole)
 from .probe import PROBE_CHARS, likelihood, probe
 from .tools import Tool
 
@@ -196,17 +198,17 @@ def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, argum
         if not isinstance(copy, str):
             continue
         # the probe commits a token at a time, and runs on past the copy it meant
-        # ("Glasgow, the travel" for "Glasgow"): the phrase it starts with that the model
-        # finds most likely, closing quote included, is the copy
-        scored = {c: likelihood(engine, lm, prompt, protocol, tool, out, name, c)
-                  for c in alike if c == copy or _starts(copy, c)}
-        copy = max(sorted(scored), key=scored.__getitem__)
-        if copy.strip().lower() in _other_strings(out, name) \
-                or tool.validate({**out, name: copy}):
-            continue
-        if scored[copy] >= \
+        # ("Glasgow, the travel" for "Glasgow"): of the phrases it starts with that may
+        # replace the value, the one the model finds most likely (closing quote included)
+        others, scored = _other_strings(out, name), {}
+        for c in sorted(c for c in alike if c == copy or _starts(copy, c)):
+            if c.strip().lower() not in others and not tool.validate({**out, name: c}):
+                if stop():
+                    return out
+                scored[c] = likelihood(engine, lm, prompt, protocol, tool, out, name, c)
+        if scored and max(scored.values()) >= \
                 likelihood(engine, lm, prompt, protocol, tool, out, name, value) - MARGIN:
-            out = {**out, name: copy}
+            out = {**out, name: max(scored, key=scored.__getitem__)}
     return out
 
 
@@ -324,30 +326,37 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
     return out
 
 
-# a number before one of these words means that many times it ("213 million")
-SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _SCALE = re.compile(rf"(?<![\w.,])(\d+(?:,\d{{3}})*(?:\.\d+)?)\s*({'|'.join(SCALE_WORDS)})\b",
                     re.IGNORECASE)
 
 
 def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each top-level number that the request writes before a scale
-    word ("213 million", "1.5 billion") made the number it means (213000000), unless the
-    parameter's name or description has that word ("population in millions") or the schema
-    refuses it; ``arguments`` itself where none is."""
-    said = [(float(m.group(1).replace(",", "")), m.group(2).lower())
-            for m in itertools.islice(_SCALE.finditer(request), 64)]
+    word ("213 million", "1.5 billion": :data:`~mlx_agent.heard.SCALE_WORDS`), and nowhere
+    without one, made the number it means (213000000, to 12 significant digits), unless the
+    parameter's name or description has that word ("population in millions"), another
+    argument holds that number already ("2 million dollars among 2 heirs" leaves the heirs
+    at 2) or the schema refuses it; ``arguments`` itself where none is."""
+    head = request[:PHRASE_CHARS * 8]  # a request's numbers: the first 16,000 characters
+    said = [(float(m.group(1).replace(",", "")), m.group(2).lower(), m.start())
+            for m in _SCALE.finditer(head)]
+    if not said:
+        return arguments
+    starts = {at for _, _, at in said}
+    plain = {float(m.group().replace(",", "")) for m in NUMBER.finditer(head)
+             if m.start() not in starts and not m.group(1)}
     out = arguments
-    for name, value in arguments.items() if said else ():
+    for name, value in arguments.items():
         x, schema = number(value), tool.properties.get(name)
         about = f"{name} {schema.get('description', '')}".lower() \
             if isinstance(schema, dict) else name.lower()
-        scales = {word for n, word in said if n == x and word not in about}
-        if x is None or len(scales) != 1:
+        scales = {word for n, word, _ in said if n == x and word not in about}
+        if x is None or x in plain or len(scales) != 1:
             continue
-        meant = x * SCALE_WORDS[scales.pop()]
+        meant = float(f"{x * SCALE_WORDS[scales.pop()]:.12g}")
         meant = int(meant) if meant.is_integer() else meant
-        if not tool.validate({**out, name: meant}):
+        if math.isfinite(meant) and all(number(v) != meant for v in out.values()) \
+                and not tool.validate({**out, name: meant}):
             out = {**out, name: meant}
     return out
 
@@ -355,8 +364,11 @@ def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
 def _writes_choice(request: str, value: str) -> bool:
     """Whether the request writes an enum's value as whole words, or its words apart
     ("hot air" for ``hot_air``, "non-smoking" for ``non_smoking``)."""
-    spaced = re.sub(r"[_-]+", " ", value)
-    return writes_whole(request, value) or spaced != value and writes_whole(request, spaced)
+    parts = [p for p in re.split(r"[\s_-]+", value.strip()) if p]
+    if len(parts) < 2:
+        return writes_whole(request, value)
+    apart = r"[\s_-]+".join(map(re.escape, parts))  # no phrase of one letter: none is short
+    return re.search(rf"(?<!\w){apart}(?:e?s)?(?!\w)", request, re.IGNORECASE) is not None
 
 
 def written_choices(tool: Tool, arguments: dict, request: str) -> dict:

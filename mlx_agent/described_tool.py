@@ -21,8 +21,9 @@ warning, then update the feeding plan", or name it: "use the weather tool"), and
 alone.
 
 :func:`mentioned` gives the tools whose name a request writes ("the change in entropy" for
-``entropy_change.calculate``): where it writes one, the turn's first reply is a call, not an
-answer from the model's own knowledge (:mod:`mlx_agent.stated_arguments`).
+``entropy_change.calculate``): where it writes one and the model would answer from its own
+knowledge, the turn's first reply must be a call instead (:mod:`mlx_agent.stated_arguments`,
+:func:`mlx_agent.probe.would_call`).
 
 Not promised: English words, matched by spelling ("ran" is not "run", "cost" not "price");
 a word with a letter outside ASCII counts nothing ("hôtel"), so a request in another

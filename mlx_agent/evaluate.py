@@ -93,7 +93,7 @@ class RunResult:
     named_steps: int = 0  # first steps made to call the tool the request named
     mentioned_steps: int = 0  # first steps made a call: the request wrote a tool's name
     stated_calls: int = 0  # calls the request's stated and copied values changed
-    unfounded_calls: int = 0  # calls on a number no one gave, made questions
+    unfounded_calls: int = 0  # calls on a value no one gave, made questions
 
     def row(self) -> dict:
         """The run's row in ``eval --out``: the same however the runs were distributed,
@@ -102,7 +102,8 @@ class RunResult:
                "calls": self.calls, "turns": self.turns, "answered": self.answer is not None,
                "tool_errors": self.tool_errors, "guarded_steps": self.guarded_steps,
                "retried_steps": self.retried_steps, "named_steps": self.named_steps,
-               "mentioned_steps": self.mentioned_steps, "stated_calls": self.stated_calls, "unfounded_calls": self.unfounded_calls,
+               "mentioned_steps": self.mentioned_steps, "stated_calls": self.stated_calls,
+               "unfounded_calls": self.unfounded_calls,
                "seconds": round(self.seconds, 3)}
         return row | ({"error": self.error} if self.error else {})
 
@@ -427,5 +428,6 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                          trajectory=str(recorder.path) if recorder else None,
                          tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
                          retried_steps=s.retried_steps, named_steps=s.named_steps,
-                         mentioned_steps=s.mentioned_steps, stated_calls=s.stated_calls, unfounded_calls=s.unfounded_calls,
+                         mentioned_steps=s.mentioned_steps, stated_calls=s.stated_calls,
+                         unfounded_calls=s.unfounded_calls,
                          error=out.warning)  # why the turn stopped early, if it did

@@ -26,19 +26,19 @@ NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(%?)(
 _DIGITS = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(%?)")
 _PERCENT = re.compile(r"(?<![\w.,])(\d+(?:,\d{3})*(?:\.\d+)?)\s*(?:percent|per\s+cent)\b",
                       re.IGNORECASE)
-SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "k": 1e3, "m": 1e6, "bn": 1e9,
-          "b": 1e9}
-_SCALED = re.compile(r"(?<![\w.,])(\d+(?:,\d{3})*(?:\.\d+)?)\s*(thousand|million|billion|k|m|"
-                     r"bn|b)\b", re.IGNORECASE)
+SCALE_WORDS = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
+SCALES = {**SCALE_WORDS, "k": 1e3, "m": 1e6, "bn": 1e9, "b": 1e9}
+_SCALED = re.compile(r"(?<![\w.,])(\d+(?:,\d{3})*(?:\.\d+)?)\s*(thousand|million|billion|"
+                     r"trillion|k|m|bn|b)\b", re.IGNORECASE)
 UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen " \
     "fourteen fifteen sixteen seventeen eighteen nineteen".split()
 TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
 SPELT = {**{w: i for i, w in enumerate(UNITS)}, **{w: 20 + 10 * i for i, w in enumerate(TENS)},
          "a": 1, "an": 1, "dozen": 12}
+_LARGE = "hundred|thousand|million|billion|trillion"
 _SPELT = re.compile(rf"\b(?:({'|'.join(TENS)})(?:[- ]({'|'.join(UNITS[1:10])}))?"
-                    rf"|({'|'.join(UNITS)}|dozen|an?(?= (?:hundred|thousand|million|billion))))"
-                    rf"(?: (hundred|thousand|million|billion))?\b"
-                    rf"|\b(hundred|thousand|million|billion)\b", re.IGNORECASE)
+                    rf"|({'|'.join(UNITS)}|dozen|an?(?= (?:{_LARGE}))))"
+                    rf"(?: ({_LARGE}))?\b|\b({_LARGE})\b", re.IGNORECASE)
 # how many of a smaller unit a word of time implies ("compounded monthly": 12 a year)
 PERIODS = {"hourly": (24,), "daily": (365,), "weekly": (52,), "biweekly": (26,),
            "fortnightly": (26,), "monthly": (12,), "quarterly": (4,), "semiannually": (2,),

@@ -7,7 +7,7 @@ phrases), up to the ``,`` or ``}`` that ends it. :mod:`mlx_agent.stated_argument
 the optional parameters a call left out; :mod:`mlx_agent.copied_values` probes again a
 string the call garbled. :func:`probe_arguments` has the model write a whole call's
 arguments the same way, for the tool :mod:`mlx_agent.described_tool` finds the request
-describes.
+describes. :func:`would_call` reads whether the model, free to answer, would open a call.
 
 Not promised: a value longer than :data:`PROBE_TOKENS` tokens (strings longer than
 :data:`PROBE_CHARS` characters), or arguments longer than the reply's token budget, are not
@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 from llguidance import LLMatcher
 
-from .engine import Sampler
+from .engine import Sampler, greedy_sampler
 from .formats.messages import unspaced
 from .grammar import (Constraint, GrammarError, _arguments_schema, _bound, _guidance, _ordered,
                       call_text, check_compiles, ll_tokenizer, string_budget, written_json)
@@ -55,10 +55,11 @@ def _probe_schema(tool: Tool, name: str) -> dict | None:
     if not isinstance(schema, dict) or schema.get("type") == "object":  # never added
         return None
     bound = _bound(schema, PROBE_CHARS)
-    if "enum" not in bound and "const" not in bound:
-        least = {"string": "minLength", "array": "minItems"}.get(bound.get("type"))
-        if least and not (isinstance(bound.get(least), int) and bound[least] >= 1):
-            bound = {**bound, least: 1}
+    types = bound.get("type") if isinstance(bound.get("type"), list) else [bound.get("type")]
+    if "enum" not in bound and "const" not in bound:  # ["string", "null"]: its string
+        for kind, least in (("string", "minLength"), ("array", "minItems")):
+            if kind in types and not (isinstance(bound.get(least), int) and bound[least] >= 1):
+                bound = {**bound, least: 1}
     defs = tool.parameters.get("$defs")
     return {**bound, "$defs": defs} if isinstance(defs, dict) and "$defs" not in bound \
         else bound
@@ -145,6 +146,38 @@ def likelihood(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, arg
     engine is left wherever that leaves it."""
     engine.sync(list(prompt) + reply_ids(lm, protocol, _before(protocol, tool, arguments, name)))
     return engine.logprob(lm.encode_text(written_json(value, protocol)))
+
+
+def would_call(engine, lm, protocol: str, prompt: Sequence[int],
+               constraint: Constraint | None) -> bool:
+    """Whether the model, free to answer under ``constraint`` (the reply's grammar, tool
+    choice auto), opens a call after ``prompt``, decoding greedily (what it finds most
+    likely, whatever the reply's sampler): the json protocol's ``{"tool"`` rather than
+    ``{"answer"``, hermes's ``<tool_call>`` token first. A few tokens at most; the engine is
+    left holding ``prompt``, the constraint reset."""
+    engine.sync(list(prompt))
+    if constraint is not None:
+        constraint.reset()
+    opening = '{"tool"' if protocol == "json" else None
+    text, ids = "", []
+    tokens = engine.generate(greedy_sampler, max_tokens=8, stop_ids=lm.end_ids,
+                             constraint=constraint)
+    try:
+        for token in tokens:
+            ids.append(token)
+            if opening is None:  # hermes: the first token says
+                break
+            text = lm.decode(ids)
+            if len(text) >= len(opening) or not opening.startswith(text):
+                break
+    finally:
+        tokens.close()
+    if constraint is not None:
+        constraint.reset()
+    engine.sync(list(prompt))
+    if opening is None:
+        return bool(ids) and ids[0] == lm.encode("<tool_call>")[0]
+    return text.startswith(opening)
 
 
 def reply_ids(lm, protocol: str, text: str) -> list[int]:

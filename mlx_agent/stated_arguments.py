@@ -115,7 +115,7 @@ NEGATIVE_NAMES = frozenset("no not non disable disabled skip exclude without hid
                            "avoid".split())
 # a clause that may say false, or neither: "doesn't need", "not required", "optional",
 # "non-smoking", "with or without", "either is fine", "whatever"
-DOUBT = re.compile(r"n't\b|\b(?:not|no|non|never|without|optional|except|excluding|excluded?"
+DOUBT = re.compile(r"n't\b|\b(?:not|no|non|never|dont|without|optional|except|excluding|excluded?"
                    r"|skip|skipping|ignore|ignoring|drop|hide|avoid|omit|leave|rather|either"
                    r"|whatever|any|unless|instead|mind|matter|concerned|bothered|fussed"
                    r"|worried)\b", re.IGNORECASE)
@@ -166,13 +166,16 @@ def flags_as_asked(tool: Tool, arguments: dict, request: str) -> dict:
     ``arguments`` itself where none is."""
     out = arguments
     for name, value in arguments.items():
-        flip = value is False and _flag_plain(name, request, whole=False) \
-            or value is True and _flag_refused(name, request)
+        refused = _flag_refused(name, request)
+        flip = value is False and not refused and _flag_plain(name, request, whole=False) \
+            or value is True and refused
         if flip and not tool.validate({**out, name: not value}):
             out = {**out, name: not value}
     return out
 
 
+# a negation that asks for what follows: "don't forget the hourly forecast"
+KEEP = re.compile(rf"\b{NEGATIONS}\s+(?:forget|miss|hesitate|fail|omit|skip|leave)", re.IGNORECASE)
 # a clause that leaves a flag open though it negates: "with or without", "whether or not"
 OPEN = re.compile(r"\bwith\s+or\s+without\b|\bor\s+not\b|\bwhether\b|\beither\b",
                   re.IGNORECASE)
@@ -189,8 +192,9 @@ def _flag_refused(name: str, request: str) -> bool:
             or re.search(rf"\b{INDIFFERENT}\b", clause, re.IGNORECASE):
         return False
     words = [w for w in (w.lower() for w in NAME_WORD.findall(name)) if w not in FLAG_VERBS]
-    return any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
-               for w in words)
+    return not KEEP.search(clause) and any(
+        re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
+        for w in words)
 
 
 def _taken(arguments: dict) -> tuple[list[str], set[float]]:
@@ -331,14 +335,14 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                   arguments: dict, request: str, sampler: Sampler = greedy_sampler,
                   stop: Callable[[], bool] = lambda: False,
                   results: Sequence[str] = ()) -> dict:
-    """``arguments`` with the optional parameters the request states added, each probed
-    (in :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the
-    reply's prompt ids) and the call with the additions before it, a flag the request asks
-    for plainly (:func:`_flag_plain`) set ``true`` and one it refuses plainly
+    """``arguments`` with the optional parameters the request states added, each probed (in
+    :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the reply's
+    prompt ids) and the call with the additions before it, a flag the request asks for
+    plainly (:func:`_flag_plain`) set ``true`` and one it refuses plainly
     (:func:`_flag_refused`) ``false``, without a probe; ``arguments`` itself where none is.
     A value one of the turn's tool ``results`` is whole is stated where the request passes
-    it on as that parameter (:func:`_piped`). ``stop`` is asked before each probe. The engine is left wherever the last probe left it: sync
-    before generating again."""
+    it on as that parameter (:func:`_piped`). ``stop`` is asked before each probe. The
+    engine is left wherever the last probe left it: sync before generating again."""
     left = [p for p in tool.argument_order() if p not in arguments and p not in tool.required]
     flags = [p for p in left if isinstance(tool.properties[p], dict)
              and tool.properties[p].get("type") == "boolean"]
@@ -441,21 +445,23 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     one; the reply to ``messages``) with its one call written again for the tool of
     ``choices`` the request describes, where that is another and this is the turn's first
     call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's grammar let
-    it call, none where a tool was named; ``max_tokens`` the reply's budget), its made-up
-    optional arguments dropped (:func:`without_made_up`, against :func:`heard_text`), its
-    garbled copies copied again and its places and lists whole
-    (:mod:`mlx_agent.copied_values`), and the stated optional arguments added
-    (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`); where ``may_answer`` (the tool
-    choice is auto), a call that is then :func:`~mlx_agent.unfounded.unfounded` becomes an
-    answer that asks the user for its made-up values (its made-up strings too where
-    ``pressed``: the reply had to be a call because the request wrote a tool's name, not
-    because the user asked for one); and the text and ids it now reads as.
-    All three as they were where nothing changed, where the reply is not one complete call
-    of a known tool with no text beside it, or where the new call is one of ``made`` (calls
-    that ran this turn, as the loop guard writes them: this must not turn a new call into a
-    repeat). ``stop`` is asked before each probe (a client that left). Afterwards the engine
-    holds ``prompt``, the reply's ids and ``tail``, as if the reply had been sampled so (the
-    next turn reuses all of it)."""
+    it call, none where a tool was named; ``max_tokens`` the reply's budget), an enum's
+    value made the one the request names (:func:`~mlx_agent.copied_values.written_choices`),
+    its made-up optional arguments dropped (:func:`without_made_up`, against
+    :func:`heard_text`), its garbled copies copied again, its places and lists whole and its
+    numbers at the request's scale (:mod:`mlx_agent.copied_values`), its flags as the
+    request asks (:func:`flags_as_asked`), and the stated optional arguments added
+    (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`); where
+    ``may_answer`` (the tool choice is auto), a call that is then
+    :func:`~mlx_agent.unfounded.unfounded` becomes an answer that asks the user for its
+    made-up values (its made-up strings too where ``pressed``: the reply had to be a call
+    because the request wrote a tool's name, not because the user asked for one); and the
+    text and ids it now reads as. All three as they were where nothing changed, where the
+    reply is not one complete call of a known tool with no text beside it, or where the new
+    call is one of ``made`` (calls that ran this turn, as the loop guard writes them: this
+    must not turn a new call into a repeat). ``stop`` is asked before each probe (a client
+    that left). Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if
+    the reply had been sampled so (the next turn reuses all of it)."""
     unchanged = reply, text, ids
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
@@ -472,15 +478,16 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     try:
         moved, arguments = _described(engine, lm, protocol, prompt, tool, call.arguments,
                                       messages, heard, sampler, stop, choices, max_tokens)
-        arguments = without_made_up(moved, arguments, heard)
+        # an enum's value the request names before what it never wrote is dropped
+        arguments = without_made_up(moved, written_choices(moved, arguments, request), heard)
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
                                  heard, sampler, stop)
         tool = moved
         arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
-        arguments = scaled_numbers(tool, written_choices(tool, arguments, request), request)
-        arguments = flags_as_asked(tool, arguments, request)
-        if may_answer and (made_up := unfounded(tool, arguments, messages, strings=pressed)):
+        arguments = flags_as_asked(tool, scaled_numbers(tool, arguments, request), request)
+        if may_answer and (made_up := unfounded(tool, arguments, messages,
+                                                heard if pressed else None)):
             # no probe for a call that will not be made: the user is asked instead
             content = question(tool, made_up)
             text = written_json({"answer": content}, "json") if protocol == "json" else content

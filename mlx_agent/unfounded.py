@@ -20,7 +20,8 @@ and 1 never count: "a", "none" and "from rest" write them; nor does a sign: "-$1
 W"); only numbers are read (a required string the model made up is kept: on BFCL's questions
 that rule refused right calls and no wrong ones), except in a reply that had to be a call
 because the request wrote a tool's name (``strings``: "What's the weather?" with a
-``get_weather`` tool asks for the city rather than make one up); a reply of several calls,
+``get_weather`` tool asks for the city rather than make one up, read against the user's
+messages and the turn's results alone); a reply of several calls,
 and a tool that requires nothing, are not read; the question is in English.
 """
 
@@ -55,29 +56,33 @@ def _conversation(tool: Tool, messages: Sequence[dict]) -> str:
 
 
 def unfounded(tool: Tool, arguments: dict, messages: Sequence[dict],
-              strings: bool = False) -> list[str]:
+              strings: str | None = None) -> list[str]:
     """The required parameters of ``tool`` whose value in ``arguments`` holds a number that
     neither ``messages`` nor the tool's description and schema write (0 and 1 aside, signs
-    aside), and with ``strings``, a string none of whose words they begin
-    (:meth:`~mlx_agent.heard.Heard.made_up`; not a parameter's enum or const), in the
-    call's order; empty where the call is founded."""
+    aside), and where ``strings`` is given (the user's messages and the turn's tool results:
+    not a schema's examples, nor the tools a system prompt lists), a string that is empty
+    or none of whose words it begins (:meth:`~mlx_agent.heard.Heard.made_up`; not a
+    parameter's enum or const), in the call's order; empty where the call is founded."""
     required = set(tool.required)
     if not required & arguments.keys():
         return []
     said = {name: {_key(x) for v in leaves(value) if (x := number(v)) is not None} - FREE
             for name, value in arguments.items() if name in required}
     texts = {name: [v for v in leaves(value) if isinstance(v, str)]
-             for name, value in arguments.items() if strings and name in required
+             for name, value in arguments.items() if strings is not None and name in required
              and not (isinstance(s := tool.properties.get(name), dict)
                       and {"enum", "const"} & s.keys())}
     if not any(said.values()) and not any(texts.values()):  # nothing to read: nor is the
         return []  # conversation
-    conversation = _conversation(tool, messages)
-    heard = {_key(x) for x in numbers(conversation, loose=True)}
-    words = Heard(conversation) if any(texts.values()) else None
+    heard = {_key(x) for x in numbers(_conversation(tool, messages), loose=True)} \
+        if any(said.values()) else set()
+    words = Heard(strings) if strings is not None and any(texts.values()) else None
+
+    def made_up(text: str) -> bool:
+        return not text.strip() or words is not None and words.made_up(text)
+
     return [name for name in arguments if name in required
-            and (said[name] - heard
-                 or words is not None and any(map(words.made_up, texts.get(name, ()))))]
+            and (said[name] - heard or any(map(made_up, texts.get(name, ()))))]
 
 
 def question(tool: Tool, names: Sequence[str]) -> str:

@@ -231,7 +231,10 @@ def test_a_value_the_model_meant_otherwise_stays(tiny_lm, protocol):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
     call, answer = weather_replies(protocol, "New York City")
     # the phrase the model picks shares too little with what it wrote: not a miscopy
-    _, out, events = ask(lm, protocol, [call, '"Manhattan"}', answer], "Weather in Manhattan.")
+    # (the model's own call: this random model would answer, and be made to call the tool
+    # the request names, then asked for the city it made up)
+    _, out, events = ask(lm, protocol, [call, '"Manhattan"}', answer], "Weather in Manhattan.",
+                         follow_named_tool=False)
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "New York City"}]
     _, out, events = ask(lm, protocol, [weather_replies(protocol, "Rigga")[0], answer],
                          "Weather in Riga, Latvia.", stated_arguments=False)
@@ -270,6 +273,8 @@ VISIT = tool(pet_name={"type": "string"},
      {"pet_name": "Ximena", "species": "hamster"}),
     ({"pet_name": "Ximena", "species": "cat"}, "Ximena flies in a hot air balloon.",
      {"pet_name": "Ximena", "species": "hot_air"}),  # the value's words apart
+    ({"pet_name": "Ximena", "species": "cat"}, "Ximena, in a hot-air balloon.",
+     {"pet_name": "Ximena", "species": "hot_air"}),
     ({"pet_name": "Ximena", "species": "cat"}, "Two hamsters for Ximena.",
      {"pet_name": "Ximena", "species": "hamster"}),  # as its plural
     # the request writes the value, or a word that begins with it ("Cats", "category")
@@ -291,6 +296,11 @@ def test_an_enums_value_the_request_names_is_taken(arguments, request_, expected
      {"a": 50_000_000, "b": 100_000_000}),
     ({"a": 1.5}, "It costs 1.5 billion dollars.", {"a": 1_500_000_000}),
     ({"a": 2}, "Some 2 thousand, 2 billion.", None),  # two scales: which one?
+    ({"a": 2_000_000, "b": 2}, "The 2 million dollar estate among 2 heirs", None),
+    ({"a": 3}, "3 million users: the top 3", None),  # also written without its scale
+    ({"a": 2.01}, "2.01 million", {"a": 2_010_000}),  # to 12 significant digits
+    ({"a": 2}, "2 trillion dollars", {"a": 2_000_000_000_000}),
+    ({"a": 1e299}, "1" + "0" * 299 + " trillion", None),  # past a float: left
     ({"a": 213}, "213 million people", None),  # the parameter counts in millions
     ({"a": 8}, "8.5 million square kilometers", None),  # not the number written
     ({"a": 5}, "5 m tall, 5 k", None),  # words only: "m" may be metres

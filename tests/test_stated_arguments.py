@@ -213,6 +213,8 @@ def test_the_bundled_model_probed_for_a_string_writes_one():
     ({"base": 1, "include_human_impact": True}, "Don't include the human impact.",
      {"base": 1, "include_human_impact": False}),
     ({"base": 1, "include_human_impact": False}, "Skip the human impact.", None),  # as said
+    ({"base": 1, "include_human_impact": False}, "dont include human impact", None),
+    ({"base": 1, "include_human_impact": True}, "Don't forget the human impact", None),
     ({"base": 1, "include_human_impact": False}, "Human? Impact.", None),  # two clauses
     ({"base": 1, "include_human_impact": False}, "The human impact is optional.", None),
     ({"base": 1, "include_human_impact": False}, "Is the human impact included?", None),
@@ -223,6 +225,22 @@ def test_a_flag_the_model_wrote_is_turned_only_where_the_request_says_otherwise(
     from mlx_agent.stated_arguments import flags_as_asked
 
     assert flags_as_asked(BFCL_LIKE, arguments, request_) == (expected or arguments)
+
+
+def test_a_probe_of_a_nullable_string_or_list_writes_one_that_is_not_empty(tiny_lm):
+    from mlx_agent.probe import _probe_schema, probe
+
+    tool = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
+        "s": {"type": ["string", "null"]},
+        "l": {"type": ["array", "null"], "items": {"type": "string"}}}}}]), runnable=False)[0]
+    assert _probe_schema(tool, "s")["minLength"] == 1
+    assert _probe_schema(tool, "l")["minItems"] == 1
+    prompt = agent_format("json", tiny_lm).prompt_ids(FAHRENHEIT, [tool])
+    engine = tiny_lm.engine()
+    for name in ("s", "l"):  # the model would write "" or []: it may not
+        value = probe(engine, tiny_lm, Obliging(tiny_lm, '"",', "[],"), prompt, "json", tool,
+                      {}, name)
+        assert value is None or len(value) >= 1, value
 
 
 CHAIN = parse_tools(json.dumps([
@@ -306,8 +324,10 @@ def test_completing_never_makes_a_repeat(tiny_lm, protocol):
                              "Weather in Oslo in Fahrenheit.")
     calls = [json.dumps(c.arguments) for c in events.of(ev.ToolCall)]
     # the second call's celsius is not made the fahrenheit the request writes: that ran
+    # (and this random model's third call, in json, is made fahrenheit: a second change)
     assert calls[:2] == ['{"city": "Oslo", "unit": "fahrenheit"}',
-                         '{"city": "Oslo", "unit": "celsius"}'] and out.stats.stated_calls >= 1
+                         '{"city": "Oslo", "unit": "celsius"}']
+    assert out.stats.stated_calls == {"json": 2, "hermes": 1}[protocol]
     assert '{"city": "Oslo"}' not in calls and len(set(calls)) == len(calls), calls
     # and a call is not completed into one that ran this turn (the server's case: it sees
     # only the completed call in the request's messages)
@@ -501,6 +521,8 @@ def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
 
 @pytest.mark.parametrize("name, request_, refused", [
     ("include_hourly", "Check pollen near Auckland and don't include hourly.", True),
+    ("include_hourly", "dont include hourly", True),
+    ("include_hourly", "Don't forget the hourly forecast", False),  # asks for it
     ("include_images", "Don\u2019t include images", True),  # a curly apostrophe
     ("has_pool", "A room without a pool.", True),
     ("has_garage", "Two bedrooms. No need for a garage, but a yard.", True),

@@ -190,35 +190,40 @@ def test_the_server_asks_and_streams_the_question(tiny_lm, serve, protocol):  # 
     assert r.choices[0].message.tool_calls[0].function.name == "final_price"
 
 
-WEATHER = parse_tools(json.dumps([{
+WEATHER_TOOL = {
     "name": "get_weather", "description": "The weather in a city.",
     "parameters": {"type": "object", "required": ["city"], "properties": {
         "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}},
-    "_exec": 'echo "sunny in $city"'}]))
+    "_exec": 'echo "sunny in $city"'}
+WEATHER = parse_tools(json.dumps([WEATHER_TOOL]))
 
 
 def test_a_made_up_string_counts_only_where_the_reply_had_to_be_a_call():
-    tool = WEATHER[0]
+    tool = parse_tools(json.dumps([{**WEATHER_TOOL, "description": "e.g. Paris"}]))[0]
     said = [{"role": "user", "content": "What's the weather like?"}]
     assert unfounded(tool, {"city": "Paris"}, said) == []  # only numbers, by default
-    assert unfounded(tool, {"city": "Paris"}, said, strings=True) == ["city"]
-    assert unfounded(tool, {"city": "paris, FR"}, user("Weather in Paris?"), strings=True) == []
-    assert unfounded(tool, {"city": "Oslo", "unit": "f"}, user("Oslo"), strings=True) == []
+    # where the reply had to be a call, read against what the user and the turn's tools
+    # wrote (not the schema's example)
+    assert unfounded(tool, {"city": "Paris"}, said, "What's the weather like?") == ["city"]
+    assert unfounded(tool, {"city": " "}, said, "Weather in Paris?") == ["city"]  # empty
+    assert unfounded(tool, {"city": "paris, FR"}, said, "Weather in Paris?") == []
+    assert unfounded(tool, {"city": "Oslo", "unit": "f"}, said, "Oslo") == []  # an enum's
 
 
-@pytest.mark.parametrize("protocol", ["json", "hermes"])
-def test_a_request_that_writes_a_tools_name_gets_a_call_or_a_question(tiny_lm, protocol):
-    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    answer = '{"answer":"It is sunny."}' if protocol == "json" else "It is sunny."
-    call = (lambda city: f'{{"tool":"get_weather","arguments":{{"city":"{city}"}}}}') \
-        if protocol == "json" else (lambda city: '<tool_call>\n{"name":"get_weather",'
-                                    f'"arguments":{{"city":"{city}"}}}}\n</tool_call>')
+HERMES_CALL = '<tool_call>\n{"name":"get_weather","arguments":{"city":"%s"}}\n</tool_call>'
+
+
+def test_a_request_that_writes_a_tools_name_gets_a_call_or_a_question(tiny_lm):
+    # under hermes, this random model would answer (its first token is not <tool_call>:
+    # test_would_call_is_what_greedy_decoding_opens); under json it would call
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
 
     def ask_weather(request, **config):
-        rec = Recorder()  # the model would answer from its own knowledge: it may not
-        agent = Agent(lm, lm.engine(), WEATHER, agent_format(protocol, lm),
+        rec = Recorder()
+        agent = Agent(lm, lm.engine(), WEATHER, agent_format("hermes", lm),
                       AgentConfig(grammar=True, max_steps=3, **config), emit=rec,
-                      sampler=Obliging(lm, answer, call("Oslo"), answer))
+                      sampler=Obliging(lm, "It is sunny.", HERMES_CALL % "Oslo",
+                                       "It is sunny."))
         return agent.ask(request), rec
 
     out, rec = ask_weather("What's the weather in Oslo?")
@@ -237,12 +242,26 @@ def test_a_request_that_writes_a_tools_name_gets_a_call_or_a_question(tiny_lm, p
         assert out.stats.mentioned_steps == 0
 
 
+@pytest.mark.real_model
+def test_the_bundled_model_asked_the_weather_without_a_city_asks_for_it(tmp_path):
+    (tmp_path / "tools.json").write_text(json.dumps([WEATHER_TOOL]))
+    cli = [sys.executable, "-m", "mlx_agent.cli.main", "agent", "--tools",
+           str(tmp_path / "tools.json"), "--json-out", "--single"]
+    # it would answer from its own knowledge; made to call, it makes a city up: asked
+    r = subprocess.run([*cli, "What's the weather like today?"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    events = [ev.decode(line) for line in r.stdout.splitlines()]
+    stats = next(e for e in events if isinstance(e, ev.Stats))
+    assert not [e for e in events if isinstance(e, ev.ToolCall)], r.stdout
+    assert stats.mentioned_steps == 1 and stats.unfounded_calls == 1, r.stdout
+
+
 def test_the_server_calls_where_the_request_writes_a_tools_name(tiny_lm, serve):  # noqa: F811
-    answer = '{"answer":"It is sunny."}'
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))  # would answer under hermes
     # the model would answer each time; where it may not, it makes the call
-    script = Obliging(tiny_lm, answer, '{"tool":"get_weather","arguments":{"city":"Oslo"}}',
-                      answer, answer)
-    s = serve(tiny_lm, sampler_for=lambda sampling: script, protocol="json")
+    script = Obliging(lm, "It is sunny.", HERMES_CALL % "Oslo", "It is sunny.", "It is sunny.")
+    s = serve(lm, sampler_for=lambda sampling: script, protocol="hermes")
     tools = [WEATHER[0].openai()]
     r = s.client.chat.completions.create(model="tiny", messages=user(
         "What's the weather in Oslo?"), tools=tools)
@@ -258,6 +277,67 @@ def test_the_server_calls_where_the_request_writes_a_tools_name(tiny_lm, serve):
     r = s.client.chat.completions.create(model="tiny", messages=user("Sunny in Oslo?"),
                                          tools=tools)
     assert r.choices[0].message.content == "It is sunny."
+
+
+def test_only_a_turns_first_reply_to_a_request_naming_a_tool_is_pressed():
+    from mlx_agent.stated_arguments import names_a_tool
+
+    asked = user("What's the weather in Oslo?")
+    assert names_a_tool(WEATHER, asked)
+    assert not names_a_tool(WEATHER, user("Is it sunny in Oslo?"))
+    assert not names_a_tool(WEATHER, [*asked, {"role": "assistant", "content": "x"},
+                                      {"role": "tool", "content": "sunny"}])  # results came
+    assert not names_a_tool(WEATHER, [{"role": "system", "content": "weather"}])  # no user
+    assert names_a_tool(WEATHER, [*asked, {"role": "assistant", "content": "x"},
+                                  {"role": "tool", "content": "sunny"},
+                                  *user("And the weather in Rome?")])  # a new turn
+
+
+def test_the_server_asks_for_the_string_a_pressed_call_made_up(tiny_lm, serve):  # noqa: F811
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    script = Obliging(lm, "It is sunny.", HERMES_CALL % "Paris")
+    s = serve(lm, sampler_for=lambda sampling: script, protocol="hermes")
+    r = s.client.chat.completions.create(model="tiny", messages=user(
+        "What's the weather like?"), tools=[WEATHER[0].openai()])
+    assert r.choices[0].message.content == "To use get_weather I need the city: what is it?"
+    assert not r.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_would_call_is_what_greedy_decoding_opens(tiny_lm, protocol):
+    from mlx_agent.engine import greedy_sampler
+    from mlx_agent.grammar import tool_constraint
+    from mlx_agent.probe import would_call
+
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    fmt, engine = agent_format(protocol, lm), lm.engine()
+    for request in ("What's the weather in Oslo?", "Hello!", "Weather?", "Tell me a joke.",
+                    "Oslo, Rome, Paris: sunny?", "Use get_weather for Oslo."):
+        prompt = fmt.prompt_ids(user(request), WEATHER)
+        constraint = tool_constraint(lm, protocol, WEATHER, 64, "auto", parallel=False)
+        calls = would_call(engine, lm, protocol, prompt, constraint)
+        assert engine.tokens == prompt  # left as it found it
+        ids = list(engine.generate(greedy_sampler, max_tokens=4, stop_ids=lm.end_ids,
+                                   constraint=constraint))
+        start = lm.decode(ids) if protocol == "json" else ids[0]
+        greedy = start.startswith('{"tool"') if protocol == "json" \
+            else start == lm.encode("<tool_call>")[0]
+        assert calls is greedy, request
+
+
+@pytest.mark.real_model
+def test_the_bundled_model_would_call_for_a_tools_request_and_answer_a_greeting():
+    from mlx_agent.grammar import tool_constraint
+    from mlx_agent.models import default_adapter, load
+    from mlx_agent.probe import would_call
+
+    lm = load("smollm2-135m", adapter=default_adapter("smollm2-135m"))
+    fmt, engine = agent_format("json", lm), lm.engine()
+    for request, calls in (("What's the weather in Oslo today?", True),
+                           ("Hello! Who are you?", False)):
+        prompt = fmt.prompt_ids(user(request), WEATHER)
+        constraint = tool_constraint(lm, "json", WEATHER, 64, "auto", parallel=False)
+        assert would_call(engine, lm, "json", prompt, constraint) is calls, request
 
 
 @pytest.mark.real_model

@@ -70,8 +70,9 @@ class Counts(msgspec.Struct):
     retried_steps: int = 0  # steps made to call again after a call failed (retry_after_error)
     named_steps: int = 0  # first steps made to call the tool the request named (named_tool)
     mentioned_steps: int = 0  # first steps made a call: the request wrote a tool's name
+    # and the model would have answered
     stated_calls: int = 0  # calls the request's stated and copied values changed
-    unfounded_calls: int = 0  # calls on a number no one gave, made questions
+    unfounded_calls: int = 0  # calls on a value no one gave, made questions
 
 
 class Stats(Counts, Event, tag="stats", frozen=True, kw_only=True):

@@ -32,6 +32,7 @@ from ..grammar import GrammarError, forced_call, is_forced, ll_tokenizer, tool_c
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..described_tool import mentioned
+from ..probe import would_call
 from ..stated_arguments import complete_reply
 from ..text import TextStream
 from ..tokenizer import special_tokens
@@ -74,8 +75,9 @@ class AgentConfig:
     retry_after_error: int = RETRY_AFTER_ERROR
     # a request that tells the agent to use a tool by name ("Use the echo tool to ...")
     # makes the first step call it, where the choice is "auto" (see named_tool); with
-    # stated_arguments, so does one that writes a tool's name (described_tool.mentioned),
-    # and the call becomes a question to the user where it makes up a required value.
+    # stated_arguments, so does one that writes a tool's name (described_tool.mentioned)
+    # where the model would answer (probe.would_call), and the call becomes a question to
+    # the user where it makes up a required value.
     # Needs the grammar.
     follow_named_tool: bool = True
     # a turn's first call of another tool than the one the request describes is written
@@ -181,7 +183,7 @@ class Agent:
         self.log = TrajectoryLog(recorder, self.conversation.system_ids,
                                  self.conversation.system_text) if recorder else None
         self.forbidden = sorted(set(special_tokens(lm.tokenizer)) | set(fmt.markers))
-        self._constraints: dict[str, Constraint] = {}
+        self._constraints: dict[tuple[str, bool], Constraint] = {}
         self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
         self._called: set[str] = set()  # the tools they called
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
@@ -189,7 +191,7 @@ class Agent:
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
             for choice in choices:
-                self._constraint(choice)
+                self._constraint(choice, self.fmt.name == "hermes")  # json: one call a reply
         elif choices != {"auto"}:
             raise ValueError("tool_choice needs the grammar (the grammar is what enforces it)")
         system = len(self.conversation.system_ids)
@@ -288,18 +290,23 @@ class Agent:
                 and (named := named_tool(user_text, self.tools)) is not None):
             choice = named
             stats.named_steps += 1
+        # the request writes a tool's name, and the model would answer from its own
+        # knowledge: it must call (one tool), and is asked for what it would make up
         pressed = (step == 0 and choice == "auto" and user_text is not None
                    and self.config.grammar and self.config.stated_arguments
-                   and self.config.follow_named_tool
-                   and self._call_left() and bool(mentioned(list(self.tools.values()), user_text)))
-        if pressed:  # the request writes a tool's name: a call, not an answer from memory
+                   and self.config.follow_named_tool and self._call_left()
+                   and getattr(self.engine, "cache_mode", None) != "rotating"
+                   and bool(mentioned(list(self.tools.values()), user_text))
+                   and not would_call(self.engine, self.lm, self.fmt.name, prompt,
+                                      self._constraint("auto", self.fmt.name == "hermes")))
+        if pressed:
             choice = "required"
             stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
             choice, self._retries = "required", self._retries - 1
             stats.retried_steps += 1
-        q = self._query(choice)
+        q = self._query(choice, parallel=False if pressed else None)
         stats.generated_tokens += len(q.sampled)
         stats.guarded_steps += q.guarded_steps
         reply = parsed = self.fmt.parse(q.turn_text)
@@ -355,11 +362,13 @@ class Agent:
         self.conversation.add_results([(r.tool, content) for r, content in results])
         return _End("interrupted", interrupt=cut) if cut is not None else None
 
-    def _query(self, choice: str) -> _Query:
+    def _query(self, choice: str, parallel: bool | None = None) -> _Query:
         """Sample one reply under the tool choice ``choice`` until the scanner or the stop
-        token ends it (Ctrl-C: the reply so far stands)."""
-        scanner = self.fmt.scanner(parallel=self.fmt.name == "hermes")  # json: one call a reply
-        constraint = self._guarded(self._constraint(choice))
+        token ends it (Ctrl-C: the reply so far stands); ``parallel``: whether it may hold
+        several calls (by default hermes's may, json's one)."""
+        parallel = self.fmt.name == "hermes" if parallel is None else parallel
+        scanner = self.fmt.scanner(parallel=parallel)
+        constraint = self._guarded(self._constraint(choice, parallel))
         stream = TextStream(self.engine, self.lm.tokenizer, self.sampler,
                             max_tokens=self.config.max_tokens, stop_ids=self.lm.end_ids,
                             constraint=constraint)
@@ -463,14 +472,14 @@ class Agent:
         return LoopGuard(constraint, token_bytes(ll, self.lm.vocab_size),
                          [call_bytes(self.lm, ll, text) for text in self._made], ll)
 
-    def _constraint(self, choice: str) -> Constraint | None:
+    def _constraint(self, choice: str, parallel: bool) -> Constraint | None:
         """The grammar constraint for ``choice`` (None with the grammar off), reset."""
         if not self.config.grammar:
             return None
-        if choice not in self._constraints:
-            self._constraints[choice] = tool_constraint(
+        if (choice, parallel) not in self._constraints:
+            self._constraints[choice, parallel] = tool_constraint(
                 self.lm, self.fmt.name, list(self.tools.values()), self.config.max_tokens,
-                choice, parallel=self.fmt.name == "hermes")  # json: one call a reply
-        constraint = self._constraints[choice]
+                choice, parallel=parallel)
+        constraint = self._constraints[choice, parallel]
         constraint.reset()
         return constraint

@@ -46,6 +46,7 @@ from ..formats.scanner import NeverScanner
 from ..formats.streams import Passthrough
 from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
+from ..probe import would_call
 from ..stated_arguments import complete_reply, names_a_tool
 from ..text import TextStream
 from ..tools import Tool
@@ -88,7 +89,7 @@ class PreparedChat:
     prompt: list[int]
     constraint: Constraint | None
     max_tokens: int
-    pressed: bool = False  # tool choice auto, but the request wrote a tool's name: a call
+    pressed: bool = False  # tool choice auto, and the request writes a tool's name
 
 
 @dataclass
@@ -135,6 +136,7 @@ class Generated:
     finish: str  # stop, length, cancelled
     cached: int  # prompt tokens reused from the cache
     guarded_steps: bool = False
+    pressed: bool = False  # made a call: the request wrote a tool's name (ChatService._chat)
 
 
 class ChatService:
@@ -207,7 +209,7 @@ class ChatService:
                             call.max_tokens or self.default_max_tokens)
         prep.prompt = self._prompt(prep, call.messages)
         prep.pressed = self.stated_arguments and call.tool_choice == "auto" and not deferred \
-            and names_a_tool(prep.tools, call.messages)
+            and names_a_tool(prep.tools, call.messages)  # then a call where it would answer
         try:
             prep.constraint = self._constraint(prep, 0, call.messages)
         except GrammarError as e:  # the tools' grammar, unless it was the schema's
@@ -230,8 +232,10 @@ class ChatService:
         messages, prompt, constraint = list(prep.call.messages), prep.prompt, prep.constraint
         usage, hops, blocked = Usage(), 0, 0
         while True:
+            press = self._constraint(prep, hops, messages, pressed=True) \
+                if prep.pressed and hops == 0 else None
             gen = self._generate(lane, prep.call, prompt, prep.max_tokens, constraint, on_text,
-                                 cancelled, prep.fmt)
+                                 cancelled, prep.fmt, press=press)
             usage.prompt_tokens, usage.cached_tokens = len(prompt), gen.cached
             usage.completion_tokens += len(gen.ids)
             blocked += gen.guarded_steps
@@ -248,7 +252,7 @@ class ChatService:
                     stop=cancelled, choices=prep.tools if not prep.deferred
                     and prep.call.tool_choice in ("auto", "required") else (),
                     max_tokens=prep.max_tokens, may_answer=prep.call.tool_choice == "auto",
-                    pressed=prep.pressed)
+                    pressed=gen.pressed)
                 if not reply.calls:  # the call became a question to the user: shown as an
                     shown = gen.shown.feed(reply.content or "") + gen.shown.flush()  # answer is
                     if shown and on_text:
@@ -294,18 +298,19 @@ class ChatService:
                                f"{self.context_length}", param="messages")
         return prompt
 
-    def _constraint(self, prep: PreparedChat, hops: int,
-                    messages: list[dict]) -> Constraint | None:
+    def _constraint(self, prep: PreparedChat, hops: int, messages: list[dict],
+                    pressed: bool = False) -> Constraint | None:
         """The reply's grammar: the tools (plus get_tool_info while hops remain) less the
-        calls this turn already made, a response_format schema, or none."""
+        calls this turn already made, a response_format schema, or none; ``pressed``, one
+        call of the tools, whatever the request's tool choice."""
         call = prep.call
         if prep.tools:
             offer_info = prep.deferred and hops < MAX_HOPS and \
                 call.tool_choice in ("auto", "required")
             shown = prep.tools + ([get_tool_info_tool(prep.tools)] if offer_info else [])
-            choice = "required" if prep.pressed else call.tool_choice
             constraint = tool_constraint(self.lm, prep.fmt.name, shown, prep.max_tokens,
-                                         choice, call.parallel, bound_answer=False)
+                                         "required" if pressed else call.tool_choice,
+                                         call.parallel and not pressed, bound_answer=False)
             made = [] if self.allow_repeat_calls else _made(messages, prep.tools)
             if not made:
                 return constraint
@@ -363,10 +368,12 @@ class ChatService:
 
     def _generate(self, lane, call: ChatCall, prompt: list[int], max_tokens: int,
                   constraint: Constraint | None, on_text: OnText | None, cancelled: Cancelled,
-                  fmt: Format | None = None, continuation: bool = False) -> Generated:
+                  fmt: Format | None = None, continuation: bool = False,
+                  press: Constraint | None = None) -> Generated:
         """On ``lane`` (an engine and its KV slots): sync to ``prompt`` and sample until the
         stop token, the format's scanner, a stop string, the client leaving or the token
-        limit."""
+        limit; under ``press`` instead of ``constraint`` (one call) where the model would
+        answer (:func:`mlx_agent.probe.would_call`)."""
         engine, slots = lane
         shown = StopStrings(call.stop)
         if cancelled():  # the client left while this request waited its turn
@@ -380,6 +387,11 @@ class ChatService:
             cached = engine.sync(prompt, stop=cancelled).reused
         except PrefillStopped:
             return Generated("", shown, [], "cancelled", 0)
+        pressed = press is not None and fmt is not None \
+            and not would_call(engine, self.lm, fmt.name, prompt, constraint)
+        if pressed:
+            constraint, scanner = press, fmt.scanner(False)
+            constraint.reset()
         stream = TextStream(engine, self.lm.tokenizer, self.sampler_for(call.sampling),
                             max_tokens=max_tokens, stop_ids=self.lm.end_ids,
                             constraint=constraint, continuation=continuation)
@@ -405,7 +417,7 @@ class ChatService:
             on_text(tail)
         blocked = isinstance(constraint, LoopGuard) and constraint.interventions > 0
         return Generated(stream.text, shown, stream.ids, finish or stream.finish_reason, cached,
-                         blocked)
+                         blocked, pressed)
 
     def _cancelled(self, result: ChatResult) -> ChatResult:
         with self._count:
