@@ -64,7 +64,7 @@ from typing import Any, Callable, Collection, Sequence
 from .cache import ContextFull
 from .copied_values import (recopied, scaled_numbers, whole_lists, whole_places,
                             written_choices)
-from .described_tool import described_tool, mentioned
+from .described_tool import described_tool, mentioned, stems
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -227,6 +227,25 @@ def _subject(tool: Tool, name: str, text: str) -> bool:
     return any(writes_whole(o, text) for o in own)
 
 
+def _names_a_parameter(tool: Tool, name: str, text: str, request: str) -> bool:
+    """Whether ``text``, a free value of ``name`` (no enum or const: ``sort_by: "price"``
+    beside a ``price`` parameter is one), is a parameter's name instead: its words are the
+    name's, plural or not ("trophies" for ``mission`` or for ``trophy`` itself, from "with
+    different missions and trophies"), unless it is this parameter's own and the request
+    writes it right after a number, as a unit (``unit: "units"`` for "a base of 10
+    units")."""
+    schema = tool.properties.get(name)
+    one = schema.get("items") if isinstance(schema, dict) and schema.get("type") == "array" \
+        else schema
+    if isinstance(one, dict) and {"enum", "const"} & one.keys():
+        return False
+    said = stems(text)
+    if not said or not any(stems(p) == said for p in tool.properties):
+        return False
+    unit = rf"\d\s*{re.escape(text.strip())}(?!\w)"  # a number's unit: this parameter's value
+    return stems(name) != said or re.search(unit, request, re.IGNORECASE) is None
+
+
 def _unit_of_another(tool: Tool, name: str, text: str, request: str, arguments: dict) -> bool:
     """Whether the request writes ``text`` right after a number another argument took
     ("15 m\u00b3" where ``volume`` is 15): that argument's unit, not this parameter's,
@@ -248,8 +267,8 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict,
     """Whether ``request`` states ``value`` for ``tool``'s parameter ``name``, which none of
     the call's ``arguments`` holds: a string the request writes as whole words (case aside)
     that shares no text with an argument's string and no number with its numbers, and is
-    neither what the tool is about (:func:`_subject`) nor another argument's unit
-    (:func:`_unit_of_another`); a number it writes that no argument has; a list of such
+    neither what the tool is about (:func:`_subject`), another parameter's name
+    (:func:`_names_a_parameter`) nor another argument's unit (:func:`_unit_of_another`); a number it writes that no argument has; a list of such
     items; ``true`` for a flag whose name's words it uses (:func:`_flag_stated`); or one of
     the turn's tool ``results`` that the request passes on as this parameter
     (:func:`_piped`)."""
@@ -267,6 +286,7 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict,
                 and not any(low in s or (len(s) > 2 and s in low) for s in strings) \
                 and not (_numbers(low) & numbers) \
                 and not _subject(tool, name, v) \
+                and not _names_a_parameter(tool, name, v, request) \
                 and not _unit_of_another(tool, name, v, request, arguments)
         x = _number(v)
         return x is not None and x in said and x not in numbers

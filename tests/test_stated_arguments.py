@@ -77,6 +77,21 @@ def test_what_a_request_states(name, value, request_, arguments, expected):
     assert stated(TOOL, name, value, request_, arguments) is expected
 
 
+def test_a_parameters_name_is_not_a_value_stated():
+    tool = parse_tools(json.dumps([{"name": "game_rewards", "parameters": {
+        "type": "object", "properties": {
+            "game": {"type": "string"}, "mission": {"type": "string"},
+            "trophy": {"type": "string"}, "price": {"type": "number"},
+            "sort_by": {"type": "string", "enum": ["price", "date"]}},
+        "required": ["game"]}}]), runnable=False)[0]
+    request = "Rewards for Fortnite with different missions and trophies, sorted by price."
+    assert not stated(tool, "mission", "trophies", request, {"game": "Fortnite"})
+    assert not stated(tool, "trophy", "missions", request, {"game": "Fortnite"})
+    assert not stated(tool, "trophy", "trophies", request, {"game": "Fortnite"})  # its own
+    assert stated(tool, "mission", "different missions", request, {"game": "Fortnite"})
+    assert stated(tool, "sort_by", "price", request, {"game": "Fortnite"})  # an enum's value
+
+
 def test_what_the_tool_is_about_or_another_arguments_unit_is_not_stated():
     tool = BFCL_LIKE
     request = "Find the area of a triangle with a base of 10 units, 50 kilometers away."
