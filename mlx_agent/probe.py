@@ -153,9 +153,12 @@ def would_call(engine, lm, protocol: str, prompt: Sequence[int],
     """Whether the model, free to answer under ``constraint`` (the reply's grammar, tool
     choice auto), opens a call after ``prompt``, decoding greedily (what it finds most
     likely, whatever the reply's sampler): the json protocol's ``{"tool"`` rather than
-    ``{"answer"``, hermes's ``<tool_call>`` token first. A few tokens at most; the engine is
-    left holding ``prompt``, the constraint reset."""
+    ``{"answer"``, hermes's ``<tool_call>`` token first. A few tokens at most (True where the
+    context has no room for one: nothing is pressed then); the engine is left holding
+    ``prompt``, the constraint reset."""
     engine.sync(list(prompt))
+    if engine.room is not None and engine.room < 1:
+        return True
     if constraint is not None:
         constraint.reset()
     opening = '{"tool"' if protocol == "json" else None

@@ -323,6 +323,8 @@ def test_would_call_is_what_greedy_decoding_opens(tiny_lm, protocol):
         greedy = start.startswith('{"tool"') if protocol == "json" \
             else start == lm.encode("<tool_call>")[0]
         assert calls is greedy, request
+    full = lm.engine(context_length=len(prompt))  # no room for a reply: nothing to press
+    assert would_call(full, lm, protocol, prompt, constraint) and full.tokens == prompt
 
 
 @pytest.mark.real_model
