@@ -37,7 +37,10 @@ is taken at the scale the request writes it ("213 million": 213000000, not 213).
 that, a turn's first call of a tool other than the one the request describes
 (:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
 the reply may answer, a call on a required number no one gave becomes a question to the
-user (:mod:`mlx_agent.unfounded`).
+user (:mod:`mlx_agent.unfounded`), and so does one on a required string no one gave where
+the reply was pressed to be a call: :func:`names_a_tool` tells the agent and the server
+when a turn's first reply may be pressed (the request writes a tool's name; they press
+where the model would answer, :func:`mlx_agent.probe.would_call`).
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it was
 sampled, and so is every call with a rotating KV cache; a value the request implies without
