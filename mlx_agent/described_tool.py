@@ -131,7 +131,7 @@ details data api""".split())
 def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     """The tools whose name ``request`` writes: every stem of the name but those of
     :data:`DOING` is one of the request's (:func:`stems`: "the roots of" for
-    ``find_roots``, "a DNA sequence" for ``generate_DNA_sequence``); a name of only such
+    ``find_roots``, "generate a DNA sequence" for ``generate_DNA_sequence``); a name of only such
     words is written by no request."""
     said = stems(request)
     return [t for t in tools if (own := _tool_words(t.name, t.description,
