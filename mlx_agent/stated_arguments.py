@@ -48,14 +48,15 @@ writing it ("next week" for 7 days, "from rest" for 0) is not added, nor an obje
 is added only where the request uses every word of its name but a verb such as *include*
 (``include_human_impact``: "human", "impact"): as ``true``, not after a negation (within
 three words) or indifference ("not too concerned about the rating or whether smoking is
-allowed", :data:`INDIFFERENT`, within its clause); where the request asks for it plainly
-(:func:`_flag_plain`) without a probe (asked, the model wrote ``false`` for "detailed
-information" as readily as ``true``), elsewhere the model is asked. It is added as
-``false`` only where the request refuses it plainly ("don't include hourly",
-:func:`_flag_refused`), without a probe. A flag the model wrote is turned only where the
-request plainly says otherwise (:func:`flags_as_asked`). Each probe costs a short prefill
-and a few decoded tokens, up to :data:`MAX_PROBES` a call; a changed call's ids are its
-text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids the model sampled.
+allowed", :data:`~mlx_agent.flags.INDIFFERENT`, within its clause); where the request asks
+for it plainly (:func:`~mlx_agent.flags.flag_plain`) without a probe (asked, the model wrote
+``false`` for "detailed information" as readily as ``true``), elsewhere the model is asked.
+It is added as ``false`` only where the request refuses it plainly ("don't include hourly",
+:func:`~mlx_agent.flags.flag_refused`), without a probe. A flag the model wrote is turned
+only where the request plainly says otherwise (:func:`~mlx_agent.flags.flags_as_asked`).
+Each probe costs a short prefill and a few decoded tokens, up to :data:`MAX_PROBES` a call;
+a changed call's ids are its text's, tokenized (:func:`mlx_agent.probe.reply_ids`), not ids
+the model sampled.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from .cache import ContextFull
 from .copied_values import (recopied, scaled_numbers, whole_lists, whole_places,
                             written_choices)
 from .described_tool import described_tool, mentioned, stems
+from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -81,141 +83,15 @@ from .tools import Tool
 from .unfounded import question, unfounded
 
 MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
-# words a flag's name may hold that a request need not use ("include_images": "images")
-FLAG_VERBS = frozenset("""include includes is has use allow enable show with get should
-return want need do flag only add as by in of for to the""".split())
-NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
-# "not too concerned about the rating or whether smoking is allowed": no wish either way,
-# for what follows in the clause (up to ".", ";", "!", "?" or "but")
-INDIFFERENT = r"(?:not\s+(?:\w+\s+){0,2}(?:concerned|bothered|fussed|worried|picky)" \
-    r"|(?:don't|dont|do\s+not|doesn't|does\s+not)\s+(?:care|mind|matter))"
-
-
-def _flag_stated(name: str, request: str) -> bool:
-    """Every word of a flag's name but :data:`FLAG_VERBS` begins a word of the request
-    (up to its sixth letter: "detailed" for ``detailed``, "transfer" for ``allow_transfer``),
-    not after a negation nor after indifference (:data:`INDIFFERENT`) in its clause."""
-    words = [w.lower() for w in NAME_WORD.findall(name)]
-    words = [w for w in words if w not in FLAG_VERBS]
-    said = _words(request)
-    if not words or not all(any(s.startswith(w[:6]) for s in said) for w in words):
-        return False
-    # "do not include images", "excluding human impact": the request says false
-    if any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{re.escape(w[:6])}", request,
-                     re.IGNORECASE) for w in words):
-        return False
-    # "I don't mind whether it has a pool": it says neither, for the rest of the clause
-    for sentence in re.split(r"[.;!?]|\bbut\b", request, flags=re.IGNORECASE):
-        m = re.search(rf"\b{INDIFFERENT}\b", sentence, re.IGNORECASE)
-        if m and any(re.search(rf"\b{re.escape(w[:6])}", sentence[m.end():], re.IGNORECASE)
-                     for w in words):
-            return False
-    return True
-
-
-# a flag named so is false where it is said ("no_cache"): the model decides it
-NEGATIVE_NAMES = frozenset("no not non disable disabled skip exclude without hide ignore "
-                           "avoid".split())
-# a clause that may say false, or neither: "doesn't need", "not required", "optional",
-# "non-smoking", "with or without", "either is fine", "whatever"
-DOUBT = re.compile(r"n't\b|\b(?:not|no|non|never|dont|without|optional|except|excluding|excluded?"
-                   r"|skip|skipping|ignore|ignoring|drop|hide|avoid|omit|leave|rather|either"
-                   r"|whatever|any|unless|instead|mind|matter|concerned|bothered|fussed"
-                   r"|worried)\b", re.IGNORECASE)
-_CLAUSE = re.compile(r"[^.;!?]+[.;!?]?")
-_YES_NO = frozenset("is are does did has was were".split())  # "Is smoking allowed?"
-
-
-def _flag_clause(name: str, request: str, whole: bool = True) -> str | None:
-    """The request's first clause that writes every word of a flag's name but
-    :data:`FLAG_VERBS` whole (or as "-s", "-es", "-ed", "-d", "-ing"; not ``whole``: a
-    word that begins with its first six letters, "normalization" for ``normalize``), where
-    those words have four letters or more and no digit ("new", "all" and "24h" are read in
-    too many senses) and the name does not start with a word of :data:`NEGATIVE_NAMES`
-    (``no_cache``: true where the request says no); None where there is none."""
-    named = [w.lower() for w in NAME_WORD.findall(name)]
-    words = [w for w in named if w not in FLAG_VERBS]
-    if not words or named[0] in NEGATIVE_NAMES \
-            or any(len(w) < 4 or not w.isalpha() for w in words):
-        return None
-    said = [rf"\b{w}(?:s|es|ed|d|ing)?\b" if whole else rf"\b{w[:6]}" for w in words]
-    for m in _CLAUSE.finditer(request.replace("\u2019", "'")):
-        if all(re.search(w, m.group(), re.IGNORECASE) for w in said):
-            return m.group()
-    return None
-
-
-def _yes_no(clause: str) -> bool:
-    """Whether a clause is a yes-no question ("Is smoking allowed?")."""
-    first = clause.split(maxsplit=1)[0].lower() if clause.strip() else ""
-    return clause.endswith("?") and first in _YES_NO
-
-
-def _flag_plain(name: str, request: str, whole: bool = True) -> bool:
-    """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
-    in the clause that writes its name (:func:`_flag_clause`, its words ``whole``) no word
-    of :data:`DOUBT`, and not as a yes-no question. Where :func:`_flag_stated` holds but
-    this does not, the model is asked, as for any other parameter."""
-    clause = _flag_clause(name, request, whole)
-    return clause is not None and not DOUBT.search(clause) and not _yes_no(clause)
-
-
-def flags_as_asked(tool: Tool, arguments: dict, request: str) -> dict:
-    """``arguments`` with each flag the model wrote ``false`` where the request asks for it
-    plainly, its name's words read as the beginnings of words (:func:`_flag_plain` not
-    ``whole``: "apply normalization" for ``normalize``, "including visual outputs" for
-    ``include_visuals``) made ``true``, and each it wrote ``true`` where the request
-    refuses it plainly (:func:`_flag_refused`) made ``false``, where the schema takes it;
-    ``arguments`` itself where none is."""
-    out = arguments
-    for name, value in arguments.items():
-        refused = _flag_refused(name, request)
-        flip = value is False and not refused and _flag_plain(name, request, whole=False) \
-            or value is True and refused
-        if flip and not tool.validate({**out, name: not value}):
-            out = {**out, name: not value}
-    return out
-
-
-# a negation that asks for what follows: "don't forget the hourly forecast"
-KEEP = re.compile(rf"\b{NEGATIONS}\s+(?:forget|miss|hesitate|fail|omit|skip|leave)", re.IGNORECASE)
-# a clause that leaves a flag open though it negates: "with or without", "whether or not"
-OPEN = re.compile(r"\bwith\s+or\s+without\b|\bor\s+not\b|\bwhether\b|\beither\b",
-                  re.IGNORECASE)
-
-
-def _flag_refused(name: str, request: str) -> bool:
-    """Whether the request refuses a flag plainly, so it is set ``false`` without a probe
-    ("don't include hourly" for ``include_hourly``, "without a pool" for ``has_pool``): in
-    the clause that writes its name (:func:`_flag_clause`), one of :data:`NEGATIONS`
-    within three words before one of its words, and no indifference (:data:`INDIFFERENT`)
-    nor an open choice (:data:`OPEN`), not as a yes-no question."""
-    clause = _flag_clause(name, request)
-    if clause is None or _yes_no(clause) or OPEN.search(clause) \
-            or re.search(rf"\b{INDIFFERENT}\b", clause, re.IGNORECASE):
-        return False
-    words = [w for w in (w.lower() for w in NAME_WORD.findall(name)) if w not in FLAG_VERBS]
-    return not KEEP.search(clause) and any(
-        re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
-        for w in words)
-
-
 def _taken(arguments: dict) -> tuple[list[str], set[float]]:
     """The strings (stripped, lower case) and numbers the arguments hold, at any depth."""
-    strings, numbers, todo = [], set(), [arguments]
-    while todo:  # no recursion: a model's arguments may nest as deep as the parser allows
-        v = todo.pop()
-        if isinstance(v, bool):
-            continue
+    strings, numbers = [], set()
+    for v in leaves(arguments):
         if isinstance(v, str):
             strings.append(v.strip().lower())
             numbers |= _numbers(v)  # "March 3" holds 3
-        elif _number(v) is not None:
-            numbers.add(_number(v))
-        elif isinstance(v, dict):
-            todo += v.values()
-        elif isinstance(v, list):
-            todo += v
+        elif (x := _number(v)) is not None:  # not a flag
+            numbers.add(x)
     return strings, numbers
 
 
@@ -271,10 +147,10 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict,
     the call's ``arguments`` holds: a string the request writes as whole words (case aside)
     that shares no text with an argument's string and no number with its numbers, and is
     neither what the tool is about (:func:`_subject`), another parameter's name
-    (:func:`_names_a_parameter`) nor another argument's unit (:func:`_unit_of_another`); a number it writes that no argument has; a list of such
-    items; ``true`` for a flag whose name's words it uses (:func:`_flag_stated`); or one of
-    the turn's tool ``results`` that the request passes on as this parameter
-    (:func:`_piped`)."""
+    (:func:`_names_a_parameter`) nor another argument's unit (:func:`_unit_of_another`); a
+    number it writes that no argument has; a list of such items; ``true`` for a flag whose
+    name's words it uses (:func:`~mlx_agent.flags.flag_stated`); or one of the turn's tool
+    ``results`` that the request passes on as this parameter (:func:`_piped`)."""
     if _piped(name, value, request, results, arguments):
         return True
     strings, numbers = _taken(arguments)
@@ -295,7 +171,7 @@ def stated(tool: Tool, name: str, value: Any, request: str, arguments: dict,
         return x is not None and x in said and x not in numbers
 
     if value is True:
-        return _flag_stated(name, request)
+        return flag_stated(name, request)
     if isinstance(value, list):
         return bool(value) and len({json.dumps(v) for v in value}) == len(value) \
             and all(one(v) for v in value)
@@ -343,7 +219,7 @@ def _may_state(tool: Tool, name: str, request: str, arguments: dict,
     one = items if isinstance(items, dict) else schema
     kind = one.get("type")
     if kind == "boolean":
-        return _flag_stated(name, request)
+        return flag_stated(name, request)
     enum = one.get("enum")
     if isinstance(enum, list):
         return any(isinstance(v, str) and writes_whole(request, v) for v in enum) or \
@@ -361,17 +237,17 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     """``arguments`` with the optional parameters the request states added, each probed (in
     :meth:`Tool.argument_order`, where :func:`_may_state`) after ``prompt`` (the reply's
     prompt ids) and the call with the additions before it, a flag the request asks for
-    plainly (:func:`_flag_plain`) set ``true`` and one it refuses plainly
-    (:func:`_flag_refused`) ``false``, without a probe; ``arguments`` itself where none is.
-    A value one of the turn's tool ``results`` is whole is stated where the request passes
-    it on as that parameter (:func:`_piped`). ``stop`` is asked before each probe. The
-    engine is left wherever the last probe left it: sync before generating again."""
+    plainly (:func:`~mlx_agent.flags.flag_plain`) set ``true`` and one it refuses plainly
+    (:func:`~mlx_agent.flags.flag_refused`) ``false``, without a probe; ``arguments`` itself
+    where none is. A value one of the turn's tool ``results`` is whole is stated where the
+    request passes it on as that parameter (:func:`_piped`). ``stop`` is asked before each
+    probe. The engine is left wherever the last probe left it: sync before generating again."""
     left = [p for p in tool.argument_order() if p not in arguments and p not in tool.required]
     flags = [p for p in left if isinstance(tool.properties[p], dict)
              and tool.properties[p].get("type") == "boolean"]
     # asked, the model wrote false as often as true: where the request is plain, no probe
-    added = {p: True for p in flags if _flag_plain(p, request)} | \
-        {p: False for p in flags if _flag_refused(p, request)}
+    added = {p: True for p in flags if flag_plain(p, request)} | \
+        {p: False for p in flags if flag_refused(p, request)}
     for name in [p for p in left if p not in added
                  and _may_state(tool, p, request, arguments, results)][:MAX_PROBES]:
         if stop():  # the client left: no more probes for a reply no one will read
@@ -382,6 +258,11 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
                                         results):
             added[name] = value
     return {**arguments, **added} if added else arguments
+
+
+def _last_user(messages: Sequence[dict]) -> int | None:
+    """The index of the last user message: where the turn began (None: no user message)."""
+    return max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
 
 
 def request_text(messages: Sequence[dict]) -> str:
@@ -395,7 +276,7 @@ def names_a_tool(tools: Sequence[Tool], messages: Sequence[dict]) -> bool:
     last user message) and that message writes one of the ``tools``' names
     (:func:`mlx_agent.described_tool.mentioned`): the reply should be a call of one, not an
     answer from the model's own knowledge."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    last = _last_user(messages)
     return last is not None and not any(m["role"] == "tool" for m in messages[last:]) \
         and bool(mentioned(tools, text_of(messages[last].get("content"))))
 
@@ -404,7 +285,7 @@ def heard_text(messages: Sequence[dict]) -> str:
     """Every user message and the tool results after the last one, a line each: where a
     kept value may come from (not the server's get_tool_info answers, which hold the
     tools' schemas)."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    last = _last_user(messages) or 0
     return "\n".join(text_of(m.get("content")) for i, m in enumerate(messages)
                      if m["role"] == "user" or m["role"] == "tool" and i > last
                      and m.get("name") != GET_TOOL_INFO)
@@ -415,7 +296,7 @@ def turn_results(messages: Sequence[dict]) -> list[str]:
     get_tool_info answers): each one's text, stripped, and where it is JSON (as the agent
     writes a result: ``{"tool": ..., "stdout": ...}``), each string in it, stripped, and
     each number but 0 and 1 (an exit code), as JSON writes it: what a call may pass on."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    last = _last_user(messages) or 0
     out = []
     for m in messages[last + 1:]:
         if m["role"] != "tool" or m.get("name") == GET_TOOL_INFO:
@@ -432,28 +313,18 @@ def turn_results(messages: Sequence[dict]) -> list[str]:
     return out
 
 
-def _unheard_flag(name: str, value: Any, said: Heard) -> bool:
-    """Whether ``value`` is a flag whose name no word of ``said`` speaks of: no word of
-    the name but :data:`FLAG_VERBS` (of three letters or more) begins a word there, up to
-    its fifth letter ("formatted" in "format")."""
-    words = [w for w in (w.lower() for w in NAME_WORD.findall(name))
-             if w not in FLAG_VERBS and len(w) > 2]
-    return isinstance(value, bool) and bool(words) \
-        and not any(said.begins_a_word(w[:5]) for w in words)
-
-
 def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     """``arguments`` without the optional ones whose value ``heard`` (the user's messages
     and the turn's tool results) never writes (:meth:`Heard.made_up`), and without the
-    optional flags it never speaks of (:func:`_unheard_flag`: ``is_unisex: false`` for "find
-    a salon in Fremont"): the tool's own default stands for a value the model made up.
-    ``arguments`` itself where none is, or where the tool requires nothing (its schema then
-    says nothing of what is optional)."""
+    optional flags it never speaks of (:func:`~mlx_agent.flags.unheard_flag`: ``is_unisex:
+    false`` for "find a salon in Fremont"): the tool's own default stands for a value the
+    model made up. ``arguments`` itself where none is, or where the tool requires nothing
+    (its schema then says nothing of what is optional)."""
     if not tool.required:
         return arguments
     said = Heard(heard)
     kept = {k: v for k, v in arguments.items() if k in tool.required
-            or not said.made_up(v) and not _unheard_flag(k, v, said)}
+            or not said.made_up(v) and not unheard_flag(k, v, said)}
     return arguments if len(kept) == len(arguments) else kept
 
 
@@ -473,7 +344,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     its made-up optional arguments dropped (:func:`without_made_up`, against
     :func:`heard_text`), its garbled copies copied again, its places and lists whole and its
     numbers at the request's scale (:mod:`mlx_agent.copied_values`), its flags as the
-    request asks (:func:`flags_as_asked`), and the stated optional arguments added
+    request asks (:func:`~mlx_agent.flags.flags_as_asked`), and the stated optional arguments added
     (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`); where
     ``may_answer`` (the tool choice is auto), a call that is then
     :func:`~mlx_agent.unfounded.unfounded` becomes an answer that asks the user for its
@@ -545,7 +416,7 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
     required string it writes is made up (:func:`_invents`: a chain's second tool, whose
     id the first call would find, is not called first); ``tool`` and ``arguments`` as
     they were otherwise (a later call of a chain is read as the model made it)."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=0)
+    last = _last_user(messages) or 0
     if any(m["role"] == "tool" for m in messages[last:]):
         return tool, arguments
     request = request_text(messages)

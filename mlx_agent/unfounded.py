@@ -21,8 +21,8 @@ W"); only numbers are read (a required string the model made up is kept: on BFCL
 that rule refused right calls and no wrong ones), except in a reply that had to be a call
 because the request wrote a tool's name (``strings``: "What's the weather?" with a
 ``get_weather`` tool asks for the city rather than make one up, read against the user's
-messages and the turn's results alone); a reply of several calls,
-and a tool that requires nothing, are not read; the question is in English.
+messages and the turn's results alone); a reply of several calls, and a tool that requires
+nothing, are not read; the question is in English.
 """
 
 from __future__ import annotations

@@ -1,0 +1,156 @@
+"""What a request says of a flag (a boolean parameter), by its name's words: asked for,
+refused, or neither.
+
+A flag's name holds the words a request uses for it, less verbs such as *include*
+(:data:`FLAG_VERBS`: ``include_human_impact`` is "human", "impact"). :func:`flag_stated`:
+the request uses them, not after a negation or indifference, so the model may be asked for
+the flag's value; :func:`flag_plain`: it asks for the flag plainly, in one clause with no
+doubt in it (set ``true`` without asking the model, which wrote ``false`` for "detailed
+information" as readily as ``true``); :func:`flag_refused`: it refuses the flag plainly
+("don't include hourly"); :func:`flags_as_asked` turns a flag the model wrote against what
+the request plainly says; :func:`unheard_flag`: the conversation never speaks of it (the
+model made it up). :mod:`mlx_agent.stated_arguments` uses them on a call.
+
+Not promised: English, read by spelling; a flag named for its negative (``no_cache``,
+:data:`NEGATIVE_NAMES`) is never read as asked for or refused; a name's words of three
+letters or fewer ("new", "all") or with digits ("24h") are never read plainly.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .heard import NAME_WORD, Heard
+from .heard import words as _words
+from .tools import Tool
+
+# words a flag's name may hold that a request need not use ("include_images": "images")
+FLAG_VERBS = frozenset("""include includes is has use allow enable show with get should
+return want need do flag only add as by in of for to the""".split())
+NEGATIONS = r"(?:not|no|without|excluding|exclude|don't|dont|never|skip)"
+# "not too concerned about the rating or whether smoking is allowed": no wish either way,
+# for what follows in the clause (up to ".", ";", "!", "?" or "but")
+INDIFFERENT = r"(?:not\s+(?:\w+\s+){0,2}(?:concerned|bothered|fussed|worried|picky)" \
+    r"|(?:don't|dont|do\s+not|doesn't|does\s+not)\s+(?:care|mind|matter))"
+
+
+def flag_stated(name: str, request: str) -> bool:
+    """Every word of a flag's name but :data:`FLAG_VERBS` begins a word of the request
+    (up to its sixth letter: "detailed" for ``detailed``, "transfer" for ``allow_transfer``),
+    not after a negation nor after indifference (:data:`INDIFFERENT`) in its clause."""
+    words = [w.lower() for w in NAME_WORD.findall(name)]
+    words = [w for w in words if w not in FLAG_VERBS]
+    said = _words(request)
+    if not words or not all(any(s.startswith(w[:6]) for s in said) for w in words):
+        return False
+    # "do not include images", "excluding human impact": the request says false
+    if any(re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{re.escape(w[:6])}", request,
+                     re.IGNORECASE) for w in words):
+        return False
+    # "I don't mind whether it has a pool": it says neither, for the rest of the clause
+    for sentence in re.split(r"[.;!?]|\bbut\b", request, flags=re.IGNORECASE):
+        m = re.search(rf"\b{INDIFFERENT}\b", sentence, re.IGNORECASE)
+        if m and any(re.search(rf"\b{re.escape(w[:6])}", sentence[m.end():], re.IGNORECASE)
+                     for w in words):
+            return False
+    return True
+
+
+# a flag named so is false where it is said ("no_cache"): the model decides it
+NEGATIVE_NAMES = frozenset("no not non disable disabled skip exclude without hide ignore "
+                           "avoid".split())
+# a clause that may say false, or neither: "doesn't need", "not required", "optional",
+# "non-smoking", "with or without", "either is fine", "whatever"
+DOUBT = re.compile(r"n't\b|\b(?:not|no|non|never|dont|without|optional|except|excluding|excluded?"
+                   r"|skip|skipping|ignore|ignoring|drop|hide|avoid|omit|leave|rather|either"
+                   r"|whatever|any|unless|instead|mind|matter|concerned|bothered|fussed"
+                   r"|worried)\b", re.IGNORECASE)
+_CLAUSE = re.compile(r"[^.;!?]+[.;!?]?")
+_YES_NO = frozenset("is are does did has was were".split())  # "Is smoking allowed?"
+
+
+def _clause(name: str, request: str, whole: bool = True) -> str | None:
+    """The request's first clause that writes every word of a flag's name but
+    :data:`FLAG_VERBS` whole (or as "-s", "-es", "-ed", "-d", "-ing"; not ``whole``: a
+    word that begins with its first six letters, "normalization" for ``normalize``), where
+    those words have four letters or more and no digit ("new", "all" and "24h" are read in
+    too many senses) and the name does not start with a word of :data:`NEGATIVE_NAMES`
+    (``no_cache``: true where the request says no); None where there is none."""
+    named = [w.lower() for w in NAME_WORD.findall(name)]
+    words = [w for w in named if w not in FLAG_VERBS]
+    if not words or named[0] in NEGATIVE_NAMES \
+            or any(len(w) < 4 or not w.isalpha() for w in words):
+        return None
+    said = [rf"\b{w}(?:s|es|ed|d|ing)?\b" if whole else rf"\b{w[:6]}" for w in words]
+    for m in _CLAUSE.finditer(request.replace("\u2019", "'")):
+        if all(re.search(w, m.group(), re.IGNORECASE) for w in said):
+            return m.group()
+    return None
+
+
+def _yes_no(clause: str) -> bool:
+    """Whether a clause is a yes-no question ("Is smoking allowed?")."""
+    first = clause.split(maxsplit=1)[0].lower() if clause.strip() else ""
+    return clause.endswith("?") and first in _YES_NO
+
+
+def flag_plain(name: str, request: str, whole: bool = True) -> bool:
+    """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
+    in the clause that writes its name (:func:`_clause`, its words ``whole``) no word
+    of :data:`DOUBT`, and not as a yes-no question. Where :func:`flag_stated` holds but
+    this does not, the model is asked, as for any other parameter."""
+    clause = _clause(name, request, whole)
+    return clause is not None and not DOUBT.search(clause) and not _yes_no(clause)
+
+
+def flags_as_asked(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each flag the model wrote ``false`` where the request asks for it
+    plainly, its name's words read as the beginnings of words (:func:`flag_plain` not
+    ``whole``: "apply normalization" for ``normalize``, "including visual outputs" for
+    ``include_visuals``) made ``true``, and each it wrote ``true`` where the request
+    refuses it plainly (:func:`flag_refused`) made ``false``, where the schema takes it;
+    ``arguments`` itself where none is."""
+    out = arguments
+    for name, value in arguments.items():
+        if not isinstance(value, bool):
+            continue
+        refused = flag_refused(name, request)
+        flip = not value and not refused and flag_plain(name, request, whole=False) \
+            or value and refused
+        if flip and not tool.validate({**out, name: not value}):
+            out = {**out, name: not value}
+    return out
+
+
+# a negation that asks for what follows: "don't forget the hourly forecast"
+KEEP = re.compile(rf"\b{NEGATIONS}\s+(?:forget|miss|hesitate|fail|omit|skip|leave)", re.IGNORECASE)
+# a clause that leaves a flag open though it negates: "with or without", "whether or not"
+OPEN = re.compile(r"\bwith\s+or\s+without\b|\bor\s+not\b|\bwhether\b|\beither\b",
+                  re.IGNORECASE)
+
+
+def flag_refused(name: str, request: str) -> bool:
+    """Whether the request refuses a flag plainly, so it is set ``false`` without a probe
+    ("don't include hourly" for ``include_hourly``, "without a pool" for ``has_pool``): in
+    the clause that writes its name (:func:`_clause`), one of :data:`NEGATIONS`
+    within three words before one of its words, and no indifference (:data:`INDIFFERENT`)
+    nor an open choice (:data:`OPEN`), not as a yes-no question."""
+    clause = _clause(name, request)
+    if clause is None or _yes_no(clause) or OPEN.search(clause) \
+            or re.search(rf"\b{INDIFFERENT}\b", clause, re.IGNORECASE):
+        return False
+    words = [w for w in (w.lower() for w in NAME_WORD.findall(name)) if w not in FLAG_VERBS]
+    return not KEEP.search(clause) and any(
+        re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
+        for w in words)
+
+
+def unheard_flag(name: str, value: Any, said: Heard) -> bool:
+    """Whether ``value`` is a flag whose name no word of ``said`` speaks of: no word of
+    the name but :data:`FLAG_VERBS` (of three letters or more) begins a word there, up to
+    its fifth letter ("formatted" in "format")."""
+    words = [w for w in (w.lower() for w in NAME_WORD.findall(name))
+             if w not in FLAG_VERBS and len(w) > 2]
+    return isinstance(value, bool) and bool(words) \
+        and not any(said.begins_a_word(w[:5]) for w in words)
