@@ -1,5 +1,6 @@
 """A call's values as the request writes them: a garbled copy copied again, a place and a
-list whole, the enum's value the request names, a number at the scale it writes.
+list whole, the enum's value the request names, a number at the scale and with the sign it
+writes, a rate as the fraction its percentage means.
 
 A small model copying a phrase from the request garbles some of it: "Lasagna" for "Los
 Angeles", "nucleus" for "neutron", "Bron LeBron James", ``make the dish to "extra spicy"``
@@ -9,7 +10,8 @@ Latvia", "2020 Addison Street" for "2020 Addison Street, Berkeley, CA, USA", "So
 Texas, and a tool that asks for "the city and state" needs it. A list of numbers loses
 or repeats an item. Of an enum's values, the model picks one the request never wrote
 ("cat" for "add a vet visit with the hamster option"). And it writes "100 million shares"
-as 100.
+as 100, "1e-9" as 1.0, "-122.2730" or "119.5383 W" as 122.273, and "an interest rate of
+5%" as 5 where the formula takes 0.05.
 
 :func:`recopied`: a string argument with a word of letters that neither the user's
 messages, the turn's tool results nor the tool's schema write (:func:`garbled`) is probed
@@ -37,8 +39,17 @@ word's start: "postgres" is in "PostgreSQL") is made the one other value of that
 writes as whole words ("news", "app balance", "hot air" for ``hot_air``), unless it writes
 two or another argument holds it.
 
-:func:`scaled_numbers`: a number the request writes before a scale word ("213 million") is
-the number it means, not 213, where the parameter is not counted in that unit.
+:func:`named_choices`: a list of an enum's values is the values the request names, in its
+order ("the rating and player count" for ``["player count"]``), where the model's list is
+empty or left out, or holds only values the request names and fewer of them.
+
+:func:`scaled_numbers`: a number the request writes before a scale word ("213 million") or
+with a power of ten ("1e-9", "3.2 x 10^5") is the number it means, not 213 or 1, where the
+parameter is not counted in that unit. :func:`signed_numbers`: a number the request writes
+only negative ("-122.2730", or the west longitude of "37.8651 N, 119.5383 W") keeps its
+sign. :func:`percent_rates`: "an annual interest rate of 5%" is 0.05 for a rate (a return, a
+yield, a growth, or a parameter that says it is a decimal), 5 for a parameter that says it
+is a percentage.
 
 :func:`whole_places`: each string argument of a place parameter (:func:`is_place`, by its
 name: "location", "pickup_city", "loc") that runs on into another parameter (" Tunis, litres
@@ -74,7 +85,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
-from .heard import (NAME_WORD, NUMBER, SCALE_WORDS, Heard, number, number_runs,
+from .heard import (NAME_WORD, NUMBER, SCALE_WORDS, Heard, leaves, number, number_runs,
                     writes_whole)
 from .probe import PROBE_CHARS, likelihood, probe
 from .tools import Tool
@@ -83,6 +94,7 @@ LIKENESS = 0.3  # the least SequenceMatcher ratio of a garbled value and its phr
 MARGIN = 2.0  # nats: how much less likely than its own value the model may find the phrase
 PHRASE_WORDS = 8  # the longest phrase of the request a copy may take, in words
 PHRASE_CHARS = 2000  # phrases come from the request's first so many characters
+REQUEST_CHARS = 16_000  # numbers come from the request's first so many characters
 MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
 # a value longer than this shares under LIKENESS of its letters with any phrase (of at most
 # PROBE_CHARS): 2 * PROBE_CHARS / (length + PROBE_CHARS) < LIKENESS
@@ -306,6 +318,39 @@ def place_alone(tool: Tool, name: str, value: str, request: str) -> str:
     return head.strip() or value
 
 
+# what joins a value to another argument's that ran into it: "London 2022/08/16",
+# "New York to Los Angeles", "London, United Kingdom"
+_JOINS = re.compile(r"(?:\s*[,;:]\s*|\s+-\s+|\s+(?:to|at|in|on|for|from|and|with)\s+)$",
+                    re.IGNORECASE)
+
+
+def apart_values(tool: Tool, arguments: dict) -> dict:
+    """``arguments`` with each top-level string (of a parameter with no enum or const) that
+    ends with another argument's string whole, joined by a comma or a word such as "to"
+    (:data:`_JOINS`), or by a space where that string has a digit (a date, a year), cut to
+    what comes before, where that holds a word of three
+    letters or more ("New York" of "New York to Los Angeles" beside ``end: "Los Angeles"``;
+    not "1st" of "1st June 2022") and the schema takes it: a value the model ran on into
+    the next one's; ``arguments`` itself where none is."""
+    strings = {k: v.strip() for k, v in arguments.items()
+               if isinstance(v, str) and len(v.strip()) >= 3}
+    out = arguments
+    for name, value in strings.items():
+        schema = tool.properties.get(name)
+        if isinstance(schema, dict) and {"enum", "const"} & schema.keys():
+            continue
+        for other, held in strings.items():
+            head = value[:-len(held)] if other != name and len(value) > len(held) \
+                and value.lower().endswith(held.lower()) else ""
+            join = _JOINS.search(head) or (re.search(r"\s+$", head) if re.search(r"\d", held)
+                                           else None)  # "London 2022/08/16", not "Hotel
+            rest = head[:join.start()].rstrip(" ,;:-") if join else ""  # California"
+            if re.search(r"[A-Za-z]{3}", rest) and not tool.validate({**out, name: rest}):
+                out = {**out, name: rest}
+                break
+    return out
+
+
 def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each place (a string argument of a parameter :func:`is_place`)
     that runs on into another parameter cut back to the place (:func:`place_alone`), and
@@ -328,21 +373,33 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
 
 _SCALE = re.compile(rf"(?<![\w.,])(\d+(?:,\d{{3}})*(?:\.\d+)?)\s*({'|'.join(SCALE_WORDS)})\b",
                     re.IGNORECASE)
+# a power of ten: "1e-9", "2.5E+3", "3.2 x 10^5", "6.02×10^23" (not "123e4567" in an id)
+_POWER = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)(?:[eE]|\s*[x\u00d7*]\s*10\s*\^\s*)"
+                    r"([-+]?\d{1,3})(?![\w.])")
+
+
+def _scales(text: str) -> list[tuple[float, float, str, int]]:
+    """Each number ``text`` writes at a scale: its digits, the scale, the scale's word
+    (a power of ten's is "e"), and where it starts."""
+    said = [(float(m.group(1).replace(",", "")), SCALE_WORDS[m.group(2).lower()],
+             m.group(2).lower(), m.start()) for m in _SCALE.finditer(text)]
+    return said + [(float(m.group(1)), 10.0 ** int(m.group(2)), "e", m.start())
+                   for m in _POWER.finditer(text)]
 
 
 def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each top-level number that the request writes before a scale
-    word ("213 million", "1.5 billion": :data:`~mlx_agent.heard.SCALE_WORDS`), and nowhere
-    without one, made the number it means (213000000, to 12 significant digits), unless the
-    parameter's name or description has that word ("population in millions"), another
-    argument holds that number already ("2 million dollars among 2 heirs" leaves the heirs
-    at 2) or the schema refuses it; ``arguments`` itself where none is."""
-    head = request[:PHRASE_CHARS * 8]  # a request's numbers: the first 16,000 characters
-    said = [(float(m.group(1).replace(",", "")), m.group(2).lower(), m.start())
-            for m in _SCALE.finditer(head)]
+    word ("213 million", "1.5 billion": :data:`~mlx_agent.heard.SCALE_WORDS`) or with a
+    power of ten ("1e-9", "3.2 x 10^5"), and nowhere without one, made the number it means
+    (213000000, 1e-09, to 12 significant digits), unless the parameter's name or
+    description has that word ("population in millions"), another argument holds that
+    number already ("2 million dollars among 2 heirs" leaves the heirs at 2) or the schema
+    refuses it; ``arguments`` itself where none is."""
+    head = request[:REQUEST_CHARS]
+    said = _scales(head)
     if not said:
         return arguments
-    starts = {at for _, _, at in said}
+    starts = {at for *_, at in said}
     plain = {float(m.group().replace(",", "")) for m in NUMBER.finditer(head)
              if m.start() not in starts and not m.group(1)}
     out = arguments
@@ -350,12 +407,96 @@ def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
         x, schema = number(value), tool.properties.get(name)
         about = f"{name} {schema.get('description', '')}".lower() \
             if isinstance(schema, dict) else name.lower()
-        scales = {word for n, word, _ in said if n == x and word not in about}
+        scales = {(scale, word) for n, scale, word, _ in said
+                  if n == x and (word == "e" or word not in about)}
         if x is None or x in plain or len(scales) != 1:
             continue
-        meant = float(f"{x * SCALE_WORDS[scales.pop()]:.12g}")
-        meant = int(meant) if meant.is_integer() else meant
+        meant = float(f"{x * scales.pop()[0]:.12g}")
+        meant = int(meant) if meant.is_integer() and abs(meant) < 2 ** 53 else meant
         if math.isfinite(meant) and all(number(v) != meant for v in out.values()) \
+                and not tool.validate({**out, name: meant}):
+            out = {**out, name: meant}
+    return out
+
+
+# a coordinate pair with its hemispheres: "33.4484 N, 112.0740 W", "37.8\u00b0S 144.9\u00b0E"
+_HEMISPHERES = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s*\u00b0?\s*([NS])\b[\s,;/]*(?:and\s+)?"
+                          r"(\d+(?:\.\d+)?)\s*\u00b0?\s*([EW])\b")
+
+
+def _signs(text: str) -> tuple[set[float], set[float]]:
+    """The numbers ``text`` writes negative ("-122.27", a south latitude or a west
+    longitude of a coordinate pair) and those it writes positive."""
+    negative, positive, marked = set(), set(), set()
+    for m in _HEMISPHERES.finditer(text):
+        for digits, side, at in ((m.group(1), m.group(2), m.start(1)),
+                                 (m.group(3), m.group(4), m.start(3))):
+            (negative if side in "SW" else positive).add(float(digits))
+            marked.add(at)
+    for m in NUMBER.finditer(text):
+        if m.start() not in marked and not m.group(1):
+            x = float(m.group().replace(",", ""))
+            (negative if x < 0 else positive).add(abs(x))
+    return negative, positive
+
+
+def signed_numbers(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level number, or number in a list of numbers, that the
+    request writes only negative ("-122.2730", or "119.5383 W" in a coordinate pair:
+    :data:`_HEMISPHERES`) but the model wrote without its sign, made negative, where no
+    other argument holds that negative number and the schema takes it; ``arguments``
+    itself where none is."""
+    negative, positive = _signs(request[:REQUEST_CHARS])
+    only = negative - positive
+    if not only:
+        return arguments
+    held = {number(v) for v in leaves(arguments)}
+
+    def signed(v: Any) -> Any:
+        x = number(v)
+        return -v if x is not None and x > 0 and x in only and -x not in held else v
+
+    out = arguments
+    for name, value in arguments.items():
+        new = [signed(v) for v in value] if _numbers_of(tool, name, value) is not None \
+            else signed(value)
+        if new != value and not tool.validate({**out, name: new}):
+            out = {**out, name: new}
+    return out
+
+
+# a parameter a formula reads as a fraction ("an annual interest rate of 5%": 0.05)
+_RATE = re.compile(r"\b(?:rates?|returns?|yields?|growth|decimal|fraction)\b", re.IGNORECASE)
+# one that takes the percentage itself ("the yearly yield as a percentage", "volume_percent")
+_PERCENT_WORD = re.compile(r"percent|pct\b", re.IGNORECASE)
+_PERCENT = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b)",
+                      re.IGNORECASE)
+
+
+def percent_rates(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level number that the request writes as a percentage
+    ("5%", "5 percent"), and nowhere bare, made its fraction (0.05) where the parameter is
+    a rate, a return, a yield or a growth, or says it is a decimal or a fraction (its name
+    or description), unless it says it is a percentage ("as a percentage",
+    ``capture_percentage``); ``arguments`` itself where none is. A formula's rate is a
+    fraction: "5% is 0.05", as the tools that say so write it."""
+    head = request[:REQUEST_CHARS]
+    percents = {float(m.group(1)): m.start() for m in _PERCENT.finditer(head)}
+    if not percents:
+        return arguments
+    starts = set(percents.values())
+    plain = {float(m.group().replace(",", "")) for m in NUMBER.finditer(head)
+             if m.start() not in starts and not m.group(1)}
+    out = arguments
+    for name, value in arguments.items():
+        x, schema = number(value), tool.properties.get(name)
+        about = f"{' '.join(NAME_WORD.findall(name))} " \
+            f"{schema.get('description', '') if isinstance(schema, dict) else ''}"
+        if x is None or x not in percents or x in plain or not _RATE.search(about) \
+                or _PERCENT_WORD.search(about.replace("%", " ")):
+            continue
+        meant = float(f"{x / 100:.12g}")
+        if all(number(v) != meant for v in out.values()) \
                 and not tool.validate({**out, name: meant}):
             out = {**out, name: meant}
     return out
@@ -390,6 +531,46 @@ def written_choices(tool: Tool, arguments: dict, request: str) -> dict:
         if len(said) == 1 and said[0].strip().lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: said[0]}):
             out = {**out, name: said[0]}
+    return out
+
+
+def _choice_at(request: str, value: str) -> int | None:
+    """Where the request first names an enum's value by its words, in order, each as the
+    start of a word (a plural's without its "s": "points" names ``Points``, "rebound"
+    names ``Rebounds``), with at most one other word between two of them ("high and low
+    temperatures" names ``high_low_temperature``); None where it does not, or where a word
+    has fewer than three letters (a value of one word: four; "all" and "new" are said in
+    passing)."""
+    parts = [w.lower() for w in NAME_WORD.findall(value)]
+    if not parts or any(len(w) < 3 for w in parts) or len(parts) == 1 and len(parts[0]) < 4:
+        return None
+    stems = [re.escape(w[:-1] if w.endswith("s") and len(w) > 3 else w) for w in parts]
+    m = re.search(r"\b" + r"\w*\W+(?:\w+\W+)?".join(stems) + r"\w*", request, re.IGNORECASE)
+    return m.start() if m else None
+
+
+def named_choices(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each list of an enum's strings (a parameter whose items have an
+    enum) made the values the request names (:func:`_choice_at`), in the order it names
+    them, where it names two or more and the model's list holds none it does not name
+    ("points and rebounds" for ``metrics: ["Points"]``), or where the list is empty or
+    left out and the request names one or more; ``arguments`` itself where none is, or
+    where the schema refuses the list."""
+    out = arguments
+    for name, schema in tool.properties.items():
+        items = schema.get("items") if isinstance(schema, dict) \
+            and schema.get("type") == "array" else None
+        enum = items.get("enum") if isinstance(items, dict) else None
+        value = arguments.get(name)
+        if not isinstance(enum, list) or not (value is None or isinstance(value, list)):
+            continue
+        at = {v: i for v in enum if isinstance(v, str)
+              and (i := _choice_at(request[:REQUEST_CHARS], v)) is not None}
+        named = sorted(at, key=at.get)
+        if not named or named == value or value and (len(named) < 2 or set(value) - set(named)):
+            continue
+        if not tool.validate({**out, name: named}):
+            out = {**out, name: named}
     return out
 
 

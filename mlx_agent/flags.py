@@ -11,8 +11,9 @@ information" as readily as ``true``); :func:`flag_refused`: it refuses the flag 
 the request plainly says; :func:`unheard_flag`: the conversation never speaks of it (the
 model made it up). :mod:`mlx_agent.stated_arguments` uses them on a call.
 
-Not promised: English, read by spelling; a flag named for its negative (``no_cache``,
-:data:`NEGATIVE_NAMES`) is never read as asked for or refused; a name's words of three
+Not promised: English, read by spelling; a flag named for a short negative (``no_cache``,
+:data:`NEGATIVE_NAMES`) is never read as asked for or refused, one named for a longer one
+(``avoid_tolls``) only where the request writes that word too; a name's words of three
 letters or fewer ("new", "all") or with digits ("24h") are never read plainly.
 """
 
@@ -70,19 +71,28 @@ _CLAUSE = re.compile(r"[^.;!?]+[.;!?]?")
 _YES_NO = frozenset("is are does did has was were".split())  # "Is smoking allowed?"
 
 
+def _word(w: str, whole: bool) -> str:
+    """A pattern for a word of a flag's name in a request: whole (or as "-s", "-es", "-ed",
+    "-d", "-ing"), or not ``whole``, a word that begins with its first six letters; a plural
+    name's word also in the singular ("toll" for ``avoid_tolls``)."""
+    stem = w[:-1] if w.endswith("s") and len(w) > 4 else w
+    return rf"\b{stem}(?:s|es|ed|d|ing)?\b" if whole else rf"\b{stem[:6]}"
+
+
 def _clause(name: str, request: str, whole: bool = True) -> str | None:
     """The request's first clause that writes every word of a flag's name but
-    :data:`FLAG_VERBS` whole (or as "-s", "-es", "-ed", "-d", "-ing"; not ``whole``: a
-    word that begins with its first six letters, "normalization" for ``normalize``), where
-    those words have four letters or more and no digit ("new", "all" and "24h" are read in
-    too many senses) and the name does not start with a word of :data:`NEGATIVE_NAMES`
-    (``no_cache``: true where the request says no); None where there is none."""
+    :data:`FLAG_VERBS` (:func:`_word`, ``whole`` or not: "normalization" for ``normalize``),
+    where those words have four letters or more and no digit ("new", "all" and "24h" are
+    read in too many senses) and the name does not start with a short word of
+    :data:`NEGATIVE_NAMES` (``no_cache``: true where the request says no; a longer one,
+    ``avoid_tolls``, is a word the clause must write: "with toll roads avoided"); None
+    where there is none."""
     named = [w.lower() for w in NAME_WORD.findall(name)]
     words = [w for w in named if w not in FLAG_VERBS]
-    if not words or named[0] in NEGATIVE_NAMES \
+    if not words or named[0] in NEGATIVE_NAMES and len(named[0]) < 4 \
             or any(len(w) < 4 or not w.isalpha() for w in words):
         return None
-    said = [rf"\b{w}(?:s|es|ed|d|ing)?\b" if whole else rf"\b{w[:6]}" for w in words]
+    said = [_word(w, whole) for w in words]
     for m in _CLAUSE.finditer(request.replace("\u2019", "'")):
         if all(re.search(w, m.group(), re.IGNORECASE) for w in said):
             return m.group()
@@ -98,10 +108,16 @@ def _yes_no(clause: str) -> bool:
 def flag_plain(name: str, request: str, whole: bool = True) -> bool:
     """Whether the request asks for a flag plainly, so it is set ``true`` without a probe:
     in the clause that writes its name (:func:`_clause`, its words ``whole``) no word
-    of :data:`DOUBT`, and not as a yes-no question. Where :func:`flag_stated` holds but
-    this does not, the model is asked, as for any other parameter."""
+    of :data:`DOUBT` (the name's own negative word aside: "avoided" for ``avoid_tolls``),
+    and not as a yes-no question. Where :func:`flag_stated` holds but this does not, the
+    model is asked, as for any other parameter."""
     clause = _clause(name, request, whole)
-    return clause is not None and not DOUBT.search(clause) and not _yes_no(clause)
+    if clause is None or _yes_no(clause):
+        return False
+    first = NAME_WORD.findall(name)[0].lower()
+    if first in NEGATIVE_NAMES:  # the clause writes it: it asks for the flag
+        clause = re.sub(_word(first, whole) + r"\w*", " ", clause, flags=re.IGNORECASE)
+    return not DOUBT.search(clause)
 
 
 def flags_as_asked(tool: Tool, arguments: dict, request: str) -> dict:

@@ -32,9 +32,12 @@ is never dropped.
 The same pass reads the call's values against the request (:mod:`mlx_agent.copied_values`):
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, a place cut at its comma
 ("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole, an enum's
-value the request does not write is the one it does ("hamster", not "cat"), and a number
-is taken at the scale the request writes it ("213 million": 213000000, not 213). Before all
-that, a turn's first call of a tool other than the one the request describes
+value the request does not write is the one it does ("hamster", not "cat"), a list of an
+enum's values holds each the request names ("points and rebounds"), and a number
+is taken at the scale and with the sign the request writes it ("213 million": 213000000,
+not 213; "119.5383 W": -119.5383), a rate written as a percentage as its fraction ("5%":
+0.05); after the probes, a date in words ("April 11th, 2023") is written in the format
+its parameter asks ("2023-04-11", :mod:`mlx_agent.dates`). Before all that, a turn's first call of a tool other than the one the request describes
 (:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
 the reply may answer, a call on a required number no one gave becomes a question to the
 user (:mod:`mlx_agent.unfounded`), and so does one on a required string no one gave where
@@ -66,8 +69,10 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import (recopied, scaled_numbers, whole_lists, whole_places,
+from .copied_values import (apart_values, named_choices, percent_rates, recopied,
+                            scaled_numbers, signed_numbers, whole_lists, whole_places,
                             written_choices)
+from .dates import dated_values
 from .described_tool import described_tool, mentioned, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
 from .engine import Sampler, greedy_sampler
@@ -79,6 +84,7 @@ from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
 from .probe import probe, probe_arguments, reply_ids
+from .runaway_list import closed_call
 from .tools import Tool
 from .unfounded import question, unfounded
 
@@ -337,15 +343,19 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                    ) -> tuple[Reply, str, list[int]]:
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call written again for the tool of
-    ``choices`` the request describes, where that is another and this is the turn's first
+    ``choices`` the request describes (a reply cut off in a list that repeats itself first
+    closed: :mod:`mlx_agent.runaway_list`), where that is another and this is the turn's first
     call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's grammar let
     it call, none where a tool was named; ``max_tokens`` the reply's budget), an enum's
-    value made the one the request names (:func:`~mlx_agent.copied_values.written_choices`),
+    value made the one the request names (:func:`~mlx_agent.copied_values.written_choices`)
+    and a list of an enum's values the ones it names (:func:`~mlx_agent.copied_values.named_choices`),
     its made-up optional arguments dropped (:func:`without_made_up`, against
     :func:`heard_text`), its garbled copies copied again, its places and lists whole and its
-    numbers at the request's scale (:mod:`mlx_agent.copied_values`), its flags as the
-    request asks (:func:`~mlx_agent.flags.flags_as_asked`), and the stated optional arguments added
-    (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`); where
+    numbers at the request's scale and sign, its rates as fractions
+    (:mod:`mlx_agent.copied_values`), its flags as the
+    request asks (:func:`~mlx_agent.flags.flags_as_asked`), the stated optional arguments added
+    (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`) and its dates
+    in the formats their parameters ask (:func:`~mlx_agent.dates.dated_values`); where
     ``may_answer`` (the tool choice is auto), a call that is then
     :func:`~mlx_agent.unfounded.unfounded` becomes an answer that asks the user for its
     made-up values (its made-up strings too where ``pressed``: the reply had to be a call
@@ -357,13 +367,26 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     that left). Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if
     the reply had been sampled so (the next turn reuses all of it)."""
     unchanged = reply, text, ids
-    tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
         return unchanged  # back to the reply: each probe would prefill it all again
+    opening = "{" if protocol == "json" else "<tool_call>"
+    if not reply.complete and not reply.calls and text.lstrip().startswith(opening):
+        try:  # cut off: a list that repeats itself, closed
+            closed = closed_call(engine, lm, protocol, prompt, text, tools, sampler, stop)
+        except ContextFull:
+            closed = None
+        except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
+            _hold(engine, list(prompt) + ids + tail)
+            raise
+        if closed is None or closed[1] in made:
+            _hold(engine, list(prompt) + ids + tail)
+            return unchanged
+        unchanged = reply, text, ids = closed
+    tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if tool is None or len(reply.calls) != 1 or not reply.complete \
             or reply.content is not None or reply.calls[0].error \
             or not isinstance(reply.calls[0].arguments, dict) \
-            or not text.lstrip().startswith("{" if protocol == "json" else "<tool_call>"):
+            or not text.lstrip().startswith(opening):
         return unchanged
     request, call = request_text(messages), reply.calls[0]
     if not request.strip():
@@ -373,13 +396,17 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         moved, arguments = _described(engine, lm, protocol, prompt, tool, call.arguments,
                                       messages, heard, sampler, stop, choices, max_tokens)
         # an enum's value the request names before what it never wrote is dropped
-        arguments = without_made_up(moved, written_choices(moved, arguments, request), heard)
+        arguments = named_choices(moved, written_choices(moved, arguments, request), request)
+        arguments = without_made_up(moved, arguments, heard)
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
                                  heard, sampler, stop)
         tool = moved
-        arguments = whole_lists(tool, whole_places(tool, arguments, request), request)
-        arguments = flags_as_asked(tool, scaled_numbers(tool, arguments, request), request)
+        arguments = whole_places(tool, apart_values(tool, arguments), request)
+        arguments = whole_lists(tool, arguments, request)
+        arguments = signed_numbers(tool, scaled_numbers(tool, arguments, request), request)
+        arguments = percent_rates(tool, arguments, request)
+        arguments = flags_as_asked(tool, arguments, request)
         if may_answer and (made_up := unfounded(tool, arguments, messages,
                                                 heard if pressed else None)):
             # no probe for a call that will not be made: the user is asked instead
@@ -390,6 +417,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             return reply, text, ids
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop, turn_results(messages))
+        arguments = dated_values(tool, arguments, request)  # added ones too
         if arguments is not call.arguments:
             arguments = written_arguments(protocol, tool, arguments)
             if not tool.validate(arguments) and \

@@ -20,8 +20,9 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.copied_values import (MARGIN, garbled, is_place, phrases, place_alone, recopied,
-                                     scaled_numbers, whole_lists, whole_place, whole_places,
+from mlx_agent.copied_values import (MARGIN, apart_values, garbled, named_choices, is_place, phrases, place_alone, recopied,
+                                     percent_rates, scaled_numbers, signed_numbers,
+                                     whole_lists, whole_place, whole_places,
                                      written_choices)
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
@@ -305,6 +306,13 @@ def test_an_enums_value_the_request_names_is_taken(arguments, request_, expected
     ({"a": 8}, "8.5 million square kilometers", None),  # not the number written
     ({"a": 5}, "5 m tall, 5 k", None),  # words only: "m" may be metres
     ({"a": "213"}, "213 million", None),  # a number only
+    # a power of ten: "1e-9" copied as 1.0
+    ({"a": 2.0}, "Charges of 1e-9 and 2e-9 at 0.05 m", {"a": 2e-9}),
+    ({"a": 1.0, "b": 2}, "Charges of 1e-9 and 2e-9 at 0.05 m", {"a": 1e-9, "b": 2}),  # b: int
+    ({"a": 6.02}, "Avogadro's 6.02 x 10^23", {"a": 6.02e23}),
+    ({"a": 3.2}, "3.2\u00d710^-5 moles", {"a": 3.2e-5}),
+    ({"a": 1.0}, "1e-9 over 1 metre", None),  # also written bare
+    ({"a": 123}, "the id 123e4567-e89b", None),  # part of a word
 ])
 def test_a_number_the_request_scales_is_taken_at_its_scale(arguments, request_, expected):
     t = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
@@ -312,6 +320,96 @@ def test_a_number_the_request_scales_is_taken_at_its_scale(arguments, request_, 
               else "an amount"}, "b": {"type": "integer"}}, "required": ["a"]}}]),
         runnable=False)[0]
     assert scaled_numbers(t, arguments, request_) == (expected or arguments)
+
+
+COORDINATES = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object",
+    "properties": {"lat": {"type": "number"}, "lon": {"type": "number"},
+                   "pair": {"type": "array", "items": {"type": "number"}},
+                   "watts": {"type": "number", "minimum": 0}},
+    "required": ["lat"]}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("arguments, request_, expected", [
+    ({"lat": 37.8651, "lon": 119.5383}, "the forecast at 37.8651 N, 119.5383 W?",
+     {"lat": 37.8651, "lon": -119.5383}),
+    ({"lat": 33.9, "lon": 18.4}, "Cape Town, 33.9\u00b0S 18.4\u00b0E", {"lat": -33.9, "lon": 18.4}),
+    ({"lat": 1, "pair": [37.8715, 122.273]}, "latitude 37.8715 and longitude -122.2730",
+     {"lat": 1, "pair": [37.8715, -122.273]}),
+    ({"lat": 5, "lon": 5}, "from -5 to 5", None),  # written both ways
+    ({"lat": -3, "lon": 3}, "-3 or so", None),  # another argument holds it
+    ({"lat": 1, "watts": 100}, "a 100 W bulb at -100 C", None),  # the schema refuses it
+    ({"lat": 100}, "a 100 W bulb", None),  # a unit, not a west longitude
+    ({"lat": 2}, "2 N, 3 E", None),
+])
+def test_a_number_the_request_writes_negative_keeps_its_sign(arguments, request_, expected):
+    assert signed_numbers(COORDINATES, arguments, request_) == (expected or arguments)
+
+
+RATES = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
+    "rate": {"type": "number", "description": "The annual interest rate."},
+    "growth": {"type": "number"}, "years": {"type": "integer"},
+    "discount": {"type": "number", "description": "As a decimal, e.g. 5% is 0.05."},
+    "yield_pct": {"type": "number", "description": "The yield."},
+    "annual_rate": {"type": "number", "description": "The rate as a percentage."},
+    "volume": {"type": "number", "description": "The volume level."},
+    "small": {"type": "number", "description": "The rate.", "minimum": 1}},
+    "required": ["rate"]}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("arguments, request_, expected", [
+    ({"rate": 5, "years": 10}, "$10000 at an annual interest rate of 5% for 10 years",
+     {"rate": 0.05, "years": 10}),
+    ({"rate": 1, "growth": 3.5}, "3.5 percent a year", {"rate": 1, "growth": 0.035}),
+    ({"rate": 1, "discount": 20}, "20% off", {"rate": 1, "discount": 0.2}),
+    ({"rate": 0.05}, "5%", None),  # the fraction already
+    ({"rate": 1, "yield_pct": 5}, "a 5% yield", None),  # "pct": a percentage
+    ({"rate": 1, "annual_rate": 5}, "a 5% rate", None),  # says it is a percentage
+    ({"rate": 1, "volume": 30}, "volume at 30%", None),  # not a rate
+    ({"rate": 5}, "5% over 5 years", None),  # also written bare
+    ({"rate": 1, "small": 5}, "5%", None),  # the schema refuses it
+])
+def test_a_rate_written_as_a_percentage_is_its_fraction(arguments, request_, expected):
+    assert percent_rates(RATES, arguments, request_) == (expected or arguments)
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ("London 2022/08/16", "2022/08/16", "London"), ("NBA 2021", "2021", "NBA"),
+    ("New York to Los Angeles", "Los Angeles", "New York"),
+    ("London, United Kingdom", "United Kingdom", "London"),
+    ("set an alarm for 11 PM", "11 PM", "set an alarm"),
+    ("Hotel California", "California", None),  # a name: no digit, no joining word
+    ("Bank of America", "America", None), ("Sunnyvale Indian", "Sunnyvale", None),
+    ("1st June 2022", "June 2022", None),  # no word of three letters before it
+    ("Los Angeles", "Los Angeles", None), ("Reggaeton", "Reggae", None),
+])
+def test_a_value_run_on_into_the_next_ones_is_cut(a, b, expected):
+    t = tool(a={"type": "string"}, b={"type": "string"}, e={"type": "string", "enum": ["x"]})
+    assert apart_values(t, {"a": a, "b": b}) == {"a": expected or a, "b": b}
+    held = {"e": "London 2022", "b": "2022"}  # an enum's value is the schema's, not a copy
+    assert apart_values(t, held) is held
+
+
+STATS = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
+    "player": {"type": "string"},
+    "metrics": {"type": "array", "items": {"type": "string", "enum": [
+        "Points", "Rebounds", "Assists", "high_low_temperature", "player count", "all"]}}},
+    "required": ["player"]}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("metrics, request_, expected", [
+    (None, "Get point and rebound stats for LeBron", ["Points", "Rebounds"]),  # in its order
+    (["Points"], "rebounds and points for LeBron", ["Rebounds", "Points"]),
+    ([], "high and low temperatures", ["high_low_temperature"]),  # a word between
+    (None, "the rating and player count", ["player count"]),
+    (["Assists"], "rebounds and points", None),  # the model named one the request does not
+    (["Points"], "points for LeBron", None),  # as named
+    (["Points"], "all points", None),  # one named: the model's stands ("all": too short)
+    (None, "LeBron's stats", None),  # none named
+])
+def test_a_list_of_choices_holds_each_the_request_names(metrics, request_, expected):
+    arguments = {"player": "LeBron"} | ({} if metrics is None else {"metrics": metrics})
+    assert named_choices(STATS, arguments, request_) == \
+        ({"player": "LeBron", "metrics": expected} if expected else arguments)
 
 
 def test_a_hostile_request_is_read_in_linear_time():
@@ -325,6 +423,9 @@ def test_a_hostile_request_is_read_in_linear_time():
         place_alone(tool(city={"type": "string"}, in_x={"type": "string"}), "city",
                     request[:20_000], request)
         scaled_numbers(tool(n={"type": "number"}), {"n": 1}, request + " 1" + " " * 50_000)
+        signed_numbers(tool(n={"type": "number"}), {"n": 1}, request + " 1 N, 2 W" * 3_000)
+        percent_rates(tool(rate={"type": "number"}), {"rate": 1}, request + " 1%" * 5_000)
+        named_choices(STATS, {"player": "x"}, request + " high a " * 5_000)
         written_choices(tool(e={"type": "string", "enum": ["a b"] * 50}), {"e": "x"}, request)
     assert time.perf_counter() - start < 5
 

@@ -40,7 +40,8 @@ BFCL_LIKE = parse_tools(json.dumps([{
         "unit": {"type": "string", "description": "The unit of the base and height."},
         "distance": {"type": "integer", "description": "Distance, typically in kilometers."},
         "label": {"type": "string"}, "reason": {"type": "string"},
-        "include_human_impact": {"type": "boolean"}, "tags": {"type": "array"}},
+        "include_human_impact": {"type": "boolean"}, "tags": {"type": "array"},
+        "avoid_tolls": {"type": "boolean"}},
         "required": ["base"]}}]), runnable=False)[0]
 
 
@@ -234,6 +235,11 @@ def test_the_bundled_model_probed_for_a_string_writes_one():
     ({"base": 1, "include_human_impact": False}, "The human impact is optional.", None),
     ({"base": 1, "include_human_impact": False}, "Is the human impact included?", None),
     ({"base": 1, "include_human_impact": True}, "Weather in Oslo.", None),  # not spoken of
+    ({"base": 1, "avoid_tolls": False}, "The fastest route with toll roads avoided.",
+     {"base": 1, "avoid_tolls": True}),
+    ({"base": 1, "avoid_tolls": True}, "The fastest route, and don't avoid tolls.",
+     {"base": 1, "avoid_tolls": False}),
+    ({"base": 1, "avoid_tolls": False}, "The fastest route, no tolls.", None),
 ])
 def test_a_flag_the_model_wrote_is_turned_only_where_the_request_says_otherwise(
         arguments, request_, expected):
@@ -531,6 +537,14 @@ def test_a_flag_the_request_names_is_set_without_a_probe(tiny_lm, request_, expe
     ("in_stock", "a bike shop in Stockholm", False), ("sort_desc", "Describe the orders", False),
     ("is_new", "a used car in New York", False), ("include_all", "Show all flights", False),
     ("use_24h", "Book 24 rooms", False), ("no_cache", "Cache the page", False),
+    # a flag named for its negative: the request writes that word too, and so asks for it
+    ("avoid_tolls", "Find the fastest route from SF to LA with toll roads avoided.", True),
+    ("avoid_tolls", "Route to LA avoiding tolls", True),
+    ("avoid_tolls", "Route to LA, and don't avoid tolls.", False),
+    ("avoid_tolls", "Route to LA, no tolls please", False),  # "avoid" unsaid: the model's
+    ("avoid_tolls", "Avoid tolls if you can, or not", False),
+    ("skip_validation", "Import it and skip validation", True),
+    ("no_cache", "no cache", False),  # a word of two letters
 ])
 def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
     from mlx_agent.flags import flag_plain
@@ -554,6 +568,9 @@ def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
     ("has_pool", "Is there no pool?", False),  # a yes-no question
     ("no_cache", "Don't cache the page", False),  # true where refused: the model decides
     ("is_new", "Not a new car", False),  # a word of three letters
+    ("avoid_tolls", "Route to LA, and don't avoid tolls.", True),
+    ("avoid_tolls", "Route to LA without avoiding tolls", True),
+    ("avoid_tolls", "Route to LA avoiding tolls", False),
 ])
 def test_which_flags_are_set_false_without_asking_the_model(name, request_, refused):
     from mlx_agent.flags import flag_refused

@@ -339,7 +339,7 @@ class Agent:
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
-        if reply is not parsed and text in self._made \
+        if reply is not parsed and text in self._made and parsed.calls \
                 and reply.calls[0].name == parsed.calls[0].name:
             # the changed call ran: the guard refuses the call as sampled too, which the
             # next step would change into the same call (a call of another tool is never

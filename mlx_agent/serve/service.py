@@ -243,7 +243,8 @@ class ChatService:
                 return self._cancelled(ChatResult(gen.shown.text, [], "cancelled", usage, hops))
             reply = prep.fmt.parse(gen.text)
             text, ids = gen.text, _without_stop(gen.ids, self.lm.end_ids)
-            if self.stated_arguments and prep.tools and len(reply.calls) == 1:
+            if self.stated_arguments and prep.tools \
+                    and (len(reply.calls) == 1 or not reply.complete):  # cut off: a loop?
                 reply, text, ids = complete_reply(
                     lane[0], self.lm, prep.fmt.name, prompt, reply, text, ids,
                     gen.ids[len(ids):], prep.tools, messages,
