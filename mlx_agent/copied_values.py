@@ -245,7 +245,6 @@ def _takes_parts(tool: Tool, name: str) -> bool:
                for p in tool.properties)
 
 
-
 def _qualifiers(text: str, start: int) -> str:
     """The comma-separated qualifiers ``text`` writes from ``start``, up to the clause's end
     and before one that starts with a digit ("2 adults") or a word of
@@ -318,20 +317,46 @@ def place_alone(tool: Tool, name: str, value: str, request: str) -> str:
     return head.strip() or value
 
 
-# what joins a value to another argument's that ran into it: "London 2022/08/16",
-# "New York to Los Angeles", "London, United Kingdom"
-_JOINS = re.compile(r"(?:\s*[,;:]\s*|\s+-\s+|\s+(?:to|at|in|on|for|from|and|with)\s+)$",
-                    re.IGNORECASE)
+# parameters of a route's ends: "New York to Los Angeles" is a start that ran on into the end
+ROUTE_WORDS = PLACE_WORDS | frozenset("""start end from to source departure arrival
+pickup dropoff""".split())
+
+
+# a word that leads into what follows: a value ending so is a phrase ("set an alarm for")
+_LEADS = frozenset("for at on in to by of from with and or the a an until before after".split())
+
+
+def _route(name: str) -> bool:
+    return any(w.lower() in ROUTE_WORDS for w in NAME_WORD.findall(name))
+
+
+def _run_on(value: str, held: str, name: str, other: str) -> str:
+    """``value`` (of ``name``) before ``held`` (``other``'s value), where the model ran it
+    on into that: ``held`` a date, a year or a time (it has a digit) after a space or a
+    comma ("London 2022/08/16", "NBA 2021"); a route's other end after "to" or "from"
+    ("New York to Los Angeles"); a place's part (:data:`PART_WORDS`) after a comma
+    ("London, United Kingdom" beside ``country``). "" where it did not ("Lunch with
+    Sarah", "1 Market St, San Francisco" beside ``city``)."""
+    if len(value) <= len(held) or not value.lower().endswith(held.lower()):
+        return ""
+    head = value[:-len(held)]
+    dated = re.search(r"\d", held) and re.search(r"[\s,]+$", head)
+    route = _route(name) and _route(other) and re.search(r"\s+(?:to|from)\s+$", head,
+                                                          re.IGNORECASE)
+    part = is_place(name) and {w.lower() for w in NAME_WORD.findall(other)} & PART_WORDS \
+        and re.search(r",\s*$", head)
+    join = dated or route or part
+    rest = head[:join.start()].rstrip(" ,;:-") if join else ""
+    last = rest.split()[-1].lower() if rest.split() else ""
+    return rest if re.search(r"[A-Za-z]{3}", rest) and last not in _LEADS else ""
 
 
 def apart_values(tool: Tool, arguments: dict) -> dict:
-    """``arguments`` with each top-level string (of a parameter with no enum or const) that
-    ends with another argument's string whole, joined by a comma or a word such as "to"
-    (:data:`_JOINS`), or by a space where that string has a digit (a date, a year), cut to
-    what comes before, where that holds a word of three
-    letters or more ("New York" of "New York to Los Angeles" beside ``end: "Los Angeles"``;
-    not "1st" of "1st June 2022") and the schema takes it: a value the model ran on into
-    the next one's; ``arguments`` itself where none is."""
+    """``arguments`` with each top-level string (of a parameter with no enum or const)
+    that ran on into another argument's string, whole at its end, cut to what comes
+    before (:func:`_run_on`), where that holds a word of three letters or more ("1st" of
+    "1st June 2022" does not) and the schema takes it; ``arguments`` itself where none
+    is."""
     strings = {k: v.strip() for k, v in arguments.items()
                if isinstance(v, str) and len(v.strip()) >= 3}
     out = arguments
@@ -340,12 +365,8 @@ def apart_values(tool: Tool, arguments: dict) -> dict:
         if isinstance(schema, dict) and {"enum", "const"} & schema.keys():
             continue
         for other, held in strings.items():
-            head = value[:-len(held)] if other != name and len(value) > len(held) \
-                and value.lower().endswith(held.lower()) else ""
-            join = _JOINS.search(head) or (re.search(r"\s+$", head) if re.search(r"\d", held)
-                                           else None)  # "London 2022/08/16", not "Hotel
-            rest = head[:join.start()].rstrip(" ,;:-") if join else ""  # California"
-            if re.search(r"[A-Za-z]{3}", rest) and not tool.validate({**out, name: rest}):
+            rest = _run_on(value, held, name, other) if other != name else ""
+            if rest and not tool.validate({**out, name: rest}):
                 out = {**out, name: rest}
                 break
     return out
@@ -384,7 +405,7 @@ def _scales(text: str) -> list[tuple[float, float, str, int]]:
     said = [(float(m.group(1).replace(",", "")), SCALE_WORDS[m.group(2).lower()],
              m.group(2).lower(), m.start()) for m in _SCALE.finditer(text)]
     return said + [(float(m.group(1)), 10.0 ** int(m.group(2)), "e", m.start())
-                   for m in _POWER.finditer(text)]
+                   for m in _POWER.finditer(text) if abs(int(m.group(2))) <= 300]  # a float's
 
 
 def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
@@ -420,8 +441,8 @@ def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
 
 
 # a coordinate pair with its hemispheres: "33.4484 N, 112.0740 W", "37.8\u00b0S 144.9\u00b0E"
-_HEMISPHERES = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s*\u00b0?\s*([NS])\b[\s,;/]*(?:and\s+)?"
-                          r"(\d+(?:\.\d+)?)\s*\u00b0?\s*([EW])\b")
+_HEMISPHERES = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s*(?:\u00b0\s*)?([NS])\b[\s,;/]*"
+                          r"(?:and\s+)?(\d+(?:\.\d+)?)\s*(?:\u00b0\s*)?([EW])\b")
 
 
 def _signs(text: str) -> tuple[set[float], set[float]]:
@@ -454,7 +475,10 @@ def signed_numbers(tool: Tool, arguments: dict, request: str) -> dict:
 
     def signed(v: Any) -> Any:
         x = number(v)
-        return -v if x is not None and x > 0 and x in only and -x not in held else v
+        if x is None or x <= 0 or x not in only or -x in held:
+            return v
+        held.add(-x)  # one argument takes it
+        return -v
 
     out = arguments
     for name, value in arguments.items():
@@ -467,8 +491,10 @@ def signed_numbers(tool: Tool, arguments: dict, request: str) -> dict:
 
 # a parameter a formula reads as a fraction ("an annual interest rate of 5%": 0.05)
 _RATE = re.compile(r"\b(?:rates?|returns?|yields?|growth|decimal|fraction)\b", re.IGNORECASE)
-# one that takes the percentage itself ("the yearly yield as a percentage", "volume_percent")
-_PERCENT_WORD = re.compile(r"percent|pct\b", re.IGNORECASE)
+# one that takes the percentage itself ("the yearly yield as a percentage", "volume_percent",
+# "rate (%)", "8 for 8%"), unless it says it takes a fraction ("as a decimal: 5% is 0.05")
+_PERCENT_WORD = re.compile(r"percent|pct\b|%", re.IGNORECASE)
+_FRACTION = re.compile(r"\b(?:decimal|fraction)\b|(?<![\d.])0\.\d", re.IGNORECASE)
 _PERCENT = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)\s*(?:%|percent\b|per\s+cent\b)",
                       re.IGNORECASE)
 
@@ -477,8 +503,9 @@ def percent_rates(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each top-level number that the request writes as a percentage
     ("5%", "5 percent"), and nowhere bare, made its fraction (0.05) where the parameter is
     a rate, a return, a yield or a growth, or says it is a decimal or a fraction (its name
-    or description), unless it says it is a percentage ("as a percentage",
-    ``capture_percentage``); ``arguments`` itself where none is. A formula's rate is a
+    or description), unless it says it is a percentage ("as a percentage", "(%)", "8 for
+    8%", ``capture_percentage``) and not a fraction too ("5% is 0.05"); ``arguments``
+    itself where none is. A formula's rate is a
     fraction: "5% is 0.05", as the tools that say so write it."""
     head = request[:REQUEST_CHARS]
     percents = {float(m.group(1)): m.start() for m in _PERCENT.finditer(head)}
@@ -493,7 +520,7 @@ def percent_rates(tool: Tool, arguments: dict, request: str) -> dict:
         about = f"{' '.join(NAME_WORD.findall(name))} " \
             f"{schema.get('description', '') if isinstance(schema, dict) else ''}"
         if x is None or x not in percents or x in plain or not _RATE.search(about) \
-                or _PERCENT_WORD.search(about.replace("%", " ")):
+                or _PERCENT_WORD.search(about) and not _FRACTION.search(about):
             continue
         meant = float(f"{x / 100:.12g}")
         if all(number(v) != meant for v in out.values()) \
@@ -535,17 +562,18 @@ def written_choices(tool: Tool, arguments: dict, request: str) -> dict:
 
 
 def _choice_at(request: str, value: str) -> int | None:
-    """Where the request first names an enum's value by its words, in order, each as the
-    start of a word (a plural's without its "s": "points" names ``Points``, "rebound"
-    names ``Rebounds``), with at most one other word between two of them ("high and low
+    """Where the request first names an enum's value by its words, in order, each a whole
+    word, singular or plural ("points" names ``Points``, "rebound" names ``Rebounds``; not
+    "newest" ``news``), with at most one other word between two of them ("high and low
     temperatures" names ``high_low_temperature``); None where it does not, or where a word
     has fewer than three letters (a value of one word: four; "all" and "new" are said in
     passing)."""
     parts = [w.lower() for w in NAME_WORD.findall(value)]
     if not parts or any(len(w) < 3 for w in parts) or len(parts) == 1 and len(parts[0]) < 4:
         return None
-    stems = [re.escape(w[:-1] if w.endswith("s") and len(w) > 3 else w) for w in parts]
-    m = re.search(r"\b" + r"\w*\W+(?:\w+\W+)?".join(stems) + r"\w*", request, re.IGNORECASE)
+    stems = [re.escape(w[:-1] if w.endswith("s") and len(w) > 3 else w) + r"(?:s|es)?\b"
+             for w in parts]
+    m = re.search(r"\b" + r"\W+(?:\w+\W+)?".join(stems), request, re.IGNORECASE)
     return m.start() if m else None
 
 
@@ -562,7 +590,8 @@ def named_choices(tool: Tool, arguments: dict, request: str) -> dict:
             and schema.get("type") == "array" else None
         enum = items.get("enum") if isinstance(items, dict) else None
         value = arguments.get(name)
-        if not isinstance(enum, list) or not (value is None or isinstance(value, list)):
+        if not isinstance(enum, list) or not (value is None or isinstance(value, list)
+                                              and all(isinstance(v, str) for v in value)):
             continue
         at = {v: i for v in enum if isinstance(v, str)
               and (i := _choice_at(request[:REQUEST_CHARS], v)) is not None}

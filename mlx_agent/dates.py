@@ -10,7 +10,9 @@ value in the parameter's format: the one its JSON schema names (``"format": "dat
 The value is read by :func:`read_date`, whole: "March 11, 2022", "Jun. 20, 2023", "10th
 December 2022", "5th of march 2023", "2023 April 4th", "2023.3.1", "2022/08/16" (or a date
 already in another numeric format with the year first). A date without its year ("April
-3rd") takes the year the request writes, where it writes one year only.
+3rd") takes the year the request writes, where it writes one year only as a year (after a
+month or a day, or "in", "of", "year": not "flight 2231"). A value in the asked format
+already is left as it is.
 
 Not promised: English month names; a value with a time, or a format that asks for one
 ("dd/mm/yyyy HH:MM", ISO 8601's date-time), is left as it is, and so is a value that is
@@ -33,9 +35,10 @@ MONTHS = {m: i for i, names in enumerate((
 _MONTH = r"(?P<month>" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(?P<day>\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r"(?P<year>\d{4})"
+_GAP = r"\s*(?:,\s*)?"  # a space or a comma, or both: "March 11, 2022", "March.11"
 _DATES = [re.compile(p, re.IGNORECASE) for p in (
-    rf"{_MONTH}\s*,?\s*{_DAY}(?:\s*,?\s*{_YEAR})?",  # March 11, 2022; Jun. 20; April 3rd
-    rf"{_DAY}\s+(?:of\s+)?{_MONTH}(?:\s*,?\s*{_YEAR})?",  # 10th December 2022; 5th of march
+    rf"{_MONTH}{_GAP}{_DAY}(?:{_GAP}{_YEAR})?",  # March 11, 2022; Jun. 20; April 3rd
+    rf"{_DAY}\s+(?:of\s+)?{_MONTH}(?:{_GAP}{_YEAR})?",  # 10th December 2022; 5th of march
     rf"{_YEAR}\s+{_MONTH}\s+{_DAY}",  # 2023 April 4th
     rf"{_YEAR}[-/.](?P<month>\d{{1,2}})[-/.]{_DAY}",  # 2023.3.1, 2022/08/16
 )]
@@ -44,7 +47,11 @@ _PARTS = {"yyyy": "%Y", "yy": "%y", "mm": "%m", "m": "%m", "dd": "%d", "d": "%d"
 _PATTERN = re.compile(r"(?<![A-Za-z%])(YYYY|YY|MM|DD)([-/.])(YYYY|MM|DD)\2(YYYY|YY|MM|DD)"
                       r"(?![A-Za-z])(?P<time>[T ]?\s*(?:HH|hh|%H))?", re.IGNORECASE)
 _STRFTIME = re.compile(r"%([Ymd])([-/.])%([Ymd])\2%([Ymd])(?P<time>[T ]?%H)?")
-_YEARS = re.compile(r"(?<!\d)(1[89]\d\d|2\d\d\d)(?!\d)")
+# a year the request writes as one: after a month or a day of one, or "in", "of", "year"
+# ("April 5th 2023", "in 2023"; not "flight 2231", "under 2500 dollars")
+_YEARS = re.compile(r"(?:\b(?:" + "|".join(sorted(MONTHS, key=len, reverse=True))
+                    + r")\.?(?:\s+\d{1,2}(?:st|nd|rd|th)?)?,?\s+|\b\d{1,2}(?:st|nd|rd|th)"
+                    r",?\s+|\b(?:in|of|year|for)\s+)((?:19|20)\d\d)\b", re.IGNORECASE)
 
 
 def asked_format(schema: Any) -> str | None:
@@ -83,17 +90,27 @@ def read_date(text: str, year: int | None = None) -> datetime.date | None:
         month = m.group("month")
         month = int(month) if month.isdigit() else MONTHS[month.lower().rstrip(".")]
         written = m.groupdict().get("year")
+        if not (written or year) or int(written or year) < 1000:  # "%Y" pads no year below
+            return None
         try:
-            return datetime.date(int(written) if written else year, month, int(m.group("day"))) \
-                if written or year else None
+            return datetime.date(int(written or year), month, int(m.group("day")))
         except ValueError:
             return None
     return None
 
 
+def _in_format(value: str, fmt: str) -> bool:
+    """Whether ``value`` is a date written in ``fmt`` already."""
+    try:
+        datetime.datetime.strptime(value.strip(), fmt)
+    except ValueError:
+        return False
+    return True
+
+
 def dated_values(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each top-level string that is a date whole (:func:`read_date`;
-    with no year, the request's one year) written in the format its parameter asks for
+    with no year, the one year the request writes as a year: :data:`_YEARS`) written in the format its parameter asks for
     (:func:`asked_format`), where it is not so already and the schema takes it;
     ``arguments`` itself where none is."""
     out, years = arguments, None
@@ -103,6 +120,8 @@ def dated_values(tool: Tool, arguments: dict, request: str) -> dict:
             continue
         if years is None:
             years = set(_YEARS.findall(request[:16_000]))
+        if _in_format(value, fmt):  # "2023-12-05" asked as YYYY-DD-MM: so already
+            continue
         day = read_date(value, int(next(iter(years))) if len(years) == 1 else None)
         written = day.strftime(fmt) if day is not None else value
         if written != value and not tool.validate({**out, name: written}):

@@ -157,6 +157,9 @@ def flag_refused(name: str, request: str) -> bool:
             or re.search(rf"\b{INDIFFERENT}\b", clause, re.IGNORECASE):
         return False
     words = [w for w in (w.lower() for w in NAME_WORD.findall(name)) if w not in FLAG_VERBS]
+    if words[0] in NEGATIVE_NAMES:  # "skip validation" asks for skip_validation: the name's
+        clause = re.sub(_word(words[0], True), " ", clause, flags=re.IGNORECASE)  # own word
+        words = words[1:]  # is no negation of it
     return not KEEP.search(clause) and any(
         re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
         for w in words)

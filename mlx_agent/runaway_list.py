@@ -15,10 +15,13 @@ call had not reached (:func:`mlx_agent.probe.probe`, in the grammar's order); th
 then the one the grammar would write (:func:`mlx_agent.grammar.call_text`), and goes on
 through the rest of :func:`mlx_agent.stated_arguments.complete_reply` like any other.
 
-Not promised: the loop is read once the reply's token budget is spent, not as it starts
-(the budget's decoding is lost); only a reply cut at its budget inside a list is read (a
-string that runs on,
-or a list of new items that never ends, stays cut off); a list whose items repeat in a
+The agent and the server end such a reply early: their scanners stop a list that has
+repeated its items ten times in a row (:class:`~mlx_agent.formats.scanner.RunawayListScanner`),
+so the loop costs a few dozen tokens; a reply cut at its token budget is read the same way.
+
+Not promised: only a reply cut off inside such a list is read, whatever cut it off (a string
+that runs on, or a list of new items that never ends, stays cut off; a list that loops and
+then runs on in a string is closed before that string); a list whose items repeat in a
 longer cycle than the items before it ("A", "B", "A", "A", "B", "A", ...) is cut at its
 first repeat; a required argument nested in an object the call had not reached makes the
 call fail its schema, and the reply stays as it was.
@@ -61,6 +64,22 @@ def _frames(text: str, start: int) -> list[tuple[str, int, list[tuple[int, int]]
     return stack
 
 
+def _loop_start(items: list[str]) -> int | None:
+    """The first index from which every item repeats one before that index, with at least
+    :data:`REPEATS` items from it on; None where there is none. Linear: an item repeats
+    one before ``c`` where it first came before ``c``, so ``c`` works where the latest first
+    coming of the items from ``c`` on is before ``c``."""
+    first: dict[str, int] = {}
+    firsts = [first.setdefault(item, i) for i, item in enumerate(items)]
+    latest = -1
+    starts = []
+    for c in range(len(items) - 1, 0, -1):  # latest first coming of items[c:], from the end
+        latest = max(latest, firsts[c])
+        if latest < c and len(items) - c >= REPEATS:
+            starts.append(c)
+    return min(starts) if starts else None
+
+
 def runaway_cut(text: str) -> str | None:
     """``text`` (a call's JSON, cut off) up to the end of the last new item of the
     innermost open list that then only repeats its items (:data:`REPEATS` or more of them),
@@ -73,9 +92,7 @@ def runaway_cut(text: str) -> str | None:
         bracket, _, spans = frames[depth]
         if bracket != "[":
             continue
-        items = [text[a:b].strip() for a, b in spans]
-        cut = next((c for c in range(1, len(items) - REPEATS + 1)
-                    if set(items[c:]) <= set(items[:c])), None)
+        cut = _loop_start([text[a:b].strip() for a, b in spans])
         if cut is None:
             continue
         closing = "".join("]" if b == "[" else "}" for b, _, _ in reversed(frames[:depth]))

@@ -366,7 +366,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     must not turn a new call into a repeat). ``stop`` is asked before each probe (a client
     that left). Afterwards the engine holds ``prompt``, the reply's ids and ``tail``, as if
     the reply had been sampled so (the next turn reuses all of it)."""
-    unchanged = reply, text, ids
+    unchanged, sampled = (reply, text, ids), ids
     if getattr(engine, "cache_mode", None) == "rotating":  # a rotated window cannot be cut
         return unchanged  # back to the reply: each probe would prefill it all again
     opening = "{" if protocol == "json" else "<tool_call>"
@@ -381,7 +381,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         if closed is None or closed[1] in made:
             _hold(engine, list(prompt) + ids + tail)
             return unchanged
-        unchanged = reply, text, ids = closed
+        unchanged = closed  # from here, "as it was" is the call as closed
+        reply, text, ids = closed
     tool = next((t for t in tools if reply.calls and t.name == reply.calls[0].name), None)
     if tool is None or len(reply.calls) != 1 or not reply.complete \
             or reply.content is not None or reply.calls[0].error \
@@ -390,6 +391,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         return unchanged
     request, call = request_text(messages), reply.calls[0]
     if not request.strip():
+        _hold(engine, list(prompt) + ids + tail)
         return unchanged
     heard = heard_text(messages)
     try:
@@ -431,7 +433,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         _hold(engine, list(prompt) + unchanged[2] + tail)  # which fitted
         return unchanged
     except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
-        _hold(engine, list(prompt) + unchanged[2] + tail)
+        _hold(engine, list(prompt) + sampled + tail)
         raise
 
 

@@ -313,6 +313,7 @@ def test_an_enums_value_the_request_names_is_taken(arguments, request_, expected
     ({"a": 3.2}, "3.2\u00d710^-5 moles", {"a": 3.2e-5}),
     ({"a": 1.0}, "1e-9 over 1 metre", None),  # also written bare
     ({"a": 123}, "the id 123e4567-e89b", None),  # part of a word
+    ({"a": 1}, "1e400 and 2 x 10^999", None),  # past a float: no OverflowError
 ])
 def test_a_number_the_request_scales_is_taken_at_its_scale(arguments, request_, expected):
     t = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
@@ -340,6 +341,7 @@ COORDINATES = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "obje
     ({"lat": 1, "watts": 100}, "a 100 W bulb at -100 C", None),  # the schema refuses it
     ({"lat": 100}, "a 100 W bulb", None),  # a unit, not a west longitude
     ({"lat": 2}, "2 N, 3 E", None),
+    ({"lat": 3, "lon": 3}, "Shift it by -3, three times", {"lat": -3, "lon": 3}),  # one takes it
 ])
 def test_a_number_the_request_writes_negative_keeps_its_sign(arguments, request_, expected):
     assert signed_numbers(COORDINATES, arguments, request_) == (expected or arguments)
@@ -352,7 +354,9 @@ RATES = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "
     "yield_pct": {"type": "number", "description": "The yield."},
     "annual_rate": {"type": "number", "description": "The rate as a percentage."},
     "volume": {"type": "number", "description": "The volume level."},
-    "small": {"type": "number", "description": "The rate.", "minimum": 1}},
+    "small": {"type": "number", "description": "The rate.", "minimum": 1},
+    "pct_sign": {"type": "number", "description": "The interest rate (%)."},
+    "per": {"type": "number", "description": "The tax rate, e.g. 8 for 8%."}},
     "required": ["rate"]}}]), runnable=False)[0]
 
 
@@ -367,6 +371,8 @@ RATES = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "
     ({"rate": 1, "volume": 30}, "volume at 30%", None),  # not a rate
     ({"rate": 5}, "5% over 5 years", None),  # also written bare
     ({"rate": 1, "small": 5}, "5%", None),  # the schema refuses it
+    ({"rate": 1, "pct_sign": 5}, "a 5% rate", None),  # "(%)": a percentage
+    ({"rate": 1, "per": 8}, "8% tax", None),  # "8 for 8%"
 ])
 def test_a_rate_written_as_a_percentage_is_its_fraction(arguments, request_, expected):
     assert percent_rates(RATES, arguments, request_) == (expected or arguments)
@@ -376,23 +382,39 @@ def test_a_rate_written_as_a_percentage_is_its_fraction(arguments, request_, exp
     ("London 2022/08/16", "2022/08/16", "London"), ("NBA 2021", "2021", "NBA"),
     ("New York to Los Angeles", "Los Angeles", "New York"),
     ("London, United Kingdom", "United Kingdom", "London"),
-    ("set an alarm for 11 PM", "11 PM", "set an alarm"),
     ("Hotel California", "California", None),  # a name: no digit, no joining word
     ("Bank of America", "America", None), ("Sunnyvale Indian", "Sunnyvale", None),
     ("1st June 2022", "June 2022", None),  # no word of three letters before it
     ("Los Angeles", "Los Angeles", None), ("Reggaeton", "Reggae", None),
+    ("Lunch with Sarah", "Sarah", None), ("Meet me at Central Park", "Central Park", None),
+    ("Send the report to John", "John", None), ("Tom and Jerry", "Jerry", None),
+    ("set an alarm for 11 PM", "11 PM", None),  # "for" leads on: a phrase
 ])
 def test_a_value_run_on_into_the_next_ones_is_cut(a, b, expected):
-    t = tool(a={"type": "string"}, b={"type": "string"}, e={"type": "string", "enum": ["x"]})
-    assert apart_values(t, {"a": a, "b": b}) == {"a": expected or a, "b": b}
-    held = {"e": "London 2022", "b": "2022"}  # an enum's value is the schema's, not a copy
+    names = {"New York to Los Angeles": ("start", "end"),
+             "London, United Kingdom": ("city", "country")}.get(a, ("a", "b"))
+    t = tool(**{names[0]: {"type": "string"}, names[1]: {"type": "string"},
+                "e": {"type": "string", "enum": ["x"]}})
+    assert apart_values(t, {names[0]: a, names[1]: b}) == {names[0]: expected or a, names[1]: b}
+    held = {"e": "London 2022", names[1]: "2022"}  # an enum's value is the schema's
     assert apart_values(t, held) is held
+
+
+def test_a_place_keeps_what_is_no_part_of_it_and_a_route_its_end():
+    t = tool(address={"type": "string"}, city={"type": "string"}, to={"type": "string"},
+             message={"type": "string"})
+    kept = {"address": "1 Market St, San Francisco", "city": "San Francisco"}
+    assert apart_values(t, kept) is kept  # a city is no part of an address to cut
+    kept = {"message": "Drive to Boston", "to": "Boston"}  # a message is no route's end
+    assert apart_values(t, kept) is kept
 
 
 STATS = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "properties": {
     "player": {"type": "string"},
     "metrics": {"type": "array", "items": {"type": "string", "enum": [
-        "Points", "Rebounds", "Assists", "high_low_temperature", "player count", "all"]}}},
+        "Points", "Rebounds", "Assists", "high_low_temperature", "player count", "all",
+        "news"]}},
+    "odd": {"type": "array", "items": {"enum": ["celsius", {"k": 1}]}}},
     "required": ["player"]}}]), runnable=False)[0]
 
 
@@ -405,11 +427,14 @@ STATS = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "
     (["Points"], "points for LeBron", None),  # as named
     (["Points"], "all points", None),  # one named: the model's stands ("all": too short)
     (None, "LeBron's stats", None),  # none named
+    (None, "the newest assists", ["Assists"]),  # whole words: "newest" is no "news"
 ])
 def test_a_list_of_choices_holds_each_the_request_names(metrics, request_, expected):
     arguments = {"player": "LeBron"} | ({} if metrics is None else {"metrics": metrics})
     assert named_choices(STATS, arguments, request_) == \
         ({"player": "LeBron", "metrics": expected} if expected else arguments)
+    odd = {"player": "x", "metrics": ["Points"], "odd": [{"k": 1}]}  # an object in an enum
+    assert named_choices(STATS, odd, "in celsius") is odd
 
 
 def test_a_hostile_request_is_read_in_linear_time():

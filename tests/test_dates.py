@@ -51,7 +51,8 @@ TOOL = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "p
     "end": {"type": "string", "format": "date"},
     "us": {"type": "string", "description": "MM/DD/YYYY"},
     "note": {"type": "string"},
-    "code": {"type": "string", "description": "YYYY-MM-DD", "pattern": "^x"}},
+    "code": {"type": "string", "description": "YYYY-MM-DD", "pattern": "^x"},
+    "odd": {"type": "string", "description": "as YYYY-DD-MM"}},
     "required": ["start"]}}]), runnable=False)[0]
 
 
@@ -59,10 +60,15 @@ TOOL = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object", "p
     ({"start": "April 3rd", "end": "April 5th 2023"}, "from April 3rd to April 5th 2023",
      {"start": "2023-04-03", "end": "2023-04-05"}),
     ({"start": "2023-04-03", "us": "2022-01-05"}, "x", {"start": "2023-04-03", "us": "01/05/2022"}),
-    ({"start": "April 3rd"}, "April 3rd, in 2023 or 2024", None),  # which year?
+    ({"start": "April 3rd"}, "April 3rd, in 2023 or in 2024", None),  # which year?
     ({"start": "x", "note": "April 5th 2023"}, "April 5th 2023", None),  # no format asked
     ({"start": "x", "code": "April 5th 2023"}, "April 5th 2023", None),  # the schema refuses
     ({"start": "next Friday"}, "next Friday", None),
+    ({"start": "May 5th"}, "Book flight 2231 on May 5th", None),  # no year: a flight number
+    ({"start": "June 3"}, "on June 3 under 2500 dollars", None),
+    ({"start": "May 5th"}, "in 2023, on May 5th", {"start": "2023-05-05"}),
+    ({"start": "x", "odd": "2023-12-05"}, "x", None),  # in its format already (day, month)
+    ({"start": "January 1, 0001"}, "x", None),  # a year "%Y" would not pad
 ])
 def test_a_date_is_written_as_its_parameter_asks(arguments, request_, expected):
     assert dated_values(TOOL, arguments, request_) == (expected or arguments)
@@ -70,7 +76,8 @@ def test_a_date_is_written_as_its_parameter_asks(arguments, request_, expected):
 
 def test_a_hostile_value_is_read_in_linear_time():
     start = time.perf_counter()
-    for text in ("1" * 100_000, "April " * 20_000, "2023." * 20_000, "5th of " * 20_000):
+    for text in ("1" * 100_000, "April " * 20_000, "2023." * 20_000, "5th of " * 20_000,
+                 "April" + " " * 16_000 + "x", "in 2023 " * 10_000):
         read_date(text, 2023)
         dated_values(TOOL, {"start": text}, text)
     assert time.perf_counter() - start < 5

@@ -15,6 +15,8 @@ import pytest
 from mlx_agent.agent import Agent, AgentConfig, agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
+from mlx_agent.formats.scanner import (RUNAWAY_REPEATS, JsonObjectScanner, RunawayListScanner,
+                                        ToolCallScanner)
 from mlx_agent.runaway_list import runaway_cut
 from mlx_agent.tools import parse_tools
 
@@ -49,6 +51,7 @@ def test_a_long_runaway_is_read_in_linear_time():
     start = time.perf_counter()
     assert runaway_cut(OPEN + "[" + '"ab",' * 200_000) == OPEN + '["ab"]}}'
     assert runaway_cut(OPEN + "[" * 50_000) is None
+    assert runaway_cut(OPEN + "[" + ",".join(f'"w{i}"' for i in range(100_000)) + ",") is None
     assert time.perf_counter() - start < 5
 
 
@@ -63,15 +66,15 @@ TAG = parse_tools(json.dumps([{
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_the_agent_closes_the_list_writes_the_rest_and_runs_the_call(tiny_lm, protocol):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    loop = '{"labels":["red","blue"' + ',"red","blue"' * 40
+    # ten items the list holds already, in a row: the scanner ends the reply there
+    loop = '{"labels":["red","blue"' + ',"red","blue"' * (RUNAWAY_REPEATS // 2) + ","
     call = f'{{"tool":"tag","arguments":{loop}' if protocol == "json" else \
         f'<tool_call>\n{{"name":"tag","arguments":{loop}'
     answer = '{"answer":"tagged"}' if protocol == "json" else "tagged"
     rec = Recorder()
     script = Obliging(lm, call, '"urgent"}', answer)  # the probe of note writes "urgent"
-    budget = len(lm.encode(call))  # the loop runs to the reply's last token
     agent = Agent(lm, lm.engine(), TAG, agent_format(protocol, lm),
-                  AgentConfig(grammar=True, max_steps=3, max_tokens=budget), emit=rec,
+                  AgentConfig(grammar=True, max_steps=3), emit=rec,
                   sampler=script, probe_sampler=script)
     out = agent.ask("Tag the urgent note red and blue.")
     calls = rec.of(ev.ToolCall)
@@ -92,16 +95,36 @@ def test_the_agent_leaves_a_cut_off_list_of_new_items_as_it_was(tiny_lm):
     assert rec.of(ev.ToolCall) == []
 
 
-def test_the_server_returns_the_closed_call(tiny_lm, serve):  # noqa: F811
+@pytest.mark.parametrize("cut", ["scanner", "budget"])
+def test_the_server_returns_the_closed_call(tiny_lm, serve, cut):  # noqa: F811
     tools = parse_tools(json.dumps([{"name": "tag", "parameters": {"type": "object",
         "properties": {"labels": {"type": "array", "items": {"type": "string"}}},
         "required": ["labels"]}}]), runnable=False)
-    call = '{"tool":"tag","arguments":{"labels":["red","blue"' + ',"red","blue"' * 40
+    start = '{"tool":"tag","arguments":{"labels":["red","blue"'
+    call = start + ',"red","blue"' * 40
+    # the scanner's ten repeats, or a budget that ends the reply after four
+    budget = 256 if cut == "scanner" else len(tiny_lm.encode(start + ',"red","blue"' * 2))
     s = serve(sampler_for=lambda sampling: Obliging(tiny_lm, call))
     r = s.client.chat.completions.create(
-        model="tiny", messages=user("Tag it red and blue."), max_tokens=48,
+        model="tiny", messages=user("Tag it red and blue."), max_tokens=budget,
         tools=[t.openai() for t in tools])
     (tc,) = r.choices[0].message.tool_calls
     assert (tc.function.name, json.loads(tc.function.arguments)) == \
         ("tag", {"labels": ["red", "blue"]})
     assert r.choices[0].finish_reason == "tool_calls"
+    assert r.usage.completion_tokens < (60 if cut == "scanner" else budget + 1)
+
+
+def test_the_scanner_ends_a_reply_at_its_tenth_repeat_only():
+    def ended_at(text, inner=JsonObjectScanner):
+        scanner = RunawayListScanner(inner())
+        return next((i for i in range(len(text)) if scanner.feed(text[i])), None)
+
+    loop = OPEN + '["G","C"' + ',"C"' * 12
+    assert ended_at(loop) == len(OPEN + '["G","C"' + ',"C"' * 10)  # the comma after the tenth
+    assert ended_at(OPEN + "[" + ",".join(f'"w{i}"' for i in range(50))) is None  # new items
+    assert ended_at(OPEN + '[1,1,1,1,1,1,1,1,1]}}') == len(OPEN + '[1,1,1,1,1,1,1,1,1]}}') - 1
+    assert ended_at(OPEN + '"[1' + ",1" * 30) is None  # in a string
+    assert ended_at(OPEN + '["a\\",b"' + ',"a\\",b"' * 11) is not None  # an escaped quote
+    hermes = '<tool_call>\n{"name":"t","arguments":{"q":[[1],[1]' + ",[1]" * 12
+    assert ended_at(hermes, ToolCallScanner) is not None

@@ -544,6 +544,7 @@ def test_a_flag_the_request_names_is_set_without_a_probe(tiny_lm, request_, expe
     ("avoid_tolls", "Route to LA, no tolls please", False),  # "avoid" unsaid: the model's
     ("avoid_tolls", "Avoid tolls if you can, or not", False),
     ("skip_validation", "Import it and skip validation", True),
+    ("without_sugar", "A latte without sugar", True),
     ("no_cache", "no cache", False),  # a word of two letters
 ])
 def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
@@ -571,6 +572,8 @@ def test_which_flags_are_set_without_asking_the_model(name, request_, plain):
     ("avoid_tolls", "Route to LA, and don't avoid tolls.", True),
     ("avoid_tolls", "Route to LA without avoiding tolls", True),
     ("avoid_tolls", "Route to LA avoiding tolls", False),
+    ("skip_intro", "Play the video and skip the intro", False),  # the name's own word
+    ("skip_intro", "Play the video, and don't skip the intro", True),
 ])
 def test_which_flags_are_set_false_without_asking_the_model(name, request_, refused):
     from mlx_agent.flags import flag_refused

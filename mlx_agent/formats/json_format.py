@@ -19,7 +19,7 @@ from ..tools import Tool
 from .deferred import INDEX_HEADER, get_tool_info_tool, tool_index
 from .messages import (Call, Reply, ReplyMemo, arguments_of, compact, text_of, unspaced,
                        valid_json_text)
-from .scanner import JsonObjectScanner, RepeatedLineScanner
+from .scanner import JsonObjectScanner, RepeatedLineScanner, RunawayListScanner
 from .streams import JsonAnswerStream
 
 DEFAULT_PERSONA = "You are a specialized on-device agent."
@@ -158,8 +158,9 @@ class JsonFormat:
         return Reply(content=stripped, complete=False)
 
     def scanner(self, parallel: bool = False):
-        """One object ends the turn; with parallel calls, a repeated line does."""
-        return RepeatedLineScanner() if parallel else JsonObjectScanner()
+        """One object ends the turn; with parallel calls, a repeated line does; a list that
+        only repeats its items does too."""
+        return RunawayListScanner(RepeatedLineScanner() if parallel else JsonObjectScanner())
 
     def stream_filter(self):
         return JsonAnswerStream()

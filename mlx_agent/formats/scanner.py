@@ -8,6 +8,10 @@
 - :class:`ToolCallScanner` (hermes) ends a turn once text after a ``</tool_call>`` is
   neither white space nor the start of another ``<tool_call>``.
 - :class:`NeverScanner` (plain text) leaves the end to the stop token and the token limit.
+- :class:`RunawayListScanner` wraps json's and hermes's: it also ends the turn once a list in
+  the reply's JSON has repeated its earlier items :data:`RUNAWAY_REPEATS` times in a row
+  (``["G", "C", "C", "C", ...``: a loop the grammar cannot forbid), so the loop costs a few
+  dozen tokens, not the reply's whole budget; :mod:`mlx_agent.runaway_list` then closes it.
 
 The end-of-turn token itself is the engine's stop id. Each only looks at each character once.
 """
@@ -15,6 +19,7 @@ The end-of-turn token itself is the engine's stop id. Each only looks at each ch
 from __future__ import annotations
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+RUNAWAY_REPEATS = 10  # items in a row that a list already holds: a loop, not a list
 
 
 class JsonObjectScanner:
@@ -163,3 +168,68 @@ class NeverScanner:
     @property
     def finished(self) -> bool:
         return False
+
+
+class RunawayListScanner:
+    """``inner``'s end of the turn, or where a JSON list in the reply (from its first
+    ``{``) has had :data:`RUNAWAY_REPEATS` items in a row that it already held: string-
+    and escape-aware, each character read once (a list's items are kept, as text, to
+    compare)."""
+
+    def __init__(self, inner, repeats: int = RUNAWAY_REPEATS):
+        self.inner, self.repeats = inner, repeats
+        self.looped = False
+        self._pos = 0
+        self._started = self._in_string = self._escape = False
+        self._stack: list[list] = []  # per open container: [bracket, item start, seen, run]
+
+    def feed(self, segment: str) -> bool:
+        ended = self.inner.feed(segment)
+        text = self.inner.text
+        for i in range(self._pos, len(text)):
+            if self.looped:
+                break
+            ch = text[i]
+            if not self._started:
+                self._started = ch == "{"
+            if not self._started:
+                continue
+            if self._in_string:
+                self._escape, self._in_string = (False, True) if self._escape else \
+                    (ch == "\\", ch != '"')
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "[{":
+                self._stack.append([ch, i + 1, set(), 0])
+            elif ch == "," and self._stack and self._stack[-1][0] == "[":
+                self._item(text, i)
+            elif ch in "]}" and self._stack:
+                if ch == "]" and self._stack[-1][0] == "[" and text[self._stack[-1][1]:i].strip():
+                    self._item(text, i)
+                self._stack.pop()
+        self._pos = len(text)
+        return ended or self.looped
+
+    def _item(self, text: str, end: int) -> None:
+        """The list on top of the stack has an item up to ``end``: seen before, or new."""
+        frame = self._stack[-1]
+        item = text[frame[1]:end].strip()
+        frame[1] = end + 1
+        if item in frame[2]:
+            frame[3] += 1
+            self.looped = frame[3] >= self.repeats
+        else:
+            frame[2].add(item)
+            frame[3] = 0
+
+    @property
+    def text(self) -> str:
+        return self.inner.text
+
+    @property
+    def turn_text(self) -> str:
+        return self.inner.turn_text
+
+    @property
+    def finished(self) -> bool:
+        return self.inner.finished or self.looped
