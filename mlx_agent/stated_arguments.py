@@ -41,9 +41,10 @@ its parameter asks ("2023-04-11", :mod:`mlx_agent.dates`). Before all that, a tu
 (:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
 the reply may answer, a call on a required number no one gave becomes a question to the
 user (:mod:`mlx_agent.unfounded`), and so does one on a required string no one gave where
-the reply was pressed to be a call: :func:`names_a_tool` tells the agent and the server
-when a turn's first reply may be pressed (the request writes a tool's name; they press
-where the model would answer, :func:`mlx_agent.probe.would_call`).
+the reply was pressed to be a call: :func:`pressed_tools` tells the agent and the server
+when a reply may be pressed, and to which tools (the request writes a tool's name; after a
+tool result, one no call has called yet; they press where the model would answer,
+:func:`mlx_agent.probe.would_call`).
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it was
 sampled, and so is every call with a rotating KV cache; a value the request implies without
@@ -73,7 +74,7 @@ from .copied_values import (apart_values, named_choices, percent_rates, recopied
                             scaled_numbers, signed_numbers, whole_lists, whole_places,
                             written_choices)
 from .dates import dated_values
-from .described_tool import described_tool, mentioned, stems
+from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
 from .engine import Sampler, greedy_sampler
 from .formats import GET_TOOL_INFO, text_of
@@ -212,6 +213,62 @@ def _piped(name: str, value: Any, request: str, results: Sequence[str],
     return x is not None and x not in numbers and x in map(_result_number, results)
 
 
+# what a request calls the result it passes on: "the answer you got", "its output", "it"
+_RESULT = r"(?:(?:the|its|that|this|your)\s+)?(?:output|result|answer|response|value|reply)" \
+    r"(?:\s+(?:you|it)\s+(?:got|gave|returned|returns|get))?|it|that|this|what\s+(?:you|it)\s+" \
+    r"(?:got|gave|returned|returns)"
+
+
+def _passes_on(name: str, request: str) -> bool:
+    """Whether the request passes the turn's result on as the parameter ``name`` (its words
+    apart): "feeding in the answer you got as its title", "passing its output as the
+    text", "use the result for the label", "with the title set to the output"."""
+    words = [w.lower() for w in NAME_WORD.findall(name)]
+    if not words or any(len(w) < 3 for w in words) and len(words) == 1:
+        return False
+    param = r"\s+".join(map(re.escape, words))
+    link = rf"\b(?:{_RESULT})\b[^.;!?\n]{{0,40}}?\b(?:as|for|in|into)\s+(?:the|its|a|an)\s+" \
+        rf"{param}\b|\b{param}\s+(?:to|=|being|equal\s+to|set\s+to|as)\s+(?:{_RESULT})\b"
+    return re.search(link, request, re.IGNORECASE) is not None
+
+
+def last_result(messages: Sequence[dict]) -> str | None:
+    """The text of the last tool result after the last user message (the agent's
+    ``{"stdout": ...}`` as its output), stripped; None where there is none."""
+    last = _last_user(messages) or 0
+    text = next((text_of(m.get("content")) for m in reversed(messages[last + 1:])
+                 if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO), None)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text.strip()
+    out = value.get("stdout") if isinstance(value, dict) else None
+    return out.strip() if isinstance(out, str) else text.strip()
+
+
+def piped_results(tool: Tool, arguments: dict, request: str, result: str | None) -> dict:
+    """``arguments`` with each parameter the request passes the turn's last ``result`` on
+    as (:func:`_passes_on`) holding that result: the text for a string, the one number a
+    result of one number holds for a number, where the schema takes it; ``arguments``
+    itself where none is (or there is no result)."""
+    if not result:
+        return arguments
+    out = arguments
+    for name, schema in tool.properties.items():
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        value = result if kind == "string" else _result_number(result) \
+            if kind in ("number", "integer") else None
+        if kind == "integer" and isinstance(value, float):
+            value = int(value) if value.is_integer() else None
+        if value is None or out.get(name) == value or not _passes_on(name, request):
+            continue
+        if not tool.validate({**out, name: value}):
+            out = {**out, name: value}
+    return out
+
+
 def _may_state(tool: Tool, name: str, request: str, arguments: dict,
                results: Sequence[str] = ()) -> bool:
     """False where no value the probe could write would pass :func:`stated`, so the probe
@@ -277,14 +334,36 @@ def request_text(messages: Sequence[dict]) -> str:
                  if m["role"] == "user"), "")
 
 
-def names_a_tool(tools: Sequence[Tool], messages: Sequence[dict]) -> bool:
-    """Whether the reply to ``messages`` is a turn's first (no tool result follows the
-    last user message) and that message writes one of the ``tools``' names
-    (:func:`mlx_agent.described_tool.mentioned`): the reply should be a call of one, not an
-    answer from the model's own knowledge."""
+def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
+                  called: Collection[str] | None = None) -> list[Tool]:
+    """The ``tools`` the reply to ``messages`` should call one of rather than answer from
+    the model's own knowledge: where the last user message writes one of their names
+    (:func:`mlx_agent.described_tool.mentioned`), all of them for the turn's first reply;
+    after a tool result, those the message names, each word of the name but a verb whole
+    (:func:`_names_whole`), that no call since has called ("get the weather in Mumbai, then
+    create an event with it as the title": ``create_event``, once ``get_weather`` ran; ``called``: the names of the tools called since, where the caller
+    knows them, else those of the messages' ``tool_calls``). Empty where there are none."""
     last = _last_user(messages)
-    return last is not None and not any(m["role"] == "tool" for m in messages[last:]) \
-        and bool(mentioned(tools, text_of(messages[last].get("content"))))
+    if last is None:
+        return []
+    named = mentioned(tools, text_of(messages[last].get("content")))
+    if not named or not any(m["role"] == "tool" for m in messages[last:]):
+        return list(tools) if named else []
+    if called is None:
+        called = {(c.get("function") or {}).get("name") for m in messages[last:]
+                  if m["role"] == "assistant" for c in m.get("tool_calls") or ()
+                  if isinstance(c, dict)}
+    request = text_of(messages[last].get("content"))
+    return [t for t in named if t.name not in called and _names_whole(t.name, request)]
+
+
+def _names_whole(name: str, request: str) -> bool:
+    """Whether the request writes each word of a tool's name but :data:`DOING`'s as a whole
+    word, singular or plural ("create an event" for ``create_event``; not "start time"
+    for ``set_timer``, whose stems it shares)."""
+    words = [w.lower() for w in NAME_WORD.findall(name) if stem(w.lower()) not in DOING]
+    return bool(words) and all(writes_whole(request, w[:-1] if w.endswith("s") and len(w) > 3
+                                            else w) for w in words)
 
 
 def heard_text(messages: Sequence[dict]) -> str:
@@ -406,6 +485,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
         arguments = whole_lists(tool, arguments, request)
+        arguments = piped_results(tool, arguments, request, last_result(messages))
         arguments = signed_numbers(tool, scaled_numbers(tool, arguments, request), request)
         arguments = percent_rates(tool, arguments, request)
         arguments = flags_as_asked(tool, arguments, request)

@@ -279,18 +279,99 @@ def test_the_server_calls_where_the_request_writes_a_tools_name(tiny_lm, serve):
     assert r.choices[0].message.content == "It is sunny."
 
 
-def test_only_a_turns_first_reply_to_a_request_naming_a_tool_is_pressed():
-    from mlx_agent.stated_arguments import names_a_tool
+def test_a_reply_is_pressed_to_the_tools_the_request_names_and_no_call_has_called():
+    from mlx_agent.stated_arguments import pressed_tools
 
     asked = user("What's the weather in Oslo?")
-    assert names_a_tool(WEATHER, asked)
-    assert not names_a_tool(WEATHER, user("Is it sunny in Oslo?"))
-    assert not names_a_tool(WEATHER, [*asked, {"role": "assistant", "content": "x"},
-                                      {"role": "tool", "content": "sunny"}])  # results came
-    assert not names_a_tool(WEATHER, [{"role": "system", "content": "weather"}])  # no user
-    assert names_a_tool(WEATHER, [*asked, {"role": "assistant", "content": "x"},
-                                  {"role": "tool", "content": "sunny"},
-                                  *user("And the weather in Rome?")])  # a new turn
+    assert pressed_tools(WEATHER, asked) == WEATHER  # the first reply: any tool
+    assert pressed_tools(WEATHER, user("Is it sunny in Oslo?")) == []
+    called = [*asked, {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "sunny"}]
+    assert pressed_tools(WEATHER, called) == []  # it ran: the reply may answer
+    assert pressed_tools(WEATHER, [{"role": "system", "content": "weather"}]) == []  # no user
+    assert pressed_tools(WEATHER, [*called, {"role": "assistant", "content": "x"},
+                                   *user("And the weather in Rome?")]) == WEATHER  # a new turn
+    # a chain: the second tool the request names is pressed once the first has run
+    chain = parse_tools(json.dumps([{"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}, {"name": "create_event", "parameters": {
+        "type": "object", "properties": {"title": {"type": "string"}}}}, {"name": "send_email",
+        "parameters": {"type": "object", "properties": {"to": {"type": "string"}}}}]),
+        runnable=False)
+    request = user("Get the weather in Oslo, then create an event with it as the title.")
+    ran = [*request, *called[1:]]
+    assert pressed_tools(chain, request) == chain
+    assert [t.name for t in pressed_tools(chain, ran)] == ["create_event"]
+    assert pressed_tools(chain, [*ran, {"role": "assistant", "tool_calls": [{"type": "function",
+        "function": {"name": "create_event", "arguments": "{}"}}]},
+        {"role": "tool", "content": "created"}]) == []  # both ran
+
+
+CHAIN = parse_tools(json.dumps([WEATHER_TOOL, {
+    "name": "create_event", "description": "Create a calendar event.",
+    "parameters": {"type": "object", "required": ["title"], "properties": {
+        "title": {"type": "string"}}},
+    "_exec": 'echo "created $title"'}]))
+CHAIN_REQUEST = "Get the weather in Oslo, then create an event, passing the result as its title."
+
+
+def test_a_chains_second_tool_is_called_with_the_first_result(tiny_lm):
+    """After the first call's result, the model would answer: the step is pressed to the
+    tool the request names that has not run, and the result goes where the request says."""
+    lm = replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    second = '<tool_call>\n{"name":"create_event","arguments":{"title":"Oslo"}}\n</tool_call>'
+
+    def ask(request, **config):
+        rec = Recorder()
+        agent = Agent(lm, lm.engine(), CHAIN, agent_format("hermes", lm),
+                      AgentConfig(grammar=True, max_steps=4, **config), emit=rec,
+                      sampler=Obliging(lm, HERMES_CALL % "Oslo", "Done.", second, "Done."))
+        return agent.ask(request), rec
+
+    out, rec = ask(CHAIN_REQUEST)
+    assert [(c.tool, c.arguments) for c in rec.of(ev.ToolCall)] == [
+        ("get_weather", {"city": "Oslo"}), ("create_event", {"title": "sunny in Oslo"})]
+    assert out.answer == "Done." and out.stats.mentioned_steps == 2
+    # the switch off: the model answers after the first result, as it would
+    out, rec = ask(CHAIN_REQUEST, stated_arguments=False)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["get_weather"] and out.answer == "Done."
+
+
+@pytest.mark.parametrize("name, request_, passes", [
+    ("title", "create event, feeding in the answer you got as its title.", True),
+    ("title", "create event, passing its output as the title.", True),
+    ("label", "then set a timer, using the result for the label", True),
+    ("title", "with the title set to the output", True),
+    ("text", "reverse text, passing its output as the text", True),
+    ("title", "Create an event titled Lunch", False),
+    ("title", "Title: the answer to life", False),
+    ("minutes", "a timer of 5 minutes, and the result as a label", False),  # another's
+])
+def test_where_a_request_passes_a_result_on(name, request_, passes):
+    from mlx_agent.stated_arguments import _passes_on
+
+    assert _passes_on(name, request_) is passes
+
+
+def test_a_passed_on_result_is_the_parameters_value():
+    from mlx_agent.stated_arguments import last_result, piped_results
+
+    tool = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object",
+        "required": ["title"], "properties": {"title": {"type": "string"},
+                                             "minutes": {"type": "integer"}}}}]),
+        runnable=False)[0]
+    request = "Create it, with the result as the title and the answer as its minutes."
+    assert piped_results(tool, {"title": "x"}, request, "616.0 miles") == \
+        {"title": "616.0 miles"}  # a result of words: no number for minutes
+    assert piped_results(tool, {"title": "x"}, request, "42") == {"title": "42", "minutes": 42}
+    assert piped_results(tool, {"title": "x"}, "Create it.", "42") == {"title": "x"}
+    held = {"title": "x"}
+    assert piped_results(tool, held, request, None) is held
+    agent = [*user("x"), {"role": "tool", "content": json.dumps(
+        {"tool": "k", "stdout": "616.0 miles\n", "stderr": ""})}]
+    assert last_result(agent) == "616.0 miles"  # the agent's result: its output
+    assert last_result([*user("x"), {"role": "tool", "content": " plain "}]) == "plain"
+    assert last_result([{"role": "tool", "content": "before"}, *user("x")]) is None
 
 
 def test_the_server_asks_for_the_string_a_pressed_call_made_up(tiny_lm, serve):  # noqa: F811

@@ -31,9 +31,8 @@ from ..formats import Call, Format
 from ..grammar import GrammarError, forced_call, is_forced, ll_tokenizer, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
-from ..described_tool import mentioned
 from ..probe import would_call
-from ..stated_arguments import complete_reply
+from ..stated_arguments import complete_reply, pressed_tools
 from ..text import TextStream
 from ..tokenizer import special_tokens
 from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
@@ -76,8 +75,10 @@ class AgentConfig:
     # a request that tells the agent to use a tool by name ("Use the echo tool to ...")
     # makes the first step call it, where the choice is "auto" (see named_tool); with
     # stated_arguments, so does one that writes a tool's name (described_tool.mentioned)
-    # where the model would answer (probe.would_call), and the call becomes a question to
-    # the user where it makes up a required value.
+    # where the model would answer (probe.would_call), and a later step, after a result,
+    # where it writes the name of a tool that has not run this turn (a chain's second
+    # step: stated_arguments.pressed_tools); the call becomes a question to the user where
+    # it makes up a required value.
     # Needs the grammar.
     follow_named_tool: bool = True
     # a turn's first call of another tool than the one the request describes is written
@@ -290,17 +291,18 @@ class Agent:
                 and (named := named_tool(user_text, self.tools)) is not None):
             choice = named
             stats.named_steps += 1
-        # the request writes a tool's name, and the model would answer from its own
-        # knowledge: it must call (one tool), and is asked for what it would make up
-        pressed = (step == 0 and choice == "auto" and user_text is not None
-                   and self.config.grammar and self.config.stated_arguments
-                   and self.config.follow_named_tool and self._call_left()
-                   and getattr(self.engine, "cache_mode", None) != "rotating"
-                   and bool(mentioned(list(self.tools.values()), user_text))
-                   and not would_call(self.engine, self.lm, self.fmt.name, prompt,
-                                      self._constraint("auto", self.fmt.name == "hermes")))
-        if pressed:
-            choice = "required"
+        # the request writes a tool's name (after a result, one not called yet), and the
+        # model would answer from its own knowledge: it must call (one of those tools), and
+        # is asked for what it would make up
+        press = pressed_tools(list(self.tools.values()), self._messages(), self._called) \
+            if choice == "auto" and self.config.grammar and self.config.stated_arguments \
+            and self.config.follow_named_tool and self._call_left() \
+            and getattr(self.engine, "cache_mode", None) != "rotating" else []
+        pressed = bool(press) and not would_call(
+            self.engine, self.lm, self.fmt.name, prompt,
+            self._constraint("auto", self.fmt.name == "hermes"))
+        if pressed:  # one tool left: that one; else any (the first reply: any, as before)
+            choice = press[0].name if len(press) == 1 and step > 0 else "required"
             stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
@@ -318,9 +320,7 @@ class Agent:
             try:
                 reply, text, ids = complete_reply(
                     self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                    list(self.tools.values()), [  # the conversation as the model read it
-                        {"role": "system", "content": self.conversation.system_text},
-                        *self.conversation.messages],
+                    list(self.tools.values()), self._messages(),
                     self.probe_sampler, self._made,
                     choices=list(self.tools.values()) if choice in ("auto", "required")
                     else (), max_tokens=self.config.max_tokens,  # a named tool stays
@@ -455,6 +455,11 @@ class Agent:
             return error_result(result.tool, f"the tool output contains the reserved marker "
                                              f"{forged!r}; it was withheld")
         return result
+
+    def _messages(self) -> list[dict]:
+        """The conversation as the model reads it, system prompt first."""
+        return [{"role": "system", "content": self.conversation.system_text},
+                *self.conversation.messages]
 
     def _call_left(self) -> bool:
         """Whether the loop guard leaves a call to make: a tool not called this turn, or one

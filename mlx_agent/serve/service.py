@@ -47,7 +47,7 @@ from ..formats.streams import Passthrough
 from ..grammar import GrammarError, ll_tokenizer, schema_constraint, tool_constraint
 from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..probe import would_call
-from ..stated_arguments import complete_reply, names_a_tool
+from ..stated_arguments import complete_reply, pressed_tools
 from ..text import TextStream
 from ..tools import Tool
 from .slots import Lanes
@@ -89,7 +89,8 @@ class PreparedChat:
     prompt: list[int]
     constraint: Constraint | None
     max_tokens: int
-    pressed: bool = False  # tool choice auto, and the request writes a tool's name
+    # tool choice auto, and the request writes a tool's name: the tools a call may be pressed
+    pressed: list[Tool] = field(default_factory=list)  # to (ChatService._chat)
 
 
 @dataclass
@@ -208,8 +209,9 @@ class ChatService:
         prep = PreparedChat(call, list(tools), fmt, deferred, [], None,
                             call.max_tokens or self.default_max_tokens)
         prep.prompt = self._prompt(prep, call.messages)
-        prep.pressed = self.stated_arguments and call.tool_choice == "auto" and not deferred \
-            and names_a_tool(prep.tools, call.messages)  # then a call where it would answer
+        if self.stated_arguments and call.tool_choice == "auto" and not deferred:
+            prep.pressed = pressed_tools(prep.tools, call.messages)  # a call where it would
+            # answer
         try:
             prep.constraint = self._constraint(prep, 0, call.messages)
         except GrammarError as e:  # the tools' grammar, unless it was the schema's
@@ -232,7 +234,7 @@ class ChatService:
         messages, prompt, constraint = list(prep.call.messages), prep.prompt, prep.constraint
         usage, hops, blocked = Usage(), 0, 0
         while True:
-            press = self._constraint(prep, hops, messages, pressed=True) \
+            press = self._constraint(prep, hops, messages, pressed=prep.pressed) \
                 if prep.pressed and hops == 0 else None
             gen = self._generate(lane, prep.call, prompt, prep.max_tokens, constraint, on_text,
                                  cancelled, prep.fmt, press=press)
@@ -300,15 +302,16 @@ class ChatService:
         return prompt
 
     def _constraint(self, prep: PreparedChat, hops: int, messages: list[dict],
-                    pressed: bool = False) -> Constraint | None:
+                    pressed: Sequence[Tool] = ()) -> Constraint | None:
         """The reply's grammar: the tools (plus get_tool_info while hops remain) less the
         calls this turn already made, a response_format schema, or none; ``pressed``, one
-        call of the tools, whatever the request's tool choice."""
+        call of those tools, whatever the request's tool choice."""
         call = prep.call
         if prep.tools:
             offer_info = prep.deferred and hops < MAX_HOPS and \
                 call.tool_choice in ("auto", "required")
-            shown = prep.tools + ([get_tool_info_tool(prep.tools)] if offer_info else [])
+            shown = list(pressed) or \
+                prep.tools + ([get_tool_info_tool(prep.tools)] if offer_info else [])
             constraint = tool_constraint(self.lm, prep.fmt.name, shown, prep.max_tokens,
                                          "required" if pressed else call.tool_choice,
                                          call.parallel and not pressed, bound_answer=False)
