@@ -82,7 +82,8 @@ RETRY_HELP = ("After a tool call fails, make the model's next reply a call (anot
 NAMED_HELP = ("Let the model choose freely even when the request tells it to use a tool by "
               "name (\"Use the echo tool to ...\" makes the first step call echo) or "
               "writes a tool's name and the model would answer without a call (\"the "
-              "weather in Oslo\" then makes it call a tool).")
+              "weather in Oslo\" then makes it call a tool; after a result, one the request "
+              "names that has not run).")
 
 
 STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first call of a "
@@ -94,9 +95,12 @@ STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first ca
                "whole, an enum's value or a flag is the one the request names, and where the "
                "reply may answer, a call on a number no one gave becomes a question asking "
                "the user for it; where the tool choice is auto, a turn's first reply is a "
-               "call where the request writes a tool's name and the model would answer "
-               "(asking the user for what the call would make up; in agent and eval, "
-               "--ignore-named-tool turns that off alone).")
+               "call where the request writes a tool's name and the model would answer, "
+               "and so is a later reply where it names a tool not yet called (asking the "
+               "user for what the call would make up; in agent and eval, "
+               "--ignore-named-tool turns that off alone); a result the request passes on "
+               "as a parameter is that parameter's value; dates are written in the format "
+               "their parameter asks.")
 
 
 def loop_options(f):

@@ -39,6 +39,12 @@ word's start: "postgres" is in "PostgreSQL") is made the one other value of that
 writes as whole words ("news", "app balance", "hot air" for ``hot_air``), unless it writes
 two or another argument holds it.
 
+:func:`assigned_values`: a value the request assigns a parameter by its name ("b=371,
+a=806", ``title equal to "Pricing change"``) is that parameter's, not the other's.
+:func:`as_cased`: a string the request writes in other capitals is as it writes them.
+:func:`whole_identifiers`: an email or web address the request does not write is the one it
+writes most alike ("Ximena.Mehta@Mail.example.net" for "arjun.mehta@mail.example.net").
+
 :func:`named_choices`: a list of an enum's values is the values the request names, in its
 order ("the rating and player count" for ``["player count"]``), where the model's list is
 empty or left out, or holds only values the request names and fewer of them.
@@ -526,6 +532,98 @@ def percent_rates(tool: Tool, arguments: dict, request: str) -> dict:
         if all(number(v) != meant for v in out.values()) \
                 and not tool.validate({**out, name: meant}):
             out = {**out, name: meant}
+    return out
+
+
+# a value the request assigns a parameter by its name: "b=371", "a: 806", "title equal to
+# \"Pricing change\"", "the minutes being 8", "limit set to 10"
+_ASSIGN = r"\s*(?:=|:|\bequal\s+to\b|\bbeing\b|\bset\s+to\b)\s*"
+_ASSIGNED = r"(\"[^\"\n]{1,200}\"|'[^'\n]{1,200}'|-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w:/-]|\.\d)" \
+    r"|(?-i:(?<![\w-])[A-Z0-9][A-Z0-9_:/.-]{0,62}[A-Z0-9](?![\w-])))"  # a code: USD, 20:00
+
+
+def assigned_values(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level value the request assigns its parameter by name,
+    once ("b=371, a=806", ``title equal to "Pricing change"``, "the minutes being 8": its
+    words apart or as written), made that value: a number for a number parameter, a quoted
+    string or a code of capitals, digits and ``_:/.-`` ("USD", "2024-12-22", "20:00") for a
+    string one (without an enum: :func:`written_choices` reads those), where the schema
+    takes it; ``arguments`` itself where none is. A small model swaps "b=371,
+    a=806" into ``a: 371, b: 806``."""
+    head = request[:REQUEST_CHARS]
+    out = arguments
+    for name, schema in tool.properties.items():
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if kind not in ("integer", "number", "string") or "enum" in schema:
+            continue
+        words = [w for w in NAME_WORD.findall(name)]
+        label = "|".join({re.escape(name), r"[\s_-]+".join(map(re.escape, words))} - {""})
+        found = {m.group(1) for m in re.finditer(rf"(?<![\w.-])(?:{label}){_ASSIGN}{_ASSIGNED}",
+                                                 head, re.IGNORECASE)}
+        if len(found) != 1:
+            continue
+        written = found.pop()
+        code = written[0] not in "\"'" and not NUMBER.fullmatch(written)
+        if kind == "string":
+            value: Any = written if code else written[1:-1] if written[0] in "\"'" else None
+            if value is None:
+                continue
+        else:
+            if code or written[0] in "\"'":
+                continue
+            x = float(written.replace(",", ""))
+            value = int(x) if x.is_integer() and kind == "integer" or x.is_integer() \
+                and abs(x) < 2 ** 53 else x
+        if out.get(name) != value and not tool.validate({**out, name: value}):
+            out = {**out, name: value}
+    return out
+
+
+def as_cased(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level string (of three characters or more, of a
+    parameter with no enum or const) that the request writes once, whole words, but in
+    other capitals, made as the request writes it ("order more coffee beans." for
+    ``"Order more coffee beans."``); ``arguments`` itself where none is."""
+    head = request[:REQUEST_CHARS]
+    out = arguments
+    for name, value in arguments.items():
+        schema = tool.properties.get(name)
+        if not isinstance(value, str) or len(value.strip()) < 3 or value.strip() in head \
+                or isinstance(schema, dict) and {"enum", "const"} & schema.keys():
+            continue
+        found = {m.group() for m in re.finditer(rf"(?<!\w){re.escape(value.strip())}(?!\w)",
+                                                head, re.IGNORECASE)}
+        if len(found) == 1 and not tool.validate({**out, name: (cased := found.pop())}):
+            out = {**out, name: cased}
+    return out
+
+
+# an identifier a request writes whole: an email address, a web address
+_IDENTIFIER = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://[^\s\"'<>]+", re.IGNORECASE)
+
+
+def whole_identifiers(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level string that is an email or a web address the
+    request does not write (case aside) made the one of that kind it writes that is most
+    alike (:class:`difflib.SequenceMatcher`; at least :data:`LIKENESS`), where no other
+    argument holds it and the schema takes it: "Ximena.Mehta@Mail.example.net" for
+    "arjun.mehta@mail.example.net"; ``arguments`` itself where none is."""
+    written = [m.group().rstrip(".,;:)?!") for m in _IDENTIFIER.finditer(request[:REQUEST_CHARS])]
+    if not written:
+        return arguments
+    out = arguments
+    for name, value in arguments.items():
+        if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value.strip()) \
+                or any(value.strip().lower() == w.lower() for w in written):
+            continue
+        kind = "@" in value
+        alike = [(difflib.SequenceMatcher(None, value.lower(), w.lower()).ratio(), w)
+                 for w in written if ("@" in w) == kind]
+        best = max(alike, default=(0.0, ""))
+        if best[0] >= LIKENESS and [r for r, _ in alike].count(best[0]) == 1 \
+                and best[1].lower() not in _other_strings(out, name) \
+                and not tool.validate({**out, name: best[1]}):
+            out = {**out, name: best[1]}
     return out
 
 

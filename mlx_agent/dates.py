@@ -110,9 +110,9 @@ def _in_format(value: str, fmt: str) -> bool:
 
 def dated_values(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each top-level string that is a date whole (:func:`read_date`;
-    with no year, the one year the request writes as a year: :data:`_YEARS`) written in the format its parameter asks for
-    (:func:`asked_format`), where it is not so already and the schema takes it;
-    ``arguments`` itself where none is."""
+    with no year, the one year the request writes as a year: :data:`_YEARS`) written in the
+    format its parameter asks for (:func:`asked_format`), where it is not so already and the
+    schema takes it; ``arguments`` itself where none is."""
     out, years = arguments, None
     for name, value in arguments.items():
         fmt = asked_format(tool.properties.get(name)) if isinstance(value, str) else None

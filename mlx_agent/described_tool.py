@@ -22,7 +22,8 @@ alone.
 
 :func:`mentioned` gives the tools whose name a request writes ("the change in entropy" for
 ``entropy_change.calculate``): where it writes one and the model would answer from its own
-knowledge, the turn's first reply must be a call instead (:mod:`mlx_agent.stated_arguments`,
+knowledge, the turn's first reply must be a call instead, and so must a later one where a
+tool it names has not run (:func:`mlx_agent.stated_arguments.pressed_tools`,
 :func:`mlx_agent.probe.would_call`).
 
 Not promised: English words, matched by spelling ("ran" is not "run", "cost" not "price");

@@ -16,7 +16,7 @@ then the one the grammar would write (:func:`mlx_agent.grammar.call_text`), and 
 through the rest of :func:`mlx_agent.stated_arguments.complete_reply` like any other.
 
 The agent and the server end such a reply early: their scanners stop a list that has
-repeated its items ten times in a row (:class:`~mlx_agent.formats.scanner.RunawayListScanner`),
+repeated its items 24 times in a row (:class:`~mlx_agent.formats.scanner.RunawayListScanner`),
 so the loop costs a few dozen tokens; a reply cut at its token budget is read the same way.
 
 Not promised: only a reply cut off inside such a list is read, whatever cut it off (a string

@@ -33,17 +33,21 @@ The same pass reads the call's values against the request (:mod:`mlx_agent.copie
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, a place cut at its comma
 ("Riga" for "Riga, Latvia") or a list of numbers one item off is copied whole, an enum's
 value the request does not write is the one it does ("hamster", not "cat"), a list of an
-enum's values holds each the request names ("points and rebounds"), and a number
-is taken at the scale and with the sign the request writes it ("213 million": 213000000,
-not 213; "119.5383 W": -119.5383), a rate written as a percentage as its fraction ("5%":
-0.05); after the probes, a date in words ("April 11th, 2023") is written in the format
-its parameter asks ("2023-04-11", :mod:`mlx_agent.dates`). Before all that, a turn's first call of a tool other than the one the request describes
+enum's values holds each the request names ("points and rebounds"), a value the request
+assigns a parameter by name is that parameter's ("b=371, a=806"), a string is cased as the
+request writes it, an email or web address is copied whole, and a number is taken at the
+scale and with the sign the request writes it ("213 million": 213000000, not 213; "119.5383
+W": -119.5383), a rate written as a percentage as its fraction ("5%": 0.05), a result the
+request passes on as a parameter ("passing its output as the title") that parameter's value
+(:func:`piped_results`); after the probes, a date in words ("April 11th, 2023") is written
+in the format its parameter asks ("2023-04-11", :mod:`mlx_agent.dates`). Before all that, a
+turn's first call of a tool other than the one the request describes
 (:mod:`mlx_agent.described_tool`) is written again for that one. Before the probes, where
-the reply may answer, a call on a required number no one gave becomes a question to the
-user (:mod:`mlx_agent.unfounded`), and so does one on a required string no one gave where
-the reply was pressed to be a call: :func:`pressed_tools` tells the agent and the server
-when a reply may be pressed, and to which tools (the request writes a tool's name; after a
-tool result, one no call has called yet; they press where the model would answer,
+the reply may answer, a call on a required number no one gave becomes a question to the user
+(:mod:`mlx_agent.unfounded`), and so does one on a required string no one gave where the
+reply was pressed to be a call: :func:`pressed_tools` tells the agent and the server when a
+reply may be pressed, and to which tools (the request writes a tool's name; after a tool
+result, one no call has called yet; they press where the model would answer,
 :func:`mlx_agent.probe.would_call`).
 
 Not promised: a reply of more than one call, or with text beside its call, is left as it was
@@ -70,9 +74,9 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import (apart_values, named_choices, percent_rates, recopied,
-                            scaled_numbers, signed_numbers, whole_lists, whole_places,
-                            written_choices)
+from .copied_values import (apart_values, as_cased, assigned_values, named_choices, percent_rates,
+                            recopied, scaled_numbers, signed_numbers, whole_identifiers,
+                            whole_lists, whole_places, written_choices)
 from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
@@ -213,28 +217,33 @@ def _piped(name: str, value: Any, request: str, results: Sequence[str],
     return x is not None and x not in numbers and x in map(_result_number, results)
 
 
-# what a request calls the result it passes on: "the answer you got", "its output", "it"
-_RESULT = r"(?:(?:the|its|that|this|your)\s+)?(?:output|result|answer|response|value|reply)" \
-    r"(?:\s+(?:you|it)\s+(?:got|gave|returned|returns|get))?|it|that|this|what\s+(?:you|it)\s+" \
+# what a request calls the result it passes on: "the answer you got", "its output"
+_RESULT = r"(?:(?:the|its|that|this|your)\s+)?(?:output|result|answer|response|reply)" \
+    r"(?:\s+(?:you|it)\s+(?:got|gave|returned|returns|get))?|what\s+(?:you|it)\s+" \
     r"(?:got|gave|returned|returns)"
 
 
 def _passes_on(name: str, request: str) -> bool:
     """Whether the request passes the turn's result on as the parameter ``name`` (its words
     apart): "feeding in the answer you got as its title", "passing its output as the
-    text", "use the result for the label", "with the title set to the output"."""
+    text", "use the result for the label", "with the title set to the output", "use it
+    as the title" (a pronoun right before "as"); not "translate the text to that
+    language", "the body set to this", "schedule it for the date"."""
     words = [w.lower() for w in NAME_WORD.findall(name)]
     if not words or any(len(w) < 3 for w in words) and len(words) == 1:
         return False
     param = r"\s+".join(map(re.escape, words))
     link = rf"\b(?:{_RESULT})\b[^.;!?\n]{{0,40}}?\b(?:as|for|in|into)\s+(?:the|its|a|an)\s+" \
-        rf"{param}\b|\b{param}\s+(?:to|=|being|equal\s+to|set\s+to|as)\s+(?:{_RESULT})\b"
+        rf"{param}\b|\b(?:it|that|this)\s+as\s+(?:the|its|a|an)\s+{param}\b" \
+        rf"|\b{param}\s+(?:=|being|equal\s+to|set\s+to|as)\s+(?:{_RESULT})\b"
     return re.search(link, request, re.IGNORECASE) is not None
 
 
 def last_result(messages: Sequence[dict]) -> str | None:
-    """The text of the last tool result after the last user message (the agent's
-    ``{"stdout": ...}`` as its output), stripped; None where there is none."""
+    """The text of the last tool result after the last user message, stripped: the
+    agent's ``{"stdout": ...}`` as its output (none where its exit code is not 0), a JSON
+    string as that string; None where there is none, or where it is other JSON (an object
+    or a list: which of its values is meant is not said)."""
     last = _last_user(messages) or 0
     text = next((text_of(m.get("content")) for m in reversed(messages[last + 1:])
                  if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO), None)
@@ -244,8 +253,11 @@ def last_result(messages: Sequence[dict]) -> str | None:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return text.strip()
-    out = value.get("stdout") if isinstance(value, dict) else None
-    return out.strip() if isinstance(out, str) else text.strip()
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, dict) and isinstance(value.get("stdout"), str):
+        return value["stdout"].strip() if value.get("exit_code", 0) == 0 else None
+    return None if isinstance(value, (dict, list)) else text.strip()
 
 
 def piped_results(tool: Tool, arguments: dict, request: str, result: str | None) -> dict:
@@ -335,35 +347,57 @@ def request_text(messages: Sequence[dict]) -> str:
 
 
 def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
-                  called: Collection[str] | None = None) -> list[Tool]:
+                  tried: Collection[str] | None = None) -> list[Tool]:
     """The ``tools`` the reply to ``messages`` should call one of rather than answer from
     the model's own knowledge: where the last user message writes one of their names
-    (:func:`mlx_agent.described_tool.mentioned`), all of them for the turn's first reply;
-    after a tool result, those the message names, each word of the name but a verb whole
-    (:func:`_names_whole`), that no call since has called ("get the weather in Mumbai, then
-    create an event with it as the title": ``create_event``, once ``get_weather`` ran; ``called``: the names of the tools called since, where the caller
-    knows them, else those of the messages' ``tool_calls``). Empty where there are none."""
+    (:func:`mlx_agent.described_tool.mentioned`), all of them for the turn's first reply.
+    After a tool result, the one the message names first (each word of its name but a
+    verb whole: :func:`_named_at`) that no call since has tried, in a clause with no
+    negation or condition ("get the weather in Mumbai, then create an event with it as the
+    title": ``create_event``, once ``get_weather`` ran; not "don't create an event", "if it
+    rains, create an event"). ``tried``: the tools the turn's calls tried (ran, failed or
+    were denied), where the caller knows them; else those the messages' ``tool_calls`` and
+    named tool results show. Empty where there are none."""
     last = _last_user(messages)
     if last is None:
         return []
-    named = mentioned(tools, text_of(messages[last].get("content")))
+    request = text_of(messages[last].get("content"))
+    named = mentioned(tools, request)
     if not named or not any(m["role"] == "tool" for m in messages[last:]):
         return list(tools) if named else []
-    if called is None:
-        called = {(c.get("function") or {}).get("name") for m in messages[last:]
-                  if m["role"] == "assistant" for c in m.get("tool_calls") or ()
-                  if isinstance(c, dict)}
-    request = text_of(messages[last].get("content"))
-    return [t for t in named if t.name not in called and _names_whole(t.name, request)]
+    if tried is None:
+        tried = {(c.get("function") or {}).get("name") for m in messages[last:]
+                 if m["role"] == "assistant" for c in m.get("tool_calls") or ()
+                 if isinstance(c, dict)} | \
+            {m.get("name") for m in messages[last:] if m["role"] == "tool"}
+    left = [(at, t) for t in named if t.name not in tried
+            and (at := _named_at(t.name, request)) is not None]
+    return [min(left, key=lambda pair: pair[0])[1]] if left else []
 
 
-def _names_whole(name: str, request: str) -> bool:
-    """Whether the request writes each word of a tool's name but :data:`DOING`'s as a whole
-    word, singular or plural ("create an event" for ``create_event``; not "start time"
-    for ``set_timer``, whose stems it shares)."""
+# a clause that does not ask for the call it names: "don't create an event", "if it rains,
+# create an event", "tell me whether I should", "draft it but do not send it"
+_NOT_ASKED = re.compile(r"n't\b|\b(?:not|never|no|without|if|whether|unless|in\s+case|maybe|"
+                        r"perhaps|myself)\b", re.IGNORECASE)
+
+
+def _named_at(name: str, request: str) -> int | None:
+    """Where the request first names a tool, each word of its name but :data:`DOING`'s a
+    whole word (a plural name's also singular: "create an event" for ``create_event``; not
+    "start time" for ``set_timer``, whose stems it shares; not "new" for ``get_news``), in
+    a clause (up to ``.``, ``;``, ``!``, ``?`` or "but") free of :data:`_NOT_ASKED`; None
+    where it does not."""
     words = [w.lower() for w in NAME_WORD.findall(name) if stem(w.lower()) not in DOING]
-    return bool(words) and all(writes_whole(request, w[:-1] if w.endswith("s") and len(w) > 3
-                                            else w) for w in words)
+    if not words:
+        return None
+    start = 0
+    for clause in re.split(r"([.;!?]|\bbut\b)", request):
+        if not _NOT_ASKED.search(clause) and all(
+                writes_whole(clause, w) or w.endswith("s") and len(w) > 4
+                and writes_whole(clause, w[:-1]) for w in words):
+            return start
+        start += len(clause)
+    return None
 
 
 def heard_text(messages: Sequence[dict]) -> str:
@@ -423,19 +457,21 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     """``reply`` (``text``, sampled as ``ids`` and then ``tail``: its end token, if it had
     one; the reply to ``messages``) with its one call written again for the tool of
     ``choices`` the request describes (a reply cut off in a list that repeats itself first
-    closed: :mod:`mlx_agent.runaway_list`), where that is another and this is the turn's first
-    call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's grammar let
-    it call, none where a tool was named; ``max_tokens`` the reply's budget), an enum's
-    value made the one the request names (:func:`~mlx_agent.copied_values.written_choices`)
-    and a list of an enum's values the ones it names (:func:`~mlx_agent.copied_values.named_choices`),
-    its made-up optional arguments dropped (:func:`without_made_up`, against
-    :func:`heard_text`), its garbled copies copied again, its places and lists whole and its
-    numbers at the request's scale and sign, its rates as fractions
-    (:mod:`mlx_agent.copied_values`), its flags as the
-    request asks (:func:`~mlx_agent.flags.flags_as_asked`), the stated optional arguments added
-    (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`) and its dates
-    in the formats their parameters ask (:func:`~mlx_agent.dates.dated_values`); where
-    ``may_answer`` (the tool choice is auto), a call that is then
+    closed: :mod:`mlx_agent.runaway_list`), where that is another and this is the turn's
+    first call (:mod:`mlx_agent.described_tool`; ``choices`` are the tools the reply's
+    grammar let it call, none where a tool was named; ``max_tokens`` the reply's budget), an
+    enum's value made the one the request names
+    (:func:`~mlx_agent.copied_values.written_choices`) and a list of an enum's values the
+    ones it names (:func:`~mlx_agent.copied_values.named_choices`), its made-up optional
+    arguments dropped (:func:`without_made_up`, against :func:`heard_text`), each value the
+    request assigns by name its parameter's, its garbled copies copied again, its places,
+    lists, capitals, emails and web addresses as the request writes them, its numbers at the
+    request's scale and sign, its rates as fractions (:mod:`mlx_agent.copied_values`), a
+    result the request passes on where it says (:func:`piped_results`), its flags as the
+    request asks (:func:`~mlx_agent.flags.flags_as_asked`), the stated optional arguments
+    added (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`) and
+    its dates in the formats their parameters ask (:func:`~mlx_agent.dates.dated_values`);
+    where ``may_answer`` (the tool choice is auto), a call that is then
     :func:`~mlx_agent.unfounded.unfounded` becomes an answer that asks the user for its
     made-up values (its made-up strings too where ``pressed``: the reply had to be a call
     because the request wrote a tool's name, not because the user asked for one); and the
@@ -478,12 +514,14 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                                       messages, heard, sampler, stop, choices, max_tokens)
         # an enum's value the request names before what it never wrote is dropped
         arguments = named_choices(moved, written_choices(moved, arguments, request), request)
+        arguments = assigned_values(moved, arguments, request)
         arguments = without_made_up(moved, arguments, heard)
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
                                  heard, sampler, stop)
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
+        arguments = whole_identifiers(tool, as_cased(tool, arguments, request), request)
         arguments = whole_lists(tool, arguments, request)
         arguments = piped_results(tool, arguments, request, last_result(messages))
         arguments = signed_numbers(tool, scaled_numbers(tool, arguments, request), request)

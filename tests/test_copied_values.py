@@ -20,9 +20,10 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.copied_values import (MARGIN, apart_values, garbled, named_choices, is_place, phrases, place_alone, recopied,
-                                     percent_rates, scaled_numbers, signed_numbers,
-                                     whole_lists, whole_place, whole_places,
+from mlx_agent.copied_values import (MARGIN, apart_values, as_cased, assigned_values,
+                                     garbled, is_place, named_choices, percent_rates, phrases,
+                                     place_alone, recopied, scaled_numbers, signed_numbers,
+                                     whole_identifiers, whole_lists, whole_place, whole_places,
                                      written_choices)
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
@@ -437,6 +438,54 @@ def test_a_list_of_choices_holds_each_the_request_names(metrics, request_, expec
     assert named_choices(STATS, odd, "in celsius") is odd
 
 
+ASSIGN = parse_tools(json.dumps([{"name": "calculate", "parameters": {"type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "number"},
+                   "op": {"type": "string", "enum": ["add", "sub"]},
+                   "start_time": {"type": "string"}, "to": {"type": "string"},
+                   "url": {"type": "string"}}, "required": ["a"]}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("arguments, request_, expected", [
+    ({"a": 371, "b": 806}, "compute a op b (b=371, a=806, the sub option)", {"a": 806, "b": 371}),
+    ({"a": 1, "start_time": "HH:MM"}, "with start time equal to '20:00'",
+     {"a": 1, "start_time": "20:00"}),
+    ({"a": 1, "b": 2.5}, "a being 7 and b: 1,500.5", {"a": 7, "b": 1500.5}),
+    ({"a": 1}, "a=1 or a=2", None),  # assigned twice: which?
+    ({"a": 1, "op": "add"}, "op=sub", None),  # an enum's: written_choices reads it
+    ({"a": 1, "start_time": "x"}, "start time: 20:00", {"a": 1, "start_time": "20:00"}),
+    ({"a": 1, "to": "GBP"}, "to equal to USD and from equal to GBP", {"a": 1, "to": "USD"}),
+    ({"a": 1, "start_time": "x"}, "start time equal to half past", None),  # words: quoted
+    ({"a": 1}, "a=2024-12-22", None), ({"a": 1}, "data=5", None),  # not a number; not "a"
+])
+def test_a_value_the_request_assigns_by_name_is_that_parameters(arguments, request_, expected):
+    assert assigned_values(ASSIGN, arguments, request_) == (expected or arguments)
+
+
+@pytest.mark.parametrize("value, request_, expected", [
+    ("Ximena.Mehta@Mail.example.net", "Email arjun.mehta@mail.example.net. Ximena asked.",
+     "arjun.mehta@mail.example.net"),
+    ("https://exmple.com/a", "Open https://example.com/a?", "https://example.com/a"),
+    ("bob@x.org", "mail ann@y.com or ann@y.net", None),  # two alike: which?
+    ("https://x.org", "mail ann@y.com", None),  # a web address is no email
+])
+def test_an_email_or_web_address_is_copied_whole(value, request_, expected):
+    assert whole_identifiers(ASSIGN, {"a": 1, "to": value}, request_) == \
+        {"a": 1, "to": expected or value}
+
+
+@pytest.mark.parametrize("value, request_, expected", [
+    ("order more coffee beans.", 'count "Order more coffee beans."', "Order more coffee beans."),
+    ("ARJUN@X.ORG", "mail arjun@x.org", "arjun@x.org"),
+    ("paris", "Paris or PARIS?", None),  # written two ways: which?
+    ("Par", "Paris", None),  # not whole words
+    ("ab", "AB", None),  # too short to say
+])
+def test_a_string_is_cased_as_the_request_writes_it(value, request_, expected):
+    assert as_cased(ASSIGN, {"a": 1, "to": value}, request_) == {"a": 1, "to": expected or value}
+    held = {"a": 1, "op": "ADD"}  # an enum's value is the schema's
+    assert as_cased(ASSIGN, held, "add") is held
+
+
 def test_a_hostile_request_is_read_in_linear_time():
     start = time.perf_counter()
     for request in ("Paris" + ", A B C" * 50_000 + " x", "Paris, " * 50_000,
@@ -451,6 +500,8 @@ def test_a_hostile_request_is_read_in_linear_time():
         signed_numbers(tool(n={"type": "number"}), {"n": 1}, request + " 1 N, 2 W" * 3_000)
         percent_rates(tool(rate={"type": "number"}), {"rate": 1}, request + " 1%" * 5_000)
         named_choices(STATS, {"player": "x"}, request + " high a " * 5_000)
+        assigned_values(ASSIGN, {"a": 1}, request + " a = " * 5_000 + "a=" + "1" * 5_000)
+        whole_identifiers(ASSIGN, {"a": 1, "to": "a@b.c"}, request + "a@" * 5_000 + "x.y")
         written_choices(tool(e={"type": "string", "enum": ["a b"] * 50}), {"e": "x"}, request)
     assert time.perf_counter() - start < 5
 

@@ -66,7 +66,7 @@ TAG = parse_tools(json.dumps([{
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_the_agent_closes_the_list_writes_the_rest_and_runs_the_call(tiny_lm, protocol):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    # ten items the list holds already, in a row: the scanner ends the reply there
+    # RUNAWAY_REPEATS items the list holds already, in a row: the scanner ends the reply
     loop = '{"labels":["red","blue"' + ',"red","blue"' * (RUNAWAY_REPEATS // 2) + ","
     call = f'{{"tool":"tag","arguments":{loop}' if protocol == "json" else \
         f'<tool_call>\n{{"name":"tag","arguments":{loop}'
@@ -101,8 +101,8 @@ def test_the_server_returns_the_closed_call(tiny_lm, serve, cut):  # noqa: F811
         "properties": {"labels": {"type": "array", "items": {"type": "string"}}},
         "required": ["labels"]}}]), runnable=False)
     start = '{"tool":"tag","arguments":{"labels":["red","blue"'
-    call = start + ',"red","blue"' * 40
-    # the scanner's ten repeats, or a budget that ends the reply after four
+    call = start + ',"red","blue"' * RUNAWAY_REPEATS
+    # the scanner's repeats, or a budget that ends the reply after four
     budget = 256 if cut == "scanner" else len(tiny_lm.encode(start + ',"red","blue"' * 2))
     s = serve(sampler_for=lambda sampling: Obliging(tiny_lm, call))
     r = s.client.chat.completions.create(
@@ -112,19 +112,23 @@ def test_the_server_returns_the_closed_call(tiny_lm, serve, cut):  # noqa: F811
     assert (tc.function.name, json.loads(tc.function.arguments)) == \
         ("tag", {"labels": ["red", "blue"]})
     assert r.choices[0].finish_reason == "tool_calls"
-    assert r.usage.completion_tokens < (60 if cut == "scanner" else budget + 1)
+    assert r.usage.completion_tokens < (120 if cut == "scanner" else budget + 1)
 
 
-def test_the_scanner_ends_a_reply_at_its_tenth_repeat_only():
-    def ended_at(text, inner=JsonObjectScanner):
-        scanner = RunawayListScanner(inner())
+def test_the_scanner_ends_a_reply_at_the_comma_after_its_last_allowed_repeat_only():
+    def ended_at(text, inner=JsonObjectScanner, **kw):
+        scanner = RunawayListScanner(inner(), **kw)
         return next((i for i in range(len(text)) if scanner.feed(text[i])), None)
 
-    loop = OPEN + '["G","C"' + ',"C"' * 12
-    assert ended_at(loop) == len(OPEN + '["G","C"' + ',"C"' * 10)  # the comma after the tenth
-    assert ended_at(OPEN + "[" + ",".join(f'"w{i}"' for i in range(50))) is None  # new items
-    assert ended_at(OPEN + '[1,1,1,1,1,1,1,1,1]}}') == len(OPEN + '[1,1,1,1,1,1,1,1,1]}}') - 1
-    assert ended_at(OPEN + '"[1' + ",1" * 30) is None  # in a string
-    assert ended_at(OPEN + '["a\\",b"' + ',"a\\",b"' * 11) is not None  # an escaped quote
-    hermes = '<tool_call>\n{"name":"t","arguments":{"q":[[1],[1]' + ",[1]" * 12
-    assert ended_at(hermes, ToolCallScanner) is not None
+    n = RUNAWAY_REPEATS
+    loop = OPEN + '["G","C"' + ',"C"' * (n + 2)
+    assert ended_at(loop) == len(OPEN + '["G","C"' + ',"C"' * n)  # the comma after the last
+    assert ended_at(OPEN + "[" + ",".join(f'"w{i}"' for i in range(80))) is None  # new items
+    equal = OPEN + "[" + ",".join(["5"] * (n + 1)) + "]}}"  # closed by the model: its list
+    assert ended_at(equal) == len(equal) - 1  # the object's end, not the list's
+    assert ended_at(OPEN + '"[1' + ",1" * (n + 5)) is None  # in a string
+    assert ended_at(OPEN + '["a\\",b"' + ',"a\\",b"' * (n + 1)) is not None  # an escaped quote
+    hermes = '<tool_call>\n{"name":"t","arguments":{"q":[[1],[1]' + ",[1]" * (n + 2)
+    assert ended_at(hermes, ToolCallScanner, start="<tool_call>") is not None
+    prose = "The dict is {a: [" + "0," * (n + 5) + "0]} and more"  # hermes prose: no call
+    assert ended_at(prose, ToolCallScanner, start="<tool_call>") is None

@@ -305,9 +305,26 @@ def test_a_reply_is_pressed_to_the_tools_the_request_names_and_no_call_has_calle
     assert pressed_tools(chain, [*ran, {"role": "assistant", "tool_calls": [{"type": "function",
         "function": {"name": "create_event", "arguments": "{}"}}]},
         {"role": "tool", "content": "created"}]) == []  # both ran
+    # a client's result that names its tool, with no tool_calls before it: that one ran
+    named_result = [*user("What's the weather in Oslo?"),
+                    {"role": "tool", "name": "get_weather", "content": "sunny"}]
+    assert pressed_tools(chain, named_result) == []
+    # a clause that does not ask for the call: negated, conditional, a question of whether
+    for request in ("Get the weather in Oslo. Don't create an event.",
+                    "Get the weather in Oslo; if it rains, create an event.",
+                    "Get the weather in Oslo and tell me whether to create an event.",
+                    "Get the weather in Oslo, then email it, but do not create an event."):
+        assert pressed_tools(chain, [*user(request), *called[1:]]) == [], request
+    # the first of the tools left, in the order the request names them
+    both = user("Get the weather in Oslo, then send an email to ann@x.org and create an event.")
+    assert [t.name for t in pressed_tools(chain, [*both, *called[1:]])] == ["send_email"]
+    assert pressed_tools(chain, [*both, *called[1:]], tried={"get_weather", "send_email"}) \
+        == [chain[1]]  # the agent says what its calls tried (a denied one too)
 
 
 CHAIN = parse_tools(json.dumps([WEATHER_TOOL, {
+    "name": "send_email", "parameters": {"type": "object", "required": ["to"], "properties": {
+        "to": {"type": "string"}}}, "_exec": 'echo "sent to $to"'}, {
     "name": "create_event", "description": "Create a calendar event.",
     "parameters": {"type": "object", "required": ["title"], "properties": {
         "title": {"type": "string"}}},
@@ -335,6 +352,10 @@ def test_a_chains_second_tool_is_called_with_the_first_result(tiny_lm):
     # the switch off: the model answers after the first result, as it would
     out, rec = ask(CHAIN_REQUEST, stated_arguments=False)
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["get_weather"] and out.answer == "Done."
+    # the user denies the second call: it is not pressed again, the model answers
+    out, rec = ask(CHAIN_REQUEST, confirm=lambda name, arguments: name != "create_event")
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["get_weather", "create_event"]
+    assert out.answer == "Done." and out.stats.mentioned_steps == 2
 
 
 @pytest.mark.parametrize("name, request_, passes", [
@@ -346,6 +367,10 @@ def test_a_chains_second_tool_is_called_with_the_first_result(tiny_lm):
     ("title", "Create an event titled Lunch", False),
     ("title", "Title: the answer to life", False),
     ("minutes", "a timer of 5 minutes, and the result as a label", False),  # another's
+    ("text", "then translate the text to that language", False),
+    ("body", "email bob with the body set to this: meeting moved", False),
+    ("date", "schedule it for the date we discussed", False),
+    ("title", "Use it as the title", True),
 ])
 def test_where_a_request_passes_a_result_on(name, request_, passes):
     from mlx_agent.stated_arguments import _passes_on
@@ -372,6 +397,10 @@ def test_a_passed_on_result_is_the_parameters_value():
     assert last_result(agent) == "616.0 miles"  # the agent's result: its output
     assert last_result([*user("x"), {"role": "tool", "content": " plain "}]) == "plain"
     assert last_result([{"role": "tool", "content": "before"}, *user("x")]) is None
+    assert last_result([*user("x"), {"role": "tool", "content": '{"temp": 31}'}]) is None
+    assert last_result([*user("x"), {"role": "tool", "content": '"hi"'}]) == "hi"
+    failed = {"tool": "k", "stdout": "partial", "exit_code": 1}
+    assert last_result([*user("x"), {"role": "tool", "content": json.dumps(failed)}]) is None
 
 
 def test_the_server_asks_for_the_string_a_pressed_call_made_up(tiny_lm, serve):  # noqa: F811

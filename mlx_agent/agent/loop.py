@@ -76,9 +76,9 @@ class AgentConfig:
     # makes the first step call it, where the choice is "auto" (see named_tool); with
     # stated_arguments, so does one that writes a tool's name (described_tool.mentioned)
     # where the model would answer (probe.would_call), and a later step, after a result,
-    # where it writes the name of a tool that has not run this turn (a chain's second
-    # step: stated_arguments.pressed_tools); the call becomes a question to the user where
-    # it makes up a required value.
+    # where it writes the name of a tool no call has tried this turn (a chain's second
+    # step, in a clause with no negation or condition: stated_arguments.pressed_tools); the
+    # call becomes a question to the user where it makes up a required value.
     # Needs the grammar.
     follow_named_tool: bool = True
     # a turn's first call of another tool than the one the request describes is written
@@ -149,6 +149,8 @@ class _Query:
     interrupt: KeyboardInterrupt | None = None  # Ctrl-C (or a subclass) cut the reply
     guarded_steps: bool = False  # the loop guard masked tokens that would repeat a call
     gave_up: str | None = None  # the grammar gave up mid-reply (llguidance's limits): why
+    looped: bool = False  # the scanner cut a list that repeats itself (a loop, as if at the
+    # token budget)
 
 
 @dataclass
@@ -187,6 +189,7 @@ class Agent:
         self._constraints: dict[tuple[str, bool], Constraint] = {}
         self._made: list[str] = []  # this turn's calls that ran, as the grammar writes them
         self._called: set[str] = set()  # the tools they called
+        self._tried: set[str] = set()  # the tools the turn's calls tried: ran, failed, denied
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
@@ -254,7 +257,7 @@ class Agent:
     def ask(self, text: str) -> Outcome:
         self.emit(ev.User(text=text))
         self.conversation.add_user(text)
-        self._made, self._called = [], set()
+        self._made, self._called, self._tried = [], set(), set()
         self._failed, self._retries = False, self.config.retry_after_error
         stats, start = TurnStats(), time.perf_counter()
         end = _End("steps")
@@ -294,15 +297,15 @@ class Agent:
         # the request writes a tool's name (after a result, one not called yet), and the
         # model would answer from its own knowledge: it must call (one of those tools), and
         # is asked for what it would make up
-        press = pressed_tools(list(self.tools.values()), self._messages(), self._called) \
+        press = pressed_tools(list(self.tools.values()), self._messages(), self._tried) \
             if choice == "auto" and self.config.grammar and self.config.stated_arguments \
             and self.config.follow_named_tool and self._call_left() \
             and getattr(self.engine, "cache_mode", None) != "rotating" else []
         pressed = bool(press) and not would_call(
             self.engine, self.lm, self.fmt.name, prompt,
             self._constraint("auto", self.fmt.name == "hermes"))
-        if pressed:  # one tool left: that one; else any (the first reply: any, as before)
-            choice = press[0].name if len(press) == 1 and step > 0 else "required"
+        if pressed:  # after a result, the one tool pressed; the first reply, any
+            choice = press[0].name if step > 0 else "required"
             stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
@@ -356,7 +359,8 @@ class Agent:
             if not (q.closed or q.finished) and self.engine.room == 0:
                 return _End("context", reply.content, not reply.complete, "the reply reached "
                             f"the end of the {self.engine.context_length}-token context")
-            if not (q.closed or q.finished) and len(q.sampled) >= self.config.max_tokens:
+            if not (q.closed or q.finished) and (len(q.sampled) >= self.config.max_tokens
+                                                 or q.looped):
                 return _End("answer", reply.content, not reply.complete, cut=True)
             return _End("answer", reply.content, not reply.complete)
         self.conversation.add_results([(r.tool, content) for r, content in results])
@@ -383,9 +387,11 @@ class Agent:
             gave_up = str(e)
         scanner.feed(stream.flush())
         closed = bool(stream.ids) and stream.ids[-1] in self.lm.end_ids
-        return _Query(scanner.text, scanner.turn_text, stream.ids, closed, scanner.finished,
-                      interrupt, isinstance(constraint, LoopGuard) and constraint.interventions > 0,
-                      gave_up)
+        looped = getattr(scanner, "looped", False)  # cut as the token budget would cut it
+        return _Query(scanner.text, scanner.turn_text, stream.ids, closed,
+                      scanner.finished and not looped, interrupt,
+                      isinstance(constraint, LoopGuard) and constraint.interventions > 0,
+                      gave_up, looped)
 
     def _execute(self, calls: list[Call], stats: TurnStats
                  ) -> tuple[list[tuple[ToolResult, str]], KeyboardInterrupt | None]:
@@ -395,6 +401,7 @@ class Agent:
         stays whole and the session can go on."""
         results, cut = [], None
         for call in calls:
+            self._tried.add(call.name)
             if cut is None:
                 try:
                     result, valid, denied = self._run(call)

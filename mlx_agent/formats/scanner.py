@@ -19,7 +19,7 @@ The end-of-turn token itself is the engine's stop id. Each only looks at each ch
 from __future__ import annotations
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-RUNAWAY_REPEATS = 10  # items in a row that a list already holds: a loop, not a list
+RUNAWAY_REPEATS = 24  # items in a row that a list already holds: a loop, not a list
 
 
 class JsonObjectScanner:
@@ -171,13 +171,15 @@ class NeverScanner:
 
 
 class RunawayListScanner:
-    """``inner``'s end of the turn, or where a JSON list in the reply (from its first
-    ``{``) has had :data:`RUNAWAY_REPEATS` items in a row that it already held: string-
-    and escape-aware, each character read once (a list's items are kept, as text, to
-    compare)."""
+    """``inner``'s end of the turn, or where a JSON list in the reply (from the first ``{``
+    after ``start``: hermes's ``<tool_call>``, json's reply start) has had
+    :data:`RUNAWAY_REPEATS` items in a row, each followed by a comma, that it already
+    held: string- and escape-aware, each character read once (a list's items are kept, as
+    text, to compare). A list the user asks for with more equal items in a row than that
+    is cut too (and closed after its first: :mod:`mlx_agent.runaway_list`)."""
 
-    def __init__(self, inner, repeats: int = RUNAWAY_REPEATS):
-        self.inner, self.repeats = inner, repeats
+    def __init__(self, inner, repeats: int = RUNAWAY_REPEATS, start: str = ""):
+        self.inner, self.repeats, self.start = inner, repeats, start
         self.looped = False
         self._pos = 0
         self._started = self._in_string = self._escape = False
@@ -186,7 +188,14 @@ class RunawayListScanner:
     def feed(self, segment: str) -> bool:
         ended = self.inner.feed(segment)
         text = self.inner.text
-        for i in range(self._pos, len(text)):
+        begin = self._pos
+        if not self._started and self.start:
+            at = text.find(self.start, max(0, self._pos - len(self.start) + 1))
+            if at < 0:
+                self._pos = len(text)
+                return ended
+            begin, self.start = at + len(self.start), ""
+        for i in range(begin, len(text)):
             if self.looped:
                 break
             ch = text[i]
@@ -203,9 +212,7 @@ class RunawayListScanner:
                 self._stack.append([ch, i + 1, set(), 0])
             elif ch == "," and self._stack and self._stack[-1][0] == "[":
                 self._item(text, i)
-            elif ch in "]}" and self._stack:
-                if ch == "]" and self._stack[-1][0] == "[" and text[self._stack[-1][1]:i].strip():
-                    self._item(text, i)
+            elif ch in "]}" and self._stack:  # a closed list's last item ends no loop
                 self._stack.pop()
         self._pos = len(text)
         return ended or self.looped

@@ -16,7 +16,7 @@ from ..tokenizer import special_tokens
 from ..tools import Tool
 from .messages import (Call, MessageError, Reply, ReplyMemo, arguments_of, common_prefix_of,
                        text_of)
-from .scanner import NeverScanner, RunawayListScanner, ToolCallScanner
+from .scanner import OPEN, NeverScanner, RunawayListScanner, ToolCallScanner
 from .streams import HermesTextStream, Passthrough
 from .tool_calls import tool_call_blocks
 from .deferred import get_tool_info_tool, tool_index
@@ -191,7 +191,7 @@ class HermesFormat(TemplateFormat):
         return Reply(content=text.strip(), complete="<tool_call>" not in text)
 
     def scanner(self, parallel: bool = True):
-        return RunawayListScanner(ToolCallScanner())
+        return RunawayListScanner(ToolCallScanner(), start=OPEN)
 
     def stream_filter(self):
         return HermesTextStream()

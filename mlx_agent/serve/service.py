@@ -412,8 +412,8 @@ class ChatService:
             if cancelled():
                 finish = "cancelled"
                 break
-            if ended or shown.hit:
-                finish = "stop"
+            if ended or shown.hit:  # a list's loop ends the reply as its budget would
+                finish = "length" if getattr(scanner, "looped", False) else "stop"
                 break
         show(stream.flush())
         tail = shown.flush()
