@@ -351,13 +351,15 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
     """The ``tools`` the reply to ``messages`` should call one of rather than answer from
     the model's own knowledge: where the last user message writes one of their names
     (:func:`mlx_agent.described_tool.mentioned`), all of them for the turn's first reply.
-    After a tool result, the one the message names first (each word of its name but a
-    verb whole: :func:`_named_at`) that no call since has tried, in a clause with no
-    negation or condition ("get the weather in Mumbai, then create an event with it as the
-    title": ``create_event``, once ``get_weather`` ran; not "don't create an event", "if it
-    rains, create an event"). ``tried``: the tools the turn's calls tried (ran, failed or
-    were denied), where the caller knows them; else those the messages' ``tool_calls`` and
-    named tool results show. Empty where there are none."""
+    After a tool result, the one the message names first (each word of its name but a verb
+    whole: :func:`_named_at`) that no call since has tried, nor named as a tried one is
+    ("check adoption listing" names ``search_adoption_listings`` too, by the words
+    ``check_adoption_listing`` was named by), in a clause with no negation or condition
+    ("get the weather in Mumbai, then create an event with it as the title":
+    ``create_event``, once ``get_weather`` ran; not "don't create an event", "if it rains,
+    create an event"). ``tried``: the tools the turn's calls tried (ran, failed or were
+    denied), where the caller knows them; else those the messages' ``tool_calls`` and named
+    tool results show. Empty where there are none."""
     last = _last_user(messages)
     if last is None:
         return []
@@ -370,9 +372,16 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
                  if m["role"] == "assistant" for c in m.get("tool_calls") or ()
                  if isinstance(c, dict)} | \
             {m.get("name") for m in messages[last:] if m["role"] == "tool"}
+    done = [_content(t.name) for t in tools if t.name in tried]
     left = [(at, t) for t in named if t.name not in tried
+            and not any(_content(t.name) <= words for words in done)
             and (at := _named_at(t.name, request)) is not None]
     return [min(left, key=lambda pair: pair[0])[1]] if left else []
+
+
+def _content(name: str) -> set[str]:
+    """The stems of a tool's name but :data:`DOING`'s: what a request names it by."""
+    return stems(name) - DOING
 
 
 # a clause that does not ask for the call it names: "don't create an event", "if it rains,

@@ -315,6 +315,15 @@ def test_a_reply_is_pressed_to_the_tools_the_request_names_and_no_call_has_calle
                     "Get the weather in Oslo and tell me whether to create an event.",
                     "Get the weather in Oslo, then email it, but do not create an event."):
         assert pressed_tools(chain, [*user(request), *called[1:]]) == [], request
+    # a tool named by the words a tried one was named by is not named again
+    listings = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}}} for n in (
+            "check_adoption_listing", "search_adoption_listings")]), runnable=False)
+    checked = [*user("Check adoption listing near Montreal. Let me know the output."),
+               {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+                   "name": "check_adoption_listing", "arguments": "{}"}}]},
+               {"role": "tool", "content": "829"}]
+    assert pressed_tools(listings, checked) == []
     # the first of the tools left, in the order the request names them
     both = user("Get the weather in Oslo, then send an email to ann@x.org and create an event.")
     assert [t.name for t in pressed_tools(chain, [*both, *called[1:]])] == ["send_email"]
