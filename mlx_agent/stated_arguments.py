@@ -443,16 +443,21 @@ def turn_results(messages: Sequence[dict]) -> list[str]:
 
 def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     """``arguments`` without the optional ones whose value ``heard`` (the user's messages
-    and the turn's tool results) never writes (:meth:`Heard.made_up`), and without the
+    and the turn's tool results) never writes (:meth:`Heard.made_up`), without the
     optional flags it never speaks of (:func:`~mlx_agent.flags.unheard_flag`: ``is_unisex:
-    false`` for "find a salon in Fremont"): the tool's own default stands for a value the
-    model made up. ``arguments`` itself where none is, or where the tool requires nothing
+    false`` for "find a salon in Fremont"), and without an optional string that repeats a
+    required argument's (``cinema_hall: "Noida"`` beside ``location: "Noida"``; of BFCL's
+    calls that repeat a string, none was right): the tool's own default stands for a value
+    the model made up. ``arguments`` itself where none is, or where the tool requires nothing
     (its schema then says nothing of what is optional)."""
     if not tool.required:
         return arguments
     said = Heard(heard)
+    required = {v.strip().lower() for k, v in arguments.items()
+                if k in tool.required and isinstance(v, str) and len(v.strip()) > 2}
     kept = {k: v for k, v in arguments.items() if k in tool.required
-            or not said.made_up(v) and not unheard_flag(k, v, said)}
+            or not said.made_up(v) and not unheard_flag(k, v, said)
+            and not (isinstance(v, str) and v.strip().lower() in required)}
     return arguments if len(kept) == len(arguments) else kept
 
 

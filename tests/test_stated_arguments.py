@@ -399,6 +399,9 @@ def test_an_optional_argument_no_one_wrote_is_dropped():
         ({"city": "x", "days": 2024}, None), ({"city": "x", "days": 42}, None),  # a result's
         ({"city": "x", "days": [3, 1]}, None), ({"city": "x", "days": [7, 8]}, {"city": "x"}),
         ({"city": "x", "unit": ""}, None),
+        # a required argument's string repeated: the optional copy is made up
+        ({"city": "New York", "unit": "new york "}, {"city": "New York"}),
+        ({"city": "New York", "unit": "New York City"}, None),  # another value
     ]
     for arguments, expected in cases:
         assert without_made_up(TOOL, arguments, heard) == (expected or arguments), arguments
