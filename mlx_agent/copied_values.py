@@ -42,6 +42,8 @@ two or another argument holds it.
 :func:`assigned_values`: a value the request assigns a parameter by its name ("b=371,
 a=806", ``title equal to "Pricing change"``) is that parameter's, not the other's.
 :func:`as_cased`: a string the request writes in other capitals is as it writes them.
+:func:`one_of_repeats`: of optional strings that repeat one another, the one the model finds
+likeliest stays.
 :func:`whole_identifiers`: an email or web address the request does not write is the one it
 writes most alike ("Ximena.Mehta@Mail.example.net" for "arjun.mehta@mail.example.net").
 
@@ -227,6 +229,33 @@ def recopied(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool, argum
         if scored and max(scored.values()) >= \
                 likelihood(engine, lm, prompt, protocol, tool, out, name, value) - MARGIN:
             out = {**out, name: max(scored, key=scored.__getitem__)}
+    return out
+
+
+def one_of_repeats(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
+                   arguments: dict, stop: Callable[[], bool] = lambda: False) -> dict:
+    """``arguments`` with optional strings that repeat one another (case and spaces aside;
+    no required argument holds it: :func:`mlx_agent.stated_arguments.without_made_up` drops
+    those) kept only where the model, with no grammar, finds the value likeliest
+    (:func:`mlx_agent.probe.likelihood`, after the call's text before it): ``cast`` and
+    ``directed_by`` both "Tzi Ma" keep one. Of BFCL's calls that repeat a string across
+    arguments none was right. ``arguments`` itself where none repeats, or ``stop`` says
+    so (asked before each scoring). The engine is left wherever the last scoring left
+    it."""
+    groups: dict[str, list[str]] = {}
+    for name, value in arguments.items():
+        if isinstance(value, str) and len(value.strip()) > 2 and name not in tool.required:
+            groups.setdefault(" ".join(value.lower().split()), []).append(name)
+    out = arguments
+    for names in (g for g in groups.values() if len(g) > 1):
+        scores = {}
+        for name in names:
+            if stop():
+                return arguments
+            scores[name] = likelihood(engine, lm, prompt, protocol, tool, arguments, name,
+                                      arguments[name])
+        best = max(names, key=lambda n: scores[n])
+        out = {k: v for k, v in out.items() if k == best or k not in names}
     return out
 
 

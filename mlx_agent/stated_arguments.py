@@ -74,9 +74,10 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import (apart_values, as_cased, assigned_values, named_choices, percent_rates,
-                            recopied, scaled_numbers, signed_numbers, whole_identifiers,
-                            whole_lists, whole_places, written_choices)
+from .copied_values import (apart_values, as_cased, assigned_values, named_choices,
+                            one_of_repeats, percent_rates, recopied, scaled_numbers,
+                            signed_numbers, whole_identifiers, whole_lists, whole_places,
+                            written_choices)
 from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
@@ -533,6 +534,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
                                  heard, sampler, stop)
+        arguments = one_of_repeats(engine, lm, prompt, protocol, moved, arguments, stop)
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
         arguments = whole_identifiers(tool, as_cased(tool, arguments, request), request)

@@ -228,6 +228,31 @@ def test_a_less_likely_copy_is_not_taken(tiny_lm):
     assert _value_grammar.cache_info().currsize == cached
 
 
+def test_of_optional_strings_that_repeat_one_another_the_likeliest_stays(tiny_lm):
+    from mlx_agent.copied_values import one_of_repeats
+    from mlx_agent.probe import likelihood
+
+    movies = parse_tools(json.dumps([{"name": "find_movies", "parameters": {
+        "type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string"}, "cast": {"type": "string"},
+            "directed_by": {"type": "string"}, "genre": {"type": "string"}}}}]),
+        runnable=False)[0]
+    fmt = agent_format("json", tiny_lm)
+    prompt = fmt.prompt_ids([{"role": "user", "content": "A film with Tzi Ma in Oslo."}],
+                            [movies])
+    engine = tiny_lm.engine()
+    arguments = {"city": "Oslo", "cast": "Tzi Ma", "directed_by": " tzi  ma", "genre": "Drama"}
+    odds = {n: likelihood(engine, tiny_lm, prompt, "json", movies, arguments, n, arguments[n])
+            for n in ("cast", "directed_by")}
+    kept = max(odds, key=odds.get)
+    assert one_of_repeats(engine, tiny_lm, prompt, "json", movies, arguments) == \
+        {k: v for k, v in arguments.items() if k not in odds or k == kept}
+    assert one_of_repeats(engine, tiny_lm, prompt, "json", movies, arguments,
+                          stop=lambda: True) is arguments  # the client left: as it was
+    apart = {"city": "Oslo", "cast": "Tzi Ma", "genre": "Drama"}
+    assert one_of_repeats(engine, tiny_lm, prompt, "json", movies, apart) is apart
+
+
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_a_value_the_model_meant_otherwise_stays(tiny_lm, protocol):
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
