@@ -576,22 +576,31 @@ def assigned_values(tool: Tool, arguments: dict, request: str) -> dict:
     once ("b=371, a=806", ``title equal to "Pricing change"``, "the minutes being 8": its
     words apart or as written), made that value: a number for a number parameter, a quoted
     string or a code of capitals, digits and ``_:/.-`` ("USD", "2024-12-22", "20:00") for a
-    string one (without an enum: :func:`written_choices` reads those), where the schema
-    takes it; ``arguments`` itself where none is. A small model swaps "b=371,
-    a=806" into ``a: 371, b: 806``."""
+    string one (of an enum: one of its values, case aside), where the schema takes it;
+    ``arguments`` itself where none is. A small model swaps "b=371, a=806" into ``a: 371, b:
+    806``."""
     head = request[:REQUEST_CHARS]
     out = arguments
     for name, schema in tool.properties.items():
         kind = schema.get("type") if isinstance(schema, dict) else None
-        if kind not in ("integer", "number", "string") or "enum" in schema:
+        if kind not in ("integer", "number", "string"):
             continue
         words = [w for w in NAME_WORD.findall(name)]
         label = "|".join({re.escape(name), r"[\s_-]+".join(map(re.escape, words))} - {""})
-        found = {m.group(1) for m in re.finditer(rf"(?<![\w.-])(?:{label}){_ASSIGN}{_ASSIGNED}",
+        enum = schema.get("enum")
+        said = _ASSIGNED if not isinstance(enum, list) else r"([\w.:/-]+|\"[^\"\n]{1,200}\")"
+        found = {m.group(1) for m in re.finditer(rf"(?<![\w.-])(?:{label}){_ASSIGN}{said}",
                                                  head, re.IGNORECASE)}
         if len(found) != 1:
             continue
         written = found.pop()
+        if isinstance(enum, list):  # one of its values, as the request writes it: "op=sub"
+            value = next((v for v in enum if isinstance(v, str)
+                          and v.lower() == written.strip("\"'").rstrip(".:/-").lower()), None)
+            if value is not None and out.get(name) != value \
+                    and not tool.validate({**out, name: value}):
+                out = {**out, name: value}
+            continue
         code = written[0] not in "\"'" and not NUMBER.fullmatch(written)
         if kind == "string":
             value: Any = written if code else written[1:-1] if written[0] in "\"'" else None

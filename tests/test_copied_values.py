@@ -476,7 +476,9 @@ ASSIGN = parse_tools(json.dumps([{"name": "calculate", "parameters": {"type": "o
      {"a": 1, "start_time": "20:00"}),
     ({"a": 1, "b": 2.5}, "a being 7 and b: 1,500.5", {"a": 7, "b": 1500.5}),
     ({"a": 1}, "a=1 or a=2", None),  # assigned twice: which?
-    ({"a": 1, "op": "add"}, "op=sub", None),  # an enum's: written_choices reads it
+    ({"a": 1, "op": "add"}, "op=sub", {"a": 1, "op": "sub"}),  # an enum's value
+    ({"a": 1, "op": "add"}, "op=MUL", None),  # no value of the enum
+    ({"a": 1, "op": "add"}, "a=1 and the op being sub.", {"a": 1, "op": "sub"}),
     ({"a": 1, "start_time": "x"}, "start time: 20:00", {"a": 1, "start_time": "20:00"}),
     ({"a": 1, "to": "GBP"}, "to equal to USD and from equal to GBP", {"a": 1, "to": "USD"}),
     ({"a": 1, "start_time": "x"}, "start time equal to half past", None),  # words: quoted
