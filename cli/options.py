@@ -83,7 +83,7 @@ NAMED_HELP = ("Let the model choose freely even when the request tells it to use
               "name (\"Use the echo tool to ...\" makes the first step call echo) or "
               "writes a tool's name and the model would answer without a call (\"the "
               "weather in Oslo\" then makes it call a tool; after a result, one the request "
-              "names that has not run).")
+              "names that no call of the turn has tried).")
 
 
 STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first call of a "

@@ -11,13 +11,13 @@ The value is read by :func:`read_date`, whole: "March 11, 2022", "Jun. 20, 2023"
 December 2022", "5th of march 2023", "2023 April 4th", "2023.3.1", "2022/08/16" (or a date
 already in another numeric format with the year first). A date without its year ("April
 3rd") takes the year the request writes, where it writes one year only as a year (after a
-month or a day, or "in", "of", "year": not "flight 2231"). A value in the asked format
+month or a day, or "in", "of", "year", "for": not "flight 2231"). A value in the asked format
 already is left as it is.
 
-Not promised: English month names; a value with a time, or a format that asks for one
-("dd/mm/yyyy HH:MM", ISO 8601's date-time), is left as it is, and so is a value that is
-not a date alone ("June 2022", "April 1 to April 30", "next Friday"), a numeric date with
-the day or the month first (03/04/2023 reads both ways), and a date the calendar lacks.
+Not promised: month names other than English ones; a value with a time, or a format that
+asks for one ("dd/mm/yyyy HH:MM", ISO 8601's date-time), is left as it is, and so is a value
+that is not a date alone ("June 2022", "April 1 to April 30", "next Friday"), a numeric date
+with the day or the month first (03/04/2023 reads both ways), and a date the calendar lacks.
 """
 
 from __future__ import annotations

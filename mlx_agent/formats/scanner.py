@@ -175,8 +175,9 @@ class RunawayListScanner:
     after ``start``: hermes's ``<tool_call>``, json's reply start) has had
     :data:`RUNAWAY_REPEATS` items in a row, each followed by a comma, that it already
     held: string- and escape-aware, each character read once (a list's items are kept, as
-    text, to compare). A list the user asks for with more equal items in a row than that
-    is cut too (and closed after its first: :mod:`mlx_agent.runaway_list`)."""
+    text, to compare). A list the user asks for with that many equal items in a row after
+    its first, and another after them, is cut too (and closed after its first:
+    :mod:`mlx_agent.runaway_list`)."""
 
     def __init__(self, inner, repeats: int = RUNAWAY_REPEATS, start: str = ""):
         self.inner, self.repeats, self.start = inner, repeats, start
