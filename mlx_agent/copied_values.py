@@ -103,6 +103,7 @@ MARGIN = 2.0  # nats: how much less likely than its own value the model may find
 PHRASE_WORDS = 8  # the longest phrase of the request a copy may take, in words
 PHRASE_CHARS = 2000  # phrases come from the request's first so many characters
 REQUEST_CHARS = 16_000  # numbers come from the request's first so many characters
+MAX_CHOICES = 256  # an enum's values read against the request (a regex each): its first so many
 MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
 # a value longer than this shares under LIKENESS of its letters with any phrase (of at most
 # PROBE_CHARS): 2 * PROBE_CHARS / (length + PROBE_CHARS) < LIKENESS
@@ -443,6 +444,18 @@ def _scales(text: str) -> list[tuple[float, float, str, int]]:
                    for m in _POWER.finditer(text) if abs(int(m.group(2))) <= 300]  # a float's
 
 
+def _bare(text: str, starts: set[int]) -> set[float]:
+    """The numbers ``text`` writes with no percent sign, but those starting at ``starts``
+    (a scale's, a percentage's): what it writes bare."""
+    return {float(m.group().replace(",", "")) for m in NUMBER.finditer(text)
+            if m.start() not in starts and not m.group(1)}
+
+
+def _whole(x: float) -> int | float:
+    """``x`` as an int where it is a whole number a float holds exactly."""
+    return int(x) if x.is_integer() and abs(x) < 2 ** 53 else x
+
+
 def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
     """``arguments`` with each top-level number that the request writes before a scale
     word ("213 million", "1.5 billion": :data:`~mlx_agent.heard.SCALE_WORDS`) or with a
@@ -455,9 +468,7 @@ def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
     said = _scales(head)
     if not said:
         return arguments
-    starts = {at for *_, at in said}
-    plain = {float(m.group().replace(",", "")) for m in NUMBER.finditer(head)
-             if m.start() not in starts and not m.group(1)}
+    plain = _bare(head, {at for *_, at in said})
     out = arguments
     for name, value in arguments.items():
         x, schema = number(value), tool.properties.get(name)
@@ -468,7 +479,7 @@ def scaled_numbers(tool: Tool, arguments: dict, request: str) -> dict:
         if x is None or x in plain or len(scales) != 1:
             continue
         meant = float(f"{x * scales.pop()[0]:.12g}")
-        meant = int(meant) if meant.is_integer() and abs(meant) < 2 ** 53 else meant
+        meant = _whole(meant)
         if math.isfinite(meant) and all(number(v) != meant for v in out.values()) \
                 and not tool.validate({**out, name: meant}):
             out = {**out, name: meant}
@@ -546,9 +557,7 @@ def percent_rates(tool: Tool, arguments: dict, request: str) -> dict:
     percents = {float(m.group(1)): m.start() for m in _PERCENT.finditer(head)}
     if not percents:
         return arguments
-    starts = set(percents.values())
-    plain = {float(m.group().replace(",", "")) for m in NUMBER.finditer(head)
-             if m.start() not in starts and not m.group(1)}
+    plain = _bare(head, set(percents.values()))
     out = arguments
     for name, value in arguments.items():
         x, schema = number(value), tool.properties.get(name)
@@ -585,8 +594,10 @@ def assigned_values(tool: Tool, arguments: dict, request: str) -> dict:
         kind = schema.get("type") if isinstance(schema, dict) else None
         if kind not in ("integer", "number", "string"):
             continue
-        words = [w for w in NAME_WORD.findall(name)]
-        label = "|".join({re.escape(name), r"[\s_-]+".join(map(re.escape, words))} - {""})
+        words = NAME_WORD.findall(name)
+        if not words:  # "" or "_": it would label any "="
+            continue
+        label = "|".join({re.escape(name), r"[\s_-]+".join(map(re.escape, words))})
         enum = schema.get("enum")
         said = _ASSIGNED if not isinstance(enum, list) else r"([\w.:/-]+|\"[^\"\n]{1,200}\")"
         found = {m.group(1) for m in re.finditer(rf"(?<![\w.-])(?:{label}){_ASSIGN}{said}",
@@ -610,8 +621,7 @@ def assigned_values(tool: Tool, arguments: dict, request: str) -> dict:
             if code or written[0] in "\"'":
                 continue
             x = float(written.replace(",", ""))
-            value = int(x) if x.is_integer() and kind == "integer" or x.is_integer() \
-                and abs(x) < 2 ** 53 else x
+            value = _whole(x)
         if out.get(name) != value and not tool.validate({**out, name: value}):
             out = {**out, name: value}
     return out
@@ -689,7 +699,7 @@ def written_choices(tool: Tool, arguments: dict, request: str) -> dict:
         if not isinstance(value, str) or not isinstance(enum, list) \
                 or not (heard := heard or Heard(request)).made_up(value):
             continue  # "postgres" is written in "PostgreSQL"
-        said = [v for v in enum if isinstance(v, str) and v != value
+        said = [v for v in enum[:MAX_CHOICES] if isinstance(v, str) and v != value
                 and _writes_choice(request, v)]
         if len(said) == 1 and said[0].strip().lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: said[0]}):
@@ -729,7 +739,7 @@ def named_choices(tool: Tool, arguments: dict, request: str) -> dict:
         if not isinstance(enum, list) or not (value is None or isinstance(value, list)
                                               and all(isinstance(v, str) for v in value)):
             continue
-        at = {v: i for v in enum if isinstance(v, str)
+        at = {v: i for v in enum[:MAX_CHOICES] if isinstance(v, str)
               and (i := _choice_at(request[:REQUEST_CHARS], v)) is not None}
         named = sorted(at, key=at.get)
         if not named or named == value or value and (len(named) < 2 or set(value) - set(named)):

@@ -74,10 +74,10 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import (apart_values, as_cased, assigned_values, named_choices,
-                            one_of_repeats, percent_rates, recopied, scaled_numbers,
-                            signed_numbers, whole_identifiers, whole_lists, whole_places,
-                            written_choices)
+from .copied_values import (REQUEST_CHARS, apart_values, as_cased, assigned_values,
+                            named_choices, one_of_repeats, percent_rates, recopied,
+                            scaled_numbers, signed_numbers, whole_identifiers, whole_lists,
+                            whole_places, written_choices)
 from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
@@ -401,7 +401,7 @@ def _named_at(name: str, request: str) -> int | None:
     if not words:
         return None
     start = 0
-    for clause in re.split(r"([.;!?]|\bbut\b)", request):
+    for clause in re.split(r"([.;!?]|\bbut\b)", request[:REQUEST_CHARS]):
         if not _NOT_ASKED.search(clause) and all(
                 writes_whole(clause, w) or w.endswith("s") and len(w) > 4
                 and writes_whole(clause, w[:-1]) for w in words):

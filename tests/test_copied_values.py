@@ -492,7 +492,8 @@ def test_a_value_the_request_assigns_by_name_is_that_parameters(arguments, reque
     ("Ximena.Mehta@Mail.example.net", "Email arjun.mehta@mail.example.net. Ximena asked.",
      "arjun.mehta@mail.example.net"),
     ("https://exmple.com/a", "Open https://example.com/a?", "https://example.com/a"),
-    ("bob@x.org", "mail ann@y.com or ann@y.net", None),  # two alike: which?
+    ("bob@x.org", "mail ann@y.com or ann@y.net", None),  # unlike either (under LIKENESS)
+    ("ann@y.xyz", "mail ann@y.com or ann@y.net", None),  # as alike to both: which?
     ("https://x.org", "mail ann@y.com", None),  # a web address is no email
 ])
 def test_an_email_or_web_address_is_copied_whole(value, request_, expected):
@@ -600,3 +601,21 @@ def test_likelihood_is_the_models_own_log_probability(tiny_lm):
         engine.runner.close()
     assert plain == pytest.approx(expected, rel=1e-3) and batched == pytest.approx(plain,
                                                                                  rel=1e-4)
+
+
+def test_a_hostile_schema_is_read_in_bounded_time(monkeypatch):
+    """A client's enum of 100,000 values, a parameter named with no word: the request is
+    read against the enum's first MAX_CHOICES values only, and an empty name labels no
+    "="."""
+    import mlx_agent.copied_values as cv
+
+    many = parse_tools(json.dumps([{"name": "t", "parameters": {"type": "object",
+        "properties": {"x": {"type": "string"},
+                       "tags": {"type": "array", "items": {"type": "string", "enum": [
+                           f"w{j} w{j + 1}" for j in range(100_000)]}},
+                       "": {"type": "integer"}}, "required": ["x"]}}]), runnable=False)[0]
+    read = []
+    monkeypatch.setattr(cv, "_choice_at", lambda request, value: read.append(value))
+    assert named_choices(many, {"x": "a"}, "w1 w2 w3") == {"x": "a"}
+    assert len(read) == cv.MAX_CHOICES
+    assert assigned_values(many, {"x": "a"}, "w1 = 5") == {"x": "a"}

@@ -387,7 +387,7 @@ class Agent:
             gave_up = str(e)
         scanner.feed(stream.flush())
         closed = bool(stream.ids) and stream.ids[-1] in self.lm.end_ids
-        looped = getattr(scanner, "looped", False)  # cut as the token budget would cut it
+        looped = scanner.looped  # cut as the token budget would cut it
         return _Query(scanner.text, scanner.turn_text, stream.ids, closed,
                       scanner.finished and not looped, interrupt,
                       isinstance(constraint, LoopGuard) and constraint.interventions > 0,

@@ -77,6 +77,7 @@ class Scanner(Protocol):
     """Watches a reply's text as it is generated and says when the turn is over."""
 
     text: str
+    looped: bool  # it ended the turn on a loop (a list that repeats itself): a cut, not an end
 
     def feed(self, segment: str) -> bool:
         """Add decoded text; True once the turn should end here."""

@@ -23,6 +23,8 @@ RUNAWAY_REPEATS = 24  # items in a row that a list already holds: a loop, not a 
 
 
 class JsonObjectScanner:
+    looped = False  # no loop ends its turns (RunawayListScanner's do)
+
     def __init__(self):
         self.text = ""
         self.start: int | None = None  # index of the first '{'
@@ -74,6 +76,8 @@ class JsonObjectScanner:
 
 
 class RepeatedLineScanner:
+    looped = False  # no loop ends its turns (RunawayListScanner's do)
+
     def __init__(self):
         self.text = ""
         self._lines: set[str] = set()
@@ -104,6 +108,8 @@ class RepeatedLineScanner:
 
 
 class ToolCallScanner:
+    looped = False  # no loop ends its turns (RunawayListScanner's do)
+
     def __init__(self):
         self.text = ""
         self._after_close: int | None = None  # where text after the last </tool_call> starts
@@ -154,6 +160,8 @@ class ToolCallScanner:
 
 
 class NeverScanner:
+    looped = False  # no loop ends its turns (RunawayListScanner's do)
+
     def __init__(self):
         self.text = ""
 

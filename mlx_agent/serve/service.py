@@ -413,7 +413,7 @@ class ChatService:
                 finish = "cancelled"
                 break
             if ended or shown.hit:  # a list's loop ends the reply as its budget would
-                finish = "length" if getattr(scanner, "looped", False) else "stop"
+                finish = "length" if scanner.looped else "stop"
                 break
         show(stream.flush())
         tail = shown.flush()
