@@ -86,8 +86,9 @@ NAMED_HELP = ("Let the model choose freely even when the request tells it to use
               "names that no call of the turn has tried).")
 
 
-STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first call of a "
-               "tool other than the one the request describes is written again for that "
+STATED_HELP = ("Leave a call (and an answer) as the model wrote it; by default a turn's "
+               "first call of a tool other than the one the request describes is written "
+               "again for that "
                "one, each optional argument left out is asked of the model and added when "
                "the request states its value (\"in Celsius\"), one whose value neither the "
                "request nor a tool result wrote is dropped, a garbled copy of the request's "
@@ -100,7 +101,9 @@ STATED_HELP = ("Leave a call as the model wrote it; by default a turn's first ca
                "user for what the call would make up; in agent and eval, "
                "--ignore-named-tool turns that off alone); a result the request passes on "
                "as a parameter is that parameter's value; dates are written in the format "
-               "their parameter asks.")
+               "their parameter asks; a path is the one the request writes, and one made up "
+               "for an optional parameter is dropped; in agent and eval, an answer that "
+               "states nothing of a short tool result is followed by it.")
 
 
 def loop_options(f):

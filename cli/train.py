@@ -130,7 +130,7 @@ def sft(base, data, out, iters, batch_size, learning_rate, rank, num_layers, val
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="JSONL file: one row per run (task, seed, reward, calls, turns, answered, "
                    "tool_errors, guarded_steps, retried_steps, named_steps, mentioned_steps, "
-                   "stated_calls, unfounded_calls, seconds).")
+                   "stated_calls, unfounded_calls, stated_answers, seconds).")
 @loop_options
 @click.option("-t", "--temperature", type=Finite(min=0), default=0.0, show_default=True)
 @click.option("--batch", type=BATCH, default=1, show_default=True,

@@ -41,11 +41,14 @@ two or another argument holds it.
 
 :func:`assigned_values`: a value the request assigns a parameter by its name ("b=371,
 a=806", ``title equal to "Pricing change"``) is that parameter's, not the other's.
-:func:`as_cased`: a string the request writes in other capitals is as it writes them.
+:func:`as_cased`: a string the request writes in other capitals is as it writes them;
+:func:`as_quoted`: one it quotes is as quoted, without a full stop the model added.
 :func:`one_of_repeats`: of optional strings that repeat one another, the one the model finds
 likeliest stays.
 :func:`whole_identifiers`: an email or web address the request does not write is the one it
 writes most alike ("Ximena.Mehta@Mail.example.net" for "arjun.mehta@mail.example.net").
+:func:`whole_paths`: a file's path the request writes is copied whole ("users.csv" for
+"data/users.csv"; never a name only like it: "notes2.txt" may be a new file).
 
 :func:`named_choices`: a list of an enum's values is the values the request names, in its
 order ("the rating and player count" for ``["player count"]``), where the model's list is
@@ -93,6 +96,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
+from .file_paths import takes_path, writes_path, written_paths
 from .heard import (NAME_WORD, NUMBER, SCALE_WORDS, Heard, leaves, number, number_runs,
                     writes_whole)
 from .probe import PROBE_CHARS, likelihood, probe
@@ -646,6 +650,37 @@ def as_cased(tool: Tool, arguments: dict, request: str) -> dict:
     return out
 
 
+# a span the request quotes: "…", “…”, or '…' opened after a space or a bracket and closed
+# before one or a punctuation mark (the apostrophe of "don't" is no quote)
+_QUOTED = re.compile(r"\"([^\"\n]{1,500})\"|\u201c([^\u201d\n]{1,500})\u201d"
+                     r"|(?<![\w'])'([^'\n]{1,500})'(?![\w'])")
+_QUOTES = "\"'\u2018\u2019\u201c\u201d` "
+
+
+def as_quoted(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each top-level string (of a parameter with no enum, const or
+    format) that is a span the request quotes in other capitals, in quotes of its own or
+    with a full stop, "!" or "?" added, made the span as quoted ("Remember the keys." for
+    "Save 'remember the keys' into reminder.txt"), where the request quotes no other such
+    span; ``arguments`` itself where none is. A user who quotes text means those words."""
+    quoted = {}
+    for m in _QUOTED.finditer(request[:REQUEST_CHARS]):
+        span = next(g for g in m.groups() if g is not None)
+        quoted.setdefault(span.strip().lower(), set()).add(span)
+    out = arguments
+    for name, value in arguments.items() if quoted else ():
+        schema = tool.properties.get(name)
+        if not isinstance(value, str) \
+                or isinstance(schema, dict) and {"enum", "const", "format"} & schema.keys():
+            continue
+        bare = value.strip(_QUOTES).lower()
+        spans = quoted.get(bare) or quoted.get(bare.rstrip(".!?").strip(_QUOTES), set())
+        if len(spans) == 1 and (span := next(iter(spans))) != value \
+                and not tool.validate({**out, name: span}):
+            out = {**out, name: span}
+    return out
+
+
 # an identifier a request writes whole: an email address, a web address
 _IDENTIFIER = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://[^\s\"'<>]+", re.IGNORECASE)
 
@@ -672,6 +707,27 @@ def whole_identifiers(tool: Tool, arguments: dict, request: str) -> dict:
                 and best[1].lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: best[1]}):
             out = {**out, name: best[1]}
+    return out
+
+
+def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
+    """``arguments`` with each top-level string of a path parameter (:func:`takes_path`) that
+    ``heard`` (the request and the turn's tool results) does not write whole, as cased, made
+    the one path the request writes (:func:`written_paths`) that ends in it after a folder,
+    or that it is in other capitals: "users.csv" (or "./users.csv") for "data/users.csv",
+    where the request writes no other such path and the schema takes it; ``arguments``
+    itself where none is. A name the model made up is no copy, however alike ("notes2.txt"
+    is never made "notes.txt": the call may write a new file)."""
+    written = written_paths(request[:REQUEST_CHARS])
+    out = arguments
+    for name, value in arguments.items() if written else ():
+        if not isinstance(value, str) or not takes_path(tool, name) \
+                or writes_path(heard, value, cased=True):
+            continue
+        tail = value.strip().rstrip(",;:").removeprefix("./").lower()
+        ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)]
+        if len(ends) == 1 and tail and not tool.validate({**out, name: ends[0]}):
+            out = {**out, name: ends[0]}
     return out
 
 

@@ -94,6 +94,7 @@ class RunResult:
     mentioned_steps: int = 0  # first steps made a call: the request wrote a tool's name
     stated_calls: int = 0  # calls the request's stated and copied values changed
     unfounded_calls: int = 0  # calls on a value no one gave, made questions
+    stated_answers: int = 0  # answers that stated nothing of a short result, made to state it
 
     def row(self) -> dict:
         """The run's row in ``eval --out``: the same however the runs were distributed,
@@ -103,7 +104,7 @@ class RunResult:
                "tool_errors": self.tool_errors, "guarded_steps": self.guarded_steps,
                "retried_steps": self.retried_steps, "named_steps": self.named_steps,
                "mentioned_steps": self.mentioned_steps, "stated_calls": self.stated_calls,
-               "unfounded_calls": self.unfounded_calls,
+               "unfounded_calls": self.unfounded_calls, "stated_answers": self.stated_answers,
                "seconds": round(self.seconds, 3)}
         return row | ({"error": self.error} if self.error else {})
 
@@ -429,5 +430,5 @@ def run_one(lm, engine: Engine, task: Task, seed: int, base: Path, protocol: str
                          tool_errors=s.tool_errors, guarded_steps=s.guarded_steps,
                          retried_steps=s.retried_steps, named_steps=s.named_steps,
                          mentioned_steps=s.mentioned_steps, stated_calls=s.stated_calls,
-                         unfounded_calls=s.unfounded_calls,
+                         unfounded_calls=s.unfounded_calls, stated_answers=s.stated_answers,
                          error=out.warning)  # why the turn stopped early, if it did

@@ -195,3 +195,9 @@ def reply_ids(lm, protocol: str, text: str) -> list[int]:
         (lm.encode("</tool_call>") if closed else [])
 
 
+def hold(engine, ids: list[int]) -> None:
+    """Sync ``engine`` to ``ids`` where a probe moved it (a batched engine's sync waits
+    for the model thread, so it is skipped where nothing was probed or changed)."""
+    if engine.tokens != ids:
+        engine.sync(ids)
+

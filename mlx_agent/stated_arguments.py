@@ -25,9 +25,12 @@ made-up value changes the first result, and so the second call. Before probing,
 :func:`without_made_up` drops each optional argument whose value neither the request nor a
 tool result of the turn writes (:meth:`Heard.made_up`, a looser reading than
 :func:`stated`'s: a word that begins one of theirs counts), and each optional flag whose
-name they never speak of (``is_unisex: false`` for "find a salon in Fremont"), so the tool's
-own default stands. An object, a required argument, or a flag whose name's words they use,
-is never dropped.
+name they never speak of (``is_unisex: false`` for "find a salon in Fremont"), and each
+optional path they never write whole (``path: "this_folder"`` for "What files are in this
+folder?", ``"budget.json"`` for "Which file mentions the budget?"), so the tool's own
+default stands; a path they write the end of is first made theirs ("users.csv" for
+"data/users.csv": :func:`~mlx_agent.copied_values.whole_paths`). An object, a required
+argument, or a flag whose name's words they use, is never dropped.
 
 The same pass reads the call's values against the request (:mod:`mlx_agent.copied_values`):
 a garbled copy ("Lasagna" for "Los Angeles") is copied again, a place cut at its comma
@@ -74,14 +77,15 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import (REQUEST_CHARS, apart_values, as_cased, assigned_values,
-                            named_choices, one_of_repeats, percent_rates, recopied,
-                            scaled_numbers, signed_numbers, whole_identifiers, whole_lists,
-                            whole_places, written_choices)
+from .copied_values import (REQUEST_CHARS, apart_values, as_cased, as_quoted,
+                            assigned_values, named_choices, one_of_repeats, percent_rates,
+                            recopied, scaled_numbers, signed_numbers, whole_identifiers,
+                            whole_lists, whole_paths, whole_places, written_choices)
 from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
 from .engine import Sampler, greedy_sampler
+from .file_paths import takes_path, writes_path
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
 from .grammar import call_text, written_arguments, written_json
@@ -89,7 +93,7 @@ from .heard import NAME_WORD, NUMBER, Heard, json_text, leaves, writes_whole
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
-from .probe import probe, probe_arguments, reply_ids
+from .probe import hold, probe, probe_arguments, reply_ids
 from .runaway_list import closed_call
 from .tools import Tool
 from .unfounded import question, unfounded
@@ -245,7 +249,7 @@ def last_result(messages: Sequence[dict]) -> str | None:
     agent's ``{"stdout": ...}`` as its output (none where its exit code is not 0), a JSON
     string as that string; None where there is none, or where it is other JSON (an object
     or a list: which of its values is meant is not said)."""
-    last = _last_user(messages) or 0
+    last = last_user(messages) or 0
     text = next((text_of(m.get("content")) for m in reversed(messages[last + 1:])
                  if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO), None)
     if text is None:
@@ -336,7 +340,7 @@ def complete_call(engine, lm, prompt: Sequence[int], protocol: str, tool: Tool,
     return {**arguments, **added} if added else arguments
 
 
-def _last_user(messages: Sequence[dict]) -> int | None:
+def last_user(messages: Sequence[dict]) -> int | None:
     """The index of the last user message: where the turn began (None: no user message)."""
     return max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
 
@@ -361,7 +365,7 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
     create an event"). ``tried``: the tools the turn's calls tried (ran, failed or were
     denied), where the caller knows them; else those the messages' ``tool_calls`` and named
     tool results show. Empty where there are none."""
-    last = _last_user(messages)
+    last = last_user(messages)
     if last is None:
         return []
     request = text_of(messages[last].get("content"))
@@ -413,11 +417,29 @@ def _named_at(name: str, request: str) -> int | None:
 def heard_text(messages: Sequence[dict]) -> str:
     """Every user message and the tool results after the last one, a line each: where a
     kept value may come from (not the server's get_tool_info answers, which hold the
-    tools' schemas)."""
-    last = _last_user(messages) or 0
-    return "\n".join(text_of(m.get("content")) for i, m in enumerate(messages)
+    tools' schemas, nor a failed result's error: "no file 'this_folder'" echoes the call
+    that made the name up, and is no source of it)."""
+    last = last_user(messages) or 0
+    return "\n".join(text_of(m.get("content")) if m["role"] == "user"
+                     else _heard_result(text_of(m.get("content")))
+                     for i, m in enumerate(messages)
                      if m["role"] == "user" or m["role"] == "tool" and i > last
                      and m.get("name") != GET_TOOL_INFO)
+
+
+def _heard_result(text: str) -> str:
+    """A tool result's text; of the agent's ``{"stdout": ..., "stderr": ...}`` with an exit
+    code other than 0, only its output."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    if isinstance(value, dict) and value.get("exit_code", 0) != 0 \
+            and isinstance(value.get("stdout"), str):
+        return value["stdout"]
+    return text
 
 
 def turn_results(messages: Sequence[dict]) -> list[str]:
@@ -425,7 +447,7 @@ def turn_results(messages: Sequence[dict]) -> list[str]:
     get_tool_info answers): each one's text, stripped, and where it is JSON (as the agent
     writes a result: ``{"tool": ..., "stdout": ...}``), each string in it, stripped, and
     each number but 0 and 1 (an exit code), as JSON writes it: what a call may pass on."""
-    last = _last_user(messages) or 0
+    last = last_user(messages) or 0
     out = []
     for m in messages[last + 1:]:
         if m["role"] != "tool" or m.get("name") == GET_TOOL_INFO:
@@ -446,19 +468,23 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     """``arguments`` without the optional ones whose value ``heard`` (the user's messages
     and the turn's tool results) never writes (:meth:`Heard.made_up`), without the
     optional flags it never speaks of (:func:`~mlx_agent.flags.unheard_flag`: ``is_unisex:
-    false`` for "find a salon in Fremont"), and without an optional string that repeats a
+    false`` for "find a salon in Fremont"), without an optional string that repeats a
     required argument's (``cinema_hall: "Noida"`` beside ``location: "Noida"``; of BFCL's
-    calls that repeat a string, none was right): the tool's own default stands for a value
-    the model made up. ``arguments`` itself where none is, or where the tool requires nothing
-    (its schema then says nothing of what is optional)."""
+    calls that repeat a string, none was right), and without an optional path it never
+    writes whole (:func:`~mlx_agent.file_paths.writes_path`: ``path: "this_folder"``):
+    the tool's own default stands for a value the model made up. ``arguments`` itself where
+    none is. Where the tool requires nothing only paths are read (its schema then says
+    nothing of what is optional; a path it takes still has to be written)."""
+    paths = {k for k, v in arguments.items() if k not in tool.required and isinstance(v, str)
+             and takes_path(tool, k) and not writes_path(heard, v)}
     if not tool.required:
-        return arguments
+        return {k: v for k, v in arguments.items() if k not in paths} if paths else arguments
     said = Heard(heard)
     required = {v.strip().lower() for k, v in arguments.items()
                 if k in tool.required and isinstance(v, str) and len(v.strip()) > 2}
     kept = {k: v for k, v in arguments.items() if k in tool.required
             or not said.made_up(v) and not unheard_flag(k, v, said)
-            and not (isinstance(v, str) and v.strip().lower() in required)}
+            and not (isinstance(v, str) and v.strip().lower() in required) and k not in paths}
     return arguments if len(kept) == len(arguments) else kept
 
 
@@ -506,10 +532,10 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         except ContextFull:
             closed = None
         except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
-            _hold(engine, list(prompt) + ids + tail)
+            hold(engine, list(prompt) + ids + tail)
             raise
         if closed is None or closed[1] in made:
-            _hold(engine, list(prompt) + ids + tail)
+            hold(engine, list(prompt) + ids + tail)
             return unchanged
         unchanged = closed  # from here, "as it was" is the call as closed
         reply, text, ids = closed
@@ -521,7 +547,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         return unchanged
     request, call = request_text(messages), reply.calls[0]
     if not request.strip():
-        _hold(engine, list(prompt) + ids + tail)
+        hold(engine, list(prompt) + ids + tail)
         return unchanged
     heard = heard_text(messages)
     try:
@@ -530,14 +556,15 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         # an enum's value the request names before what it never wrote is dropped
         arguments = named_choices(moved, written_choices(moved, arguments, request), request)
         arguments = assigned_values(moved, arguments, request)
-        arguments = without_made_up(moved, arguments, heard)
+        arguments = without_made_up(moved, whole_paths(moved, arguments, request, heard), heard)
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
                                  heard, sampler, stop)
         arguments = one_of_repeats(engine, lm, prompt, protocol, moved, arguments, stop)
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
-        arguments = whole_identifiers(tool, as_cased(tool, arguments, request), request)
+        arguments = as_quoted(tool, as_cased(tool, arguments, request), request)
+        arguments = whole_identifiers(tool, arguments, request)
         arguments = whole_lists(tool, arguments, request)
         arguments = piped_results(tool, arguments, request, last_result(messages))
         arguments = signed_numbers(tool, scaled_numbers(tool, arguments, request), request)
@@ -549,7 +576,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             content = question(tool, made_up)
             text = written_json({"answer": content}, "json") if protocol == "json" else content
             reply, ids = Reply(content=content), reply_ids(lm, protocol, text)
-            _hold(engine, list(prompt) + ids + tail)
+            hold(engine, list(prompt) + ids + tail)
             return reply, text, ids
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop, turn_results(messages))
@@ -561,13 +588,13 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                 text = call_text(protocol, tool, arguments)
                 reply, ids = Reply(calls=[Call(tool.name, arguments)]), \
                     reply_ids(lm, protocol, text)
-        _hold(engine, list(prompt) + ids + tail)
+        hold(engine, list(prompt) + ids + tail)
         return reply, text, ids
     except ContextFull:  # a probe, or the longer call, past the context: as it was sampled,
-        _hold(engine, list(prompt) + unchanged[2] + tail)  # which fitted
+        hold(engine, list(prompt) + unchanged[2] + tail)  # which fitted
         return unchanged
     except KeyboardInterrupt:  # the caller keeps the reply as sampled: so does the engine
-        _hold(engine, list(prompt) + sampled + tail)
+        hold(engine, list(prompt) + sampled + tail)
         raise
 
 
@@ -580,7 +607,7 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
     required string it writes is made up (:func:`_invents`: a chain's second tool, whose
     id the first call would find, is not called first); ``tool`` and ``arguments`` as
     they were otherwise (a later call of a chain is read as the model made it)."""
-    last = _last_user(messages) or 0
+    last = last_user(messages) or 0
     if any(m["role"] == "tool" for m in messages[last:]):
         return tool, arguments
     request = request_text(messages)
@@ -614,10 +641,3 @@ def _invents(tool: Tool, arguments: dict, heard: str) -> bool:
                  or not {"enum", "const"} & tool.properties[k].keys())]
     return any(made_up(v) for value in free
                for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))
-
-
-def _hold(engine, ids: list[int]) -> None:
-    """Sync ``engine`` to ``ids`` where a probe moved it (a batched engine's sync waits
-    for the model thread, so it is skipped where nothing was probed or changed)."""
-    if engine.tokens != ids:
-        engine.sync(ids)

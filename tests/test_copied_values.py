@@ -20,11 +20,13 @@ from mlx_agent import trajectory as tj
 from mlx_agent.agent import agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.copied_values import (MARGIN, apart_values, as_cased, assigned_values,
-                                     garbled, is_place, named_choices, percent_rates, phrases,
-                                     place_alone, recopied, scaled_numbers, signed_numbers,
-                                     whole_identifiers, whole_lists, whole_place, whole_places,
+from mlx_agent.copied_values import (MARGIN, apart_values, as_cased, as_quoted,
+                                     assigned_values, garbled, is_place, named_choices,
+                                     percent_rates, phrases, place_alone, recopied,
+                                     scaled_numbers, signed_numbers, whole_identifiers,
+                                     whole_lists, whole_paths, whole_place, whole_places,
                                      written_choices)
+from mlx_agent.file_paths import takes_path, writes_path, written_paths
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import parse_tools
@@ -187,7 +189,9 @@ def test_a_garbled_copy_is_copied_again_and_the_cache_reused_whole(tiny_lm, prot
                              "Weather in Riga, Latvia.", recorder=rec)
     assert [(c.arguments, c.stdout) for c in events.of(ev.ToolCall)] == \
         [({"city": "Riga, Latvia"}, "Riga, Latvia celsius")]
-    assert out.answer == "done" and out.stats.stated_calls == 1
+    # the answer states nothing of the result: it follows (mlx_agent.stated_result)
+    assert out.answer == "done\n\nweather returned Riga, Latvia celsius."
+    assert out.stats.stated_calls == 1 and out.stats.stated_answers == 1
     assert_reused_whole(tj.read(rec.path), agent)
     # a place cut at its comma is copied whole, with no probe
     call, answer = weather_replies(protocol, "Riga")
@@ -514,6 +518,45 @@ def test_a_string_is_cased_as_the_request_writes_it(value, request_, expected):
     assert as_cased(ASSIGN, held, "add") is held
 
 
+def test_a_path_the_request_writes_is_taken_whole():
+    assert written_paths("Read data/users.csv, notes.txt. Then ~/x and src/ (e.g. 3.5, v2.0, "
+                         "ann@mail.example.net, https://a.com/b/c.txt), Makefile.am.") == \
+        ["data/users.csv", "notes.txt", "~/x", "src/", "Makefile.am"]
+    assert writes_path("the logs directory", "logs") and writes_path("x", "./")
+    assert not writes_path("data/users.csv", "users.csv") and not writes_path("notes.txt", "notes")
+    files = tool(path={"type": "string"}, output_dir={"type": "string"},
+                 file_type={"type": "string"}, where={"type": "string",
+                                                     "description": "The file path to read."},
+                 mode={"type": "string", "enum": ["a.txt"]})
+    assert [n for n in files.properties if takes_path(files, n)] == ["path", "output_dir", "where"]
+    request = "Show data/users.csv and out/users.csv.bak, then notes.txt"
+    for value, heard, expected in [
+        ("users.csv", request, "data/users.csv"), ("./users.csv,", request, "data/users.csv"),
+        ("NOTES.TXT", request, "notes.txt"),
+        ("users.csv", request + "\nusers.csv", None),  # a result writes it: it is that
+        ("notes2.txt", request, None),  # a new name, however alike
+        ("csv", request, None),  # no folder before it
+    ]:
+        assert whole_paths(files, {"path": value}, request, heard) == {"path": expected or value}
+    twice = "Compare a/users.csv and b/users.csv"  # which?
+    assert whole_paths(files, {"path": "users.csv"}, twice, twice) == {"path": "users.csv"}
+    assert whole_paths(files, {"file_type": "csv"}, request, request) == {"file_type": "csv"}
+
+
+@pytest.mark.parametrize("value, request_, expected", [
+    ("Remember the keys.", "Save 'remember the keys' into reminder.txt.", "remember the keys"),
+    ("'hello world'", "Write the text 'hello world' to a.txt", "hello world"),
+    ('"Hi!"', 'Say \u201cHi!\u201d', "Hi!"),
+    ("Hello, world!", "Write 'hello world'", None),  # other words
+    ("x", "Don't write 'x' or 'X' now", None),  # quoted two ways: which?
+    ("hello world", "Write 'hello world'", None),  # as quoted
+])
+def test_a_quoted_span_is_copied_as_quoted(value, request_, expected):
+    assert as_quoted(ASSIGN, {"a": 1, "to": value}, request_) == {"a": 1, "to": expected or value}
+    held = {"a": 1, "op": "ADD"}  # an enum's value is the schema's
+    assert as_quoted(ASSIGN, held, "'add'") is held
+
+
 def test_a_hostile_request_is_read_in_linear_time():
     start = time.perf_counter()
     for request in ("Paris" + ", A B C" * 50_000 + " x", "Paris, " * 50_000,
@@ -530,6 +573,9 @@ def test_a_hostile_request_is_read_in_linear_time():
         named_choices(STATS, {"player": "x"}, request + " high a " * 5_000)
         assigned_values(ASSIGN, {"a": 1}, request + " a = " * 5_000 + "a=" + "1" * 5_000)
         whole_identifiers(ASSIGN, {"a": 1, "to": "a@b.c"}, request + "a@" * 5_000 + "x.y")
+        as_quoted(ASSIGN, {"a": 1, "to": "x"}, request + " '" * 20_000 + "x" + "'" * 5_000)
+        whole_paths(tool(path={"type": "string"}), {"path": "x.txt"},
+                    request + "a/" * 20_000 + " a.b" * 5_000, request)
         written_choices(tool(e={"type": "string", "enum": ["a b"] * 50}), {"e": "x"}, request)
     assert time.perf_counter() - start < 5
 

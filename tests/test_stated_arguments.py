@@ -162,7 +162,8 @@ def test_an_unstated_value_or_the_switch_leaves_the_call_as_sampled(tiny_lm, pro
     agent, out, events = ask(lm, protocol, [call, "3,", answer], "Weather in Oslo for 5 days.",
                              recorder=rec)
     assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
-    assert out.answer == "done" and out.stats.stated_calls == 0
+    assert out.answer == "done\n\nweather returned Oslo celsius."
+    assert out.stats.stated_calls == 0
     assert_reused_whole(tj.read(rec.path), agent)
     # turned off, or an exact call the step was given (a guided rollout's)
     for config in ({"stated_arguments": False},
@@ -170,7 +171,9 @@ def test_an_unstated_value_or_the_switch_leaves_the_call_as_sampled(tiny_lm, pro
         _, out, events = ask(lm, protocol, [call, answer], "Weather in Oslo in Fahrenheit.",
                              **config)
         assert [c.arguments for c in events.of(ev.ToolCall)] == [{"city": "Oslo"}]
-        assert out.answer == "done" and out.stats.stated_calls == 0
+        assert out.stats.stated_calls == 0
+        assert out.answer == ("done" if "stated_arguments" in config  # the answer as sampled
+                              else "done\n\nweather returned Oslo celsius.")
 
 
 @pytest.mark.real_model
@@ -418,9 +421,40 @@ def test_an_optional_argument_no_one_wrote_is_dropped():
     free = parse_tools(json.dumps([{"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "string"}}}}]), runnable=False)[0]  # requires nothing: says nothing
     assert without_made_up(free, {"a": "made up"}, "hello") == {"a": "made up"}
+    from mlx_agent.tools.builtin import builtin_tools
+
+    grep, listing = [t for t in builtin_tools(".") if t.name in ("grep", "list_files")]
+    for value, heard, kept in [
+        ("budget.json", "Which file mentions the budget?", False),  # a name made up
+        ("notes", "Search notes.txt", False),  # a part of a path is not the path
+        ("notes", "Search the notes folder", True), (".", "Search here", True),
+        ("docs/a.md", "Look for x\n{\"stdout\": \"docs/a.md\", \"exit_code\": 0}", True),
+    ]:
+        assert without_made_up(grep, {"pattern": "x", "path": value}, heard) == \
+            ({"pattern": "x", "path": value} if kept else {"pattern": "x"}), value
+    # a tool that requires nothing still has its paths read
+    assert without_made_up(listing, {"path": "this_folder"}, "What files are in this "
+                           "folder?") == {}
+    assert without_made_up(listing, {"path": "docs"}, "List docs.") == {"path": "docs"}
     long = "7" * 100_000 + " 1 " + "word " * 100_000  # a tool's long output: one sort
     assert without_made_up(TOOL, {"city": "x", "days": 1, "unit": "wor"}, long) == \
         {"city": "x", "days": 1, "unit": "wor"}
+
+
+def test_a_failed_results_error_is_not_heard():
+    from mlx_agent.stated_arguments import heard_text
+
+    messages = [{"role": "user", "content": "What files are here?"},
+                {"role": "assistant", "content": "{}"},
+                {"role": "tool", "name": "read_file", "content": json.dumps(
+                    {"tool": "read_file", "stdout": "partial", "exit_code": 1,
+                     "stderr": "FileNotFoundError: no file 'this_folder'"})},
+                {"role": "tool", "name": "x", "content": json.dumps(
+                    {"tool": "x", "stdout": "ok", "stderr": "warned 'y'", "exit_code": 0})},
+                {"role": "tool", "name": "z", "content": "{not json 'w'"}]
+    heard = heard_text(messages)
+    assert "this_folder" not in heard and "partial" in heard  # its output stays
+    assert "warned 'y'" in heard and "'w'" in heard  # a result that ran, any other text
 
 
 @pytest.mark.parametrize("protocol", ["json", "hermes"])

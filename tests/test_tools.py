@@ -13,6 +13,7 @@ import pytest
 
 from mlx_agent.tools import ToolSchemaError, builtin_tools, declared_tools, parse_tools, run_tool
 from mlx_agent.tools.builtin import OutsideRoot
+from mlx_agent.tools import rootfs
 from mlx_agent.tools.rootfs import located
 
 
@@ -235,6 +236,29 @@ def test_builtin_tools_work_inside_the_root(repo):
     assert w.exit_code == 0
     r = run_tool(tools["run_tests"], {})
     assert r.exit_code == 0, r.stdout + r.stderr
+
+
+def test_a_missing_path_is_answered_with_the_paths_it_may_mean(repo):
+    tools = {t.name: t for t in builtin_tools(repo, timeout=60)}
+    for tool, arguments in [("read_file", {"path": "calc.py"}), ("read_file", {"path": "CALC"}),
+                            ("list_files", {"path": "calc.py"}),
+                            ("grep", {"pattern": "add", "path": "calc.py"})]:
+        r = run_tool(tools[tool], arguments)
+        assert r.exit_code == 1 and r.stderr.rstrip().endswith(
+            "; did you mean 'pkg/calc.py'?"), (tool, r.stderr)
+    # nothing it may mean: what to do instead
+    for tool, arguments, advice in [
+            ("read_file", {"path": "nothing.py"}, "no file 'nothing.py'"),
+            ("read_file", {"path": "TODO"}, "to find the files that mention 'TODO', call grep"),
+            ("list_files", {"path": "here"}, "leave the path out to list every file"),
+            ("grep", {"pattern": "a", "path": "x"}, "leave the path out to search every file")]:
+        r = run_tool(tools[tool], arguments)
+        assert r.exit_code == 1 and "did you mean" not in r.stderr and advice in r.stderr
+    (repo / "deep").mkdir()
+    for i in range(20):  # of the first names walked only: a big tree costs a bounded scan
+        (repo / "deep" / f"{i}.txt").write_text("")
+    assert rootfs.near(str(repo), "7") == ["deep/7.txt"]
+    assert rootfs.near(str(repo), "7", scanned=5) == [] and rootfs.near(str(repo), "..") == []
 
 
 @pytest.mark.parametrize("path", ["../secret.txt", "../../etc/passwd", "/etc/passwd", "link.txt"])

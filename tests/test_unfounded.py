@@ -357,7 +357,8 @@ def test_a_chains_second_tool_is_called_with_the_first_result(tiny_lm):
     out, rec = ask(CHAIN_REQUEST)
     assert [(c.tool, c.arguments) for c in rec.of(ev.ToolCall)] == [
         ("get_weather", {"city": "Oslo"}), ("create_event", {"title": "sunny in Oslo"})]
-    assert out.answer == "Done." and out.stats.mentioned_steps == 2
+    assert out.answer == "Done.\n\ncreate_event returned created sunny in Oslo."
+    assert out.stats.mentioned_steps == 2
     # the switch off: the model answers after the first result, as it would
     out, rec = ask(CHAIN_REQUEST, stated_arguments=False)
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["get_weather"] and out.answer == "Done."

@@ -73,6 +73,7 @@ class Counts(msgspec.Struct):
     # and the model would have answered
     stated_calls: int = 0  # calls the request's stated and copied values changed
     unfounded_calls: int = 0  # calls on a value no one gave, made questions
+    stated_answers: int = 0  # answers that stated nothing of a short result, made to state it
 
 
 class Stats(Counts, Event, tag="stats", frozen=True, kw_only=True):

@@ -33,6 +33,7 @@ from ..loop_guard import LoopGuard, call_bytes, refused_texts, token_bytes
 from ..prompt_cache import load_session, save_session
 from ..probe import would_call
 from ..stated_arguments import complete_reply, pressed_tools
+from ..stated_result import stated_answer
 from ..text import TextStream
 from ..tokenizer import special_tokens
 from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
@@ -336,6 +337,12 @@ class Agent:
                     stats.stated_calls += 1
                 else:  # a call on made-up numbers: the user is asked for them
                     stats.unfounded_calls += 1
+            elif q.interrupt is None and (stated := stated_answer(
+                    self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
+                    self._messages()))[0] is not reply:
+                reply, text, ids = stated  # an answer beside a short result: the result
+                raw, sampled = text, ids + tail
+                stats.stated_answers += 1
         self.emit(ev.Assistant(step=step, raw=raw))
         self.conversation.add_reply(reply, text, ids)
         self._failed = False

@@ -37,10 +37,23 @@ _MAX_LIST = 500
 _MAX_MATCHES = 200
 
 
+def _missing(root: str, path: str, error: FileNotFoundError, advice: str) -> FileNotFoundError:
+    """``error`` with what to do: the paths under the root that ``path`` may mean ("no file
+    'users.csv'; did you mean 'data/users.csv'?": :func:`.rootfs.near`), else ``advice``."""
+    near = rootfs.near(root, path)
+    return FileNotFoundError(f"{error}; did you mean {' or '.join(map(repr, near))}?" if near
+                             else f"{error}; {advice}" if advice else str(error))
+
+
 def read_file(root: str, cap: int, path: str) -> ToolResult:
     """The file's text; one bigger than ``cap`` bytes shows its head and tail, and only
     those are read."""
-    fd = rootfs.open_in_root(root, path)
+    try:
+        fd = rootfs.open_in_root(root, path)
+    except FileNotFoundError as e:  # a word, not a path: the model meant to search for it
+        word = path.strip() if not set("/.") & set(path) else ""
+        raise _missing(root, path, e, word and f"to find the files that mention {word!r}, "
+                       "call grep with it as the pattern") from None
     try:
         size = os.fstat(fd).st_size
         capped = _Capped(cap)
@@ -55,7 +68,10 @@ def read_file(root: str, cap: int, path: str) -> ToolResult:
 
 
 def list_files(root: str, path: str = ".") -> str:
-    names = [rel for rel, _ in rootfs.files(root, path)]
+    try:
+        names = [rel for rel, _ in rootfs.files(root, path)]
+    except FileNotFoundError as e:
+        raise _missing(root, path, e, "leave the path out to list every file") from None
     more = len(names) - _MAX_LIST
     return "\n".join(names[:_MAX_LIST] + ([f"…[{more} more]"] if more > 0 else []))
 
@@ -73,6 +89,10 @@ def grep(root: str, timeout: float, cap: int, pattern: str, path: str = ".") -> 
                                  "nested repeats such as (a+)+ can take exponential time: "
                                  "simplify it or narrow the path",
                           duration_sec=r.duration_sec)
+    if r.exit_code and r.stderr.startswith("FileNotFoundError: "):  # the child's: the hint
+        missing = _missing(root, path, FileNotFoundError(r.stderr.strip()[19:]),  # is ours
+                           "leave the path out to search every file")
+        return msgspec.structs.replace(r, stderr=f"FileNotFoundError: {missing}\n")
     return r
 
 

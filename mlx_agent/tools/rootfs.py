@@ -283,6 +283,30 @@ def files(root: str, path: str = ".") -> Iterator[tuple[str, int]]:
         os.close(start)
 
 
+def near(root: str, path: str, most: int = 3, scanned: int = 5_000) -> list[str]:
+    """Up to ``most`` paths under ``root`` that a missing ``path`` may mean, for a not-found
+    error's "did you mean": the files and folders named as its last part (case aside, or
+    without an extension: "users" for "data/users.csv"), of the first ``scanned`` names of
+    the walk (a big tree costs a bounded scan), sorted; none for a name of no letter or
+    digit. Nothing is opened but folders, and links are not followed."""
+    want = os.path.basename(os.path.normpath(path.strip())).lower() if path.strip() else ""
+    if not any(c.isalnum() for c in want):
+        return []
+    found, left = [], scanned
+    try:
+        for here, dirnames, filenames, _ in walk(root, top="."):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            names = (dirnames + filenames)[:left]
+            left -= len(names)
+            found += [os.path.normpath(os.path.join(str(here), name)) for name in names
+                      if name.lower() == want or name.lower().rsplit(".", 1)[0] == want]
+            if not left or len(found) >= most:
+                break
+    except OSError:
+        pass
+    return sorted(found)[:most]
+
+
 class Here:
     """A directory the walk stands in, as a link to its parent: the path is joined only when
     a message or a bind needs it (joining it at every level made a deep tree of long names

@@ -1,0 +1,87 @@
+"""An answer after a short tool result states it (mlx_agent.stated_result)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_agent.formats.messages import Call, Reply
+from mlx_agent.stated_result import MAX_SAID, stated_answer
+
+
+
+def turn(result: dict | str, request: str = "List the files in logs.") -> list[dict]:
+    content = result if isinstance(result, str) else json.dumps(result)
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": request},
+            {"role": "assistant", "content": "{}"},
+            {"role": "tool", "name": "list_files", "content": content}]
+
+
+def ran(stdout: str, code: int = 0) -> dict:
+    return {"tool": "list_files", "stdout": stdout, "stderr": "", "exit_code": code}
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_an_answer_that_states_nothing_of_the_result_is_followed_by_it(tiny_lm, protocol):
+    answer = "There are 4 files in the logs directory."
+    text = json.dumps({"answer": answer}) if protocol == "json" else answer
+    engine, prompt, tail = tiny_lm.engine(), tiny_lm.encode_text("a prompt"), [2]
+    sampled = tiny_lm.encode_text(text)
+    engine.sync(prompt + sampled + tail)
+    reply, new_text, ids = stated_answer(engine, tiny_lm, protocol, prompt,
+                                         Reply(content=answer), text, sampled, tail,
+                                         turn(ran("logs/server.log")))
+    assert reply.content == answer + "\n\nlist_files returned logs/server.log."
+    assert new_text == (json.dumps({"answer": reply.content}, separators=(",", ":"))
+                        if protocol == "json" else reply.content)
+    assert tiny_lm.decode(ids) == new_text
+    assert engine.tokens == prompt + ids + tail  # as if it had been sampled so
+    small = tiny_lm.engine(context_length=len(prompt) + len(sampled) + 1)
+    small.sync(prompt + sampled + tail)  # the answer with the result does not fit: as sampled
+    assert stated_answer(small, tiny_lm, protocol, prompt, Reply(content=answer), text,
+                         sampled, tail, turn(ran("logs/server.log")))[1] == text
+
+
+@pytest.mark.parametrize("answer, messages", [
+    ("The file is logs/server.log.", turn(ran("logs/server.log"))),  # stated
+    ("Server: logs/server.log", turn(ran("logs/server.log"))),  # one word of it
+    ("It has 2 lines.", turn(ran("a\nb"))),  # nothing the request does not write: one letter
+    ("Done.", turn(ran("logs"), "List the logs")),  # the request writes all of it
+    ("Done.", turn(ran("logs/server.log", code=1))),  # a failed call: no result to state
+    ("Done.", turn(ran("x" * (MAX_SAID - 9) + " server.log"))),  # too long: the model's
+    ("Done.", turn(ran("logs/server.log"))[:3]),  # no result this turn
+    ("Done.", turn(["a", "list"])),  # JSON of no output: which part?
+])
+def test_an_answer_that_states_the_result_or_has_none_to_state_is_kept(tiny_lm, answer,
+                                                                        messages):
+    reply = Reply(content=answer)
+    kept = stated_answer(tiny_lm.engine(), tiny_lm, "json", [1], reply, answer, [1], [],
+                         messages)
+    assert kept[0] is reply
+
+
+def test_a_call_or_a_cut_answer_is_kept(tiny_lm):
+    for reply in (Reply(calls=[Call("list_files", {})]), Reply(content="The", complete=False)):
+        assert stated_answer(tiny_lm.engine(), tiny_lm, "json", [1], reply, "x", [1], [],
+                             turn(ran("server.log")))[0] is reply
+
+
+@pytest.mark.real_model
+def test_the_agent_states_the_result_it_got(tmp_path):
+    """The bundled model, asked for a folder's files, answers with the listing it got."""
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "agenda.md").write_text("Meeting with Dana at 10am.\n")
+    out = subprocess.run([sys.executable, "-m", "mlx_agent.cli.main", "agent",
+                          "--builtin-tools", "--root", str(root), "--json-out", "--single",
+                          "List the files in docs."], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    answer = next(e for e in events if e["type"] == "answer")["text"]
+    assert "docs/agenda.md" in answer, answer
