@@ -97,8 +97,8 @@ from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
 from .file_paths import takes_path, writes_path, written_paths
-from .heard import (NAME_WORD, NUMBER, SCALE_WORDS, Heard, leaves, number, number_runs,
-                    writes_whole)
+from .heard import (NAME_WORD, NUMBER, REQUEST_CHARS, SCALE_WORDS, Heard, leaves, number,
+                    number_runs, writes_whole)
 from .probe import PROBE_CHARS, likelihood, probe
 from .tools import Tool
 
@@ -106,7 +106,6 @@ LIKENESS = 0.3  # the least SequenceMatcher ratio of a garbled value and its phr
 MARGIN = 2.0  # nats: how much less likely than its own value the model may find the phrase
 PHRASE_WORDS = 8  # the longest phrase of the request a copy may take, in words
 PHRASE_CHARS = 2000  # phrases come from the request's first so many characters
-REQUEST_CHARS = 16_000  # numbers come from the request's first so many characters
 MAX_CHOICES = 256  # an enum's values read against the request (a regex each): its first so many
 MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
 # a value longer than this shares under LIKENESS of its letters with any phrase (of at most
@@ -665,8 +664,9 @@ def as_quoted(tool: Tool, arguments: dict, request: str) -> dict:
     span; ``arguments`` itself where none is. A user who quotes text means those words."""
     quoted = {}
     for m in _QUOTED.finditer(request[:REQUEST_CHARS]):
-        span = next(g for g in m.groups() if g is not None)
-        quoted.setdefault(span.strip().lower(), set()).add(span)
+        span = next(g for g in m.groups() if g is not None).strip()
+        if span:
+            quoted.setdefault(span.lower(), set()).add(span)
     out = arguments
     for name, value in arguments.items() if quoted else ():
         schema = tool.properties.get(name)
@@ -674,7 +674,8 @@ def as_quoted(tool: Tool, arguments: dict, request: str) -> dict:
                 or isinstance(schema, dict) and {"enum", "const", "format"} & schema.keys():
             continue
         bare = value.strip(_QUOTES).lower()
-        spans = quoted.get(bare) or quoted.get(bare.rstrip(".!?").strip(_QUOTES), set())
+        spans = (quoted.get(bare) or quoted.get(bare.rstrip(".!?").strip(_QUOTES), set())) \
+            if bare else set()
         if len(spans) == 1 and (span := next(iter(spans))) != value \
                 and not tool.validate({**out, name: span}):
             out = {**out, name: span}
@@ -711,22 +712,25 @@ def whole_identifiers(tool: Tool, arguments: dict, request: str) -> dict:
 
 
 def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
-    """``arguments`` with each top-level string of a path parameter (:func:`takes_path`) that
-    ``heard`` (the request and the turn's tool results) does not write whole, as cased, made
-    the one path the request writes (:func:`written_paths`) that ends in it after a folder,
-    or that it is in other capitals: "users.csv" (or "./users.csv") for "data/users.csv",
-    where the request writes no other such path and the schema takes it; ``arguments``
-    itself where none is. A name the model made up is no copy, however alike ("notes2.txt"
-    is never made "notes.txt": the call may write a new file)."""
+    """``arguments`` with each top-level string of a path parameter (:func:`takes_path`)
+    that ``heard`` (the request and the turn's tool results) does not write whole, as cased,
+    made the one path the request writes (:func:`written_paths`) that ends in it after a
+    folder, or that it is in other capitals: "users.csv" (or "./users.csv") for
+    "data/users.csv", where the request writes no other such path, no other argument holds
+    it (a move's target "report.txt" is not made its source "data/report.txt") and the
+    schema takes it; ``arguments`` itself where none is. A name the model made up is no
+    copy, however alike ("notes2.txt" is never made "notes.txt": the call may write a new
+    file)."""
     written = written_paths(request[:REQUEST_CHARS])
     out = arguments
     for name, value in arguments.items() if written else ():
-        if not isinstance(value, str) or not takes_path(tool, name) \
+        if not isinstance(value, str) or not takes_path(name, tool.properties.get(name)) \
                 or writes_path(heard, value, cased=True):
             continue
         tail = value.strip().rstrip(",;:").removeprefix("./").lower()
         ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)]
-        if len(ends) == 1 and tail and not tool.validate({**out, name: ends[0]}):
+        if len(ends) == 1 and tail and ends[0].lower() not in _other_strings(out, name) \
+                and not tool.validate({**out, name: ends[0]}):  # not a move onto itself
             out = {**out, name: ends[0]}
     return out
 

@@ -41,11 +41,10 @@ import functools
 import re
 from typing import Sequence
 
-from .file_paths import written_paths
-from .heard import NAME_WORD
+from .file_paths import file_names
+from .heard import NAME_WORD, REQUEST_CHARS
 from .tools import Tool
 
-REQUEST_CHARS = 16_000  # a file's path is looked for in the request's first so many characters
 MARGIN = 2  # a name word, or two others: the described tool's lead, and what the called
 # one scores less than on the words the described one lacks
 FUNCTION_WORDS = frozenset("""the and for with from into onto about that this these those
@@ -135,10 +134,11 @@ def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     """The tools whose name ``request`` writes: every stem of the name but those of
     :data:`DOING` is one of the request's (:func:`stems`: "the roots of" for
     ``find_roots``, "generate a DNA sequence" for ``generate_DNA_sequence``); a name of only such
-    words is written by no request. A request that writes a file's path writes "file"
-    ("Write 'hi' to greeting.txt" names ``write_file``: :func:`~mlx_agent.file_paths.written_paths`,
-    in its first :data:`REQUEST_CHARS` characters)."""
-    said = stems(request) | ({stem("file")} if written_paths(request[:REQUEST_CHARS]) else set())
+    words is written by no request. A request that writes a file's name writes "file"
+    ("Write 'hi' to greeting.txt" names ``write_file``; not "Node.js" or "km/h":
+    :func:`~mlx_agent.file_paths.file_names`, in its first
+    :data:`~mlx_agent.heard.REQUEST_CHARS` characters)."""
+    said = stems(request) | ({stem("file")} if file_names(request[:REQUEST_CHARS]) else set())
     return [t for t in tools if (own := _tool_words(t.name, t.description,
                                                     tuple(t.properties))[0] - DOING)
             and own <= said]

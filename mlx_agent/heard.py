@@ -47,6 +47,7 @@ PERIODS = {"hourly": (24,), "daily": (365,), "weekly": (52,), "biweekly": (26,),
            "month": (30, 31), "year": (12, 52, 365), "decade": (10,), "century": (100,),
            "semi-annually": (2,), "half-yearly": (2,)}
 _PERIOD = re.compile(rf"\b({'|'.join(PERIODS)})s?\b", re.IGNORECASE)
+REQUEST_CHARS = 16_000  # the rules read a request's first so many characters
 NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
 
 

@@ -200,4 +200,3 @@ def hold(engine, ids: list[int]) -> None:
     for the model thread, so it is skipped where nothing was probed or changed)."""
     if engine.tokens != ids:
         engine.sync(ids)
-

@@ -77,10 +77,10 @@ import re
 from typing import Any, Callable, Collection, Sequence
 
 from .cache import ContextFull
-from .copied_values import (REQUEST_CHARS, apart_values, as_cased, as_quoted,
-                            assigned_values, named_choices, one_of_repeats, percent_rates,
-                            recopied, scaled_numbers, signed_numbers, whole_identifiers,
-                            whole_lists, whole_paths, whole_places, written_choices)
+from .copied_values import (apart_values, as_cased, as_quoted, assigned_values, named_choices,
+                            one_of_repeats, percent_rates, recopied, scaled_numbers,
+                            signed_numbers, whole_identifiers, whole_lists, whole_paths,
+                            whole_places, written_choices)
 from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
@@ -89,7 +89,7 @@ from .file_paths import takes_path, writes_path
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
 from .grammar import call_text, written_arguments, written_json
-from .heard import NAME_WORD, NUMBER, Heard, json_text, leaves, writes_whole
+from .heard import NAME_WORD, NUMBER, REQUEST_CHARS, Heard, json_text, leaves, writes_whole
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
@@ -417,8 +417,10 @@ def _named_at(name: str, request: str) -> int | None:
 def heard_text(messages: Sequence[dict]) -> str:
     """Every user message and the tool results after the last one, a line each: where a
     kept value may come from (not the server's get_tool_info answers, which hold the
-    tools' schemas, nor a failed result's error: "no file 'this_folder'" echoes the call
-    that made the name up, and is no source of it)."""
+    tools' schemas). The agent's results (``{"stdout": ..., "stderr": ...}``) are read as
+    their text, lines apart, and of a failed one only its output and the paths its error
+    suggests ("did you mean 'src/utils.py'?"): "no file 'this_folder'" echoes the call that
+    made the name up, and is no source of it."""
     last = last_user(messages) or 0
     return "\n".join(text_of(m.get("content")) if m["role"] == "user"
                      else _heard_result(text_of(m.get("content")))
@@ -427,19 +429,25 @@ def heard_text(messages: Sequence[dict]) -> str:
                      and m.get("name") != GET_TOOL_INFO)
 
 
+_SUGGESTED = re.compile(r"did you mean (.{1,2000}?)\?")
+
+
 def _heard_result(text: str) -> str:
-    """A tool result's text; of the agent's ``{"stdout": ..., "stderr": ...}`` with an exit
-    code other than 0, only its output."""
+    """A tool result's text; the agent's ``{"stdout": ..., "stderr": ...}`` as its output
+    and its error, or, with an exit code other than 0, its output and what its error
+    suggests."""
     if not text.lstrip().startswith("{"):
         return text
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return text
-    if isinstance(value, dict) and value.get("exit_code", 0) != 0 \
-            and isinstance(value.get("stdout"), str):
-        return value["stdout"]
-    return text
+    if not isinstance(value, dict) or not isinstance(value.get("stdout"), str):
+        return text
+    stderr = value.get("stderr") if isinstance(value.get("stderr"), str) else ""
+    if value.get("exit_code", 0) != 0:
+        stderr = "\n".join(_SUGGESTED.findall(stderr))
+    return f"{value['stdout']}\n{stderr}"
 
 
 def turn_results(messages: Sequence[dict]) -> list[str]:
@@ -476,7 +484,7 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     none is. Where the tool requires nothing only paths are read (its schema then says
     nothing of what is optional; a path it takes still has to be written)."""
     paths = {k for k, v in arguments.items() if k not in tool.required and isinstance(v, str)
-             and takes_path(tool, k) and not writes_path(heard, v)}
+             and takes_path(k, tool.properties.get(k)) and not writes_path(heard, v)}
     if not tool.required:
         return {k: v for k, v in arguments.items() if k not in paths} if paths else arguments
     said = Heard(heard)

@@ -8,9 +8,10 @@ result, and a made-up answer is worse than none. :func:`stated_answer` reads the
 tool result (the agent's ``{"stdout": ..., "exit_code": 0}`` as its output:
 :func:`mlx_agent.stated_arguments.last_result`) and, where it is at most :data:`MAX_SAID`
 characters and writes a word or a number that neither the request nor the tool's name writes
-(what the result tells: numbers, words of three letters or more but function words), an
-answer that writes none of those is followed, after a blank line, by ``"<tool> returned
-<result>."``, as the training rows state a result
+(what the result tells: numbers, words of three letters or more but function words; not only
+"true", "done" or the like: :data:`SAYS_NOTHING`), an answer that writes none of those is
+followed, after a blank line, by ``"<tool> returned <result>."`` (its lines joined by
+commas, a full stop where it ends in none), as the training rows state a result
 (:data:`mlx_agent.synth.conversations.ANSWERS`). The model's words are kept: an answer that
 worked something out from the result ("calc.py has 2 lines") may be right without writing
 any of it.
@@ -35,6 +36,8 @@ from .probe import hold, reply_ids
 from .stated_arguments import last_result, last_user, request_text
 
 MAX_SAID = 80  # the longest result (in characters) an answer is made to state
+# a result that tells only these tells nothing an answer must state ("True", "ok")
+SAYS_NOTHING = frozenset("true false none null yes success done".split())
 
 
 def _told(result: str, request: str, tool: str) -> set[str]:
@@ -65,13 +68,19 @@ def stated_answer(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply
         return unchanged
     name = str(tool.get("name") or "the tool")
     told = _told(result, request_text(messages), name)
-    if not told or told & set(words(reply.content)):
+    if not told - SAYS_NOTHING or told & set(words(reply.content)):
         return unchanged
-    content = f"{reply.content.rstrip()}\n\n{name} returned {result}."
+    said = ", ".join(line.strip() for line in result.splitlines() if line.strip())
+    stop = "" if said.endswith((".", "!", "?")) else "."
+    content = f"{reply.content.rstrip()}\n\n{name} returned {said}{stop}"
     text = written_json({"answer": content}, "json") if protocol == "json" else content
     ids = reply_ids(lm, protocol, text)
     room = getattr(engine, "context_length", None)
     if room is not None and len(prompt) + len(ids) + len(tail) > room:  # the answer as sampled
         return unchanged  # fits; with the result it would not
-    hold(engine, list(prompt) + ids + tail)
+    try:
+        hold(engine, list(prompt) + ids + tail)
+    except KeyboardInterrupt:  # the caller keeps the answer as sampled: so does the engine
+        hold(engine, list(prompt) + unchanged[2] + tail)
+        raise
     return Reply(content=content), text, ids

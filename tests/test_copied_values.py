@@ -26,7 +26,6 @@ from mlx_agent.copied_values import (MARGIN, apart_values, as_cased, as_quoted,
                                      scaled_numbers, signed_numbers, whole_identifiers,
                                      whole_lists, whole_paths, whole_place, whole_places,
                                      written_choices)
-from mlx_agent.file_paths import takes_path, writes_path, written_paths
 from mlx_agent.heard import Heard, number_runs
 from mlx_agent.stated_arguments import complete_reply
 from mlx_agent.tools import parse_tools
@@ -519,16 +518,8 @@ def test_a_string_is_cased_as_the_request_writes_it(value, request_, expected):
 
 
 def test_a_path_the_request_writes_is_taken_whole():
-    assert written_paths("Read data/users.csv, notes.txt. Then ~/x and src/ (e.g. 3.5, v2.0, "
-                         "ann@mail.example.net, https://a.com/b/c.txt), Makefile.am.") == \
-        ["data/users.csv", "notes.txt", "~/x", "src/", "Makefile.am"]
-    assert writes_path("the logs directory", "logs") and writes_path("x", "./")
-    assert not writes_path("data/users.csv", "users.csv") and not writes_path("notes.txt", "notes")
-    files = tool(path={"type": "string"}, output_dir={"type": "string"},
-                 file_type={"type": "string"}, where={"type": "string",
-                                                     "description": "The file path to read."},
-                 mode={"type": "string", "enum": ["a.txt"]})
-    assert [n for n in files.properties if takes_path(files, n)] == ["path", "output_dir", "where"]
+    files = tool(path={"type": "string"}, file_type={"type": "string"},
+                 src_path={"type": "string"})
     request = "Show data/users.csv and out/users.csv.bak, then notes.txt"
     for value, heard, expected in [
         ("users.csv", request, "data/users.csv"), ("./users.csv,", request, "data/users.csv"),
@@ -541,6 +532,9 @@ def test_a_path_the_request_writes_is_taken_whole():
     twice = "Compare a/users.csv and b/users.csv"  # which?
     assert whole_paths(files, {"path": "users.csv"}, twice, twice) == {"path": "users.csv"}
     assert whole_paths(files, {"file_type": "csv"}, request, request) == {"file_type": "csv"}
+    move = "Move data/report.txt to the top folder"  # a target is not made the source
+    assert whole_paths(files, {"src_path": "data/report.txt", "path": "report.txt"}, move,
+                       move) == {"src_path": "data/report.txt", "path": "report.txt"}
 
 
 @pytest.mark.parametrize("value, request_, expected", [
@@ -550,6 +544,8 @@ def test_a_path_the_request_writes_is_taken_whole():
     ("Hello, world!", "Write 'hello world'", None),  # other words
     ("x", "Don't write 'x' or 'X' now", None),  # quoted two ways: which?
     ("hello world", "Write 'hello world'", None),  # as quoted
+    ('"', "Join with ' ' or ','", None),  # only quotes: nothing of a span
+    ("screen and 7", 'the 5" screen and 7" tablet', None),  # spaces round a span are no part
 ])
 def test_a_quoted_span_is_copied_as_quoted(value, request_, expected):
     assert as_quoted(ASSIGN, {"a": 1, "to": value}, request_) == {"a": 1, "to": expected or value}

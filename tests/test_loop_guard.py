@@ -134,7 +134,7 @@ def test_a_value_written_with_the_prompts_space_runs_without_it_and_is_not_repea
     out, rec = run(tiny_lm, ECHO, "json", [call(" Perth"), call("Perth"), call("Perth!"),
                                           call(" Perth"), call(" Perth?"), '{"answer":"ok"}'])
     assert [c.arguments["text"] for c in rec.of(ev.ToolCall)] == ["Perth", "Perth!", "Perth?"]
-    assert out.answer == "ok\n\necho returned Perth?." and out.stats.guarded_steps == 2
+    assert out.answer == "ok\n\necho returned Perth?" and out.stats.guarded_steps == 2
 
 
 def test_only_one_space_before_a_word_is_taken_off():

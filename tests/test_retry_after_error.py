@@ -94,3 +94,25 @@ def test_a_denial_beside_a_failure_still_retries(tiny_lm):
                    confirm=lambda name, args: name != "ping")
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["fail", "ping", "fail_too"]
     assert out.stats.retried_steps == 1
+
+
+@pytest.mark.parametrize("protocol", ["json", "hermes"])
+def test_the_retry_calls_the_tool_the_error_tells_the_agent_to_use(tiny_lm, protocol):
+    """An error that says which tool to use instead ("call the ping tool") makes the retry
+    a call of that one, where no call of the turn has tried it; else any call."""
+    lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
+    advising = TOOLS + parse_tools(json.dumps([
+        {"name": "lookup", "description": "Looks a name up",
+         "parameters": {"type": "object", "properties": {}},
+         "_exec": "echo 'no such name; call the ping tool instead' >&2; exit 1"}]))
+    call = ('{{"tool":"{}","arguments":{{}}}}' if protocol == "json" else
+            '<tool_call>\n{{"name":"{}","arguments":{{}}}}\n</tool_call>').format
+    # the model would call fail_too next: told to use ping, it calls ping
+    out, rec = run(lm, advising, protocol, [call("lookup"), call("fail_too"), call("ping"),
+                                            replies(protocol)[3]])
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["lookup", "ping"]
+    assert out.stats.retried_steps == 1 and out.answer.startswith("pong")
+    # ping already tried this turn: the retry is any call, and the model's stands
+    out, rec = run(lm, advising, protocol, [call("ping"), call("lookup"), call("fail_too"),
+                                            replies(protocol)[3]], max_steps=5)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["ping", "lookup", "fail_too"]

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from mlx_agent.formats.messages import Call, Reply
 from mlx_agent.stated_result import MAX_SAID, stated_answer
-
 
 
 def turn(result: dict | str, request: str = "List the files in logs.") -> list[dict]:
@@ -47,6 +45,16 @@ def test_an_answer_that_states_nothing_of_the_result_is_followed_by_it(tiny_lm, 
                          sampled, tail, turn(ran("logs/server.log")))[1] == text
 
 
+@pytest.mark.parametrize("result, stated", [
+    ("logs/a.log\nlogs/b.log\n", "logs/a.log, logs/b.log."),  # lines apart, a full stop
+    ("Sent to Perth!", "Sent to Perth!"),  # a stop of its own
+])
+def test_the_result_is_stated_in_one_sentence(tiny_lm, result, stated):
+    reply = stated_answer(tiny_lm.engine(), tiny_lm, "hermes", [1], Reply(content="Done. "),
+                          "Done. ", [1], [], turn(ran(result)))[0]
+    assert reply.content == f"Done.\n\nlist_files returned {stated}"
+
+
 @pytest.mark.parametrize("answer, messages", [
     ("The file is logs/server.log.", turn(ran("logs/server.log"))),  # stated
     ("Server: logs/server.log", turn(ran("logs/server.log"))),  # one word of it
@@ -56,6 +64,7 @@ def test_an_answer_that_states_nothing_of_the_result_is_followed_by_it(tiny_lm, 
     ("Done.", turn(ran("x" * (MAX_SAID - 9) + " server.log"))),  # too long: the model's
     ("Done.", turn(ran("logs/server.log"))[:3]),  # no result this turn
     ("Done.", turn(["a", "list"])),  # JSON of no output: which part?
+    ("Sent.", turn(ran("True"))), ("Sent.", turn(ran("success: done"))),  # tells nothing
 ])
 def test_an_answer_that_states_the_result_or_has_none_to_state_is_kept(tiny_lm, answer,
                                                                         messages):

@@ -248,8 +248,9 @@ def test_a_missing_path_is_answered_with_the_paths_it_may_mean(repo):
             "; did you mean 'pkg/calc.py'?"), (tool, r.stderr)
     # nothing it may mean: what to do instead
     for tool, arguments, advice in [
-            ("read_file", {"path": "nothing.py"}, "no file 'nothing.py'"),
-            ("read_file", {"path": "TODO"}, "to find the files that mention 'TODO', call grep"),
+            ("read_file", {"path": "nothing.py"}, "call the list_files tool"),
+            ("read_file", {"path": "this_folder"}, "call the list_files tool"),
+            ("read_file", {"path": "TODO"}, "to find the files that mention 'TODO', call the grep tool"),
             ("list_files", {"path": "here"}, "leave the path out to list every file"),
             ("grep", {"pattern": "a", "path": "x"}, "leave the path out to search every file")]:
         r = run_tool(tools[tool], arguments)
@@ -259,6 +260,9 @@ def test_a_missing_path_is_answered_with_the_paths_it_may_mean(repo):
         (repo / "deep" / f"{i}.txt").write_text("")
     assert rootfs.near(str(repo), "7") == ["deep/7.txt"]
     assert rootfs.near(str(repo), "7", scanned=5) == [] and rootfs.near(str(repo), "..") == []
+    # a link (here one that leads out of the root) is never suggested, nor the path asked
+    assert rootfs.near(str(repo), "link.txt") == [] and rootfs.near(str(repo), "secret") == []
+    assert rootfs.near(str(repo), "pkg/calc.py") == []
 
 
 @pytest.mark.parametrize("path", ["../secret.txt", "../../etc/passwd", "/etc/passwd", "link.txt"])

@@ -44,6 +44,7 @@ from .named_tool import named_tool
 from .recording import TrajectoryLog
 
 INTERRUPTED = "interrupted by the user: not run, or stopped before it finished"
+ERROR_CHARS = 2_000  # of a failed call's error, what is read for a tool it says to use
 
 Confirm = Callable[[str, dict], bool]
 
@@ -68,10 +69,11 @@ class AgentConfig:
     allow_repeat_calls: bool = False
     # after a call fails (an error result, a timeout; not one the user denied), the next
     # reply must be a call, so the model tries another way (the loop guard keeps it from
-    # the same call) before it answers; at most this many times a turn, only where the
-    # choice is "auto", a step is left for the answer and the guard leaves a call to make
-    # (not when every tool takes no arguments and has run this turn). 0: the model may
-    # answer at once. Needs the grammar.
+    # the same call; where the error tells the agent to use a tool not tried this turn, "...
+    # call the grep tool", a call of that one) before it answers; at most this many times a
+    # turn, only where the choice is "auto", a step is left for the answer and the guard
+    # leaves a call to make (not when every tool takes no arguments and has run this turn).
+    # 0: the model may answer at once. Needs the grammar.
     retry_after_error: int = RETRY_AFTER_ERROR
     # a request that tells the agent to use a tool by name ("Use the echo tool to ...")
     # makes the first step call it, where the choice is "auto" (see named_tool); with
@@ -192,6 +194,7 @@ class Agent:
         self._called: set[str] = set()  # the tools they called
         self._tried: set[str] = set()  # the tools the turn's calls tried: ran, failed, denied
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
+        self._errors: list[str] = []  # the last step's failed calls' errors
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
@@ -260,6 +263,7 @@ class Agent:
         self.conversation.add_user(text)
         self._made, self._called, self._tried = [], set(), set()
         self._failed, self._retries = False, self.config.retry_after_error
+        self._errors = []
         stats, start = TurnStats(), time.perf_counter()
         end = _End("steps")
         for step in range(self.config.max_steps):
@@ -310,7 +314,11 @@ class Agent:
             stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
-            choice, self._retries = "required", self._retries - 1
+            # a tool the error tells the agent to use, not tried yet: that one ("no file
+            # 'TODO'; ... call the grep tool"); else any
+            advised = named_tool("\n".join(self._errors),
+                                 [name for name in self.tools if name not in self._tried])
+            choice, self._retries = advised or "required", self._retries - 1
             stats.retried_steps += 1
         q = self._query(choice, parallel=False if pressed else None)
         stats.generated_tokens += len(q.sampled)
@@ -337,15 +345,19 @@ class Agent:
                     stats.stated_calls += 1
                 else:  # a call on made-up numbers: the user is asked for them
                     stats.unfounded_calls += 1
-            elif q.interrupt is None and (stated := stated_answer(
-                    self.engine, self.lm, self.fmt.name, prompt, reply, text, ids, tail,
-                    self._messages()))[0] is not reply:
-                reply, text, ids = stated  # an answer beside a short result: the result
-                raw, sampled = text, ids + tail
-                stats.stated_answers += 1
+            elif q.interrupt is None:
+                try:
+                    stated = stated_answer(self.engine, self.lm, self.fmt.name, prompt, reply,
+                                           text, ids, tail, self._messages())
+                except KeyboardInterrupt as e:  # the answer stands as sampled, as after a
+                    q.interrupt, stated = e, (reply, text, ids)  # probe
+                if stated[0] is not reply:  # an answer beside a short result: the result
+                    reply, text, ids = stated
+                    raw, sampled = text, ids + tail
+                    stats.stated_answers += 1
         self.emit(ev.Assistant(step=step, raw=raw))
         self.conversation.add_reply(reply, text, ids)
-        self._failed = False
+        self._failed, self._errors = False, []
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
@@ -421,7 +433,9 @@ class Agent:
                                       timed_out=False, duration_sec=0.0))
             stats.ran(result, valid)
             # a failure to try another way after (a call the user denied is not one)
-            self._failed |= (result.exit_code != 0 or result.timed_out) and not denied
+            failed = (result.exit_code != 0 or result.timed_out) and not denied
+            self._failed |= failed
+            self._errors += [result.stderr[:ERROR_CHARS]] if failed else []
             content = result.for_model()
             self.emit(ev.ToolResult(tool=result.tool, content=content))
             results.append((result, content))

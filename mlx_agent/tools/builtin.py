@@ -51,9 +51,10 @@ def read_file(root: str, cap: int, path: str) -> ToolResult:
     try:
         fd = rootfs.open_in_root(root, path)
     except FileNotFoundError as e:  # a word, not a path: the model meant to search for it
-        word = path.strip() if not set("/.") & set(path) else ""
-        raise _missing(root, path, e, word and f"to find the files that mention {word!r}, "
-                       "call grep with it as the pattern") from None
+        word = path.strip() if path.strip().isalnum() else ""
+        raise _missing(root, path, e, f"to find the files that mention {word!r}, call the "
+                       "grep tool with it as the pattern" if word else "to see which files "
+                       "there are, call the list_files tool") from None
     try:
         size = os.fstat(fd).st_size
         capped = _Capped(cap)
@@ -90,8 +91,8 @@ def grep(root: str, timeout: float, cap: int, pattern: str, path: str = ".") -> 
                                  "simplify it or narrow the path",
                           duration_sec=r.duration_sec)
     if r.exit_code and r.stderr.startswith("FileNotFoundError: "):  # the child's: the hint
-        missing = _missing(root, path, FileNotFoundError(r.stderr.strip()[19:]),  # is ours
-                           "leave the path out to search every file")
+        error = FileNotFoundError(r.stderr.strip().removeprefix("FileNotFoundError: "))
+        missing = _missing(root, path, error, "leave the path out to search every file")
         return msgspec.structs.replace(r, stderr=f"FileNotFoundError: {missing}\n")
     return r
 

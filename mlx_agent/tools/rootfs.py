@@ -286,25 +286,38 @@ def files(root: str, path: str = ".") -> Iterator[tuple[str, int]]:
 def near(root: str, path: str, most: int = 3, scanned: int = 5_000) -> list[str]:
     """Up to ``most`` paths under ``root`` that a missing ``path`` may mean, for a not-found
     error's "did you mean": the files and folders named as its last part (case aside, or
-    without an extension: "users" for "data/users.csv"), of the first ``scanned`` names of
-    the walk (a big tree costs a bounded scan), sorted; none for a name of no letter or
-    digit. Nothing is opened but folders, and links are not followed."""
+    without an extension: "users" for "data/users.csv"), but ``path`` itself (a link that
+    leads nowhere) and links, of the first ``scanned`` names of the walk, sorted; none for a
+    name of no letter or digit. Nothing is opened but folders, and links are not followed.
+    Not promised: a folder's names are all listed before the count is checked (one folder of
+    a million files is read whole)."""
     want = os.path.basename(os.path.normpath(path.strip())).lower() if path.strip() else ""
     if not any(c.isalnum() for c in want):
         return []
+    asked = os.path.normpath(path.strip().lstrip("/"))
     found, left = [], scanned
     try:
-        for here, dirnames, filenames, _ in walk(root, top="."):
+        for here, dirnames, filenames, fd in walk(root, top="."):
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             names = (dirnames + filenames)[:left]
             left -= len(names)
-            found += [os.path.normpath(os.path.join(str(here), name)) for name in names
-                      if name.lower() == want or name.lower().rsplit(".", 1)[0] == want]
+            for name in names:
+                rel = os.path.normpath(os.path.join(str(here), name))
+                if (name.lower() == want or name.lower().rsplit(".", 1)[0] == want) \
+                        and rel != asked and not _is_link(fd, name):
+                    found.append(rel)
             if not left or len(found) >= most:
                 break
     except OSError:
         pass
     return sorted(found)[:most]
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return True  # gone: nothing to suggest
 
 
 class Here:
