@@ -16,43 +16,48 @@ the extension ("a.c") are not read, so "e.g." is not a file.
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 from .heard import NAME_WORD
 
-# the last word of a parameter's name that makes it a path's: "path", "output_dir"; "path"
-# after another word only after one of FILE_WORDS ("image_path"; not "career_path")
-PATH_WORDS = frozenset("""file files filename filenames filepath pathname dir directory
-folder""".split())
-FILE_WORDS = frozenset("""file folder dir directory src source dest destination target input
-output in out save local log config data img image photo doc document audio video
-model""".split())
-_PATH_NAMED = re.compile(r"\b(?:file|folder|directory)\s*(?:path|name)\b"
-                         r"|\bpath\s+(?:to|of)\s+(?:the\s+|a\s+|an\s+)?(?:file|folder|directory)\b",
+# the last word of a parameter's name that makes it a path's ("path", "output_dir"); "path"
+# after another word but one of NOT_FILE_WORDS ("repo_path"; not "career_path")
+PATH_WORDS = frozenset("""path paths file files filename filenames filepath pathname dir
+directory folder""".split())
+NOT_FILE_WORDS = frozenset("""career learning growth migration upgrade promotion escalation
+url uri api route routing json key flight travel critical shortest optimal network
+xpath""".split())
+_PATH_NAMED = re.compile(r"\b(?:file|folder|directory)\s*(?:path|name)\b|\bpath\s+(?:to|of)\s+"
+                         r"(?:the\s+|a\s+|an\s+)?(?:\w+\s+)?(?:file|folder|directory|repository)\b",
                          re.IGNORECASE)
 _PATH_CHARS = re.compile(r"[\w~./-]+")
 _FILE_NAME = re.compile(r"\w[\w-]+(?:\.[\w-]+)*\.[A-Za-z][A-Za-z0-9]{0,7}")
-# extensions that make a name a file's for a request about files ("notes.txt"; not "Node.js",
-# "amazon.com", "Ph.D")
+# extensions that make a name a file's for a request about files ("notes.txt"; not
+# "amazon.com", "Ph.D"); those of PRODUCT_EXTENSIONS only in lower case or after a folder
+# ("app.js", "src/Main.js"; not "Node.js")
 EXTENSIONS = frozenset("""txt md rst csv tsv json jsonl yaml yml toml ini cfg conf log py
-ipynb sh c h cc cpp hpp rs go java rb ts tsx html htm css xml pdf doc docx xls xlsx ppt pptx
-png jpg jpeg gif svg zip tar gz tgz sql db sqlite env lock""".split())
+ipynb sh c h cc cpp hpp rs go java kt swift rb php js mjs jsx ts tsx vue html htm css xml pdf
+doc docx xls xlsx ppt pptx png jpg jpeg gif svg zip tar gz tgz sql db sqlite env
+lock""".split())
+PRODUCT_EXTENSIONS = frozenset("js ts".split())
+MAX_PARTS = 16  # a path of more folders is written whole or not at all
 
 
 def takes_path(name: str, schema: object) -> bool:
     """Whether the string parameter ``name`` (of JSON schema ``schema``) takes a file's or a
-    folder's path: its name ends in a word of :data:`PATH_WORDS` or in "file name" ("file",
-    "output_dir", "sourceFile", "file_name"; not "file_type"), is "path", or ends in "path"
-    after a word of :data:`FILE_WORDS` ("image_path"; not "career_path"), or its description
-    says "file path", "directory name" or "path to the file"."""
+    folder's path: its name ends in a word of :data:`PATH_WORDS` ("path", "output_dir",
+    "sourceFile", "repo_path"; not "file_type", nor "career_path": a word of
+    :data:`NOT_FILE_WORDS` before "path") or in "file name", or its description says "file
+    path", "directory name" or "path to the git repository"."""
     if not isinstance(schema, dict) or schema.get("type", "string") != "string" \
             or {"enum", "const", "format"} & schema.keys():
         return False
     named = [w.lower() for w in NAME_WORD.findall(name)]
     description = schema.get("description")
-    return bool(named) and (named[-1] in PATH_WORDS or named[-2:] == ["file", "name"]
-                            or named[-1] in ("path", "paths")
-                            and (len(named) == 1 or named[-2] in FILE_WORDS)) \
+    return bool(named) and (named[-1] in PATH_WORDS and not (
+        named[-1] in ("path", "paths") and len(named) > 1 and named[-2] in NOT_FILE_WORDS)
+        or named[-2:] == ["file", "name"]) \
         or isinstance(description, str) and _PATH_NAMED.search(description) is not None
 
 
@@ -74,35 +79,45 @@ def written_paths(text: str) -> list[str]:
 
 def file_names(text: str) -> list[str]:
     """The paths ``text`` writes (:func:`written_paths`) whose last part is a file's name by
-    its extension (:data:`EXTENSIONS`): "notes.txt", "data/users.csv"; not "km/h",
+    its extension (:data:`EXTENSIONS`): "notes.txt", "data/users.csv", "app.js"; not "km/h",
     "USD/EUR", "Node.js", "amazon.com"."""
-    return [p for p in written_paths(text)
-            if "." in (last := p.rstrip("/").rsplit("/", 1)[-1])
-            and last.rsplit(".", 1)[1].lower() in EXTENSIONS]
+    out = []
+    for p in written_paths(text):
+        last = p.rstrip("/").rsplit("/", 1)[-1]
+        extension = last.rsplit(".", 1)[1].lower() if "." in last else ""
+        if extension in EXTENSIONS and (extension not in PRODUCT_EXTENSIONS or "/" in p
+                                        or last == last.lower()):
+            out.append(p)
+    return out
 
 
 def _bare(path: str) -> str:
-    """``path`` without white space round it, a leading ``./`` or a trailing ``/``."""
+    """``path`` without white space round it, normalised (no ``./``, ``//`` or final ``/``)."""
     path = path.strip()
-    path = path[2:] if path.startswith("./") else path
-    return path.rstrip("/") if path.strip("/") else path
+    return posixpath.normpath(path) if path.strip("/") else path
 
 
 def writes_path(text: str, path: str, cased: bool = False) -> bool:
     """Whether ``text`` writes ``path`` whole (case aside, unless ``cased``), with or without
-    a leading ``./`` or a trailing ``/`` ("src/" in "the files in src"): not as a part of a
-    longer path ("users.csv" is not in "data/users.csv") or a word ("notes" is not in
-    "notes.txt"); a path with folders is written where each of its parts is ("docs/notes.txt"
-    in "notes.txt in the docs folder"). A path with no letter or digit ("." for the working
-    folder) is always written."""
+    a leading ``./`` or a trailing ``/`` ("src/" in "the files in src"), or as a path's
+    leading folders ("data" in "data/users.csv"): not as the end of a longer path
+    ("users.csv" is not in "data/users.csv") or a part of a word ("notes" is not in
+    "notes.txt"). A path with folders is also written where its name is, and each folder as
+    one ("docs/notes.txt" in "notes.txt in the docs folder"; not "hello/world" in "hello
+    world"), for up to :data:`MAX_PARTS` parts. A path with no letter or digit ("." for the
+    working folder) is always written."""
     path = _bare(path)
     if not re.search(r"[^\W_]", path):
         return True
     flags = 0 if cased else re.IGNORECASE
 
-    def whole(part: str) -> bool:
-        return re.search(rf"(?<![\w~./-])(?:\./)?{re.escape(part)}(?![\w-]|\.\w|/[\w.~-])",
-                         text, flags) is not None
+    def whole(part: str, folder: bool = False) -> bool:
+        name, lead = re.escape(part), r"(?<![\w~./-])(?:\./)?"
+        pattern = rf"{lead}{name}(?![\w-]|\.\w)" if not folder else \
+            rf"{lead}{name}(?:/|\s+(?:folder|directory|dir)\b)" \
+            rf"|\b(?:folder|directory|dir)\s+{name}(?![\w-]|\.\w)"  # "docs/", "docs folder"
+        return re.search(pattern, text, flags) is not None
 
-    parts = [p for p in path.split("/") if p not in ("", ".", "~")]
-    return whole(path) or len(parts) > 1 and all(map(whole, parts))
+    parts = list(dict.fromkeys(p for p in path.split("/") if p not in ("", ".", "~")))
+    return whole(path) or 1 < len(parts) <= MAX_PARTS and whole(parts[-1]) \
+        and all(whole(p, folder=True) for p in parts[:-1])

@@ -429,7 +429,8 @@ def heard_text(messages: Sequence[dict]) -> str:
                      and m.get("name") != GET_TOOL_INFO)
 
 
-_SUGGESTED = re.compile(r"did you mean (.{1,2000}?)\?")
+# the paths a built-in tool's not-found error suggests (mlx_agent.tools.builtin._missing)
+_SUGGESTED = re.compile(r"did you mean ('[^'\n]{1,300}'(?: or '[^'\n]{1,300}'){0,2})\?")
 
 
 def _heard_result(text: str) -> str:

@@ -9,12 +9,12 @@ tool result (the agent's ``{"stdout": ..., "exit_code": 0}`` as its output:
 :func:`mlx_agent.stated_arguments.last_result`) and, where it is at most :data:`MAX_SAID`
 characters and writes a word or a number that neither the request nor the tool's name writes
 (what the result tells: numbers, words of three letters or more but function words; not only
-"true", "done" or the like: :data:`SAYS_NOTHING`), an answer that writes none of those is
-followed, after a blank line, by ``"<tool> returned <result>."`` (its lines joined by
-commas, a full stop where it ends in none), as the training rows state a result
-(:data:`mlx_agent.synth.conversations.ANSWERS`). The model's words are kept: an answer that
-worked something out from the result ("calc.py has 2 lines") may be right without writing
-any of it.
+"done" or "success": :data:`SAYS_NOTHING`), an answer that writes none of those is followed,
+after a blank line, by ``"<tool> returned <result>."`` (its lines joined by commas, or
+semicolons where a line holds one; a full stop where it ends in none), as the training rows
+state a result (:data:`mlx_agent.synth.conversations.ANSWERS`). The model's words are kept:
+an answer that worked something out from the result ("calc.py has 2 lines") may be right
+without writing any of it.
 
 Not promised: a longer result is left to the model (an answer may rightly sum a file up);
 an answer that writes one of the result's words is kept, right or wrong ("There are 3
@@ -36,8 +36,9 @@ from .probe import hold, reply_ids
 from .stated_arguments import last_result, last_user, request_text
 
 MAX_SAID = 80  # the longest result (in characters) an answer is made to state
-# a result that tells only these tells nothing an answer must state ("True", "ok")
-SAYS_NOTHING = frozenset("true false none null yes success done".split())
+# a result that tells only these tells nothing an answer must state ("success"); "True",
+# "False" and "None" do ("Yes, 91 is prime" beside is_prime's False)
+SAYS_NOTHING = frozenset("success successful successfully done".split())
 
 
 def _told(result: str, request: str, tool: str) -> set[str]:
@@ -70,7 +71,8 @@ def stated_answer(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply
     told = _told(result, request_text(messages), name)
     if not told - SAYS_NOTHING or told & set(words(reply.content)):
         return unchanged
-    said = ", ".join(line.strip() for line in result.splitlines() if line.strip())
+    lines = [line.strip() for line in result.splitlines() if line.strip()]
+    said = ("; " if any("," in line for line in lines) else ", ").join(lines)
     stop = "" if said.endswith((".", "!", "?")) else "."
     content = f"{reply.content.rstrip()}\n\n{name} returned {said}{stop}"
     text = written_json({"answer": content}, "json") if protocol == "json" else content

@@ -11,7 +11,7 @@ import pytest
 
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
-from mlx_agent.tools import parse_tools
+from mlx_agent.tools import builtin_tools, parse_tools
 
 from .test_agent_loop import QWEN_LIKE
 from .test_loop_guard import run
@@ -97,22 +97,37 @@ def test_a_denial_beside_a_failure_still_retries(tiny_lm):
 
 
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
-def test_the_retry_calls_the_tool_the_error_tells_the_agent_to_use(tiny_lm, protocol):
-    """An error that says which tool to use instead ("call the ping tool") makes the retry
-    a call of that one, where no call of the turn has tried it; else any call."""
+def test_the_retry_calls_the_built_in_tool_a_built_in_error_advises(tiny_lm, protocol, tmp_path):
+    """read_file's "no file 'TODO'; to find the files that mention 'TODO', call the grep
+    tool ..." makes the retry a call of grep, where no call of the turn has tried it; any
+    other tool's error that says the same (an MCP server's, a test suite's) is not read."""
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
-    advising = TOOLS + parse_tools(json.dumps([
-        {"name": "lookup", "description": "Looks a name up",
-         "parameters": {"type": "object", "properties": {}},
-         "_exec": "echo 'no such name; call the ping tool instead' >&2; exit 1"}]))
-    call = ('{{"tool":"{}","arguments":{{}}}}' if protocol == "json" else
-            '<tool_call>\n{{"name":"{}","arguments":{{}}}}\n</tool_call>').format
-    # the model would call fail_too next: told to use ping, it calls ping
-    out, rec = run(lm, advising, protocol, [call("lookup"), call("fail_too"), call("ping"),
-                                            replies(protocol)[3]])
-    assert [c.tool for c in rec.of(ev.ToolCall)] == ["lookup", "ping"]
-    assert out.stats.retried_steps == 1 and out.answer.startswith("pong")
-    # ping already tried this turn: the retry is any call, and the model's stands
-    out, rec = run(lm, advising, protocol, [call("ping"), call("lookup"), call("fail_too"),
-                                            replies(protocol)[3]], max_steps=5)
-    assert [c.tool for c in rec.of(ev.ToolCall)] == ["ping", "lookup", "fail_too"]
+    (tmp_path / "a.txt").write_text("TODO: x\n")
+
+    def call(name, arguments=None):
+        arguments = json.dumps(arguments or {}, separators=(",", ":"))
+        return f'{{"tool":"{name}","arguments":{arguments}}}' if protocol == "json" else \
+            f'<tool_call>\n{{"name":"{name}","arguments":{arguments}}}\n</tool_call>'
+
+    answer = replies(protocol)[3]
+    builtins = builtin_tools(tmp_path)
+    # the model would list the files next: advised grep, it greps
+    script = [call("read_file", {"path": "TODO"}), call("list_files"),
+              call("grep", {"pattern": "TODO"}), answer]
+    out, rec = run(lm, builtins, protocol, script)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["read_file", "grep"]
+    assert out.stats.retried_steps == 1
+    # grep already tried: the retry is any call, and the model's stands
+    out, rec = run(lm, builtins, protocol, [call("grep", {"pattern": "x"}), *script],
+                   max_steps=5)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["grep", "read_file", "list_files", "grep"]
+    # the same words from a tool that is not built in: read as nothing
+    mimic = parse_tools(json.dumps([{
+        "name": "lookup", "parameters": {"type": "object", "properties": {}},
+        "_exec": "echo \"no file 'TODO'; to find the files that mention 'TODO', call the grep "
+                 "tool with it as the pattern\" >&2; exit 1"}]))
+    out, rec = run(lm, builtins + mimic, protocol, [call("lookup"), *script[1:]])
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["lookup", "list_files", "grep"]
+    # the switch that leaves tool choice to the model leaves this too
+    out, rec = run(lm, builtins, protocol, script, follow_named_tool=False)
+    assert [c.tool for c in rec.of(ev.ToolCall)] == ["read_file", "list_files", "grep"]

@@ -449,11 +449,15 @@ def test_a_failed_results_error_is_not_heard():
                 {"role": "tool", "name": "read_file", "content": json.dumps(
                     {"tool": "read_file", "stdout": "partial", "exit_code": 1,
                      "stderr": "FileNotFoundError: no file 'this_folder'"})},
+                {"role": "tool", "name": "grep", "content": json.dumps(
+                    {"tool": "grep", "stdout": "", "exit_code": 1, "stderr": "FileNotFoundError: "
+                     "no file 'utils.py'; did you mean 'src/utils.py' or 'lib/utils.py'?"})},
                 {"role": "tool", "name": "x", "content": json.dumps(
                     {"tool": "x", "stdout": "ok", "stderr": "warned 'y'", "exit_code": 0})},
                 {"role": "tool", "name": "z", "content": "{not json 'w'"}]
     heard = heard_text(messages)
     assert "this_folder" not in heard and "partial" in heard  # its output stays
+    assert "'src/utils.py' or 'lib/utils.py'" in heard and "'utils.py'" not in heard
     assert "warned 'y'" in heard and "'w'" in heard  # a result that ran, any other text
 
 

@@ -48,6 +48,8 @@ def test_an_answer_that_states_nothing_of_the_result_is_followed_by_it(tiny_lm, 
 @pytest.mark.parametrize("result, stated", [
     ("logs/a.log\nlogs/b.log\n", "logs/a.log, logs/b.log."),  # lines apart, a full stop
     ("Sent to Perth!", "Sent to Perth!"),  # a stop of its own
+    ("id,name\n7,Ann", "id,name; 7,Ann."),  # a table's lines apart
+    ("False", "False."),  # is_prime's False beside "Yes, it is prime"
 ])
 def test_the_result_is_stated_in_one_sentence(tiny_lm, result, stated):
     reply = stated_answer(tiny_lm.engine(), tiny_lm, "hermes", [1], Reply(content="Done. "),
@@ -64,7 +66,7 @@ def test_the_result_is_stated_in_one_sentence(tiny_lm, result, stated):
     ("Done.", turn(ran("x" * (MAX_SAID - 9) + " server.log"))),  # too long: the model's
     ("Done.", turn(ran("logs/server.log"))[:3]),  # no result this turn
     ("Done.", turn(["a", "list"])),  # JSON of no output: which part?
-    ("Sent.", turn(ran("True"))), ("Sent.", turn(ran("success: done"))),  # tells nothing
+    ("Sent.", turn(ran("success: done"))),  # tells nothing
 ])
 def test_an_answer_that_states_the_result_or_has_none_to_state_is_kept(tiny_lm, answer,
                                                                         messages):

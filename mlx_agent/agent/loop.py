@@ -36,7 +36,7 @@ from ..stated_arguments import complete_reply, pressed_tools
 from ..stated_result import stated_answer
 from ..text import TextStream
 from ..tokenizer import special_tokens
-from ..tools import Sandbox, Tool, ToolResult, error_result, run_tool
+from ..tools import Sandbox, Tool, ToolResult, advised_tool, error_result, run_tool
 from . import events as ev
 from .conversation import Conversation
 from .limits import MAX_STEPS, MAX_TOKENS, RETRY_AFTER_ERROR
@@ -44,7 +44,6 @@ from .named_tool import named_tool
 from .recording import TrajectoryLog
 
 INTERRUPTED = "interrupted by the user: not run, or stopped before it finished"
-ERROR_CHARS = 2_000  # of a failed call's error, what is read for a tool it says to use
 
 Confirm = Callable[[str, dict], bool]
 
@@ -69,11 +68,11 @@ class AgentConfig:
     allow_repeat_calls: bool = False
     # after a call fails (an error result, a timeout; not one the user denied), the next
     # reply must be a call, so the model tries another way (the loop guard keeps it from
-    # the same call; where the error tells the agent to use a tool not tried this turn, "...
-    # call the grep tool", a call of that one) before it answers; at most this many times a
-    # turn, only where the choice is "auto", a step is left for the answer and the guard
-    # leaves a call to make (not when every tool takes no arguments and has run this turn).
-    # 0: the model may answer at once. Needs the grammar.
+    # the same call; where a built-in tool's error advises another built-in tool not tried
+    # this turn, "... call the grep tool", a call of that one) before it answers; at most
+    # this many times a turn, only where the choice is "auto", a step is left for the answer
+    # and the guard leaves a call to make (not when every tool takes no arguments and has
+    # run this turn). 0: the model may answer at once. Needs the grammar.
     retry_after_error: int = RETRY_AFTER_ERROR
     # a request that tells the agent to use a tool by name ("Use the echo tool to ...")
     # makes the first step call it, where the choice is "auto" (see named_tool); with
@@ -194,7 +193,7 @@ class Agent:
         self._called: set[str] = set()  # the tools they called
         self._tried: set[str] = set()  # the tools the turn's calls tried: ran, failed, denied
         self._failed, self._retries = False, 0  # the last step's calls failed; retries left
-        self._errors: list[str] = []  # the last step's failed calls' errors
+        self._advised: list[str] = []  # tools the last step's failed built-in calls advise
         self._ll = ll_tokenizer(lm) if self.config.grammar else None
         choices = self.config.choices()
         if self.config.grammar:  # compile now: a bad schema or choice is a start-up error
@@ -263,7 +262,7 @@ class Agent:
         self.conversation.add_user(text)
         self._made, self._called, self._tried = [], set(), set()
         self._failed, self._retries = False, self.config.retry_after_error
-        self._errors = []
+        self._advised = []
         stats, start = TurnStats(), time.perf_counter()
         end = _End("steps")
         for step in range(self.config.max_steps):
@@ -314,10 +313,12 @@ class Agent:
             stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
-            # a tool the error tells the agent to use, not tried yet: that one ("no file
+            # the built-in tool a built-in tool's error advises, not tried yet ("no file
             # 'TODO'; ... call the grep tool"); else any
-            advised = named_tool("\n".join(self._errors),
-                                 [name for name in self.tools if name not in self._tried])
+            advised = next((name for name in self._advised if name not in self._tried
+                            and self.tools.get(name) is not None
+                            and self.tools[name].builtin is not None), None) \
+                if self.config.follow_named_tool else None
             choice, self._retries = advised or "required", self._retries - 1
             stats.retried_steps += 1
         q = self._query(choice, parallel=False if pressed else None)
@@ -357,7 +358,7 @@ class Agent:
                     stats.stated_answers += 1
         self.emit(ev.Assistant(step=step, raw=raw))
         self.conversation.add_reply(reply, text, ids)
-        self._failed, self._errors = False, []
+        self._failed, self._advised = False, []
         stopped = q.interrupt is not None or q.gave_up
         results, cut = ([], None) if stopped or not reply.calls else \
             self._execute(reply.calls, stats)
@@ -435,7 +436,9 @@ class Agent:
             # a failure to try another way after (a call the user denied is not one)
             failed = (result.exit_code != 0 or result.timed_out) and not denied
             self._failed |= failed
-            self._errors += [result.stderr[:ERROR_CHARS]] if failed else []
+            tool = self.tools.get(call.name)
+            if failed and tool is not None and (advised := advised_tool(tool, result)):
+                self._advised.append(advised)
             content = result.for_model()
             self.emit(ev.ToolResult(tool=result.tool, content=content))
             results.append((result, content))

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -31,10 +32,26 @@ from .rootfs import OutsideRoot
 from .sandbox import Sandbox, own_code
 from .schema import Tool
 
-__all__ = ["OutsideRoot", "builtin_tools", "rebound"]
+__all__ = ["OutsideRoot", "advised_tool", "builtin_tools", "rebound"]
 
 _MAX_LIST = 500
 _MAX_MATCHES = 200
+
+
+# the advice a not-found error of read_file gives (its quoted word is letters and digits)
+_ADVICE = re.compile(r"; to (?:find the files that mention '[^\W_]+'|see which files there "
+                     r"are), call the (grep|list_files) tool")
+
+
+def advised_tool(tool: Tool, result: ToolResult) -> str | None:
+    """The built-in tool that a failed ``result`` of the built-in ``tool`` tells the agent to
+    call instead ("no file 'TODO'; to find the files that mention 'TODO', call the grep
+    tool ..."), or None: only these tools' own advice is read, never another tool's error
+    (an MCP server's or a test suite's text could name any tool)."""
+    if tool.builtin is None or not (result.exit_code or result.timed_out):
+        return None
+    m = _ADVICE.search(result.stderr[-1_000:])
+    return m.group(1) if m else None
 
 
 def _missing(root: str, path: str, error: FileNotFoundError, advice: str) -> FileNotFoundError:
