@@ -99,8 +99,9 @@ def test_a_denial_beside_a_failure_still_retries(tiny_lm):
 @pytest.mark.parametrize("protocol", ["json", "hermes"])
 def test_the_retry_calls_the_built_in_tool_a_built_in_error_advises(tiny_lm, protocol, tmp_path):
     """read_file's "no file 'TODO'; to find the files that mention 'TODO', call the grep
-    tool ..." makes the retry a call of grep, where no call of the turn has tried it; any
-    other tool's error that says the same (an MCP server's, a test suite's) is not read."""
+    tool ..." makes the retry a call of grep, and list_files' "leave the path out ..." one of
+    list_files again (the guard keeps it from the same call); any other tool's error that
+    says the same (an MCP server's, a test suite's) is not read."""
     lm = tiny_lm if protocol == "json" else replace(tiny_lm, chat=ChatFormat(QWEN_LIKE))
     (tmp_path / "a.txt").write_text("TODO: x\n")
 
@@ -117,10 +118,13 @@ def test_the_retry_calls_the_built_in_tool_a_built_in_error_advises(tiny_lm, pro
     out, rec = run(lm, builtins, protocol, script)
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["read_file", "grep"]
     assert out.stats.retried_steps == 1
-    # grep already tried: the retry is any call, and the model's stands
-    out, rec = run(lm, builtins, protocol, [call("grep", {"pattern": "x"}), *script],
-                   max_steps=5)
-    assert [c.tool for c in rec.of(ev.ToolCall)] == ["grep", "read_file", "list_files", "grep"]
+    # advised to call the tool again without the path: the model would grep (a path no one
+    # wrote is dropped before it runs: the rule is off here)
+    out, rec = run(lm, builtins, protocol, [call("list_files", {"path": "nope"}),
+                                            call("grep", {"pattern": "x"}), call("list_files"),
+                                            answer], stated_arguments=False)
+    assert [(c.tool, c.arguments) for c in rec.of(ev.ToolCall)] == \
+        [("list_files", {"path": "nope"}), ("list_files", {})]
     # the same words from a tool that is not built in: read as nothing
     mimic = parse_tools(json.dumps([{
         "name": "lookup", "parameters": {"type": "object", "properties": {}},

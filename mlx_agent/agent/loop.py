@@ -68,8 +68,8 @@ class AgentConfig:
     allow_repeat_calls: bool = False
     # after a call fails (an error result, a timeout; not one the user denied), the next
     # reply must be a call, so the model tries another way (the loop guard keeps it from
-    # the same call; where a built-in tool's error advises another built-in tool not tried
-    # this turn, "... call the grep tool", a call of that one) before it answers; at most
+    # the same call; where a built-in tool's error advises a built-in tool, "... call the
+    # grep tool" or "leave the path out", a call of that one) before it answers; at most
     # this many times a turn, only where the choice is "auto", a step is left for the answer
     # and the guard leaves a call to make (not when every tool takes no arguments and has
     # run this turn). 0: the model may answer at once. Needs the grammar.
@@ -313,10 +313,10 @@ class Agent:
             stats.mentioned_steps += 1
         if (choice == "auto" and self._failed and self._retries > 0 and self.config.grammar
                 and step + 1 < self.config.max_steps and self._call_left()):
-            # the built-in tool a built-in tool's error advises, not tried yet ("no file
-            # 'TODO'; ... call the grep tool"); else any
-            advised = next((name for name in self._advised if name not in self._tried
-                            and self.tools.get(name) is not None
+            # the built-in tool a built-in tool's error advises ("no file 'TODO'; ... call
+            # the grep tool"; "leave the path out": the same tool, which the guard keeps
+            # from the same call); else any
+            advised = next((name for name in self._advised if self.tools.get(name) is not None
                             and self.tools[name].builtin is not None), None) \
                 if self.config.follow_named_tool else None
             choice, self._retries = advised or "required", self._retries - 1
