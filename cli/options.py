@@ -76,14 +76,16 @@ ALLOW_REPEAT_HELP = ("Let the model repeat a call that already ran in this turn 
 
 
 RETRY_HELP = ("After a tool call fails, make the model's next reply a call (another one: "
-              "the loop guard keeps it from the same), up to N times a turn; 0 lets it "
-              "answer at once.")
+              "the loop guard keeps it from the same; of the built-in tool a built-in "
+              "tool's error advises, if it does), up to N times a turn; 0 lets it answer at "
+              "once.")
 
 NAMED_HELP = ("Let the model choose freely even when the request tells it to use a tool by "
               "name (\"Use the echo tool to ...\" makes the first step call echo) or "
               "writes a tool's name and the model would answer without a call (\"the "
               "weather in Oslo\" then makes it call a tool; after a result, one the request "
-              "names that no call of the turn has tried).")
+              "names that no call of the turn has tried; after a built-in tool's error, the "
+              "built-in tool it advises).")
 
 
 STATED_HELP = ("Leave a call (and an answer) as the model wrote it; by default a turn's "

@@ -106,6 +106,7 @@ LIKENESS = 0.3  # the least SequenceMatcher ratio of a garbled value and its phr
 MARGIN = 2.0  # nats: how much less likely than its own value the model may find the phrase
 PHRASE_WORDS = 8  # the longest phrase of the request a copy may take, in words
 PHRASE_CHARS = 2000  # phrases come from the request's first so many characters
+HEARD_CHARS = 64_000  # paths come from the request and a turn's results' first so many
 MAX_CHOICES = 256  # an enum's values read against the request (a regex each): its first so many
 MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
 # a value longer than this shares under LIKENESS of its letters with any phrase (of at most
@@ -714,14 +715,15 @@ def whole_identifiers(tool: Tool, arguments: dict, request: str) -> dict:
 def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
     """``arguments`` with each top-level string of a path parameter (:func:`takes_path`)
     that ``heard`` (the request and the turn's tool results) does not write whole, as cased,
-    made the one path the request writes (:func:`written_paths`) that ends in it after a
-    folder, or that it is in other capitals: "users.csv" (or "./users.csv") for
-    "data/users.csv", where the request writes no other such path, no other argument holds
-    it (a move's target "report.txt" is not made its source "data/report.txt") and the
-    schema takes it; ``arguments`` itself where none is. A name the model made up is no
-    copy, however alike ("notes2.txt" is never made "notes.txt": the call may write a new
-    file)."""
-    written = written_paths(request[:REQUEST_CHARS])
+    made the one path the request or a result writes (:func:`written_paths`: a listing's, a
+    "did you mean 'data/users.csv'?") that ends in it after a folder, or that it is in other
+    capitals or with a stray comma: "users.csv" (or "./users.csv", "users.csv,") for
+    "data/users.csv", "version" for "VERSION", where no other such path is written, no other
+    argument holds it (a move's target "report.txt" is not made its source
+    "data/report.txt") and the schema takes it; ``arguments`` itself where none is. A name
+    the model made up is no copy, however alike ("notes2.txt" is never made "notes.txt":
+    the call may write a new file)."""
+    written = written_paths(request[:REQUEST_CHARS] + "\n" + heard[:HEARD_CHARS])
     out = arguments
     for name, value in arguments.items() if written else ():
         if not isinstance(value, str) or not takes_path(name, tool.properties.get(name)) \

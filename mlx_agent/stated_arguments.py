@@ -587,16 +587,23 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             reply, ids = Reply(content=content), reply_ids(lm, protocol, text)
             hold(engine, list(prompt) + ids + tail)
             return reply, text, ids
+        read = dated_values(tool, arguments, request)
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop, turn_results(messages))
         arguments = dated_values(tool, arguments, request)  # added ones too
-        if arguments is not call.arguments:
+        # the call as read and completed; where that ran this turn (a path the model made up
+        # probed back in: list_files(path="here") failed), the call as read alone
+        tried = [arguments] + [read] * (read is not call.arguments and read != arguments) \
+            if arguments is not call.arguments else []
+        for arguments in tried:
             arguments = written_arguments(protocol, tool, arguments)
             if not tool.validate(arguments) and \
-                    call_text(protocol, tool, arguments) not in made:
-                text = call_text(protocol, tool, arguments)
+                    (text := call_text(protocol, tool, arguments)) not in made:
                 reply, ids = Reply(calls=[Call(tool.name, arguments)]), \
                     reply_ids(lm, protocol, text)
+                break
+        else:
+            text = unchanged[1]
         hold(engine, list(prompt) + ids + tail)
         return reply, text, ids
     except ContextFull:  # a probe, or the longer call, past the context: as it was sampled,

@@ -529,6 +529,9 @@ def test_a_path_the_request_writes_is_taken_whole():
         ("csv", request, None),  # no folder before it
     ]:
         assert whole_paths(files, {"path": value}, request, heard) == {"path": expected or value}
+    # a path a result writes: a listing's, a "did you mean"
+    assert whole_paths(files, {"path": "agenda.md,"}, "Show the agenda",
+                       "Show the agenda\ndocs/agenda.md\nnotes.txt") == {"path": "docs/agenda.md"}
     twice = "Compare a/users.csv and b/users.csv"  # which?
     assert whole_paths(files, {"path": "users.csv"}, twice, twice) == {"path": "users.csv"}
     assert whole_paths(files, {"file_type": "csv"}, request, request) == {"file_type": "csv"}

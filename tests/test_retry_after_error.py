@@ -9,12 +9,13 @@ from dataclasses import replace
 
 import pytest
 
+from mlx_agent.agent import Agent, AgentConfig, agent_format
 from mlx_agent.agent import events as ev
 from mlx_agent.chat import ChatFormat
 from mlx_agent.tools import builtin_tools, parse_tools
 
-from .test_agent_loop import QWEN_LIKE
-from .test_loop_guard import run
+from .test_agent_loop import QWEN_LIKE, Recorder
+from .test_loop_guard import Obliging, run
 
 TOOLS = parse_tools(json.dumps([
     {"name": "ping", "description": "Ping the server",
@@ -135,3 +136,23 @@ def test_the_retry_calls_the_built_in_tool_a_built_in_error_advises(tiny_lm, pro
     # the switch that leaves tool choice to the model leaves this too
     out, rec = run(lm, builtins, protocol, script, follow_named_tool=False)
     assert [c.tool for c in rec.of(ev.ToolCall)] == ["read_file", "list_files", "grep"]
+
+
+def test_a_made_up_path_probed_back_into_a_call_that_ran_is_left_out(tiny_lm, tmp_path):
+    """"List all the files here." wrote list_files(path="here"), which failed; advised to
+    call it again without the path, the model wrote "here,". That path is dropped (no one
+    wrote it), and probed back in (the request writes "here") it would be the call that
+    failed: the call goes without it."""
+    (tmp_path / "a.txt").write_text("x\n")
+
+    def call(path):
+        return '{"tool":"list_files","arguments":{"path":"%s"}}' % path
+
+    rec = Recorder()
+    script = Obliging(tiny_lm, call("here"), call("here,"), '"here"}', '{"answer":"a.txt"}')
+    agent = Agent(tiny_lm, tiny_lm.engine(), builtin_tools(tmp_path),
+                  agent_format("json", tiny_lm), AgentConfig(grammar=True, max_steps=4),
+                  emit=rec, sampler=script, probe_sampler=script)
+    out = agent.ask("List all the files here.")
+    assert [c.arguments for c in rec.of(ev.ToolCall)] == [{"path": "here"}, {}]
+    assert out.answer == "a.txt"

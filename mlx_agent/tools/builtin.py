@@ -39,22 +39,22 @@ _MAX_MATCHES = 200
 
 
 # the advice a not-found error gives: read_file's (its quoted word is letters and digits),
-# list_files' and grep's (the same tool again, without the path)
+# list_files' and grep's, and the paths it may mean (the same tool again, another path)
 _ADVICE = re.compile(r"; to (?:find the files that mention '[^\W_]+'|see which files there "
                      r"are), call the (grep|list_files) tool|; (leave) the path out to "
-                     r"(?:list|search) every file")
+                     r"(?:list|search) every file|; (did) you mean '")
 
 
 def advised_tool(tool: Tool, result: ToolResult) -> str | None:
     """The built-in tool that a failed ``result`` of the built-in ``tool`` tells the agent to
     call instead ("no file 'TODO'; to find the files that mention 'TODO', call the grep
-    tool ..."; "leave the path out": ``tool`` again), or None: only these tools' own advice
-    is read, never another tool's error (an MCP server's or a test suite's text could name
-    any tool)."""
+    tool ..."; "leave the path out" or "did you mean": ``tool`` again), or None: only these
+    tools' own advice is read, never another tool's error (an MCP server's or a test
+    suite's text could name any tool)."""
     if tool.builtin is None or not (result.exit_code or result.timed_out):
         return None
     m = _ADVICE.search(result.stderr[-1_000:])
-    return None if m is None else tool.name if m.group(2) else m.group(1)
+    return None if m is None else m.group(1) or tool.name
 
 
 def _missing(root: str, path: str, error: FileNotFoundError, advice: str) -> FileNotFoundError:
