@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from mlx_agent.tools import ToolSchemaError, builtin_tools, declared_tools, parse_tools, run_tool
+from mlx_agent.tools import (ToolSchemaError, advised_tool, builtin_tools, declared_tools,
+                             parse_tools, run_tool)
 from mlx_agent.tools.builtin import OutsideRoot
 from mlx_agent.tools import rootfs
 from mlx_agent.tools.rootfs import located
@@ -260,6 +261,19 @@ def test_a_missing_path_is_answered_with_the_paths_it_may_mean(repo):
         (repo / "deep" / f"{i}.txt").write_text("")
     assert rootfs.near(str(repo), "7") == ["deep/7.txt"]
     assert rootfs.near(str(repo), "7", scanned=5) == [] and rootfs.near(str(repo), "..") == []
+    # the tool each error advises: another built-in one, or the same again
+    advised = {(tool, json.dumps(arguments)): advised_tool(tools[tool], run_tool(tools[tool],
+                                                                                arguments))
+               for tool, arguments in [("read_file", {"path": "TODO"}),
+                                       ("read_file", {"path": "this_folder"}),
+                                       ("read_file", {"path": "calc.py"}),
+                                       ("grep", {"pattern": "a", "path": "x"}),
+                                       ("read_file", {"path": "pkg/calc.py"})]}
+    assert list(advised.values()) == ["grep", "list_files", "read_file", "grep", None]
+    # a tool that is not built in advises nothing, whatever its error says
+    mimic = parse_tools(json.dumps([{"name": "m", "parameters": {"type": "object"},
+                                     "_exec": "echo \"x; did you mean 'y'?\" >&2; exit 1"}]))[0]
+    assert advised_tool(mimic, run_tool(mimic, {})) is None
     # a link (here one that leads out of the root) is never suggested, nor the path asked
     assert rootfs.near(str(repo), "link.txt") == [] and rootfs.near(str(repo), "secret") == []
     assert rootfs.near(str(repo), "pkg/calc.py") == []
