@@ -712,13 +712,20 @@ def whole_identifiers(tool: Tool, arguments: dict, request: str) -> dict:
     return out
 
 
+def _without_extension(path: str) -> str:
+    """``path`` in lower case, without its name's extension ("" where it has none)."""
+    folder, _, name = path.lower().rpartition("/")
+    stem = name.rsplit(".", 1)[0] if "." in name.lstrip(".") else ""
+    return f"{folder}/{stem}" if folder and stem else stem
+
+
 def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
     """``arguments`` with each top-level string of a path parameter (:func:`takes_path`)
     that ``heard`` (the request and the turn's tool results) does not write whole, as cased,
     made the one path the request or a result writes (:func:`written_paths`: a listing's, a
     "did you mean 'data/users.csv'?") that ends in it after a folder, or that it is in other
-    capitals or with a stray comma: "users.csv" (or "./users.csv", "users.csv,") for
-    "data/users.csv", "version" for "VERSION", where no other such path is written, no other
+    capitals, with a stray comma or without its extension: "users.csv" (or "./users.csv",
+    "users.csv,") for "data/users.csv", "docs/supplies" for "docs/supplies.md", where no other such path is written, no other
     argument holds it (a move's target "report.txt" is not made its source
     "data/report.txt") and the schema takes it; ``arguments`` itself where none is. A name
     the model made up is no copy, however alike ("notes2.txt" is never made "notes.txt":
@@ -730,7 +737,9 @@ def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
                 or writes_path(heard, value, cased=True):
             continue
         tail = value.strip().rstrip(",;:").removeprefix("./").lower()
-        ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)]
+        ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)] \
+            or [w for w in written if (x := _without_extension(w)) == tail  # "docs/supplies"
+                or x.endswith("/" + tail)]
         if len(ends) == 1 and tail and ends[0].lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: ends[0]}):  # not a move onto itself
             out = {**out, name: ends[0]}

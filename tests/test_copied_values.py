@@ -523,7 +523,8 @@ def test_a_path_the_request_writes_is_taken_whole():
     request = "Show data/users.csv and out/users.csv.bak, then notes.txt"
     for value, heard, expected in [
         ("users.csv", request, "data/users.csv"), ("./users.csv,", request, "data/users.csv"),
-        ("NOTES.TXT", request, "notes.txt"),
+        ("NOTES.TXT", request, "notes.txt"), ("notes", request, "notes.txt"),  # its extension
+        ("data/users", request, "data/users.csv"),
         ("users.csv", request + "\nusers.csv", None),  # a result writes it: it is that
         ("notes2.txt", request, None),  # a new name, however alike
         ("csv", request, None),  # no folder before it
