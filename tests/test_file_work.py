@@ -88,12 +88,15 @@ def test_writes_leave_the_folder_alone(tmp_path):
 @pytest.mark.parametrize("shares", [{}, {"slip_share": 0.4, "missing_share": 0.1}])
 @pytest.mark.parametrize("seed", range(10))
 def test_held_out_file_set_shares_no_request_or_name(tmp_path, seed, shares):
-    """examples/files is the hand-written held-out set: no generated request is one of its
-    requests, and no generated folder has its files or its marked words."""
-    held = [json.loads(line) for line in (HELD_OUT / "tasks.jsonl").read_text().splitlines()]
+    """examples/files holds the hand-written file sets (tasks*.jsonl, each over its own
+    fixture): no generated request is one of their requests, and no generated folder has
+    their files or the first set's marked words."""
+    held = [json.loads(line) for tasks in sorted(HELD_OUT.glob("tasks*.jsonl"))
+            for line in tasks.read_text().splitlines()]
+    assert len(held) >= 50
     prompts = {t["prompt"] for t in held}
-    held_files = {p.relative_to(HELD_OUT / "fixture").as_posix()
-                  for p in (HELD_OUT / "fixture").rglob("*") if p.is_file()}
+    held_files = {p.relative_to(fixture).as_posix() for fixture in HELD_OUT.glob("fixture*")
+                  for p in fixture.rglob("*") if p.is_file()}
     folder, files, convs = made(tmp_path, seed, **shares)
     assert not prompts & {t.prompt for t, _ in convs}
     assert not held_files & set(files)

@@ -1,0 +1,3 @@
+def restock(item, amount):
+    # FIXME: negative amounts
+    return {item: amount}
