@@ -106,7 +106,6 @@ LIKENESS = 0.3  # the least SequenceMatcher ratio of a garbled value and its phr
 MARGIN = 2.0  # nats: how much less likely than its own value the model may find the phrase
 PHRASE_WORDS = 8  # the longest phrase of the request a copy may take, in words
 PHRASE_CHARS = 2000  # phrases come from the request's first so many characters
-HEARD_CHARS = 64_000  # paths come from the request and a turn's results' first so many
 MAX_CHOICES = 256  # an enum's values read against the request (a regex each): its first so many
 MAX_PHRASES = 512  # the phrases most alike the value that a probe chooses among
 # a value longer than this shares under LIKENESS of its letters with any phrase (of at most
@@ -719,18 +718,20 @@ def _without_extension(path: str) -> str:
     return f"{folder}/{stem}" if folder and stem else stem
 
 
-def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
+def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
+                suggested: Sequence[str] = ()) -> dict:
     """``arguments`` with each top-level string of a path parameter (:func:`takes_path`)
     that ``heard`` (the request and the turn's tool results) does not write whole, as cased,
-    made the one path the request or a result writes (:func:`written_paths`: a listing's, a
-    "did you mean 'data/users.csv'?") that ends in it after a folder, or that it is in other
-    capitals, with a stray comma or without its extension: "users.csv" (or "./users.csv",
-    "users.csv,") for "data/users.csv", "docs/supplies" for "docs/supplies.md", where no other such path is written, no other
-    argument holds it (a move's target "report.txt" is not made its source
-    "data/report.txt") and the schema takes it; ``arguments`` itself where none is. A name
-    the model made up is no copy, however alike ("notes2.txt" is never made "notes.txt":
-    the call may write a new file)."""
-    written = written_paths(request[:REQUEST_CHARS] + "\n" + heard[:HEARD_CHARS])
+    made the one path the request writes (:func:`written_paths`), or a built-in tool's "did
+    you mean" ``suggested`` this turn, that ends in it after a folder, or that it is in
+    other capitals, with a stray comma or, having no extension, without the path's:
+    "users.csv" (or "./users.csv", "users.csv,") for "data/users.csv", "docs/supplies" for
+    "docs/supplies.md", where no other such path is written, no other argument holds it (a
+    move's target "report.txt" is not made its source "data/report.txt") and the schema
+    takes it; ``arguments`` itself where none is. A name the model made up is no copy,
+    however alike ("notes2.txt" is never made "notes.txt": the call may write a new file),
+    and a tool's output is no source (a file read or a page fetched could name any path)."""
+    written = list(dict.fromkeys(written_paths(request[:REQUEST_CHARS]) + list(suggested)))
     out = arguments
     for name, value in arguments.items() if written else ():
         if not isinstance(value, str) or not takes_path(name, tool.properties.get(name)) \
@@ -738,8 +739,8 @@ def whole_paths(tool: Tool, arguments: dict, request: str, heard: str) -> dict:
             continue
         tail = value.strip().rstrip(",;:").removeprefix("./").lower()
         ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)] \
-            or [w for w in written if (x := _without_extension(w)) == tail  # "docs/supplies"
-                or x.endswith("/" + tail)]
+            or [w for w in written if "." not in tail.rsplit("/", 1)[-1]  # "docs/supplies"
+                and ((x := _without_extension(w)) == tail or x.endswith("/" + tail))]
         if len(ends) == 1 and tail and ends[0].lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: ends[0]}):  # not a move onto itself
             out = {**out, name: ends[0]}

@@ -418,9 +418,8 @@ def heard_text(messages: Sequence[dict]) -> str:
     """Every user message and the tool results after the last one, a line each: where a
     kept value may come from (not the server's get_tool_info answers, which hold the
     tools' schemas). The agent's results (``{"stdout": ..., "stderr": ...}``) are read as
-    their text, lines apart, and of a failed one only its output and the paths its error
-    suggests ("did you mean 'src/utils.py'?"): "no file 'this_folder'" echoes the call that
-    made the name up, and is no source of it."""
+    their text, lines apart, and of a failed one only its output: "no file 'this_folder'"
+    echoes the call that made the name up, and is no source of it."""
     last = last_user(messages) or 0
     return "\n".join(text_of(m.get("content")) if m["role"] == "user"
                      else _heard_result(text_of(m.get("content")))
@@ -429,26 +428,46 @@ def heard_text(messages: Sequence[dict]) -> str:
                      and m.get("name") != GET_TOOL_INFO)
 
 
-# the paths a built-in tool's not-found error suggests (mlx_agent.tools.builtin._missing)
-_SUGGESTED = re.compile(r"did you mean ('[^'\n]{1,300}'(?: or '[^'\n]{1,300}'){0,2})\?")
+def _agent_result(text: str) -> dict | None:
+    """The agent's ``{"stdout": ..., "stderr": ..., "exit_code": ...}`` a tool message holds,
+    or None."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("stdout"), str) else None
 
 
 def _heard_result(text: str) -> str:
     """A tool result's text; the agent's ``{"stdout": ..., "stderr": ...}`` as its output
-    and its error, or, with an exit code other than 0, its output and what its error
-    suggests."""
-    if not text.lstrip().startswith("{"):
-        return text
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return text
-    if not isinstance(value, dict) or not isinstance(value.get("stdout"), str):
+    and its error, or, with an exit code other than 0, its output alone."""
+    value = _agent_result(text)
+    if value is None:
         return text
     stderr = value.get("stderr") if isinstance(value.get("stderr"), str) else ""
-    if value.get("exit_code", 0) != 0:
-        stderr = "\n".join(_SUGGESTED.findall(stderr))
-    return f"{value['stdout']}\n{stderr}"
+    return value["stdout"] + ("\n" + stderr if value.get("exit_code", 0) == 0 else "")
+
+
+# the paths a built-in tool's not-found error suggests (mlx_agent.tools.builtin._missing)
+_SUGGESTED = re.compile(r"did you mean ('[^'\n]{1,300}'(?: or '[^'\n]{1,300}'){0,2})\?\s*\Z")
+
+
+def suggested_paths(messages: Sequence[dict], tools: Sequence[Tool]) -> list[str]:
+    """The paths the built-in tools' not-found errors of the turn suggest ("did you mean
+    'data/users.csv'?"), in order: another tool's error is no source (its text could name
+    any path)."""
+    builtin = {t.name for t in tools if t.builtin is not None}
+    out = []
+    for m in messages[(last_user(messages) or 0) + 1:]:
+        value = _agent_result(text_of(m.get("content"))) \
+            if m["role"] == "tool" and m.get("name") in builtin else None
+        if value is not None and value.get("exit_code", 0) != 0 \
+                and isinstance(value.get("stderr"), str) \
+                and (found := _SUGGESTED.search(value["stderr"][-1_000:])):
+            out += re.findall(r"'([^'\n]{1,300})'", found.group(1))
+    return out
 
 
 def turn_results(messages: Sequence[dict]) -> list[str]:
@@ -479,13 +498,16 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     optional flags it never speaks of (:func:`~mlx_agent.flags.unheard_flag`: ``is_unisex:
     false`` for "find a salon in Fremont"), without an optional string that repeats a
     required argument's (``cinema_hall: "Noida"`` beside ``location: "Noida"``; of BFCL's
-    calls that repeat a string, none was right), and without an optional path it never
-    writes whole (:func:`~mlx_agent.file_paths.writes_path`: ``path: "this_folder"``):
-    the tool's own default stands for a value the model made up. ``arguments`` itself where
-    none is. Where the tool requires nothing only paths are read (its schema then says
-    nothing of what is optional; a path it takes still has to be written)."""
+    calls that repeat a string, none was right), and, of a built-in tool (read-only where a
+    path is optional: list_files, grep), without an optional path it never writes whole
+    (:func:`~mlx_agent.file_paths.writes_path`: ``path: "this_folder"``): the tool's own
+    default stands for a value the model made up. ``arguments`` itself where none is. Where
+    the tool requires nothing only a built-in tool's paths are read (its schema then says
+    nothing of what is optional). Another tool's path is read as any string: its default
+    may be wider than the user meant (a ``clean`` tool's, the whole folder)."""
     paths = {k for k, v in arguments.items() if k not in tool.required and isinstance(v, str)
-             and takes_path(k, tool.properties.get(k)) and not writes_path(heard, v)}
+             and takes_path(k, tool.properties.get(k)) and not writes_path(heard, v)} \
+        if tool.builtin is not None else set()
     if not tool.required:
         return {k: v for k, v in arguments.items() if k not in paths} if paths else arguments
     said = Heard(heard)
@@ -565,7 +587,9 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         # an enum's value the request names before what it never wrote is dropped
         arguments = named_choices(moved, written_choices(moved, arguments, request), request)
         arguments = assigned_values(moved, arguments, request)
-        arguments = without_made_up(moved, whole_paths(moved, arguments, request, heard), heard)
+        suggested = suggested_paths(messages, tools)
+        arguments = whole_paths(moved, arguments, request, heard, suggested)
+        arguments = without_made_up(moved, arguments, "\n".join([heard, *suggested]))
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
                                  heard, sampler, stop)
@@ -591,19 +615,19 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop, turn_results(messages))
         arguments = dated_values(tool, arguments, request)  # added ones too
-        # the call as read and completed; where that ran this turn (a path the model made up
-        # probed back in: list_files(path="here") failed), the call as read alone
-        tried = [arguments] + [read] * (read is not call.arguments and read != arguments) \
-            if arguments is not call.arguments else []
-        for arguments in tried:
+        if arguments is not call.arguments:
             arguments = written_arguments(protocol, tool, arguments)
+            if tool.builtin is not None and read is not call.arguments \
+                    and call_text(protocol, tool, arguments) in made:
+                # a built-in tool's call completed back into one that ran this turn (a path
+                # the model made up, dropped, probed back in: list_files(path="here")
+                # failed): the call as read
+                arguments = written_arguments(protocol, tool, read)
             if not tool.validate(arguments) and \
-                    (text := call_text(protocol, tool, arguments)) not in made:
+                    call_text(protocol, tool, arguments) not in made:
+                text = call_text(protocol, tool, arguments)
                 reply, ids = Reply(calls=[Call(tool.name, arguments)]), \
                     reply_ids(lm, protocol, text)
-                break
-        else:
-            text = unchanged[1]
         hold(engine, list(prompt) + ids + tail)
         return reply, text, ids
     except ContextFull:  # a probe, or the longer call, past the context: as it was sampled,

@@ -530,9 +530,16 @@ def test_a_path_the_request_writes_is_taken_whole():
         ("csv", request, None),  # no folder before it
     ]:
         assert whole_paths(files, {"path": value}, request, heard) == {"path": expected or value}
-    # a path a result writes: a listing's, a "did you mean"
-    assert whole_paths(files, {"path": "agenda.md,"}, "Show the agenda",
-                       "Show the agenda\ndocs/agenda.md\nnotes.txt") == {"path": "docs/agenda.md"}
+    # a path a built-in tool suggested ("did you mean"); not one a result's output writes
+    # (a file read or a page fetched could name any path)
+    listing = "Show the agenda\ndocs/agenda.md\nnotes.txt"
+    assert whole_paths(files, {"path": "agenda.md,"}, "Show the agenda", "Show the agenda",
+                       ["docs/agenda.md"]) == {"path": "docs/agenda.md"}
+    assert whole_paths(files, {"path": "agenda.md"}, "Show the agenda", listing) == \
+        {"path": "agenda.md"}
+    # no extension rule for a value with one of its own: a backup is no report
+    assert whole_paths(files, {"path": "report.md"}, "see out/report.md.bak", "x") == \
+        {"path": "report.md"}
     twice = "Compare a/users.csv and b/users.csv"  # which?
     assert whole_paths(files, {"path": "users.csv"}, twice, twice) == {"path": "users.csv"}
     assert whole_paths(files, {"file_type": "csv"}, request, request) == {"file_type": "csv"}

@@ -432,7 +432,13 @@ def test_an_optional_argument_no_one_wrote_is_dropped():
     ]:
         assert without_made_up(grep, {"pattern": "x", "path": value}, heard) == \
             ({"pattern": "x", "path": value} if kept else {"pattern": "x"}), value
-    # a tool that requires nothing still has its paths read
+    # another tool's path is read as any string: its default may be wider than meant
+    clean = parse_tools(json.dumps([{"name": "clean", "parameters": {"type": "object",
+        "properties": {"mode": {"type": "string"}, "path": {"type": "string"}},
+        "required": ["mode"]}}]), runnable=False)[0]
+    assert without_made_up(clean, {"mode": "x", "path": "old_logs"}, "Clean the old logs") \
+        == {"mode": "x", "path": "old_logs"}
+    # a built-in tool that requires nothing still has its paths read
     assert without_made_up(listing, {"path": "this_folder"}, "What files are in this "
                            "folder?") == {}
     assert without_made_up(listing, {"path": "docs"}, "List docs.") == {"path": "docs"}
@@ -442,6 +448,7 @@ def test_an_optional_argument_no_one_wrote_is_dropped():
 
 
 def test_a_failed_results_error_is_not_heard():
+    """Nor are the paths it suggests, but apart, and from a built-in tool."""
     from mlx_agent.stated_arguments import heard_text
 
     messages = [{"role": "user", "content": "What files are here?"},
@@ -457,7 +464,15 @@ def test_a_failed_results_error_is_not_heard():
                 {"role": "tool", "name": "z", "content": "{not json 'w'"}]
     heard = heard_text(messages)
     assert "this_folder" not in heard and "partial" in heard  # its output stays
-    assert "'src/utils.py' or 'lib/utils.py'" in heard and "'utils.py'" not in heard
+    assert "utils.py" not in heard  # an error, suggestions and all
+    # the paths a built-in tool's error suggests are read apart, from built-in tools alone
+    from mlx_agent.stated_arguments import suggested_paths
+    from mlx_agent.tools.builtin import builtin_tools
+
+    assert suggested_paths(messages, builtin_tools(".")) == ["src/utils.py", "lib/utils.py"]
+    mimic = parse_tools(json.dumps([{"name": "grep", "parameters": {"type": "object"},
+                                     "_exec": "true"}]))
+    assert suggested_paths(messages, mimic) == []
     assert "warned 'y'" in heard and "'w'" in heard  # a result that ran, any other text
 
 

@@ -270,6 +270,12 @@ def test_a_missing_path_is_answered_with_the_paths_it_may_mean(repo):
                                        ("grep", {"pattern": "a", "path": "x"}),
                                        ("read_file", {"path": "pkg/calc.py"})]}
     assert list(advised.values()) == ["grep", "list_files", "read_file", "grep", None]
+    # only the runtime's own words ending the error count: not a path echoed in it, nor a
+    # tool that writes
+    echoed = run_tool(tools["read_file"], {"path": "x; leave the path out to list every file"})
+    assert advised_tool(tools["read_file"], echoed) == "list_files"
+    write = run_tool(tools["write_file"], {"path": "../a; did you mean 'b'?", "content": "x"})
+    assert write.exit_code and advised_tool(tools["write_file"], write) is None
     # a tool that is not built in advises nothing, whatever its error says
     mimic = parse_tools(json.dumps([{"name": "m", "parameters": {"type": "object"},
                                      "_exec": "echo \"x; did you mean 'y'?\" >&2; exit 1"}]))[0]

@@ -40,9 +40,11 @@ _MAX_MATCHES = 200
 
 # the advice a not-found error gives: read_file's (its quoted word is letters and digits),
 # list_files' and grep's, and the paths it may mean (the same tool again, another path)
-_ADVICE = re.compile(r"; to (?:find the files that mention '[^\W_]+'|see which files there "
-                     r"are), call the (grep|list_files) tool|; (leave) the path out to "
-                     r"(?:list|search) every file|; (did) you mean '")
+_ADVICE = re.compile(r"; (?:to find the files that mention '[^\W_]+', call the (grep) tool with "
+                     r"it as the pattern|to see which files there are, call the (list_files) "
+                     r"tool|(leave) the path out to (?:list|search) every file|(did) you mean "
+                     r"'[^'\n]{1,300}'(?: or '[^'\n]{1,300}'){0,2}\?)\s*\Z")
+_ADVISING = frozenset({"read_file", "list_files", "grep"})  # read-only: their advice is read
 
 
 def advised_tool(tool: Tool, result: ToolResult) -> str | None:
@@ -51,10 +53,11 @@ def advised_tool(tool: Tool, result: ToolResult) -> str | None:
     tool ..."; "leave the path out" or "did you mean": ``tool`` again), or None: only these
     tools' own advice is read, never another tool's error (an MCP server's or a test
     suite's text could name any tool)."""
-    if tool.builtin is None or not (result.exit_code or result.timed_out):
+    if tool.builtin is None or tool.name not in _ADVISING \
+            or not (result.exit_code or result.timed_out):
         return None
-    m = _ADVICE.search(result.stderr[-1_000:])
-    return None if m is None else m.group(1) or tool.name
+    m = _ADVICE.search(result.stderr[-1_000:])  # the runtime's own words end the error
+    return None if m is None else m.group(1) or m.group(2) or tool.name  # leave, did: again
 
 
 def _missing(root: str, path: str, error: FileNotFoundError, advice: str) -> FileNotFoundError:
