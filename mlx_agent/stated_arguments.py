@@ -244,16 +244,22 @@ def _passes_on(name: str, request: str) -> bool:
     return re.search(link, request, re.IGNORECASE) is not None
 
 
+def last_tool_message(messages: Sequence[dict]) -> dict | None:
+    """The last tool result after the last user message (not a get_tool_info answer)."""
+    last = last_user(messages) or 0
+    return next((m for m in reversed(messages[last + 1:])
+                 if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO), None)
+
+
 def last_result(messages: Sequence[dict]) -> str | None:
     """The text of the last tool result after the last user message, stripped: the
     agent's ``{"stdout": ...}`` as its output (none where its exit code is not 0), a JSON
     string as that string; None where there is none, or where it is other JSON (an object
     or a list: which of its values is meant is not said)."""
-    last = last_user(messages) or 0
-    text = next((text_of(m.get("content")) for m in reversed(messages[last + 1:])
-                 if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO), None)
-    if text is None:
+    message = last_tool_message(messages)
+    if message is None:
         return None
+    text = text_of(message.get("content"))
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
@@ -611,7 +617,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
             reply, ids = Reply(content=content), reply_ids(lm, protocol, text)
             hold(engine, list(prompt) + ids + tail)
             return reply, text, ids
-        read = dated_values(tool, arguments, request)
+        read = arguments
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop, turn_results(messages))
         arguments = dated_values(tool, arguments, request)  # added ones too
@@ -622,7 +628,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                 # a built-in tool's call completed back into one that ran this turn (a path
                 # the model made up, dropped, probed back in: list_files(path="here")
                 # failed): the call as read
-                arguments = written_arguments(protocol, tool, read)
+                arguments = written_arguments(protocol, tool, dated_values(tool, read, request))
             if not tool.validate(arguments) and \
                     call_text(protocol, tool, arguments) not in made:
                 text = call_text(protocol, tool, arguments)

@@ -28,12 +28,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from .described_tool import FUNCTION_WORDS
-from .formats import GET_TOOL_INFO
 from .formats.messages import Reply
 from .grammar import written_json
 from .heard import words
 from .probe import hold, reply_ids
-from .stated_arguments import last_result, last_user, request_text
+from .stated_arguments import last_result, last_tool_message, last_user, request_text
 
 MAX_SAID = 80  # the longest result (in characters) an answer is made to state
 # a result that tells only these tells nothing an answer must state ("success"); "True",
@@ -61,9 +60,7 @@ def stated_answer(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply
     if reply.calls or not reply.complete or not reply.content \
             or getattr(engine, "cache_mode", None) == "rotating":  # a window cannot be cut back
         return unchanged
-    last = last_user(messages)
-    tool = next((m for m in reversed(messages[(last or 0) + 1:]) if m["role"] == "tool"
-                 and m.get("name") != GET_TOOL_INFO), None) if last is not None else None
+    tool = last_tool_message(messages) if last_user(messages) is not None else None
     result = last_result(messages) if tool is not None else None
     if not result or len(result) > MAX_SAID:
         return unchanged
