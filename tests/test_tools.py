@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -165,6 +166,45 @@ def test_a_process_that_leaves_the_group_with_the_pipes_open_cannot_hold_the_cal
     finally:
         os.kill(int(pid.read_text()), signal.SIGKILL)
     assert r.stdout.strip() == "started" and not r.timed_out and took < 5, took
+
+
+INTERRUPTED_AT = """
+import os, signal, sys
+from mlx_agent.tools.executor import run_process
+at, pid = int(sys.argv[1]), sys.argv[2]
+def interrupt(frame, event, arg):  # a signal just after the at-th lock the thread takes
+    global at
+    if event == "c_return" and getattr(arg, "__name__", "") == "acquire":
+        at -= 1
+        if at == 0:
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGUSR1)
+def raise_(signum, frame):  # as the CLI's SIGTERM handler and Ctrl-C's do
+    raise KeyboardInterrupt
+signal.signal(signal.SIGUSR1, raise_)
+sys.setprofile(interrupt)
+try:
+    run_process(["/bin/sh", "-c", f"echo $$ > {pid}; exec sleep 60"], tool="t", timeout=30)
+except KeyboardInterrupt:
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("at", range(1, 21))
+def test_a_signal_at_any_lock_the_wait_takes_still_ends_the_call(tmp_path, at):
+    """Popen.wait(timeout) polls by taking a lock just before the try that releases it: a
+    Ctrl-C (or the CLI's SIGTERM) that landed between the two kept the lock, and the wait that
+    reaps the killed tool blocked for ever (the CLI hung once in CI; here from the ninth on)."""
+    from .conftest import pid_alive
+
+    pid = tmp_path / "pid"
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, str(at), str(pid)],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    started = pid.read_text().strip() if pid.exists() else ""
+    if started:  # the group was killed and reaped before the call raised
+        assert not pid_alive(int(started))
 
 
 HUGE = """

@@ -165,8 +165,6 @@ _ARG_ROOM = 100_000
 _FROM_STDIN = 'exec 3<&0 </dev/null; s=$(cat <&3); exec 3<&-; eval "$s"'
 
 
-
-
 def run_process(
     argv: Sequence[str],
     *,
@@ -223,7 +221,7 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
          stdin: bytes | None = None) -> ToolResult:
     start = time.monotonic()
     check_stop()
-    proc = None
+    proc = reaper = None
     try:
         # a Ctrl-C or SIGTERM while the tool starts is acted on once it has: then the group
         # it runs in is there to kill (it came between the start and the wait: the tool ran on)
@@ -235,6 +233,7 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
                                         cwd=cwd, env=env, start_new_session=True)
             except OSError as e:
                 return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
+            reaper = _reaper(proc)
             out, err = _Capped(cap), _Capped(cap)
             readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
                        for s, c in ((proc.stdout, out), (proc.stderr, err))]
@@ -243,16 +242,16 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
                                                 daemon=True))
             for r in readers:
                 r.start()
-        timed_out = not _wait(proc, timeout)
+        timed_out = not _ended(reaper, timeout)
         if timed_out:
             _kill_group(proc.pid, signal.SIGTERM)
-            _wait(proc, _KILL_GRACE)
+            _ended(reaper, _KILL_GRACE)
     finally:
         # Whatever the command left behind in its group (background children holding the
         # pipes open) goes now, so the readers see end-of-file; on Ctrl-C, all of it.
         if proc is not None:
             _kill_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+            reaper.join() if reaper is not None else proc.wait()
     # What is left in the pipes takes moments to read; a process that left the group (a
     # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
     deadline = time.monotonic() + _DRAIN_GRACE
@@ -275,14 +274,24 @@ def waits(timeout: float) -> Iterator[float]:
             return
 
 
-def _wait(proc: subprocess.Popen, timeout: float) -> bool:
-    """Whether ``proc`` ended within ``timeout`` s (see :func:`waits`)."""
+def _reaper(proc: subprocess.Popen) -> threading.Thread:
+    """A started thread that waits for ``proc`` to end (and reaps it). The calling thread
+    waits on it, never with ``Popen.wait(timeout)``: that poll takes a lock just before the
+    ``try`` that releases it, so a signal handler raising there (Ctrl-C, the CLI's SIGTERM)
+    left the lock held, and the wait that reaps the killed tool blocked for ever (CPython 3.11;
+    the CLI hung once in CI). ``Thread.join`` releases what it took (bpo-45274)."""
+    reaper = threading.Thread(target=proc.wait, daemon=True, name=f"reap-{proc.pid}")
+    reaper.start()
+    return reaper
+
+
+def _ended(reaper: threading.Thread, timeout: float) -> bool:
+    """Whether the process ``reaper`` waits for ended within ``timeout`` s (see
+    :func:`waits`)."""
     for step in waits(timeout):
-        try:
-            proc.wait(timeout=step)
+        reaper.join(step)
+        if not reaper.is_alive():
             return True
-        except subprocess.TimeoutExpired:
-            pass
     return False
 
 
