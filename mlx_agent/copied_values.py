@@ -42,7 +42,8 @@ two or another argument holds it.
 :func:`assigned_values`: a value the request assigns a parameter by its name ("b=371,
 a=806", ``title equal to "Pricing change"``) is that parameter's, not the other's.
 :func:`as_cased`: a string the request writes in other capitals is as it writes them;
-:func:`as_quoted`: one it quotes is as quoted, without a full stop the model added.
+:func:`as_quoted`: one it quotes is as quoted, without a full stop the model added; a
+free string that repeats a path argument is the one span it quotes that no argument holds.
 :func:`one_of_repeats`: of optional strings that repeat one another, the one the model finds
 likeliest stays.
 :func:`whole_identifiers`: an email or web address the request does not write is the one it
@@ -96,7 +97,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
-from .file_paths import takes_path, writes_path, written_paths
+from .file_paths import takes_file, takes_path, writes_path, written_paths
 from .heard import (NAME_WORD, NUMBER, REQUEST_CHARS, SCALE_WORDS, Heard, leaves, number,
                     number_runs, writes_whole)
 from .probe import PROBE_CHARS, likelihood, probe
@@ -661,7 +662,10 @@ def as_quoted(tool: Tool, arguments: dict, request: str) -> dict:
     format) that is a span the request quotes in other capitals, in quotes of its own or
     with a full stop, "!" or "?" added, made the span as quoted ("Remember the keys." for
     "Save 'remember the keys' into reminder.txt"), where the request quotes no other such
-    span; ``arguments`` itself where none is. A user who quotes text means those words."""
+    span; and the one string that repeats a path argument's value, of a parameter that takes
+    no path, made the one span the request quotes where no argument holds it (``content:
+    "todo.md"`` beside ``path: "todo.md"`` for "Write 'call the bank' to todo.md").
+    ``arguments`` itself where none is. A user who quotes text means those words."""
     quoted = {}
     for m in _QUOTED.finditer(request[:REQUEST_CHARS]):
         span = next(g for g in m.groups() if g is not None).strip()
@@ -679,6 +683,23 @@ def as_quoted(tool: Tool, arguments: dict, request: str) -> dict:
         if len(spans) == 1 and (span := next(iter(spans))) != value \
                 and not tool.validate({**out, name: span}):
             out = {**out, name: span}
+    return _unrepeated(tool, out, quoted)
+
+
+def _unrepeated(tool: Tool, arguments: dict, quoted: dict[str, set[str]]) -> dict:
+    """``arguments`` with the one free string that repeats a path argument's value made the
+    one span ``quoted`` holds (in one casing) that no argument holds (see :func:`as_quoted`)."""
+    if len(quoted) != 1 or len(spans := next(iter(quoted.values()))) != 1 \
+            or any(isinstance(v, str) and v.strip(_QUOTES).lower() in quoted
+                   for v in arguments.values()):
+        return arguments
+    paths = {v for k, v in arguments.items() if takes_path(k, tool.properties.get(k))}
+    repeats = [k for k, v in arguments.items() if isinstance(v, str) and v in paths
+               and isinstance(schema := tool.properties.get(k), dict)
+               and schema.get("type") == "string" and not takes_path(k, schema)
+               and not {"enum", "const", "format"} & schema.keys()]
+    if len(repeats) != 1 or tool.validate(out := {**arguments, repeats[0]: next(iter(spans))}):
+        return arguments
     return out
 
 
@@ -719,7 +740,7 @@ def _without_extension(path: str) -> str:
 
 
 def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
-                suggested: Sequence[str] = ()) -> dict:
+                suggested: Sequence[str] = (), reads_only: bool = False) -> dict:
     """``arguments`` with each top-level string of a path parameter (:func:`takes_path`)
     that ``heard`` (the request and the turn's tool results) does not write whole, as cased,
     made the one path the request writes (:func:`written_paths`), or a built-in tool's "did
@@ -730,8 +751,14 @@ def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
     move's target "report.txt" is not made its source "data/report.txt") and the schema
     takes it; ``arguments`` itself where none is. A name the model made up is no copy,
     however alike ("notes2.txt" is never made "notes.txt": the call may write a new file),
-    and a tool's output is no source (a file read or a page fetched could name any path)."""
-    written = list(dict.fromkeys(written_paths(request[:REQUEST_CHARS]) + list(suggested)))
+    and a tool's output is no source (a file read or a page fetched could name any path).
+    Of a tool that ``reads_only`` (a built-in one: reading another file harms nothing), a
+    file's name ``heard`` never writes, or any value of a parameter that takes a file
+    (:func:`takes_file`), is the one path the request writes ("tube.csv" for "How much does
+    a tube cost? Check parts.csv", "what_condition is the hose in?" for "Check tools.csv:
+    what condition is the hose in?")."""
+    asked = written_paths(request[:REQUEST_CHARS])
+    written = list(dict.fromkeys(asked + list(suggested)))
     out = arguments
     for name, value in arguments.items() if written else ():
         if not isinstance(value, str) or not takes_path(name, tool.properties.get(name)) \
@@ -740,7 +767,10 @@ def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
         tail = value.strip().rstrip(",;:").removeprefix("./").lower()
         ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)] \
             or [w for w in written if "." not in tail.rsplit("/", 1)[-1]  # "docs/supplies"
-                and ((x := _without_extension(w)) == tail or x.endswith("/" + tail))]
+                and ((x := _without_extension(w)) == tail or x.endswith("/" + tail))] \
+            or (asked if reads_only and len(asked) == 1 and (
+                "." in tail.rsplit("/", 1)[-1] or takes_file(name, tool.properties[name]))
+                else [])
         if len(ends) == 1 and tail and ends[0].lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: ends[0]}):  # not a move onto itself
             out = {**out, name: ends[0]}

@@ -61,6 +61,17 @@ def takes_path(name: str, schema: object) -> bool:
         or isinstance(description, str) and _PATH_NAMED.search(description) is not None
 
 
+def takes_file(name: str, schema: object) -> bool:
+    """Whether the path parameter ``name`` takes a file's path, not a folder's: its name or
+    description speaks of a file and neither of a folder or a directory (read_file's "File
+    path, relative to the root."; not grep's "File or directory.")."""
+    if not takes_path(name, schema):
+        return False
+    said = f"{name} {schema.get('description') or ''}".lower()
+    return re.search(r"file", said) is not None \
+        and re.search(r"dir|folder", said) is None
+
+
 def written_paths(text: str) -> list[str]:
     """The paths ``text`` writes, each once, in order: a token with a folder in it
     ("data/users.csv", "src/", "~/notes", "./run.sh") or a file name with an extension of a

@@ -85,6 +85,7 @@ from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
 from .engine import Sampler, greedy_sampler
+from .file_intent import asked_tool, names_a_file
 from .file_paths import takes_path, writes_path
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -95,7 +96,7 @@ from .heard import numbers as _numbers
 from .heard import words as _words
 from .probe import hold, probe, probe_arguments, reply_ids
 from .runaway_list import closed_call
-from .tools import Tool
+from .tools import Tool, reads_only
 from .unfounded import question, unfounded
 
 MAX_PROBES = 8  # optional parameters probed a call, in Tool.argument_order
@@ -361,7 +362,9 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
                   tried: Collection[str] | None = None) -> list[Tool]:
     """The ``tools`` the reply to ``messages`` should call one of rather than answer from
     the model's own knowledge: where the last user message writes one of their names
-    (:func:`mlx_agent.described_tool.mentioned`), all of them for the turn's first reply.
+    (:func:`mlx_agent.described_tool.mentioned`), or names a file or a folder and asks for
+    a built-in tool's work (:func:`mlx_agent.file_intent.asked_tool`: "What is in the orders
+    folder?"), all of them for the turn's first reply.
     After a tool result, the one the message names first (each word of its name but a verb
     whole: :func:`_named_at`) that no call since has tried, nor named as a tried one is
     ("check adoption listing" names ``search_adoption_listings`` too, by the words
@@ -376,8 +379,11 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
         return []
     request = text_of(messages[last].get("content"))
     named = mentioned(tools, request)
-    if not named or not any(m["role"] == "tool" for m in messages[last:]):
-        return list(tools) if named else []
+    if not any(m["role"] == "tool" for m in messages[last:]):
+        return list(tools) if named or names_a_file(request) and asked_tool(tools, request) \
+            else []
+    if not named:
+        return []
     if tried is None:
         tried = {(c.get("function") or {}).get("name") for m in messages[last:]
                  if m["role"] == "assistant" for c in m.get("tool_calls") or ()
@@ -594,7 +600,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = named_choices(moved, written_choices(moved, arguments, request), request)
         arguments = assigned_values(moved, arguments, request)
         suggested = suggested_paths(messages, tools)
-        arguments = whole_paths(moved, arguments, request, heard, suggested)
+        arguments = whole_paths(moved, arguments, request, heard, suggested,
+                                reads_only(moved))
         arguments = without_made_up(moved, arguments, "\n".join([heard, *suggested]))
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
@@ -648,7 +655,8 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
                messages: Sequence[dict], heard: str, sampler: Sampler,
                stop: Callable[[], bool], choices: Sequence[Tool], max_tokens: int
                ) -> tuple[Tool, dict]:
-    """The tool of ``choices`` the request describes (:func:`described_tool`) and the
+    """The tool of ``choices`` the request describes (:func:`described_tool`; of a built-in
+    tool, the built-in one it asks for: :func:`~mlx_agent.file_intent.asked_tool`) and the
     arguments the model writes for it, where the turn's first call is another's and no
     required string it writes is made up (:func:`_invents`: a chain's second tool, whose
     id the first call would find, is not called first); ``tool`` and ``arguments`` as
@@ -658,6 +666,9 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
         return tool, arguments
     request = request_text(messages)
     described = described_tool(choices, request, tool)
+    if described is None and tool.builtin is not None:  # one built-in tool for another
+        asked = asked_tool(choices, request)
+        described = asked if asked is not None and asked.name != tool.name else None
     if described is None or stop():
         return tool, arguments
     written = probe_arguments(engine, lm, sampler, prompt, protocol, described, max_tokens,

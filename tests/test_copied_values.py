@@ -548,6 +548,29 @@ def test_a_path_the_request_writes_is_taken_whole():
                        move) == {"src_path": "data/report.txt", "path": "report.txt"}
 
 
+def test_a_tool_that_only_reads_reads_the_one_file_the_request_names():
+    # "tube.csv" for "Check parts.csv": reading another file than the model made up harms
+    # nothing; a write could replace the one file named (a new file's name is made up too)
+    files = tool(path={"type": "string"})
+    request = "How much does a tube cost? Check parts.csv."
+    assert whole_paths(files, {"path": "tube.csv"}, request, request, reads_only=True) == \
+        {"path": "parts.csv"}
+    assert whole_paths(files, {"path": "tube.csv"}, request, request) == {"path": "tube.csv"}
+    two = "Compare parts.csv with stock.csv"  # which?
+    assert whole_paths(files, {"path": "tube.csv"}, two, two, reads_only=True) == \
+        {"path": "tube.csv"}
+    reader = tool(path={"type": "string", "description": "File path."})  # takes a file
+    check = "Check tools.csv: what condition is the hose in?"
+    assert whole_paths(reader, {"path": "what_condition is the hose in?"}, check, check,
+                       reads_only=True) == {"path": "tools.csv"}
+    assert whole_paths(files, {"path": "what_condition"}, check, check, reads_only=True) == \
+        {"path": "what_condition"}  # a folder's, maybe
+    heard = request + "\ntube.csv"  # a name a result writes; a folder's name
+    for value in ("tube.csv", "logs"):
+        assert whole_paths(files, {"path": value}, request, heard, reads_only=True) == \
+            {"path": value}
+
+
 @pytest.mark.parametrize("value, request_, expected", [
     ("Remember the keys.", "Save 'remember the keys' into reminder.txt.", "remember the keys"),
     ("'hello world'", "Write the text 'hello world' to a.txt", "hello world"),
@@ -562,6 +585,21 @@ def test_a_quoted_span_is_copied_as_quoted(value, request_, expected):
     assert as_quoted(ASSIGN, {"a": 1, "to": value}, request_) == {"a": 1, "to": expected or value}
     held = {"a": 1, "op": "ADD"}  # an enum's value is the schema's
     assert as_quoted(ASSIGN, held, "'add'") is held
+
+
+def test_a_string_that_repeats_the_path_is_the_text_the_request_quotes():
+    write = tool(path={"type": "string"}, content={"type": "string"},
+                 mode={"type": "string", "enum": ["a.txt", "w"]})
+    request = "Write 'call the bank' to todo.md."
+    assert as_quoted(write, {"path": "todo.md", "content": "todo.md"}, request) == \
+        {"path": "todo.md", "content": "call the bank"}
+    for args, said in [
+        ({"path": "todo.md", "content": "call the bank"}, request),  # held already
+        ({"path": "todo.md", "content": "todo.md"}, "Write 'a' or 'b' to todo.md"),  # which?
+        ({"path": "todo.md", "content": "notes"}, request),  # no repeat
+        ({"path": "a.txt", "mode": "a.txt"}, "Append 'x' to a.txt"),  # an enum's value
+    ]:
+        assert as_quoted(write, args, said) == args
 
 
 def test_a_hostile_request_is_read_in_linear_time():

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from mlx_agent.described_tool import mentioned
-from mlx_agent.file_paths import file_names, takes_path, writes_path, written_paths
+from mlx_agent.file_paths import (file_names, takes_file, takes_path, writes_path,
+                                   written_paths)
 from mlx_agent.tools import builtin_tools, parse_tools
 
 
@@ -36,7 +37,7 @@ def test_whether_a_text_writes_a_path_whole(text, path, written):
     assert writes_path("Server.log", "server.log", cased=True) is False
 
 
-def test_which_parameters_take_a_path():
+def test_which_parameters_take_a_path(tmp_path):
     schemas = {"path": {"type": "string"}, "output_dir": {"type": "string"},
                "sourceFile": {}, "file_name": {"type": "string"},
                "image_path": {"type": "string"},
@@ -48,6 +49,11 @@ def test_which_parameters_take_a_path():
                "mode": {"type": "string", "enum": ["a.txt"]}, "dir": {"type": "integer"}}
     assert [n for n, s in schemas.items() if takes_path(n, s)] == \
         ["path", "output_dir", "sourceFile", "file_name", "image_path", "where", "at"]
+    # a file's, not a folder's: read_file's path, not list_files' or grep's
+    assert [n for n, s in schemas.items() if takes_file(n, s)] == \
+        ["sourceFile", "file_name", "where"]
+    assert [t.name for t in builtin_tools(tmp_path)
+            if takes_file("path", t.properties.get("path"))] == ["read_file", "write_file"]
 
 
 def test_a_request_that_writes_a_files_name_names_the_file_tools(tmp_path):

@@ -76,6 +76,34 @@ def test_an_answer_that_states_the_result_or_has_none_to_state_is_kept(tiny_lm, 
     assert kept[0] is reply
 
 
+TOML = '[shop]\nname = "Spokes"\nopening_hour = 8\nclosing_hour = 18\nlabour_rate = 32\n'
+NOTES = ("# Spokes\n\nSpokes keeps the repair log of a bicycle workshop in Leeds.\n"
+         "Owner: Priya Nair\n")
+GREP = "logs/april.log:2: 2026-04-05 replaced chain for Mateo (ticket 312)"
+
+
+@pytest.mark.parametrize("answer, result, request_, stated", [
+    # the line the request asks about, by its name's words, of a result of any length
+    ("It returned labour_rate=32.", TOML, "Tell me the closing hour in app.toml.",
+     "From list_files: closing_hour = 18."),
+    ("The shop does not own the shop.", NOTES, "Who owns the shop? See NOTES.md.",
+     "From list_files: Owner: Priya Nair."),
+    ("It is 18.", TOML, "Tell me the closing hour in app.toml.", None),  # stated
+    ("Open at 9.", "a.txt:1: hour = 8\nb.txt:4: hour = 9", "Which hour?", None),  # which?
+    # a short result quoted cut short
+    ("It returned logs/april.log:2: 2026-04-05.", GREP, "Search the logs for ticket 312.",
+     f"list_files returned {GREP}."),
+    (f"It returned {GREP}", GREP, "Search the logs for ticket 312.", None),  # whole
+    ("Mateo's chain: logs/april.log:2", GREP, "Search the logs for ticket 312.", None),
+])
+def test_an_answer_is_followed_by_what_it_leaves_unsaid(tiny_lm, answer, result, request_,
+                                                         stated):
+    reply = Reply(content=answer)
+    out = stated_answer(tiny_lm.engine(), tiny_lm, "hermes", [1], reply, answer, [1], [],
+                        turn(ran(result), request_))[0]
+    assert out.content == (answer if stated is None else f"{answer}\n\n{stated}")
+
+
 def test_a_call_or_a_cut_answer_is_kept(tiny_lm):
     for reply in (Reply(calls=[Call("list_files", {})]), Reply(content="The", complete=False)):
         assert stated_answer(tiny_lm.engine(), tiny_lm, "json", [1], reply, "x", [1], [],

@@ -44,7 +44,14 @@ _ADVICE = re.compile(r"; (?:to find the files that mention '[^\W_]+', call the (
                      r"it as the pattern|to see which files there are, call the (list_files) "
                      r"tool|(leave) the path out to (?:list|search) every file|(did) you mean "
                      r"'[^'\n]{1,300}'(?: or '[^'\n]{1,300}'){0,2}\?)\s*\Z")
-_ADVISING = frozenset({"read_file", "list_files", "grep"})  # read-only: their advice is read
+
+
+READ_ONLY = frozenset({"read_file", "list_files", "grep"})
+
+
+def reads_only(tool: Tool) -> bool:
+    """Whether ``tool`` is a built-in tool that only reads (read_file, list_files, grep)."""
+    return tool.builtin is not None and tool.name in READ_ONLY
 
 
 def advised_tool(tool: Tool, result: ToolResult) -> str | None:
@@ -53,8 +60,7 @@ def advised_tool(tool: Tool, result: ToolResult) -> str | None:
     tool ..."; "leave the path out" or "did you mean": ``tool`` again), or None: only these
     tools' own advice is read, never another tool's error (an MCP server's or a test
     suite's text could name any tool)."""
-    if tool.builtin is None or tool.name not in _ADVISING \
-            or not (result.exit_code or result.timed_out):
+    if not reads_only(tool) or not (result.exit_code or result.timed_out):
         return None
     m = _ADVICE.search(result.stderr[-1_000:])  # the runtime's own words end the error
     return None if m is None else m.group(1) or m.group(2) or tool.name  # leave, did: again
