@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -259,13 +258,11 @@ _SEARCH = "import json, re, sys; p, t = json.load(sys.stdin); sys.exit(0 if re.s
 def _search(pattern: str, text: str, timeout: float) -> bool:
     """``re.search`` in a child process that the timeout can end (a tasks file's pattern
     such as ``^(.|.)*QQQ$`` backtracks for hours, and Python cannot interrupt a match):
-    about 20 ms a check. A search past the timeout is no match."""
-    try:
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", _SEARCH], capture_output=True,
-                           input=json.dumps([pattern, text]).encode(), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return False
-    return r.returncode == 0
+    about 20 ms a check. A search past the timeout is no match. Run as a tool is (a Ctrl-C
+    or SIGTERM mid-check kills and reaps it: :class:`~mlx_agent.tools.executor.Reaper`)."""
+    r = run_process([sys.executable, "-I", "-S", "-c", _SEARCH], tool="answer_pattern",
+                    timeout=timeout, stdin=json.dumps([pattern, text]).encode())
+    return r.exit_code == 0 and not r.timed_out
 
 
 def check_expected_tools(tasks: str | Path | TaskFile, extra: Sequence[Tool] = ()) -> None:

@@ -33,6 +33,8 @@ import mlx.optimizers as optim
 from .engine import output_head
 from .fileio import jsonl_lines, read_regular, temp_dir_beside, write_jsonl
 from .models.cpu_layers import use_reference_layers
+from .signals import held_back
+from .tools.executor import Reaper
 
 
 @dataclass(frozen=True)
@@ -375,21 +377,24 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
         args = [str(lm.path), str(work / "rows.jsonl"), str(out),
                 json.dumps(dataclasses.asdict(config)), str(work / "stats.json")]
         code = "import sys; from mlx_agent.sft import _worker; _worker(sys.argv[1:])"
-        procs = []
+        reapers: list[Reaper] = []  # each process's, waited on as a tool's (see Reaper)
         try:
             for rank in range(n):
                 with open(work / f"rank{rank}.err", "wb") as err:  # the child keeps its own
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-c", code, *args], env={**env, "MLX_RANK": str(rank)},
-                        stdout=None if rank == 0 else subprocess.DEVNULL, stderr=err))
+                    with held_back():  # a Ctrl-C here leaves no process without its reaper
+                        reapers.append(Reaper(subprocess.Popen(
+                            [sys.executable, "-c", code, *args],
+                            env={**env, "MLX_RANK": str(rank)},
+                            stdout=None if rank == 0 else subprocess.DEVNULL, stderr=err)))
+                        reapers[-1].start()
             deadline = (time.monotonic() + config.minutes * 60 + FINISH_SECONDS
                         if config.minutes else None)
-            _wait_all(procs, work, deadline=deadline)
+            _wait_all(reapers, work, deadline=deadline)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            for reaper in reapers:
+                reaper.kill()
+            for reaper in reapers:
+                reaper.reaped()
         stats = json.loads((work / "stats.json").read_text())
     model = lm.model  # as one process leaves it: float32, the adapter on
     _differentiable(model)
@@ -403,16 +408,20 @@ CONNECT_SECONDS = 180.0  # for every worker to load the model and join the ring
 FINISH_SECONDS = 600.0  # past the minutes, for the last step and the adapter's save
 
 
-def _wait_all(procs: list, work: Path, connect_seconds: float = CONNECT_SECONDS,
+def _failed(reaper: Reaper) -> bool:
+    return reaper.ended and reaper.proc.returncode != 0
+
+
+def _wait_all(reapers: list[Reaper], work: Path, connect_seconds: float = CONNECT_SECONDS,
               deadline: float | None = None) -> None:
-    """Wait for every worker; the first to fail stops the others, with its error. So does a
-    ring that never forms (a worker has not written ``ready<rank>`` in ``work`` within
-    ``connect_seconds``: a blocked port, a peer that died before connecting) and a run still
-    going at ``deadline`` (``time.monotonic()``), so no hang outlives them. The caller kills
-    what is left."""
-    n, start = len(procs), time.monotonic()
-    while any(p.poll() is None for p in procs):
-        if any(p.poll() not in (None, 0) for p in procs):
+    """Wait for every worker (its :class:`~mlx_agent.tools.executor.Reaper`'s); the first to
+    fail stops the others, with its error. So does a ring that never forms (a worker has not
+    written ``ready<rank>`` in ``work`` within ``connect_seconds``: a blocked port, a peer
+    that died before connecting) and a run still going at ``deadline``
+    (``time.monotonic()``), so no hang outlives them. The caller kills what is left."""
+    n, start = len(reapers), time.monotonic()
+    while not all(r.ended for r in reapers):
+        if any(map(_failed, reapers)):
             break
         now = time.monotonic()
         ready = sum((work / f"ready{rank}").exists() for rank in range(n))
@@ -424,10 +433,10 @@ def _wait_all(procs: list, work: Path, connect_seconds: float = CONNECT_SECONDS,
             raise RuntimeError(f"the {n} training processes were still running "
                                f"{FINISH_SECONDS / 60:.0f} minutes past --minutes; stopped them")
         time.sleep(0.2)
-    for rank, p in enumerate(procs):
-        if p.poll() not in (None, 0):
+    for rank, reaper in enumerate(reapers):
+        if _failed(reaper):
             tail = (work / f"rank{rank}.err").read_text(errors="replace").strip()
-            last = tail.splitlines()[-1] if tail else f"exit status {p.returncode}"
+            last = tail.splitlines()[-1] if tail else f"exit status {reaper.proc.returncode}"
             raise RuntimeError(f"training process {rank} of {n} failed: {last}")
 
 

@@ -277,11 +277,11 @@ def test_workers_that_never_connect_or_never_finish_are_stopped(tmp_path):
     import time
 
     from mlx_agent.sft import _wait_all
+    from mlx_agent.tools.executor import Reaper
 
-    def sleepers(n):
-        return [subprocess.Popen(["sleep", "30"]) for _ in range(n)]
-
-    procs = sleepers(2)
+    procs = [Reaper(subprocess.Popen(["sleep", "30"])) for _ in range(2)]
+    for reaper in procs:
+        reaper.start()
     (tmp_path / "ready0").touch()  # one of two joined
     start = time.monotonic()
     try:
@@ -290,11 +290,12 @@ def test_workers_that_never_connect_or_never_finish_are_stopped(tmp_path):
         (tmp_path / "ready1").touch()
         with pytest.raises(RuntimeError, match="still running"):
             _wait_all(procs, tmp_path, deadline=time.monotonic() + 0.5)
-        assert time.monotonic() - start < 10 and all(p.poll() is None for p in procs)
+        assert time.monotonic() - start < 10 and not any(r.ended for r in procs)
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        for reaper in procs:
+            reaper.kill()
+            reaper.reaped()
+        assert all(r.proc.returncode == -9 for r in procs)
 
 
 def test_bad_rows_are_a_clear_error(tmp_path):

@@ -233,7 +233,9 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
                                         cwd=cwd, env=env, start_new_session=True)
             except OSError as e:
                 return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
-            reaper = _reaper(proc)
+            started = Reaper(proc)
+            started.start()
+            reaper = started  # once it runs: else the process is reaped here
             out, err = _Capped(cap), _Capped(cap)
             readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
                        for s, c in ((proc.stdout, out), (proc.stderr, err))]
@@ -242,16 +244,16 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
                                                 daemon=True))
             for r in readers:
                 r.start()
-        timed_out = not _ended(reaper, timeout)
+        timed_out = not reaper.within(timeout)
         if timed_out:
             _kill_group(proc.pid, signal.SIGTERM)
-            _ended(reaper, _KILL_GRACE)
+            reaper.within(_KILL_GRACE)
     finally:
         # Whatever the command left behind in its group (background children holding the
         # pipes open) goes now, so the readers see end-of-file; on Ctrl-C, all of it.
         if proc is not None:
             _kill_group(proc.pid, signal.SIGKILL)
-            reaper.join() if reaper is not None else proc.wait()
+            reaper.reaped() if reaper is not None else proc.wait()
     # What is left in the pipes takes moments to read; a process that left the group (a
     # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
     deadline = time.monotonic() + _DRAIN_GRACE
@@ -274,25 +276,48 @@ def waits(timeout: float) -> Iterator[float]:
             return
 
 
-def _reaper(proc: subprocess.Popen) -> threading.Thread:
-    """A started thread that waits for ``proc`` to end (and reaps it). The calling thread
-    waits on it, never with ``Popen.wait(timeout)``: that poll takes a lock just before the
-    ``try`` that releases it, so a signal handler raising there (Ctrl-C, the CLI's SIGTERM)
-    left the lock held, and the wait that reaps the killed tool blocked for ever (CPython 3.11;
-    the CLI hung once in CI). ``Thread.join`` releases what it took (bpo-45274)."""
-    reaper = threading.Thread(target=proc.wait, daemon=True, name=f"reap-{proc.pid}")
-    reaper.start()
-    return reaper
+class Reaper(threading.Thread):
+    """A daemon thread that waits for a process to end and reaps it; the caller polls
+    :attr:`ended`, a plain attribute, with short sleeps. A lock the caller's thread takes
+    could be left held by a signal handler raising there (Ctrl-C, the CLI's SIGTERM):
+    ``Popen.wait(timeout)`` polls by taking a lock just before the ``try`` that releases it,
+    and the wait that reaps the killed tool then blocked for ever (CPython 3.11: the CLI hung
+    once in CI); ``Thread.join`` interrupted so releases the joined thread's own lock
+    (bpo-45274), and a later join returns before the process is reaped."""
 
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__(daemon=True, name=f"reap-{proc.pid}")
+        self.proc, self.ended = proc, False
 
-def _ended(reaper: threading.Thread, timeout: float) -> bool:
-    """Whether the process ``reaper`` waits for ended within ``timeout`` s (see
-    :func:`waits`)."""
-    for step in waits(timeout):
-        reaper.join(step)
-        if not reaper.is_alive():
-            return True
-    return False
+    def run(self) -> None:
+        try:
+            self.proc.wait()
+        finally:
+            self.ended = True
+
+    def within(self, timeout: float) -> bool:
+        """Whether the process ended within ``timeout`` s (see :func:`waits`), looked at
+        every 1 to 50 ms, as ``Popen.wait(timeout)`` itself looks."""
+        delay = 0.0005
+        for step in waits(timeout):
+            end = time.monotonic() + step
+            while not self.ended and (left := end - time.monotonic()) > 0:
+                delay = min(delay * 2, left, 0.05)
+                time.sleep(delay)
+            if self.ended:
+                return True
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL to the process, unless it has ended (no ``Popen.poll``: see the class)."""
+        if not self.ended:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGKILL)
+
+    def reaped(self) -> None:
+        """Once the process (killed) is reaped: no :func:`stopped_by` check in between."""
+        while not self.ended:
+            time.sleep(0.005)
 
 
 def shell_value(value: Any) -> str:

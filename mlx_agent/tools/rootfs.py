@@ -508,8 +508,10 @@ def _lines(fd: int) -> Iterator[str]:
 def grep(root: str, pattern: str, path: str, max_matches: int) -> Iterator[str]:
     """The output's lines, a file's matches at a time (so a timeout keeps what was found):
     ``path:line: text``, then a note for files over :data:`GREP_MAX_FILE` bytes, which are
-    skipped (one such file could take the whole timeout and hide every file after it)."""
-    regex = re.compile(pattern)
+    skipped (one such file could take the whole timeout and hide every file after it). A
+    pattern with no capital letter (its escapes such as ``\\S`` aside) matches in any case,
+    as ripgrep's ``--smart-case`` does: "flour" finds "Flour"."""
+    regex = re.compile(pattern, 0 if _has_capital(pattern) else re.IGNORECASE)
     hits, big = 0, []
     for rel, fd in files(root, path):
         if os.fstat(fd).st_size > GREP_MAX_FILE:
@@ -530,6 +532,11 @@ def grep(root: str, pattern: str, path: str, max_matches: int) -> Iterator[str]:
     if big:
         shown = ", ".join(big[:5]) + (f" and {len(big) - 5} more" if len(big) > 5 else "")
         yield f"(not searched, over {GREP_MAX_FILE >> 20} MB: {shown})"
+
+
+def _has_capital(pattern: str) -> bool:
+    """Whether a regular expression writes a capital letter, not in an escape (``\\S``)."""
+    return any(c.isupper() for c in re.sub(r"\\.", "", pattern))
 
 
 def _main(argv: list[str]) -> int:

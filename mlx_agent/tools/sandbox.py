@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -272,16 +271,20 @@ def unavailable(backend: str) -> str | None:
             return f"{SANDBOX_EXEC} is missing"
     else:
         raise ValueError(f"cannot probe sandbox backend {backend!r}")
+    from .executor import run_process  # it imports this module
+
     env, cwd = {"PATH": os.environ.get("PATH", os.defpath)}, tempfile.gettempdir()
     try:
         with Sandbox(backend).command(["/bin/sh", "-c", "exit 0"], cwd, env) as (argv, env):
-            r = subprocess.run(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                               capture_output=True, timeout=_PROBE_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as e:
+            r = run_process(argv, tool="sandbox probe", timeout=_PROBE_TIMEOUT, cwd=cwd,
+                            env=env)
+    except OSError as e:
         return f"{backend} could not start a test process ({e})"
-    if r.returncode != 0:
-        why = r.stderr.decode("utf-8", "replace").strip().splitlines()
-        return f"{backend} does not work here: {why[0] if why else f'exit {r.returncode}'}"
+    if r.timed_out or r.stderr.startswith("error: could not start"):
+        return f"{backend} could not start a test process ({r.stderr.strip() or 'timed out'})"
+    if r.exit_code != 0:
+        why = r.stderr.strip().splitlines()
+        return f"{backend} does not work here: {why[0] if why else f'exit {r.exit_code}'}"
     return None
 
 
