@@ -97,7 +97,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from .engine import Sampler, greedy_sampler
-from .file_paths import takes_file, takes_path, writes_path, written_paths
+from .file_paths import file_names, takes_file, takes_path, writes_path, written_paths
 from .heard import (NAME_WORD, NUMBER, REQUEST_CHARS, SCALE_WORDS, Heard, leaves, number,
                     number_runs, writes_whole)
 from .probe import PROBE_CHARS, likelihood, probe
@@ -693,7 +693,8 @@ def _unrepeated(tool: Tool, arguments: dict, quoted: dict[str, set[str]]) -> dic
             or any(isinstance(v, str) and v.strip(_QUOTES).lower() in quoted
                    for v in arguments.values()):
         return arguments
-    paths = {v for k, v in arguments.items() if takes_path(k, tool.properties.get(k))}
+    paths = {v for k, v in arguments.items()
+             if isinstance(v, str) and takes_path(k, tool.properties.get(k))}
     repeats = [k for k, v in arguments.items() if isinstance(v, str) and v in paths
                and isinstance(schema := tool.properties.get(k), dict)
                and schema.get("type") == "string" and not takes_path(k, schema)
@@ -740,7 +741,7 @@ def _without_extension(path: str) -> str:
 
 
 def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
-                suggested: Sequence[str] = (), reads_only: bool = False) -> dict:
+                suggested: Sequence[str] = (), reads_only: bool = False, said: str = "") -> dict:
     """``arguments`` with each top-level string of a path parameter (:func:`takes_path`)
     that ``heard`` (the request and the turn's tool results) does not write whole, as cased,
     made the one path the request writes (:func:`written_paths`), or a built-in tool's "did
@@ -753,12 +754,13 @@ def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
     however alike ("notes2.txt" is never made "notes.txt": the call may write a new file),
     and a tool's output is no source (a file read or a page fetched could name any path).
     Of a tool that ``reads_only`` (a built-in one: reading another file harms nothing), a
-    file's name ``heard`` never writes, or any value of a parameter that takes a file
-    (:func:`takes_file`), is the one path the request writes ("tube.csv" for "How much does
-    a tube cost? Check parts.csv", "what_condition is the hose in?" for "Check tools.csv:
-    what condition is the hose in?")."""
-    asked = written_paths(request[:REQUEST_CHARS])
-    written = list(dict.fromkeys(asked + list(suggested)))
+    parameter that takes a file (:func:`takes_file`, not a folder) whose value the
+    conversation (``said``: every message so far) never wrote is the one file the request
+    names (:func:`file_names`): "tube.csv" for "How much does a tube cost? Check
+    parts.csv", "what_condition is the hose in?" for "Check tools.csv: what condition is the
+    hose in?"."""
+    written = list(dict.fromkeys(written_paths(request[:REQUEST_CHARS]) + list(suggested)))
+    named = file_names(request[:REQUEST_CHARS]) if reads_only else []
     out = arguments
     for name, value in arguments.items() if written else ():
         if not isinstance(value, str) or not takes_path(name, tool.properties.get(name)) \
@@ -768,9 +770,8 @@ def whole_paths(tool: Tool, arguments: dict, request: str, heard: str,
         ends = [w for w in written if w.lower() == tail or w.lower().endswith("/" + tail)] \
             or [w for w in written if "." not in tail.rsplit("/", 1)[-1]  # "docs/supplies"
                 and ((x := _without_extension(w)) == tail or x.endswith("/" + tail))] \
-            or (asked if reads_only and len(asked) == 1 and (
-                "." in tail.rsplit("/", 1)[-1] or takes_file(name, tool.properties[name]))
-                else [])
+            or (named if len(named) == 1 and takes_file(name, tool.properties[name])
+                and not writes_path(said, value) else [])
         if len(ends) == 1 and tail and ends[0].lower() not in _other_strings(out, name) \
                 and not tool.validate({**out, name: ends[0]}):  # not a move onto itself
             out = {**out, name: ends[0]}

@@ -6,24 +6,33 @@ The bundled model calls ``grep`` for most file requests, whatever they ask ("Put
 'closed on Sunday' in hours.txt" grepped for "hours.txt"), and answers a question about a
 folder from its own knowledge. The built-in tools are the runtime's own, so what each one
 does is known here: :func:`asked_tool` reads the request for it, and the caller has the model
-write the call again for that tool where it called another built-in one
-(:mod:`mlx_agent.stated_arguments`), and presses a first call where a request that names a
-file or a folder would be answered without one.
+write the call again for that tool where it called another built-in file tool
+(:mod:`mlx_agent.stated_arguments`), and presses a first call where a request about files
+(:func:`about_files`: one that names a file or a folder, or asks where words are written)
+would be answered without one.
 
 The request (its first :data:`~mlx_agent.heard.REQUEST_CHARS` characters) decides, in this
-order: a write verb its first sentence begins with ("write", "create", "make", "save",
-"store", "put", "overwrite", "update"; "replace the contents of") where it names a file (or
-the verb is one only files take: save, store, overwrite); words of a search ("search",
-"grep", "find", "look for", "mentions", "contains", "talks about", "where is", "anywhere");
-a folder's contents ("list", "folder", "directory", "which files are ...", "everything in");
-a read verb the first sentence begins with ("read", "show", "display", "print", "open",
-"view") or a file's name (``notes.txt``) anywhere else.
+order:
 
-Not promised: English only, matched by spelling; a request with two actions ("read X and
-write it to Y") is read for its first; a file named without an extension or a folder ("Show
-VERSION") is read as a file only after a read verb. Tools other than the built-in ones are
-never asked for here (their names say nothing certain):
-:mod:`mlx_agent.described_tool` reads those.
+- a write: a clause that begins with a write verb ("write", "create", "make", "put", "save",
+  "store", "update", after "please" or "can you"; "overwrite" and "replace the contents of"
+  alone), in a sentence that says what it writes (a quoted span, "the text ...", "a line
+  ...", "containing", "so it says"), in a request that names a file or says "file";
+- a read of a named file: a clause that begins "read", "show", "display", "print", "open",
+  "view" or "cat" and the file's name ("Read notes.txt and find the line about Mateo");
+- a search: "search", "grep", "find", "locate", "look for", "mentions", "contains", "talks
+  about", "where is", "anywhere", "occurrences";
+- a folder's contents: "list" first, "folder", "directory", "which files are", "what
+  files", "everything in", "files here";
+- a read: a clause that begins with a read verb, or a file's name anywhere.
+
+A call of ``write_file`` is never moved where a clause begins with a verb that writes or adds
+(:func:`asked_instead`), and only the four file tools are read so (``run_tests`` is not).
+
+Not promised: English only, matched by spelling; of a request with two actions, the one
+first in the order above; a file named without an extension or a folder ("Show VERSION") is
+read as a file only after a read verb. Tools other than the built-in ones are never asked
+for here (their names say nothing certain): :mod:`mlx_agent.described_tool` reads those.
 """
 
 from __future__ import annotations
@@ -35,9 +44,19 @@ from .file_paths import file_names
 from .heard import REQUEST_CHARS
 from .tools import Tool
 
-_WRITE = re.compile(r"(?:please\s+)?(?:(write|create|make|put|save|store|overwrite|update)\b"
-                    r"|replace\s+the\s+contents?\s+of\b)", re.IGNORECASE)
-_FILE_ONLY_VERBS = ("save", "store", "overwrite")  # a file's, whatever the request names
+# a request's words before its verb: "Please write ...", "Can you save ..."
+_OPENER = r"(?:(?:please|kindly|now|then|also|and|(?:can|could|would|will)\s+you)\s+)*"
+_WRITE = re.compile(_OPENER + r"(write|create|make|put|save|store|update|overwrite"
+                    r"|replace\s+the\s+contents?\s+of)\b", re.IGNORECASE)
+_SURE_WRITES = ("overwrite", "replace")  # verbs only a file's content takes
+# a clause that writes something (or adds to it): a call of write_file is not moved from it
+_WRITES = re.compile(_OPENER + r"(?:write|create|make|put|save|store|update|overwrite|replace"
+                     r"|add|append|insert|change|edit|set)\b", re.IGNORECASE)
+# what a write writes: a quoted span, "the text ...", "a line ...", "containing", "so it says"
+_CONTENT = re.compile(r"(?<![\w'])'[^'\n]+'(?![\w'])|\"[^\"\n]+\"|\u201c[^\u201d\n]+\u201d"
+                      r"|\b(?:the|a|an|new|single)\s+(?:\w+\s+)?(?:text|words?|lines?|note"
+                      r"|content|contents|message|string|sentence)\b|\bcontaining\b"
+                      r"|\b(?:it|that)\s+says\b|\bsaying\b", re.IGNORECASE)
 _SEARCH = re.compile(r"\b(?:search|grep|find|locate|look\s+for|mention(?:s|ed)?|contains?"
                      r"|containing|talks?\s+about|anywhere|occurrences?|where\s+(?:is|are|does|"
                      r"do)\b)", re.IGNORECASE)
@@ -45,48 +64,84 @@ _LISTING = re.compile(r"^\s*(?:please\s+)?list\b|\b(?:folder|directory|dir)\b|\b
                       r"\s+(?:are|does|do|is)\b|\bwhat\s+files\b|\beverything\s+(?:in|under|"
                       r"inside)\b|\bfiles\s+(?:are\s+)?(?:here|in|under|inside)\b",
                       re.IGNORECASE)
-_READ = re.compile(r"(?:please\s+)?(?:read|show|display|print|open|view|cat)\b", re.IGNORECASE)
+_READ = re.compile(_OPENER + r"(?:read|show|display|print|open|view|cat)\b", re.IGNORECASE)
+# a read verb and the file it reads: "Read notes.txt", "Open the file docs/a.md"
+_READ_NAMED = re.compile(_OPENER + r"(?:read|show|display|print|open|view|cat)\s+(?:me\s+)?"
+                         r"(?:the\s+)?(?:file\s+)?[\w./~-]*\w\.[A-Za-z][A-Za-z0-9]{0,7}\b",
+                         re.IGNORECASE)
 _FILE_WORD = re.compile(r"\bfiles?\b", re.IGNORECASE)
+# a folder by its name ("the orders folder", "this directory"), or words looked for in files
+_ABOUT_FILES = re.compile(r"\b(?:the|this|that|my|our)\s+(?:[\w.-]+\s+)?(?:folder|directory)\b"
+                          r"|\bmention(?:s|ed)\b|\bthe\s+words?\b", re.IGNORECASE)
 BUILTIN_FILE_TOOLS = ("read_file", "write_file", "list_files", "grep")
 
 
 def asked_tool(tools: Sequence[Tool], request: str) -> Tool | None:
     """The built-in tool of ``tools`` that ``request`` asks for (see the module's rules), or
     None: a request that asks for no file work, or for a tool not offered."""
-    offered = {t.name: t for t in tools if t.builtin is not None and t.name in
-               BUILTIN_FILE_TOOLS}
+    offered = {t.name: t for t in tools if _file_tool(t)}
     name = asked_name(request)
     return offered.get(name) if name else None
+
+
+def asked_instead(tools: Sequence[Tool], request: str, called: Tool) -> Tool | None:
+    """The built-in file tool of ``tools`` to call instead of ``called``, another built-in
+    file tool, where ``request`` asks for it (:func:`asked_tool`); None where it asks for
+    ``called`` or for nothing certain. A call of ``write_file`` stays where a clause of the
+    request begins with a verb that writes or adds ("I need to call Mateo. Save that in
+    reminders.md.", "Add 'milk' to todo.md": what the model wrote may be meant)."""
+    if not _file_tool(called):
+        return None
+    asked = asked_tool(tools, request)
+    if asked is None or asked.name == called.name or called.name == "write_file" and any(
+            _WRITES.match(c) for c in _clause_starts(request[:REQUEST_CHARS])):
+        return None
+    return asked
 
 
 def asked_name(request: str) -> str | None:
     """The name of the built-in file tool ``request`` asks for, or None."""
     text = request[:REQUEST_CHARS]
-    first, names = _first_sentence(text), file_names(text)
-    if (m := _WRITE.match(first)) and (names or _FILE_WORD.search(text) or m.group(1) is None
-                                       or m.group(1).lower() in _FILE_ONLY_VERBS):
-        return "write_file"
+    names = file_names(text)
+    for sentence in _sentences(text):
+        for clause in _clause_starts(sentence):
+            if (m := _WRITE.match(clause)) and (
+                    m.group(1).split()[0].lower() in _SURE_WRITES
+                    or _CONTENT.search(sentence) and (names or _FILE_WORD.search(text))):
+                return "write_file"
+    starts = _clause_starts(text)
+    if any(_READ_NAMED.match(c) for c in starts):
+        return "read_file"
     if _SEARCH.search(text):
         return "grep"
-    if _LISTING.search(text) and not (names and _READ.match(first)):
+    if _LISTING.search(text):
         return "list_files"
-    if _READ.match(first) or names:
+    if any(_READ.match(c) for c in starts) or names:
         return "read_file"
     return None
 
 
-def names_a_file(request: str) -> bool:
-    """Whether ``request`` names a file (``notes.txt``) or a folder, or speaks of files:
-    where a request would be answered from the model's own knowledge, one that does is about
-    the files here."""
+def about_files(request: str) -> bool:
+    """Whether ``request`` names a file (``notes.txt``) or a folder ("the orders folder"),
+    speaks of files, or asks where words are written ("Where is flour mentioned?", "Find the
+    word spade."): where a request would be answered from the model's own knowledge, one
+    that does is about the files here."""
     text = request[:REQUEST_CHARS]
-    return bool(file_names(text) or _FILE_WORD.search(text)
-                or re.search(r"\b(?:folder|directory)\b", text, re.IGNORECASE))
+    return bool(file_names(text) or _FILE_WORD.search(text) or _ABOUT_FILES.search(text))
 
 
-def _first_sentence(text: str) -> str:
-    """``text`` up to its first sentence's end (a ``.``, ``!`` or ``?`` before a space or the
-    end; not the dot of ``notes.txt``), leading space dropped."""
-    text = text.lstrip()
-    m = re.search(r"[.!?](?=\s|\Z)", text)
-    return text[:m.end()] if m else text
+def _file_tool(tool: Tool) -> bool:
+    return tool.builtin is not None and tool.name in BUILTIN_FILE_TOOLS
+
+
+def _sentences(text: str) -> list[str]:
+    """``text``'s sentences (ended by ``.``, ``!`` or ``?`` before a space or the end; not the
+    dot of ``notes.txt``), stripped."""
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+
+
+def _clause_starts(text: str) -> list[str]:
+    """``text``'s clauses, stripped: its sentences, cut after each comma, semicolon or colon
+    ("In todo.md, write 'milk'" holds "write 'milk'")."""
+    return [part.strip() for sentence in _sentences(text)
+            for part in re.split(r"(?<=[,;:])\s+", sentence) if part.strip()]

@@ -85,7 +85,7 @@ from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
 from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
 from .engine import Sampler, greedy_sampler
-from .file_intent import asked_tool, names_a_file
+from .file_intent import about_files, asked_instead, asked_tool
 from .file_paths import takes_path, writes_path
 from .formats import GET_TOOL_INFO, text_of
 from .formats.messages import Call, Reply
@@ -362,9 +362,9 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
                   tried: Collection[str] | None = None) -> list[Tool]:
     """The ``tools`` the reply to ``messages`` should call one of rather than answer from
     the model's own knowledge: where the last user message writes one of their names
-    (:func:`mlx_agent.described_tool.mentioned`), or names a file or a folder and asks for
-    a built-in tool's work (:func:`mlx_agent.file_intent.asked_tool`: "What is in the orders
-    folder?"), all of them for the turn's first reply.
+    (:func:`mlx_agent.described_tool.mentioned`), or is about files and asks for a built-in
+    file tool's work (:mod:`mlx_agent.file_intent`: "What is in the orders folder?"), all of
+    them for the turn's first reply.
     After a tool result, the one the message names first (each word of its name but a verb
     whole: :func:`_named_at`) that no call since has tried, nor named as a tried one is
     ("check adoption listing" names ``search_adoption_listings`` too, by the words
@@ -380,7 +380,7 @@ def pressed_tools(tools: Sequence[Tool], messages: Sequence[dict],
     request = text_of(messages[last].get("content"))
     named = mentioned(tools, request)
     if not any(m["role"] == "tool" for m in messages[last:]):
-        return list(tools) if named or names_a_file(request) and asked_tool(tools, request) \
+        return list(tools) if named or about_files(request) and asked_tool(tools, request) \
             else []
     if not named:
         return []
@@ -601,7 +601,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = assigned_values(moved, arguments, request)
         suggested = suggested_paths(messages, tools)
         arguments = whole_paths(moved, arguments, request, heard, suggested,
-                                reads_only(moved))
+                                reads_only(moved), said=_said(messages))
         arguments = without_made_up(moved, arguments, "\n".join([heard, *suggested]))
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,
@@ -656,7 +656,7 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
                stop: Callable[[], bool], choices: Sequence[Tool], max_tokens: int
                ) -> tuple[Tool, dict]:
     """The tool of ``choices`` the request describes (:func:`described_tool`; of a built-in
-    tool, the built-in one it asks for: :func:`~mlx_agent.file_intent.asked_tool`) and the
+    file tool, the one it asks for: :func:`~mlx_agent.file_intent.asked_instead`) and the
     arguments the model writes for it, where the turn's first call is another's and no
     required string it writes is made up (:func:`_invents`: a chain's second tool, whose
     id the first call would find, is not called first); ``tool`` and ``arguments`` as
@@ -666,9 +666,8 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
         return tool, arguments
     request = request_text(messages)
     described = described_tool(choices, request, tool)
-    if described is None and tool.builtin is not None:  # one built-in tool for another
-        asked = asked_tool(choices, request)
-        described = asked if asked is not None and asked.name != tool.name else None
+    if described is None:  # one built-in file tool for another
+        described = asked_instead(choices, request, tool)
     if described is None or stop():
         return tool, arguments
     written = probe_arguments(engine, lm, sampler, prompt, protocol, described, max_tokens,
@@ -678,6 +677,11 @@ def _described(engine, lm, protocol: str, prompt: Sequence[int], tool: Tool, arg
     written = recopied(engine, lm, prompt, protocol, described, written, request, heard,
                        sampler, stop)  # "SanDiego" is no id
     return (tool, arguments) if _invents(described, written, heard) else (described, written)
+
+
+def _said(messages: Sequence[dict]) -> str:
+    """Every message's text, a line each: what the conversation has written so far."""
+    return "\n".join(text_of(m.get("content")) for m in messages)
 
 
 def _invents(tool: Tool, arguments: dict, heard: str) -> bool:

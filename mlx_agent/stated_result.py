@@ -26,9 +26,10 @@ The model's words are kept: an answer that worked something out from the result 
 has 2 lines") may be right without writing any of it.
 
 Not promised: a longer result is otherwise left to the model (an answer may rightly sum a
-file up); an answer that writes one of the result's words is kept, right or wrong ("There
-are 3 lines" for four); a failed call's error is not stated; a made-up answer is not taken
-out, only shown beside the result. The server does not add to answers: it streams them as
+file up); an answer that writes one of the result's words (but for a quote cut short, and
+of a line asked about, its value's) is kept, right or wrong ("There are 3 lines" for four); a
+failed call's error is not stated; a made-up answer is not taken out, only shown beside the
+result; a line longer than :data:`MAX_LINE` characters is not one asked about. The server does not add to answers: it streams them as
 they are generated.
 """
 
@@ -47,6 +48,7 @@ from .stated_arguments import last_result, last_tool_message, last_user, request
 MAX_SAID = 80  # the longest result (in characters) an answer is made to state whole
 MIN_QUOTE = 10  # the characters of a result an answer quotes before it cuts the rest
 MAX_LINES = 1_000  # of a longer result, the lines read for the one the request asks about
+MAX_LINE = 200  # the longest line (in characters) an answer is followed by
 # a result that tells only these tells nothing an answer must state ("success"); "True",
 # "False" and "None" do ("Yes, 91 is prime" beside is_prime's False)
 SAYS_NOTHING = frozenset("success successful successfully done".split())
@@ -101,8 +103,8 @@ def _asked(result: str, request: str) -> tuple[str, str] | None:
     sets; None where no line or more than one does."""
     said = stems(request)
     found = [(line.strip(), m.group(2)) for line in result.splitlines()[:MAX_LINES]
-             if (m := _KEYED.match(line.strip())) and (key := stems(m.group(1)))
-             and key <= said]
+             if len(line.strip()) <= MAX_LINE and (m := _KEYED.match(line.strip()))
+             and (key := stems(m.group(1))) and key <= said]
     return found[0] if len(found) == 1 else None
 
 

@@ -551,24 +551,29 @@ def test_a_path_the_request_writes_is_taken_whole():
 def test_a_tool_that_only_reads_reads_the_one_file_the_request_names():
     # "tube.csv" for "Check parts.csv": reading another file than the model made up harms
     # nothing; a write could replace the one file named (a new file's name is made up too)
-    files = tool(path={"type": "string"})
-    request = "How much does a tube cost? Check parts.csv."
-    assert whole_paths(files, {"path": "tube.csv"}, request, request, reads_only=True) == \
-        {"path": "parts.csv"}
-    assert whole_paths(files, {"path": "tube.csv"}, request, request) == {"path": "tube.csv"}
-    two = "Compare parts.csv with stock.csv"  # which?
-    assert whole_paths(files, {"path": "tube.csv"}, two, two, reads_only=True) == \
-        {"path": "tube.csv"}
     reader = tool(path={"type": "string", "description": "File path."})  # takes a file
+    request = "How much does a tube cost? Check parts.csv."
+    assert whole_paths(reader, {"path": "tube.csv"}, request, request, reads_only=True) == \
+        {"path": "parts.csv"}
     check = "Check tools.csv: what condition is the hose in?"
     assert whole_paths(reader, {"path": "what_condition is the hose in?"}, check, check,
                        reads_only=True) == {"path": "tools.csv"}
-    assert whole_paths(files, {"path": "what_condition"}, check, check, reads_only=True) == \
-        {"path": "what_condition"}  # a folder's, maybe
-    heard = request + "\ntube.csv"  # a name a result writes; a folder's name
-    for value in ("tube.csv", "logs"):
-        assert whole_paths(files, {"path": value}, request, heard, reads_only=True) == \
-            {"path": value}
+    kept = [  # the request, what it and the turn's results wrote, whether it only reads,
+        # and every message so far
+        ("tube.csv", request, request, False, ""),  # a tool that may write
+        ("tube.csv", "Compare parts.csv with stock.csv", "", True, ""),  # which?
+        ("config/app.toml", "What port does the app in config/ use?", "", True, ""),  # a folder
+        ("logs/april.log", "Read the April log and compare it with notes.txt.", "", True,
+         "logs/april.log\nnotes.txt"),  # an earlier turn's listing wrote it
+        ("tube.csv", request, request + "\ntube.csv", True, ""),  # this turn's result did
+    ]
+    for value, request_, heard, reads_only, said in kept:
+        assert whole_paths(reader, {"path": value}, request_, heard or request_, (),
+                           reads_only, said) == {"path": value}
+    # a folder's path (list_files, grep) is never made the file's
+    folders = tool(path={"type": "string", "description": "File or directory."})
+    assert whole_paths(folders, {"path": "docs.v2"}, "List what is next to notes.txt.",
+                       "List what is next to notes.txt.", reads_only=True) == {"path": "docs.v2"}
 
 
 @pytest.mark.parametrize("value, request_, expected", [

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlx_agent.file_intent import asked_name, asked_tool, names_a_file
+from mlx_agent.file_intent import about_files, asked_instead, asked_name, asked_tool
 from mlx_agent.stated_arguments import pressed_tools
 from mlx_agent.tools import builtin_tools, parse_tools
 
@@ -22,8 +22,17 @@ from mlx_agent.tools import builtin_tools, parse_tools
     ("Replace the contents of VERSION with v1.5.0.", "write_file"),
     ("Update plan/notes.md so it says 'compost delivered'.", "write_file"),
     ("Create a file named todo.txt containing 'buy milk'.", "write_file"),  # not a search
+    ("Can you save 'call Mateo' in reminders.md?", "write_file"),  # words before the verb
+    ("Hi! Please write 'done' to status.txt.", "write_file"),  # a later sentence
+    ("In todo.md, write 'buy milk'.", "write_file"),  # a later clause
     ("Make a list of fruits.", None),  # no file
     ("Write a poem about the sea.", None),
+    ("Make a file-like object in Python.", None),  # nothing to write into it
+    # a write verb, but nothing written: the file is read
+    ("Store hours are in hours.txt. When do we open on Sunday?", "read_file"),
+    ("Make sure notes.txt has no typos.", "read_file"),
+    ("Put simply, what does config.yaml set?", "read_file"),
+    ("Update me on what notes.txt says.", "read_file"),
     # a search, before a folder's contents
     ("Which files mention TODO?", "grep"),
     ("Where is flour mentioned?", "grep"),
@@ -32,7 +41,9 @@ from mlx_agent.tools import builtin_tools, parse_tools
     ("What is in the orders folder?", "list_files"),
     ("Show me everything in this directory.", "list_files"),
     ("Which files are in src?", "list_files"),
-    # a read: a read verb first, or a file named
+    # a read: a read verb first (before a search: "find" is what to do with the file read),
+    # or a file named
+    ("Read notes.txt and find the line about Mateo.", "read_file"),
     ("Display CHANGELOG.", "read_file"),
     ("Show the file docs/supplies.md.", "read_file"),
     ("What port does config.yaml set?", "read_file"),
@@ -55,12 +66,28 @@ def test_only_an_offered_built_in_tool_is_asked_for(tmp_path):
     assert asked_tool(mine, "Display CHANGELOG.") is None
 
 
+def test_a_call_is_moved_only_between_the_file_tools_and_never_off_a_write(tmp_path):
+    tools = {t.name: t for t in builtin_tools(tmp_path)}
+    moved = asked_instead(list(tools.values()), "Display CHANGELOG.", tools["grep"])
+    assert moved is tools["read_file"]
+    for request, called in [
+        ("Run test_calc.py.", "run_tests"),  # not a file tool
+        ("Display CHANGELOG.", "read_file"),  # asked for already
+        ("I need to call Mateo. Save that in reminders.md.", "write_file"),  # a write verb
+        ("Add 'buy milk' to todo.md.", "write_file"),  # an addition: the model's write stays
+    ]:
+        assert asked_instead(list(tools.values()), request, tools[called]) is None, request
+
+
 def test_a_request_about_a_folder_is_pressed_to_call_a_built_in_tool(tmp_path):
     builtin = builtin_tools(tmp_path)
     user = [{"role": "user", "content": "What is in the orders folder?"}]
     assert pressed_tools(builtin, user) == builtin
-    # no file or folder named: the model may answer ("Find the capital of France")
-    assert not names_a_file("Find the capital of France.")
+    assert about_files("Where is flour mentioned?") and about_files("Find the word spade.")
+    # no file or folder named, no words looked for: the model may answer
+    for question in ("Find the capital of France.", "Which folder should I keep my tax "
+                     "papers in?", "How many occurrences of the letter r are in strawberry?"):
+        assert not about_files(question), question
     assert pressed_tools(builtin, [{"role": "user", "content": "Find the capital of France."}]) \
         == []
     ran = user + [{"role": "assistant", "content": "{}"},
