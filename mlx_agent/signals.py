@@ -27,16 +27,30 @@ def held_back() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda n, frame: caught.append(n)) for sig in HELD
-                if signal.getsignal(sig) is not None}  # None: not Python's, left as it is
+    previous: dict[int, object] = {}
     try:
+        for sig in HELD:
+            if (handler := signal.getsignal(sig)) is not None:  # None: not Python's, left be
+                previous[sig] = handler  # first: a signal just after the swap is undone too
+                signal.signal(sig, lambda n, frame: caught.append(n))
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(list(previous.items()))
         if caught:
             handler = previous[caught[0]]
             if callable(handler):
                 handler(caught[0], None)
             elif handler == signal.SIG_DFL:
                 os.kill(os.getpid(), caught[0])
+
+
+def _restore(handlers: list) -> None:
+    """Each ``(signal, handler)`` put back, every one even where a signal that the first put
+    back handles raises at once (a Ctrl-C that came just then): a handler left held back
+    for good kept every later SIGTERM from acting."""
+    if handlers:
+        (sig, handler), rest = handlers[0], handlers[1:]
+        try:
+            signal.signal(sig, handler)
+        finally:
+            _restore(rest)
