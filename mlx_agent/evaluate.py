@@ -262,6 +262,8 @@ def _search(pattern: str, text: str, timeout: float) -> bool:
     or SIGTERM mid-check kills and reaps it: :class:`~mlx_agent.tools.executor.Reaper`)."""
     r = run_process([sys.executable, "-I", "-S", "-c", _SEARCH], tool="answer_pattern",
                     timeout=timeout, stdin=json.dumps([pattern, text]).encode())
+    if r.stderr.startswith("error: could not start"):  # no check made: not a miss
+        raise OSError(f"answer_pattern: {r.stderr.removeprefix('error: ')}")
     return r.exit_code == 0 and not r.timed_out
 
 

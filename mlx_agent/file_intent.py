@@ -14,12 +14,13 @@ would be answered without one.
 The request (its first :data:`~mlx_agent.heard.REQUEST_CHARS` characters) decides, in this
 order:
 
-- a write: a clause that begins with a write verb ("write", "create", "make", "put", "save",
-  "store", "update", after "please" or "can you"; "overwrite" and "replace the contents of"
-  alone), in a sentence that says what it writes (a quoted span, "the text ...", "a line
-  ...", "containing", "so it says"), in a request that names a file or says "file";
-- a read of a named file: a clause that begins "read", "show", "display", "print", "open",
-  "view" or "cat" and the file's name ("Read notes.txt and find the line about Mateo");
+- of a write and a read of a named file, the first the text writes: a clause that begins
+  with a write verb ("write", "create", "make", "put", "save", "store", "update", after
+  "please" or "can you"; "overwrite" and "replace the contents of" alone), in a sentence
+  that says what it writes (a quoted span, "the text ...", "a line ...", "containing", "so
+  it says"), in a request that names a file or says "file"; or a clause that begins
+  "read", "show", "display", "print", "open", "view" or "cat" and the file's name ("Read
+  notes.txt and find the line about Mateo"; "Open notes.txt, then write 'done'");
 - a search: "search", "grep", "find", "locate", "look for", "mentions", "contains", "talks
   about", "where is", "anywhere", "occurrences";
 - a folder's contents: "list" first, "folder", "directory", "which files are", "what
@@ -45,7 +46,7 @@ from .heard import REQUEST_CHARS
 from .tools import Tool
 
 # a request's words before its verb: "Please write ...", "Can you save ..."
-_OPENER = r"(?:(?:please|kindly|now|then|also|and|(?:can|could|would|will)\s+you)\s+)*"
+_OPENER = r"(?:(?:please|kindly|(?:can|could|would|will)\s+you)\s+)*"
 _WRITE = re.compile(_OPENER + r"(write|create|make|put|save|store|update|overwrite"
                     r"|replace\s+the\s+contents?\s+of)\b", re.IGNORECASE)
 _SURE_WRITES = ("overwrite", "replace")  # verbs only a file's content takes
@@ -70,9 +71,13 @@ _READ_NAMED = re.compile(_OPENER + r"(?:read|show|display|print|open|view|cat)\s
                          r"(?:the\s+)?(?:file\s+)?[\w./~-]*\w\.[A-Za-z][A-Za-z0-9]{0,7}\b",
                          re.IGNORECASE)
 _FILE_WORD = re.compile(r"\bfiles?\b", re.IGNORECASE)
-# a folder by its name ("the orders folder", "this directory"), or words looked for in files
+# a folder by its name ("the orders folder", "this directory"), or words looked for in files:
+# "Where is flour mentioned?", "Find the word spade." (not "I mentioned my dog", "Find the
+# word that rhymes with orange")
 _ABOUT_FILES = re.compile(r"\b(?:the|this|that|my|our)\s+(?:[\w.-]+\s+)?(?:folder|directory)\b"
-                          r"|\bmention(?:s|ed)\b|\bthe\s+words?\b", re.IGNORECASE)
+                          r"|\bwhere\s+(?:is|are|was|were)\s+[^.?!,;]{1,60}?\s+mentioned\b"
+                          r"|^(?:find|search\s+for|grep\s+for|look\s+for)\s+the\s+words?\s+"
+                          r"(?!that\b|which\b|for\b)[^\s.?!]+[.?!]?$", re.IGNORECASE)
 BUILTIN_FILE_TOOLS = ("read_file", "write_file", "list_files", "grep")
 
 
@@ -103,15 +108,15 @@ def asked_name(request: str) -> str | None:
     """The name of the built-in file tool ``request`` asks for, or None."""
     text = request[:REQUEST_CHARS]
     names = file_names(text)
-    for sentence in _sentences(text):
+    for sentence in _sentences(text):  # the first action the text writes, of these two
         for clause in _clause_starts(sentence):
+            if _READ_NAMED.match(clause):
+                return "read_file"
             if (m := _WRITE.match(clause)) and (
                     m.group(1).split()[0].lower() in _SURE_WRITES
                     or _CONTENT.search(sentence) and (names or _FILE_WORD.search(text))):
                 return "write_file"
     starts = _clause_starts(text)
-    if any(_READ_NAMED.match(c) for c in starts):
-        return "read_file"
     if _SEARCH.search(text):
         return "grep"
     if _LISTING.search(text):
@@ -127,7 +132,8 @@ def about_files(request: str) -> bool:
     word spade."): where a request would be answered from the model's own knowledge, one
     that does is about the files here."""
     text = request[:REQUEST_CHARS]
-    return bool(file_names(text) or _FILE_WORD.search(text) or _ABOUT_FILES.search(text))
+    return bool(file_names(text) or _FILE_WORD.search(text)
+                or any(_ABOUT_FILES.search(c) for c in _clause_starts(text)))
 
 
 def _file_tool(tool: Tool) -> bool:

@@ -391,10 +391,11 @@ def _train_in_processes(lm, rows: list[dict], out_dir: str | Path, config: SFTCo
                         if config.minutes else None)
             _wait_all(reapers, work, deadline=deadline)
         finally:
-            for reaper in reapers:
-                reaper.kill()
-            for reaper in reapers:
-                reaper.reaped()
+            with held_back():  # a second Ctrl-C acts once every worker is reaped
+                for reaper in reapers:
+                    reaper.kill()
+                for reaper in reapers:
+                    reaper.reaped()
         stats = json.loads((work / "stats.json").read_text())
     model = lm.model  # as one process leaves it: float32, the adapter on
     _differentiable(model)

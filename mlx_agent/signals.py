@@ -28,26 +28,40 @@ def held_back() -> Iterator[None]:
         return
     caught: list[int] = []
     previous: dict[int, object] = {}
+    over = False
+
+    def hold(signum, frame):  # once the block is over, a handler left in place passes it on
+        if over:
+            _act(signum, previous[signum])
+        else:
+            caught.append(signum)
+
     try:
         for sig in HELD:
             if (handler := signal.getsignal(sig)) is not None:  # None: not Python's, left be
                 previous[sig] = handler  # first: a signal just after the swap is undone too
-                signal.signal(sig, lambda n, frame: caught.append(n))
+                signal.signal(sig, hold)
         yield
     finally:
+        over = True
         _restore(list(previous.items()))
         if caught:
-            handler = previous[caught[0]]
-            if callable(handler):
-                handler(caught[0], None)
-            elif handler == signal.SIG_DFL:
-                os.kill(os.getpid(), caught[0])
+            _act(caught[0], previous[caught[0]])
+
+
+def _act(signum: int, handler) -> None:
+    """What ``handler`` (a Python handler, SIG_DFL or SIG_IGN) does with ``signum``."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def _restore(handlers: list) -> None:
     """Each ``(signal, handler)`` put back, every one even where a signal that the first put
-    back handles raises at once (a Ctrl-C that came just then): a handler left held back
-    for good kept every later SIGTERM from acting."""
+    back handles raises at once (a Ctrl-C that came just then; one that comes before a
+    handler is put back is passed on by the one left in place)."""
     if handlers:
         (sig, handler), rest = handlers[0], handlers[1:]
         try:

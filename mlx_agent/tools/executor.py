@@ -233,9 +233,8 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
                                         cwd=cwd, env=env, start_new_session=True)
             except OSError as e:
                 return error_result(tool, f"could not start {argv[0]}: {e.strerror}")
-            started = Reaper(proc)
-            started.start()
-            reaper = started  # once it runs: else the process is reaped here
+            reaper = Reaper(proc)
+            reaper.start()
             out, err = _Capped(cap), _Capped(cap)
             readers = [threading.Thread(target=_pump, args=(s, c), daemon=True)
                        for s, c in ((proc.stdout, out), (proc.stderr, err))]
@@ -252,8 +251,9 @@ def _run(argv: Sequence[str], *, tool: str, timeout: float, cwd, env, cap: int,
         # Whatever the command left behind in its group (background children holding the
         # pipes open) goes now, so the readers see end-of-file; on Ctrl-C, all of it.
         if proc is not None:
-            _kill_group(proc.pid, signal.SIGKILL)
-            reaper.reaped() if reaper is not None else proc.wait()
+            with held_back():  # a second Ctrl-C acts once the tool is reaped
+                _kill_group(proc.pid, signal.SIGKILL)
+                reaper.reaped() if reaper is not None else proc.wait()
     # What is left in the pipes takes moments to read; a process that left the group (a
     # setsid daemon, unsandboxed) may hold them open forever, so the readers get one grace.
     deadline = time.monotonic() + _DRAIN_GRACE
@@ -287,7 +287,11 @@ class Reaper(threading.Thread):
 
     def __init__(self, proc: subprocess.Popen):
         super().__init__(daemon=True, name=f"reap-{proc.pid}")
-        self.proc, self.ended = proc, False
+        self.proc, self.ended, self.begun = proc, False, False
+
+    def start(self) -> None:
+        super().start()
+        self.begun = True
 
     def run(self) -> None:
         try:
@@ -310,12 +314,16 @@ class Reaper(threading.Thread):
 
     def kill(self) -> None:
         """SIGKILL to the process, unless it has ended (no ``Popen.poll``: see the class)."""
-        if not self.ended:
+        if not self.ended and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGKILL)
 
     def reaped(self) -> None:
-        """Once the process (killed) is reaped: no :func:`stopped_by` check in between."""
+        """Once the process (killed) is reaped, by this thread or, where it never started,
+        here; no :func:`stopped_by` check in between."""
+        if not self.begun:
+            self.proc.wait()
+            return
         while not self.ended:
             time.sleep(0.005)
 

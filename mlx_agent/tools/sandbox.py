@@ -280,10 +280,13 @@ def unavailable(backend: str) -> str | None:
                             env=env)
     except OSError as e:
         return f"{backend} could not start a test process ({e})"
-    if r.timed_out or r.stderr.startswith("error: could not start"):
-        return f"{backend} could not start a test process ({r.stderr.strip() or 'timed out'})"
+    why = r.stderr.strip().splitlines()
+    if r.timed_out:
+        return (f"{backend}'s test process did not end within {_PROBE_TIMEOUT:g} s"
+                + (f" ({why[0]})" if why else ""))
+    if r.stderr.startswith("error: could not start"):  # run_process's own words
+        return f"{backend} {r.stderr.removeprefix('error: ').strip()}"
     if r.exit_code != 0:
-        why = r.stderr.strip().splitlines()
         return f"{backend} does not work here: {why[0] if why else f'exit {r.exit_code}'}"
     return None
 
