@@ -29,8 +29,8 @@ Not promised: a longer result is otherwise left to the model (an answer may righ
 file up); an answer that writes one of the result's words (but for a quote cut short, and
 of a line asked about, its value's) is kept, right or wrong ("There are 3 lines" for four); a
 failed call's error is not stated; a made-up answer is not taken out, only shown beside the
-result; a line longer than :data:`MAX_LINE` characters is not one asked about. The server does not add to answers: it streams them as
-they are generated.
+result; a line longer than :data:`MAX_LINE` characters is not one asked about. The server
+does not add to answers: it streams them as they are generated.
 """
 
 from __future__ import annotations
