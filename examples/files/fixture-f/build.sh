@@ -1,0 +1,3 @@
+#!/bin/sh
+# TODO: minify css
+cp -r posts public/
