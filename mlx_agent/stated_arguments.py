@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, NamedTuple, Sequence
 
 from .cache import ContextFull
 from .copied_values import (apart_values, as_cased, as_quoted, assigned_values, named_choices,
@@ -245,31 +245,69 @@ def _passes_on(name: str, request: str) -> bool:
     return re.search(link, request, re.IGNORECASE) is not None
 
 
-def last_tool_message(messages: Sequence[dict]) -> dict | None:
-    """The last tool result after the last user message (not a get_tool_info answer)."""
+NOT_JSON = object()  # a ToolMessage's value where its text is no JSON
+
+
+class ToolMessage(NamedTuple):
+    """A tool result of the turn, read once: the tool's name (where the message gives it),
+    its text, and its JSON (:data:`NOT_JSON` where it is none)."""
+
+    name: str | None
+    text: str
+    value: Any
+
+    @property
+    def agent(self) -> dict | None:
+        """The agent's ``{"stdout": ..., "stderr": ..., "exit_code": ...}`` it holds, or None."""
+        value = self.value
+        return value if isinstance(value, dict) and isinstance(value.get("stdout"), str) \
+            else None
+
+    @property
+    def result(self) -> str | None:
+        """Its text, stripped: the agent's result as its output (none where its exit code is
+        not 0), a JSON string as that string; None where it is other JSON (an object or a
+        list: which of its values is meant is not said)."""
+        if (agent := self.agent) is not None:
+            return agent["stdout"].strip() if agent.get("exit_code", 0) == 0 else None
+        if isinstance(self.value, str):
+            return self.value.strip()
+        return None if isinstance(self.value, (dict, list)) else self.text.strip()
+
+    @property
+    def heard(self) -> str:
+        """Its text as a value may be heard in it: the agent's result as its output and its
+        error, or, with an exit code other than 0, its output alone ("no file 'this_folder'"
+        echoes the call that made the name up, and is no source of it)."""
+        if (agent := self.agent) is None:
+            return self.text
+        stderr = agent.get("stderr") if isinstance(agent.get("stderr"), str) else ""
+        return agent["stdout"] + ("\n" + stderr if agent.get("exit_code", 0) == 0 else "")
+
+
+def turn_tool_messages(messages: Sequence[dict]) -> list[ToolMessage]:
+    """The tool results after the last user message (not the server's get_tool_info
+    answers, which hold the tools' schemas), each read once."""
     last = last_user(messages) or 0
-    return next((m for m in reversed(messages[last + 1:])
-                 if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO), None)
+    return [_tool_message(m) for m in messages[last + 1:]
+            if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO]
 
 
-def last_result(messages: Sequence[dict]) -> str | None:
-    """The text of the last tool result after the last user message, stripped: the
-    agent's ``{"stdout": ...}`` as its output (none where its exit code is not 0), a JSON
-    string as that string; None where there is none, or where it is other JSON (an object
-    or a list: which of its values is meant is not said)."""
-    message = last_tool_message(messages)
-    if message is None:
-        return None
+def _tool_message(message: dict) -> ToolMessage:
     text = text_of(message.get("content"))
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        return text.strip()
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, dict) and isinstance(value.get("stdout"), str):
-        return value["stdout"].strip() if value.get("exit_code", 0) == 0 else None
-    return None if isinstance(value, (dict, list)) else text.strip()
+        value = NOT_JSON
+    name = message.get("name")
+    return ToolMessage(name if isinstance(name, str) else None, text, value)
+
+
+def last_result(messages: Sequence[dict]) -> str | None:
+    """The last tool result after the last user message as :attr:`ToolMessage.result`
+    reads it; None where there is none."""
+    results = turn_tool_messages(messages)
+    return results[-1].result if results else None
 
 
 def piped_results(tool: Tool, arguments: dict, request: str, result: str | None) -> dict:
@@ -429,37 +467,9 @@ def _named_at(name: str, request: str) -> int | None:
 def heard_text(messages: Sequence[dict]) -> str:
     """Every user message and the tool results after the last one, a line each: where a
     kept value may come from (not the server's get_tool_info answers, which hold the
-    tools' schemas). The agent's results (``{"stdout": ..., "stderr": ...}``) are read as
-    their text, lines apart, and of a failed one only its output: "no file 'this_folder'"
-    echoes the call that made the name up, and is no source of it."""
-    last = last_user(messages) or 0
-    return "\n".join(text_of(m.get("content")) if m["role"] == "user"
-                     else _heard_result(text_of(m.get("content")))
-                     for i, m in enumerate(messages)
-                     if m["role"] == "user" or m["role"] == "tool" and i > last
-                     and m.get("name") != GET_TOOL_INFO)
-
-
-def _agent_result(text: str) -> dict | None:
-    """The agent's ``{"stdout": ..., "stderr": ..., "exit_code": ...}`` a tool message holds,
-    or None."""
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) and isinstance(value.get("stdout"), str) else None
-
-
-def _heard_result(text: str) -> str:
-    """A tool result's text; the agent's ``{"stdout": ..., "stderr": ...}`` as its output
-    and its error, or, with an exit code other than 0, its output alone."""
-    value = _agent_result(text)
-    if value is None:
-        return text
-    stderr = value.get("stderr") if isinstance(value.get("stderr"), str) else ""
-    return value["stdout"] + ("\n" + stderr if value.get("exit_code", 0) == 0 else "")
+    tools' schemas); the agent's results as :attr:`ToolMessage.heard` reads them."""
+    users = [text_of(m.get("content")) for m in messages if m["role"] == "user"]
+    return "\n".join(users + [r.heard for r in turn_tool_messages(messages)])
 
 
 # the paths a built-in tool's not-found error suggests (mlx_agent.tools.builtin._missing)
@@ -472,12 +482,11 @@ def suggested_paths(messages: Sequence[dict], tools: Sequence[Tool]) -> list[str
     any path)."""
     builtin = {t.name for t in tools if t.builtin is not None}
     out = []
-    for m in messages[(last_user(messages) or 0) + 1:]:
-        value = _agent_result(text_of(m.get("content"))) \
-            if m["role"] == "tool" and m.get("name") in builtin else None
-        if value is not None and value.get("exit_code", 0) != 0 \
-                and isinstance(value.get("stderr"), str) \
-                and (found := _SUGGESTED.search(value["stderr"][-1_000:])):
+    for result in turn_tool_messages(messages):
+        agent = result.agent if result.name in builtin else None
+        if agent is not None and agent.get("exit_code", 0) != 0 \
+                and isinstance(agent.get("stderr"), str) \
+                and (found := _SUGGESTED.search(agent["stderr"][-1_000:])):
             out += re.findall(r"'([^'\n]{1,300})'", found.group(1))
     return out
 
@@ -487,20 +496,13 @@ def turn_results(messages: Sequence[dict]) -> list[str]:
     get_tool_info answers): each one's text, stripped, and where it is JSON (as the agent
     writes a result: ``{"tool": ..., "stdout": ...}``), each string in it, stripped, and
     each number but 0 and 1 (an exit code), as JSON writes it: what a call may pass on."""
-    last = last_user(messages) or 0
     out = []
-    for m in messages[last + 1:]:
-        if m["role"] != "tool" or m.get("name") == GET_TOOL_INFO:
-            continue
-        text = text_of(m.get("content")).strip()
-        out.append(text)
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            continue
-        out += [v.strip() if isinstance(v, str) else json.dumps(v) for v in leaves(value)
-                if isinstance(v, str) and v.strip()
-                or _number(v) is not None and _number(v) not in (0, 1)]
+    for result in turn_tool_messages(messages):
+        out.append(result.text.strip())
+        if result.value is not NOT_JSON:
+            out += [v.strip() if isinstance(v, str) else json.dumps(v)
+                    for v in leaves(result.value) if isinstance(v, str) and v.strip()
+                    or _number(v) is not None and _number(v) not in (0, 1)]
     return out
 
 

@@ -6,8 +6,8 @@ returned 1." for the listing "logs/server.log", "There are 4 files in the logs d
 for one file, "Done. The result: docs.html." for "docs/agenda.md". The user asked for the
 result, and a made-up answer is worse than none. :func:`stated_answer` reads the turn's last
 tool result (the agent's ``{"stdout": ..., "exit_code": 0}`` as its output:
-:func:`mlx_agent.stated_arguments.last_result`) and follows an answer, after a blank line, by
-what it leaves unsaid:
+:attr:`mlx_agent.stated_arguments.ToolMessage.result`) and follows an answer, after a blank
+line, by what it leaves unsaid:
 
 - where a line of the result sets a value by a name whose words the request writes
   ("closing_hour = 18" for "tell me the closing hour", "Owner: Priya
@@ -43,7 +43,7 @@ from .formats.messages import Reply
 from .grammar import written_json
 from .heard import words
 from .probe import hold, reply_ids
-from .stated_arguments import last_result, last_tool_message, last_user, request_text
+from .stated_arguments import last_user, request_text, turn_tool_messages
 
 MAX_SAID = 80  # the longest result (in characters) an answer is made to state whole
 MIN_QUOTE = 10  # the characters of a result an answer quotes before it cuts the rest
@@ -120,11 +120,11 @@ def stated_answer(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply
     if reply.calls or not reply.complete or not reply.content \
             or getattr(engine, "cache_mode", None) == "rotating":  # a window cannot be cut back
         return unchanged
-    tool = last_tool_message(messages) if last_user(messages) is not None else None
-    result = last_result(messages) if tool is not None else None
+    results = turn_tool_messages(messages) if last_user(messages) is not None else []
+    result = results[-1].result if results else None
     if not result:
         return unchanged
-    name = str(tool.get("name") or "the tool")
+    name = results[-1].name or "the tool"
     said = _unstated(result, request_text(messages), name, reply.content)
     if said is None:
         return unchanged
