@@ -263,7 +263,9 @@ def _search(pattern: str, text: str, timeout: float) -> bool:
     r = run_process([sys.executable, "-I", "-S", "-c", _SEARCH], tool="answer_pattern",
                     timeout=timeout, stdin=json.dumps([pattern, text]).encode())
     if r.stderr.startswith("error: could not start"):  # no check made: not a miss
-        raise OSError(f"answer_pattern: {r.stderr.removeprefix('error: ')}")
+        raise UserFacingError(f"the answer_pattern check {r.stderr.removeprefix('error: ')}; "
+                              "the machine may be out of processes or open files: run "
+                              "with a smaller --batch")
     return r.exit_code == 0 and not r.timed_out
 
 

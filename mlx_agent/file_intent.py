@@ -16,7 +16,7 @@ order:
 
 - of a write and a read of a named file, the first the text writes: a clause that begins
   with a write verb ("write", "create", "make", "put", "save", "store", "update", after
-  "please" or "can you"; "overwrite" and "replace the contents of" alone), in a sentence
+  "please", "can you", "now" or "then"; "overwrite" and "replace the contents of" alone), in a sentence
   that says what it writes (a quoted span, "the text ...", "a line ...", "containing", "so
   it says"), in a request that names a file or says "file"; or a clause that begins
   "read", "show", "display", "print", "open", "view" or "cat" and the file's name ("Read
@@ -46,7 +46,7 @@ from .heard import REQUEST_CHARS
 from .tools import Tool
 
 # a request's words before its verb: "Please write ...", "Can you save ..."
-_OPENER = r"(?:(?:please|kindly|(?:can|could|would|will)\s+you)\s+)*"
+_OPENER = r"(?:(?:please|kindly|now|then|also|and|(?:can|could|would|will)\s+you)\s+)*"
 _WRITE = re.compile(_OPENER + r"(write|create|make|put|save|store|update|overwrite"
                     r"|replace\s+the\s+contents?\s+of)\b", re.IGNORECASE)
 _SURE_WRITES = ("overwrite", "replace")  # verbs only a file's content takes
@@ -76,8 +76,10 @@ _FILE_WORD = re.compile(r"\bfiles?\b", re.IGNORECASE)
 # word that rhymes with orange")
 _ABOUT_FILES = re.compile(r"\b(?:the|this|that|my|our)\s+(?:[\w.-]+\s+)?(?:folder|directory)\b"
                           r"|\bwhere\s+(?:is|are|was|were)\s+[^.?!,;]{1,60}?\s+mentioned\b"
+                          r"|\bmentioned\s+anywhere\b|\bwhich\s+\w+\s+mentions\b"
                           r"|^(?:find|search\s+for|grep\s+for|look\s+for)\s+the\s+words?\s+"
-                          r"(?!that\b|which\b|for\b)[^\s.?!]+[.?!]?$", re.IGNORECASE)
+                          r"(?!that\b|which\b|for\b)[^\s.?!]+(?:\s+(?:and|or)\s+[^\s.?!]+)?"
+                          r"(?:\s+in\s+[^.?!]{1,60})?[.?!]?$", re.IGNORECASE)
 BUILTIN_FILE_TOOLS = ("read_file", "write_file", "list_files", "grep")
 
 

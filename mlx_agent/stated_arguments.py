@@ -296,7 +296,7 @@ def turn_tool_messages(messages: Sequence[dict]) -> list[ToolMessage]:
 def _tool_message(message: dict) -> ToolMessage:
     text = text_of(message.get("content"))
     try:
-        value = json.loads(text)
+        value = json.loads(text.strip())  # str.strip's spaces, not only JSON's
     except (ValueError, RecursionError):
         value = NOT_JSON
     name = message.get("name")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from mlx_agent import trajectory as tj
 from mlx_agent.evaluate import load_tasks, run
 
@@ -218,3 +220,16 @@ def test_a_run_that_passed_before_the_context_filled_is_not_called_failed(tiny_l
     line = run_line(result)
     assert line.startswith("✓ call seed 0: 1 calls") and "(stopped early: " in line, line
     assert "failed" not in line
+
+
+def test_an_answer_pattern_check_that_cannot_start_is_one_clear_error(monkeypatch):
+    """It raised OSError from the check's process (a traceback), or scored a miss."""
+    import sys
+
+    from mlx_agent.errors import UserFacingError
+    from mlx_agent.evaluate import _search
+
+    assert _search("a+b", "xaab", 10) and not _search("q", "x", 10)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    with pytest.raises(UserFacingError, match="answer_pattern check could not start"):
+        _search("a", "a", 10)

@@ -25,6 +25,8 @@ from mlx_agent.tools import builtin_tools, parse_tools
     ("Can you save 'call Mateo' in reminders.md?", "write_file"),  # words before the verb
     ("Hi! Please write 'done' to status.txt.", "write_file"),  # a later sentence
     ("In todo.md, write 'buy milk'.", "write_file"),  # a later clause
+    ("Now write 'hello' to notes.txt.", "write_file"),
+    ("Open notes.txt, then write 'done' at the end.", "read_file"),  # the first action
     ("Make a list of fruits.", None),  # no file
     ("Write a poem about the sea.", None),
     ("Make a file-like object in Python.", None),  # nothing to write into it
@@ -83,10 +85,15 @@ def test_a_request_about_a_folder_is_pressed_to_call_a_built_in_tool(tmp_path):
     builtin = builtin_tools(tmp_path)
     user = [{"role": "user", "content": "What is in the orders folder?"}]
     assert pressed_tools(builtin, user) == builtin
-    assert about_files("Where is flour mentioned?") and about_files("Find the word spade.")
+    for request in ("Where is flour mentioned?", "Find the word spade.", "Which note mentions "
+                    "flour?", "Is Mateo mentioned anywhere?", "Search for the word spade in the "
+                    "notes.", "Look for the words flour and sugar."):
+        assert about_files(request), request
     # no file or folder named, no words looked for: the model may answer
     for question in ("Find the capital of France.", "Which folder should I keep my tax "
-                     "papers in?", "How many occurrences of the letter r are in strawberry?"):
+                     "papers in?", "How many occurrences of the letter r are in strawberry?",
+                     "I mentioned my dog earlier, what was its name?",
+                     "Find the word that rhymes with orange."):
         assert not about_files(question), question
     assert pressed_tools(builtin, [{"role": "user", "content": "Find the capital of France."}]) \
         == []

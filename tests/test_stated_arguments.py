@@ -635,3 +635,11 @@ def test_which_flags_are_set_false_without_asking_the_model(name, request_, refu
     from mlx_agent.flags import flag_refused
 
     assert flag_refused(name, request_) is refused
+
+
+def test_a_tool_result_is_read_as_json_past_any_space_round_it():
+    from mlx_agent.stated_arguments import turn_results
+
+    messages = [{"role": "user", "content": "x"},
+                {"role": "tool", "name": "t", "content": '\x0c{"a": "x1"}\xa0'}]
+    assert turn_results(messages) == ['{"a": "x1"}', "x1"]
