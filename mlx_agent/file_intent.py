@@ -16,11 +16,12 @@ order:
 
 - of a write and a read of a named file, the first the text writes: a clause that begins
   with a write verb ("write", "create", "make", "put", "save", "store", "update", after
-  "please", "can you", "now" or "then"; "overwrite" and "replace the contents of" alone), in a sentence
-  that says what it writes (a quoted span, "the text ...", "a line ...", "containing", "so
-  it says"), in a request that names a file or says "file"; or a clause that begins
-  "read", "show", "display", "print", "open", "view" or "cat" and the file's name ("Read
-  notes.txt and find the line about Mateo"; "Open notes.txt, then write 'done'");
+  "please", "can you", "now" or "then"; "overwrite" and "replace the contents of" alone), in
+  a sentence that says what it writes (a quoted span, "the text ...", "a line ...",
+  "containing", "so it says"), in a request that names a file or says "file"; or a clause
+  that begins "read", "show", "display", "print", "open", "view" or "cat" and the file's
+  name ("Read notes.txt and find the line about Mateo"; "Open notes.txt, then write
+  'done'");
 - a search: "search", "grep", "find", "locate", "look for", "mentions", "contains", "talks
   about", "where is", "anywhere", "occurrences";
 - a folder's contents: "list" first, "folder", "directory", "which files are", "what
