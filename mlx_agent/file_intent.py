@@ -102,7 +102,7 @@ def asked_instead(tools: Sequence[Tool], request: str, called: Tool) -> Tool | N
         return None
     asked = asked_tool(tools, request)
     if asked is None or asked.name == called.name or called.name == "write_file" and any(
-            _WRITES.match(c) for c in _clause_starts(request[:REQUEST_CHARS])):
+            _WRITES.match(c) for c in _clauses(request[:REQUEST_CHARS])):
         return None
     return asked
 
@@ -111,20 +111,20 @@ def asked_name(request: str) -> str | None:
     """The name of the built-in file tool ``request`` asks for, or None."""
     text = request[:REQUEST_CHARS]
     names = file_names(text)
-    for sentence in _sentences(text):  # the first action the text writes, of these two
-        for clause in _clause_starts(sentence):
-            if _READ_NAMED.match(clause):
-                return "read_file"
-            if (m := _WRITE.match(clause)) and (
-                    m.group(1).split()[0].lower() in _SURE_WRITES
-                    or _CONTENT.search(sentence) and (names or _FILE_WORD.search(text))):
-                return "write_file"
-    starts = _clause_starts(text)
+    clauses = [(sentence, clause) for sentence in _sentences(text)
+               for clause in _clauses(sentence)]
+    for sentence, clause in clauses:  # the first action the text writes, of these two
+        if _READ_NAMED.match(clause):
+            return "read_file"
+        if (m := _WRITE.match(clause)) and (
+                m.group(1).split()[0].lower() in _SURE_WRITES
+                or _CONTENT.search(sentence) and (names or _FILE_WORD.search(text))):
+            return "write_file"
     if _SEARCH.search(text):
         return "grep"
     if _LISTING.search(text):
         return "list_files"
-    if any(_READ.match(c) for c in starts) or names:
+    if any(_READ.match(clause) for _, clause in clauses) or names:
         return "read_file"
     return None
 
@@ -136,7 +136,7 @@ def about_files(request: str) -> bool:
     that does is about the files here."""
     text = request[:REQUEST_CHARS]
     return bool(file_names(text) or _FILE_WORD.search(text)
-                or any(_ABOUT_FILES.search(c) for c in _clause_starts(text)))
+                or any(_ABOUT_FILES.search(c) for c in _clauses(text)))
 
 
 def _file_tool(tool: Tool) -> bool:
@@ -149,7 +149,7 @@ def _sentences(text: str) -> list[str]:
     return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
 
 
-def _clause_starts(text: str) -> list[str]:
+def _clauses(text: str) -> list[str]:
     """``text``'s clauses, stripped: its sentences, cut after each comma, semicolon or colon
     ("In todo.md, write 'milk'" holds "write 'milk'")."""
     return [part.strip() for sentence in _sentences(text)

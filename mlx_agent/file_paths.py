@@ -42,6 +42,9 @@ doc docx xls xlsx ppt pptx png jpg jpeg gif svg zip tar gz tgz sql db sqlite env
 lock""".split())
 PRODUCT_EXTENSIONS = frozenset("js ts".split())
 MAX_PARTS = 16  # a path of more folders is written whole or not at all
+# words of a path parameter's name or description that make it a file's, or a folder's
+_FILE_WORDS = frozenset("file files filename filenames filepath".split())
+_FOLDER_WORDS = frozenset("dir dirs directory directories folder folders".split())
 
 
 def takes_path(name: str, schema: object) -> bool:
@@ -62,14 +65,16 @@ def takes_path(name: str, schema: object) -> bool:
 
 
 def takes_file(name: str, schema: object) -> bool:
-    """Whether the path parameter ``name`` takes a file's path, not a folder's: its name or
-    description speaks of a file and neither of a folder or a directory (read_file's "File
-    path, relative to the root."; not grep's "File or directory.")."""
+    """Whether the path parameter ``name`` takes a file's path, not a folder's: a word of its
+    name or description is "file" and none is "folder" or "directory" (read_file's "File
+    path, relative to the root."; not grep's "File or directory.", nor "profile_path" or a
+    "redirect" in a description)."""
     if not takes_path(name, schema):
         return False
-    said = f"{name} {schema.get('description') or ''}".lower()
-    return re.search(r"file", said) is not None \
-        and re.search(r"dir|folder", said) is None
+    description = schema.get("description")
+    said = {w.lower() for w in NAME_WORD.findall(name)} | set(re.findall(
+        r"[a-z]+", description.lower() if isinstance(description, str) else ""))
+    return bool(said & _FILE_WORDS) and not said & _FOLDER_WORDS
 
 
 def written_paths(text: str) -> list[str]:

@@ -249,8 +249,10 @@ NOT_JSON = object()  # a ToolMessage's value where its text is no JSON
 
 
 class ToolMessage(NamedTuple):
-    """A tool result of the turn, read once: the tool's name (where the message gives it),
-    its text, and its JSON (:data:`NOT_JSON` where it is none)."""
+    """A tool result of the turn as every rule reads it: the tool's name (where the message
+    gives it), its text, and its JSON (:data:`NOT_JSON` where it is none). Each reader
+    (:func:`heard_text`, :func:`turn_results`, ...) parses the messages again: a result is
+    at most a few KiB, and a reply reads them a handful of times."""
 
     name: str | None
     text: str
@@ -287,7 +289,7 @@ class ToolMessage(NamedTuple):
 
 def turn_tool_messages(messages: Sequence[dict]) -> list[ToolMessage]:
     """The tool results after the last user message (not the server's get_tool_info
-    answers, which hold the tools' schemas), each read once."""
+    answers, which hold the tools' schemas), each a :class:`ToolMessage`."""
     last = last_user(messages) or 0
     return [_tool_message(m) for m in messages[last + 1:]
             if m["role"] == "tool" and m.get("name") != GET_TOOL_INFO]
@@ -603,7 +605,8 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = assigned_values(moved, arguments, request)
         suggested = suggested_paths(messages, tools)
         arguments = whole_paths(moved, arguments, request, heard, suggested,
-                                reads_only(moved), said=_said(messages))
+                                reads_only(moved),  # the conversation is read only for it
+                                said=_said(messages) if reads_only(moved) else "")
         arguments = without_made_up(moved, arguments, "\n".join([heard, *suggested]))
         if moved is tool:  # a moved call's copies were read before it was moved
             arguments = recopied(engine, lm, prompt, protocol, tool, arguments, request,

@@ -114,8 +114,8 @@ def stated_answer(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply
     """``reply`` (an answer to ``messages``, ``text`` sampled as ``ids`` and then ``tail``: its
     end token, if it had one) as it was, or, where it states nothing of the turn's last tool
     result (see the module docstring), the answer followed by what it leaves unsaid, with
-    its text and ids; the engine then holds ``prompt``, those ids and
-    ``tail``, as if the answer had been sampled so."""
+    its text and ids; the engine then holds ``prompt``, those ids and ``tail``, as if the
+    answer had been sampled so."""
     unchanged = (reply, text, ids)
     if reply.calls or not reply.complete or not reply.content \
             or getattr(engine, "cache_mode", None) == "rotating":  # a window cannot be cut back

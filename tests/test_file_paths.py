@@ -49,9 +49,12 @@ def test_which_parameters_take_a_path(tmp_path):
                "mode": {"type": "string", "enum": ["a.txt"]}, "dir": {"type": "integer"}}
     assert [n for n, s in schemas.items() if takes_path(n, s)] == \
         ["path", "output_dir", "sourceFile", "file_name", "image_path", "where", "at"]
-    # a file's, not a folder's: read_file's path, not list_files' or grep's
+    # a file's, not a folder's: read_file's path, not list_files' or grep's; by whole words
+    # ("profile" is no file, "redirect" no folder)
     assert [n for n, s in schemas.items() if takes_file(n, s)] == \
         ["sourceFile", "file_name", "where"]
+    assert not takes_file("profile_path", {"type": "string"})
+    assert takes_file("target", {"type": "string", "description": "The redirect file path."})
     assert [t.name for t in builtin_tools(tmp_path)
             if takes_file("path", t.properties.get("path"))] == ["read_file", "write_file"]
 
