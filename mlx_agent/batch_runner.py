@@ -370,6 +370,9 @@ def batch_engines(lm, n: int) -> list[BatchedEngine]:
     return [runner.engine(lm) for _ in range(n)]
 
 
+_POLL = 0.1  # s: the longest a wait for a result holds a Ctrl-C back
+
+
 def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
              on_done: Callable[[int, R], None] = lambda i, r: None,
              cancel: Callable[[], None] | None = None) -> list[R]:
@@ -407,13 +410,17 @@ def run_pool(contexts: Sequence[C], items: Sequence[T], fn: Callable[[C, T], R],
     error, interrupted, current = None, False, None
     try:
         while len(results) < len(items) and error is None:
-            current = None
-            current = done.get()  # held: Ctrl-C may come before it is handed on
-            i, ok, value = current
-            if not ok:
-                error = value
-                break
-            with held_back():  # handed on whole: a row and its trajectory, or neither
+            # a Ctrl-C acts once a result taken is handed on whole (a row and its
+            # trajectory, or neither): one that came just as get() returned lost the result
+            with held_back():
+                try:
+                    current = done.get(timeout=_POLL)
+                except queue.Empty:
+                    continue
+                i, ok, value = current
+                if not ok:
+                    error = value
+                    break
                 results[i] = value
                 on_done(i, value)
     except KeyboardInterrupt:
