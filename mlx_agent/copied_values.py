@@ -278,7 +278,7 @@ def is_place(name: str) -> bool:
     return bool(named & PLACE_WORDS) and not named & NOT_PLACE_WORDS
 
 
-def _takes_parts(tool: Tool, name: str) -> bool:
+def takes_parts(tool: Tool, name: str) -> bool:
     """Whether another of the tool's parameters is named for a place's part (a word of
     :data:`PART_WORDS`: ``state``, ``country_code``)."""
     return any(p != name and {w.lower() for w in NAME_WORD.findall(p)} & PART_WORDS
@@ -425,7 +425,7 @@ def whole_places(tool: Tool, arguments: dict, request: str) -> dict:
                 or (isinstance(schema, dict) and ("enum" in schema or "const" in schema)):
             continue
         place = place_alone(tool, name, value, request)
-        if not _takes_parts(tool, name):
+        if not takes_parts(tool, name):
             place = whole_place(place, request, _other_strings(out, name))
         if place != value and not tool.validate({**out, name: place}):
             out = {**out, name: place}

@@ -1,0 +1,111 @@
+"""A bare city gets the region its parameter asks for (mlx_agent/place_region.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlx_agent.agent import events as ev
+from mlx_agent.place_region import PLACES, asks_region, region, regional_places
+from mlx_agent.tools import parse_tools
+
+STATE = "The city and state, e.g. San Francisco, CA"
+EITHER = ("The location, in the format of 'City, State (abbr)', such as 'San Francisco, CA' "
+          "if State for the city exists. 'City, Country' if State for the city doesn't exist.")
+COUNTRY = "The city and country, e.g. Paris, France"
+
+
+def tool(**properties):
+    return parse_tools(json.dumps([{"name": "t", "description": "A tool.", "parameters": {
+        "type": "object", "properties": properties,
+        "required": list(properties)[:1]}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("description, asked", [
+    (STATE, {"state"}), (EITHER, {"state", "country"}), (COUNTRY, {"country"}),
+    ("The name of the city, such as 'New York, NY'.", {"state"}),  # shown, not said
+    ("Location of the hotel, in the format of 'City, Country'", {"country"}),
+    ("City where restaurant is located.", set()), ("The city, e.g. Boston", set()),
+    ("The state of the order", set()),
+])
+def test_what_region_a_description_asks_for(description, asked):
+    assert asks_region({"type": "string", "description": description}) == asked
+    # only a free string: not an enum, a pattern, a number, or a schema with no words
+    for schema in ({"type": "string", "description": description, "enum": ["Boston, MA"]},
+                   {"type": "string", "description": description, "pattern": "^.*$"},
+                   {"type": "integer", "description": description}, {"type": "string"}):
+        assert asks_region(schema) == set()
+
+
+@pytest.mark.parametrize("city, asked, expected", [
+    ("Boston", {"state"}, "MA"), ("boston", {"state", "country"}, "MA"),
+    ("Boston", {"country"}, "United States"), ("New York", {"state"}, "NY"),  # an alias
+    ("Moscow", {"state", "country"}, "Russia"),  # Moscow, Idaho is far smaller
+    ("Hyderabad", {"country"}, "India"),  # not Pakistan's, a fifth of its size
+    ("Lang Son", {"country"}, "Vietnam"), ("Lạng Sơn", {"country"}, "Vietnam"),  # accents
+    ("Chennai", {"state"}, None),  # no state: the description shows only a US one
+    ("Springfield", {"state"}, None),  # Missouri's and Massachusetts' are alike
+    ("Marapu", {"state", "country"}, None), ("Big Apple", {"state"}, None),
+    ("Boston", set(), None),
+])
+def test_a_city_s_region_comes_from_the_gazetteer(city, asked, expected):
+    assert region(city, asked) == expected
+
+
+def test_a_bare_city_gets_its_region_where_its_parameter_asks():
+    weather = tool(location={"type": "string", "description": EITHER},
+                   unit={"type": "string", "enum": ["celsius", "fahrenheit"]})
+    for city, whole in (("Boston", "Boston, MA"), ("Tel Aviv", "Tel Aviv, Israel"),
+                        (" Moscow ", "Moscow, Russia")):
+        asked = {"location": city, "unit": "celsius"}
+        assert regional_places(weather, asked, f"Weather in {city.strip()}, in celsius?") == \
+            {"location": whole, "unit": "celsius"}
+    request = "What's the weather like?"
+    for t, arguments in (
+            (weather, {"location": "Boston, MA"}),  # a region already
+            (weather, {"location": "Springfield"}), (weather, {"location": "Gotham"}),
+            (weather, {"location": "221B Baker Street"}),  # digits: no city's bare name
+            (tool(location={"type": "string", "description": EITHER},
+                  state={"type": "string"}), {"location": "Boston"}),  # the state goes there
+            (tool(location={"type": "string", "description": EITHER, "maxLength": 8}),
+             {"location": "Boston"}),  # the schema does not take it
+            (tool(city={"type": "string", "description": "The city"}), {"city": "Boston"}),
+            (tool(note={"type": "string", "description": STATE}), {"note": "Boston"})):
+        assert regional_places(t, arguments, request) is arguments
+    # the user's own words stand: another state or country named
+    for request in ("Weather in Paris in Texas?", "Weather in Paris near Dallas, TX?"):
+        assert regional_places(weather, {"location": "Paris"}, request) == {"location": "Paris"}
+    # the city's own name is no other state: New York, NY
+    assert regional_places(weather, {"location": "New York"}, "Weather in New York? OK") == \
+        {"location": "New York, NY"}
+
+
+def test_the_gazetteer_is_whole_and_attributed():
+    doc = json.loads(gzip.decompress(PLACES.read_bytes()))
+    assert "GeoNames" in doc["source"] and "CC BY" in doc["source"]
+    assert len(doc["cities"]) > 30_000 and len(doc["us_states"]) >= 50
+    assert doc["countries"]["IL"] == "Israel"
+
+
+@pytest.mark.real_model
+def test_the_bundled_model_asked_for_a_city_and_state_gets_both(tmp_path):
+    tools = tmp_path / "weather.json"
+    tools.write_text(json.dumps([{
+        "name": "get_current_weather", "description": "Get the current weather in a location.",
+        "parameters": {"type": "object", "properties": {
+            "location": {"type": "string", "description": STATE},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["location"]},
+        "_exec": 'echo "sunny, 21 degrees in $location"'}]))
+    cli = [sys.executable, "-m", "mlx_agent.cli.main", "agent", "--tools", str(tools),
+           "--json-out", "--single", "Get the current weather in Boston."]
+    for extra, place in (([], "Boston, MA"), (["--no-stated-arguments"], "Boston")):
+        r = subprocess.run(cli + extra, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        events = [ev.decode(line) for line in r.stdout.splitlines()]
+        calls = [e.arguments for e in events if isinstance(e, ev.ToolCall)]
+        assert calls and calls[0]["location"] == place, calls
