@@ -9,7 +9,8 @@ doubt in it (set ``true`` without asking the model, which wrote ``false`` for "d
 information" as readily as ``true``); :func:`flag_refused`: it refuses the flag plainly
 ("don't include hourly"); :func:`flags_as_asked` turns a flag the model wrote against what
 the request plainly says; :func:`unheard_flag`: the conversation never speaks of it (the
-model made it up). :mod:`mlx_agent.stated_arguments` uses them on a call.
+model made it up); :func:`flags_by_default`: a flag it never speaks of takes the default its
+parameter states. :mod:`mlx_agent.stated_arguments` uses them on a call.
 
 Not promised: English, read by spelling; a flag named for a short negative (``no_cache``,
 :data:`NEGATIVE_NAMES`) is never read as asked for or refused, one named for a longer one
@@ -163,6 +164,39 @@ def flag_refused(name: str, request: str) -> bool:
     return not KEEP.search(clause) and any(
         re.search(rf"\b{NEGATIONS}\s+(?:\w+\s+){{0,3}}{w}", clause, re.IGNORECASE)
         for w in words)
+
+
+# "Default is true", "defaults to False", "(default: true)", "Default value is 'false'"
+_DEFAULT = re.compile(r"\bdefaults?(?:\s+value)?(?:\s+is|\s+to|\s*[:=])?\s*(?:set\s+to\s+)?"
+                      r"['\"`]?(true|false)\b", re.IGNORECASE)
+
+
+def stated_default(schema: Any) -> bool | None:
+    """The default a flag's schema gives, as ``default`` or in its description ("Default
+    is true", "defaults to False"); None where it gives none, or two."""
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("default"), bool):
+        return schema["default"]
+    described = schema.get("description")
+    said = {m.group(1).lower() for m in _DEFAULT.finditer(described)} \
+        if isinstance(described, str) else set()
+    return said.pop() == "true" if len(said) == 1 else None
+
+
+def flags_by_default(tool: Tool, arguments: dict, said: Heard) -> dict:
+    """``arguments`` with each flag the conversation (``said``) never speaks of
+    (:func:`unheard_flag`) set to the default its parameter states
+    (:func:`stated_default`): the model wrote ``formatted: false`` for "Find the prime
+    factors of 450" where the tool says "Default is true" and requires the flag; a default
+    is what a user who says nothing of a flag gets. ``arguments`` itself where none is."""
+    out = arguments
+    for name, value in arguments.items():
+        default = stated_default(tool.properties.get(name))
+        if isinstance(value, bool) and default is not None and value != default \
+                and unheard_flag(name, value, said) and not tool.validate({**out, name: default}):
+            out = {**out, name: default}
+    return out
 
 
 def unheard_flag(name: str, value: Any, said: Heard) -> bool:

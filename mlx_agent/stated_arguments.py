@@ -81,9 +81,11 @@ from .copied_values import (apart_values, as_cased, as_quoted, assigned_values, 
                             one_of_repeats, percent_rates, recopied, scaled_numbers,
                             signed_numbers, whole_identifiers, whole_lists, whole_paths,
                             whole_places, written_choices)
+from .clock_hours import clock_hours
 from .dates import dated_values
 from .described_tool import DOING, described_tool, mentioned, stem, stems
-from .flags import flag_plain, flag_refused, flag_stated, flags_as_asked, unheard_flag
+from .flags import (flag_plain, flag_refused, flag_stated, flags_as_asked, flags_by_default,
+                    unheard_flag)
 from .engine import Sampler, greedy_sampler
 from .file_intent import about_files, asked_instead, asked_tool
 from .file_paths import takes_path, writes_path
@@ -94,6 +96,7 @@ from .heard import NAME_WORD, NUMBER, REQUEST_CHARS, Heard, json_text, leaves, w
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
+from .place_region import regional_places
 from .probe import hold, probe, probe_arguments, reply_ids
 from .runaway_list import closed_call
 from .tools import Tool, reads_only
@@ -535,6 +538,13 @@ def without_made_up(tool: Tool, arguments: dict, heard: str) -> dict:
     return arguments if len(kept) == len(arguments) else kept
 
 
+def timed(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with their dates in the formats their parameters ask
+    (:func:`~mlx_agent.dates.dated_values`) and their hours on the clocks they count
+    (:func:`~mlx_agent.clock_hours.clock_hours`)."""
+    return clock_hours(tool, dated_values(tool, arguments, request), request)
+
+
 def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Reply,
                    text: str, ids: list[int], tail: list[int], tools: Sequence[Tool],
                    messages: Sequence[dict], sampler: Sampler = greedy_sampler,
@@ -555,10 +565,12 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     request assigns by name its parameter's, its garbled copies copied again, its places,
     lists, capitals, emails and web addresses as the request writes them, its numbers at the
     request's scale and sign, its rates as fractions (:mod:`mlx_agent.copied_values`), a
-    result the request passes on where it says (:func:`piped_results`), its flags as the
-    request asks (:func:`~mlx_agent.flags.flags_as_asked`), the stated optional arguments
+    city's bare name with the region its parameter asks
+    (:mod:`mlx_agent.place_region`), a result the request passes on where it says
+    (:func:`piped_results`), its flags as the request asks, and at their stated defaults
+    where nobody speaks of them (:mod:`mlx_agent.flags`), the stated optional arguments
     added (:func:`complete_call`, from :func:`request_text` and :func:`turn_results`) and
-    its dates in the formats their parameters ask (:func:`~mlx_agent.dates.dated_values`);
+    its dates and hours as their parameters ask (:func:`timed`);
     where ``may_answer`` (the tool choice is auto), a call that is then
     :func:`~mlx_agent.unfounded.unfounded` becomes an answer that asks the user for its
     made-up values (its made-up strings too where ``pressed``: the reply had to be a call
@@ -614,13 +626,15 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = one_of_repeats(engine, lm, prompt, protocol, moved, arguments, stop)
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
+        arguments = regional_places(tool, arguments, request)
         arguments = as_quoted(tool, as_cased(tool, arguments, request), request)
         arguments = whole_identifiers(tool, arguments, request)
         arguments = whole_lists(tool, arguments, request)
         arguments = piped_results(tool, arguments, request, last_result(messages))
         arguments = signed_numbers(tool, scaled_numbers(tool, arguments, request), request)
         arguments = percent_rates(tool, arguments, request)
-        arguments = flags_as_asked(tool, arguments, request)
+        arguments = flags_by_default(tool, flags_as_asked(tool, arguments, request),
+                                     Heard(heard))
         if may_answer and (made_up := unfounded(tool, arguments, messages,
                                                 heard if pressed else None)):
             # no probe for a call that will not be made: the user is asked instead
@@ -632,7 +646,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         read = arguments
         arguments = complete_call(engine, lm, prompt, protocol, tool, arguments, request,
                                   sampler, stop, turn_results(messages))
-        arguments = dated_values(tool, arguments, request)  # added ones too
+        arguments = timed(tool, arguments, request)  # added ones too
         if arguments is not call.arguments:
             arguments = written_arguments(protocol, tool, arguments)
             if tool.builtin is not None and read is not call.arguments \
@@ -640,7 +654,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
                 # a built-in tool's call completed back into one that ran this turn (a path
                 # the model made up, dropped, probed back in: list_files(path="here")
                 # failed): the call as read
-                arguments = written_arguments(protocol, tool, dated_values(tool, read, request))
+                arguments = written_arguments(protocol, tool, timed(tool, read, request))
             if not tool.validate(arguments) and \
                     call_text(protocol, tool, arguments) not in made:
                 text = call_text(protocol, tool, arguments)

@@ -1,0 +1,59 @@
+"""An hour of the day on the clock its parameter asks: "11 PM" as 23 where it counts 24.
+
+Asked for a restaurant "that opens until at least 11 PM" by a tool whose closing hour "is
+in 24 hour format", a small model copies the number it reads: ``operating_hours: 11``, an
+hour before noon. :func:`clock_hours` makes an hour the request writes with "PM" (or "12
+AM", midnight) the hour a 24-hour clock gives it, where the parameter is a number whose
+description says it counts 24 hours ("24 hour format", "24-hour clock", "0-23").
+
+Not promised: hours written as strings ("11:00 PM" for a ``time`` string is left as it is),
+minutes, or an hour the request also writes as a bare number elsewhere ("11 guests at 11
+PM" is left as the model wrote it: which one it copied cannot be told).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .tools import Tool
+
+# "in 24 hour format", "24-hour clock", "(0-23)", "0 to 23"
+_CLOCK = re.compile(r"\b24[- ]?(?:hour|hr|h)\b|\b0\s*(?:-|to)\s*23\b", re.IGNORECASE)
+
+
+def counts_24(schema: Any) -> bool:
+    """Whether a parameter is a number of the hour on a 24-hour clock, by its description."""
+    return isinstance(schema, dict) and schema.get("type") in ("integer", "number") \
+        and isinstance(schema.get("description"), str) \
+        and bool(_CLOCK.search(schema["description"]))
+
+
+def on_24_clock(hour: int, request: str) -> int | None:
+    """``hour`` on a 24-hour clock where the request writes it with "PM" (23 for "11 PM",
+    12 for "12 pm") or as "12 AM" (0), and nowhere bare; None where it does not."""
+    if not 1 <= hour <= 12:
+        return None
+    written = list(re.finditer(rf"(?<![\d.:]){hour}(?:[:.]00)?(?![\d.:])(\s*([ap])\.?m\b\.?)?",
+                               request, re.IGNORECASE))
+    if not written or any(m.group(1) is None for m in written):
+        return None
+    halves = {m.group(2).lower() for m in written}
+    if halves == {"p"}:
+        return hour if hour == 12 else hour + 12
+    return 0 if halves == {"a"} and hour == 12 else None
+
+
+def clock_hours(tool: Tool, arguments: dict, request: str) -> dict:
+    """``arguments`` with each hour of a 24-hour parameter (:func:`counts_24`) the request
+    writes on a 12-hour clock on the 24-hour one (:func:`on_24_clock`), where the schema
+    takes it; ``arguments`` itself where none is."""
+    out = arguments
+    for name, value in arguments.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or value != int(value) or not counts_24(tool.properties.get(name)):
+            continue
+        hour = on_24_clock(int(value), request)
+        if hour is not None and hour != value and not tool.validate({**out, name: hour}):
+            out = {**out, name: hour}
+    return out

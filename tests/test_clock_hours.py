@@ -1,0 +1,81 @@
+"""Hours on the clock their parameter counts (mlx_agent/clock_hours.py), and flags at the
+defaults their parameters state (mlx_agent/flags.py's flags_by_default): the default
+adapter wrote ``operating_hours: 11`` for "opens until at least 11 PM" where the hour "is in
+24 hour format", and ``formatted: false`` where the tool says "Default is true" and the
+request says nothing of it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlx_agent.clock_hours import clock_hours, counts_24, on_24_clock
+from mlx_agent.flags import flags_by_default, stated_default
+from mlx_agent.heard import Heard
+from mlx_agent.tools import parse_tools
+
+
+def tool(**properties):
+    return parse_tools(json.dumps([{"name": "t", "description": "A tool.", "parameters": {
+        "type": "object", "properties": properties,
+        "required": list(properties)}}]), runnable=False)[0]
+
+
+@pytest.mark.parametrize("hour, request_, expected", [
+    (11, "a restaurant that opens until at least 11 PM.", 23), (11, "by 11pm", 23),
+    (9, "from 9 p.m. on", 21), (3, "at 3:00 PM", 15), (12, "at 12 pm", 12),
+    (12, "at 12 AM", 0), (11, "at 11 AM", None), (11, "at 11", None),  # no PM
+    (11, "11 guests at 11 PM", None),  # which 11 the model copied cannot be told
+    (11, "at 11 PM or 11 AM", None), (3, "at 3.5 PM", None), (13, "at 13 PM", None),
+    (1, "at 11 PM", None),
+])
+def test_an_hour_on_a_24_hour_clock(hour, request_, expected):
+    assert on_24_clock(hour, request_) == expected
+
+
+def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
+    closing = {"type": "integer",
+               "description": "Latest closing time. This is in 24 hour format."}
+    t = tool(hour=closing, guests={"type": "integer"})
+    request = "Find a place open until at least 11 PM for 4 guests."
+    assert clock_hours(t, {"hour": 11, "guests": 4}, request) == {"hour": 23, "guests": 4}
+    assert counts_24({"type": "number", "description": "Hour of the day (0-23)"})
+    for schema in ({"type": "integer", "description": "The hour."},  # a 12-hour clock?
+                   {"type": "string", "description": "Time, 24-hour clock"},  # a string
+                   {"type": "integer", "description": "in 24 hour format", "maximum": 12}):
+        arguments = {"hour": 11, "guests": 4}
+        assert clock_hours(tool(hour=schema, guests={"type": "integer"}), arguments,
+                           request) is arguments
+    arguments = {"hour": True, "guests": 4}  # a flag is no hour
+    assert clock_hours(tool(hour=closing, guests={"type": "integer"}), arguments,
+                       "at 1 PM") is arguments
+
+
+@pytest.mark.parametrize("schema, expected", [
+    ({"type": "boolean", "description": "Formatted if true. Default is true."}, True),
+    ({"type": "boolean", "description": "Whether to include it. Defaults to False."}, False),
+    ({"type": "boolean", "description": "Sort it (default: true)"}, True),
+    ({"type": "boolean", "description": "Default value is 'false'."}, False),
+    ({"type": "boolean", "default": False, "description": "Default is true."}, False),
+    ({"type": "boolean", "description": "If true, a string; if false, a list."}, None),
+    ({"type": "boolean", "description": "Default is true; default false in v2."}, None),
+    ({"type": "boolean"}, None), (None, None),
+])
+def test_the_default_a_flag_states(schema, expected):
+    assert stated_default(schema) == expected
+
+
+def test_a_flag_nobody_speaks_of_takes_its_stated_default():
+    t = tool(number={"type": "integer"}, formatted={
+        "type": "boolean", "description": "Return formatted string if true, array if false. "
+                                          "Default is true."})
+    heard = Heard("Find the prime factors of 450")
+    assert flags_by_default(t, {"number": 450, "formatted": False}, heard) == \
+        {"number": 450, "formatted": True}
+    for said in ("Find the prime factors of 450, not formatted", "Give them as an array, "
+                 "formatting off"):  # spoken of: the model's reading stands
+        arguments = {"number": 450, "formatted": False}
+        assert flags_by_default(t, arguments, Heard(said)) is arguments
+    arguments = {"number": 450, "formatted": True}  # the default already
+    assert flags_by_default(t, arguments, heard) is arguments
