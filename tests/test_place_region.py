@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from mlx_agent.agent import events as ev
-from mlx_agent.place_region import PLACES, asks_region, region, regional_places
+from mlx_agent.place_region import (PLACES, asks_region, country_code, country_codes, region,
+                                   regional_places)
 from mlx_agent.tools import parse_tools
 
 STATE = "The city and state, e.g. San Francisco, CA"
@@ -88,7 +89,7 @@ def test_the_gazetteer_is_whole_and_attributed():
     doc = json.loads(gzip.decompress(PLACES.read_bytes()))
     assert "GeoNames" in doc["source"] and "CC BY" in doc["source"]
     assert len(doc["cities"]) > 30_000 and len(doc["us_states"]) >= 50
-    assert doc["countries"]["IL"] == "Israel"
+    assert doc["countries"]["IL"] == ["Israel", "ISR"]
 
 
 @pytest.mark.real_model
@@ -109,3 +110,33 @@ def test_the_bundled_model_asked_for_a_city_and_state_gets_both(tmp_path):
         events = [ev.decode(line) for line in r.stdout.splitlines()]
         calls = [e.arguments for e in events if isinstance(e, ev.ToolCall)]
         assert calls and calls[0]["location"] == place, calls
+
+
+@pytest.mark.parametrize("country, letters, code", [
+    ("UK", 2, "GB"), ("the UK", 2, "GB"), ("Germany", 2, "DE"), ("Germany", 3, "DEU"),
+    ("united  states", 2, "US"), ("USA", 3, "USA"), ("gb", 2, "GB"), ("FRA", 2, "FR"),
+    ("Narnia", 2, None), ("", 2, None),
+])
+def test_a_country_s_iso_code(country, letters, code):
+    assert country_code(country, letters) == code
+
+
+def test_a_country_is_written_as_the_code_its_parameter_asks():
+    alpha2 = {"type": "string", "description": "The country where the city is located, e.g., "
+              "'US' for the United States. Use ISO 3166-1 alpha-2 country codes."}
+    weather = tool(city={"type": "string"}, country=alpha2)
+    assert country_codes(weather, {"city": "London", "country": "UK"}) == \
+        {"city": "London", "country": "GB"}
+    assert country_codes(tool(country_code={"type": "string", "description":
+                                            "The 3-letter country code"}),
+                         {"country_code": "Japan"}) == {"country_code": "JPN"}
+    for t, arguments in (
+            (weather, {"city": "London", "country": "GB"}),  # a code already
+            (weather, {"city": "London", "country": "Narnia"}),  # no country known
+            (tool(country={"type": "string", "description": "The country's name"}),
+             {"country": "UK"}),  # a name is asked
+            (tool(city={"type": "string", "description": alpha2["description"]}),
+             {"city": "UK"}),  # no country's parameter
+            (tool(country={**alpha2, "enum": ["UK", "US"]}), {"country": "UK"}),
+            (tool(country={**alpha2, "maxLength": 1}), {"country": "UK"})):
+        assert country_codes(t, arguments) is arguments
