@@ -4,7 +4,8 @@ Asked for a restaurant "that opens until at least 11 PM" by a tool whose closing
 in 24 hour format", a small model copies the number it reads: ``operating_hours: 11``, an
 hour before noon. :func:`clock_hours` makes an hour the request writes with "PM" (or "12
 AM", midnight) the hour a 24-hour clock gives it, where the parameter is a number whose
-description says it counts 24 hours ("24 hour format", "24-hour clock", "0-23").
+description says it counts 24 hours ("24 hour format", "24-hour clock", "0-23", "military
+time").
 
 Not promised: hours written as strings ("11:00 PM" for a ``time`` string is left as it is),
 minutes, or an hour the request also writes as a bare number elsewhere ("11 guests at 11
@@ -13,13 +14,15 @@ PM" is left as the model wrote it: which one it copied cannot be told).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 from .tools import Tool
 
-# "in 24 hour format", "24-hour clock", "(0-23)", "0 to 23"
-_CLOCK = re.compile(r"\b24[- ]?(?:hour|hr|h)\b|\b0\s*(?:-|to)\s*23\b", re.IGNORECASE)
+# "in 24 hour format", "24-hour clock", "(0-23)", "0 to 23"; not "at most 24 hours"
+_CLOCK = re.compile(r"\b24[- ]?(?:hour|hr|h)\s*(?:format|clock|time|notation)\b|"
+                    r"\b0\s*(?:-|to)\s*23\b|\bmilitary time\b", re.IGNORECASE)
 
 
 def counts_24(schema: Any) -> bool:
@@ -51,7 +54,8 @@ def clock_hours(tool: Tool, arguments: dict, request: str) -> dict:
     out = arguments
     for name, value in arguments.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or value != int(value) or not counts_24(tool.properties.get(name)):
+                or not counts_24(tool.properties.get(name)) \
+                or not math.isfinite(value) or value != int(value):  # 1e999 parses as inf
             continue
         hour = on_24_clock(int(value), request)
         if hour is not None and hour != value and not tool.validate({**out, name: hour}):

@@ -9,8 +9,8 @@ doubt in it (set ``true`` without asking the model, which wrote ``false`` for "d
 information" as readily as ``true``); :func:`flag_refused`: it refuses the flag plainly
 ("don't include hourly"); :func:`flags_as_asked` turns a flag the model wrote against what
 the request plainly says; :func:`unheard_flag`: the conversation never speaks of it (the
-model made it up); :func:`flags_by_default`: a flag it never speaks of takes the default its
-parameter states. :mod:`mlx_agent.stated_arguments` uses them on a call.
+model made it up); :func:`flags_by_default`: a required flag it never speaks of takes the
+default its parameter states. :mod:`mlx_agent.stated_arguments` uses them on a call.
 
 Not promised: English, read by spelling; a flag named for a short negative (``no_cache``,
 :data:`NEGATIVE_NAMES`) is never read as asked for or refused, one named for a longer one
@@ -168,33 +168,71 @@ def flag_refused(name: str, request: str) -> bool:
 
 # "Default is true", "defaults to False", "(default: true)", "Default value is 'false'"
 _DEFAULT = re.compile(r"\bdefaults?(?:\s+value)?(?:\s+is|\s+to|\s*[:=])?\s*(?:set\s+to\s+)?"
-                      r"['\"`]?(true|false)\b", re.IGNORECASE)
+                      r"['\"`]?(true|false)\b['\"`]?(?=\s*(?:[.;,)]|$))", re.IGNORECASE)
+# any value a description names as a default: "default false in v2" beside "Default is true"
+_NAMED = re.compile(r"\bdefaults?\b[^.;]{0,30}?\b(true|false)\b", re.IGNORECASE)
+# a default that holds only sometimes: "Default is true if a query is given, else false"
+_CONDITIONAL = re.compile(r"\b(?:if|when|unless|else|otherwise|except)\b", re.IGNORECASE)
+# words of a flag's description that say nothing of what it does
+_PLAIN = frozenset("""true false default defaults value whether return returns returned
+should will this that when with the and for set not otherwise""".split())
 
 
 def stated_default(schema: Any) -> bool | None:
-    """The default a flag's schema gives, as ``default`` or in its description ("Default
-    is true", "defaults to False"); None where it gives none, or two."""
+    """The default a flag's schema gives, as ``default`` (``true``, or the string
+    ``"true"``) or in its description ("Default is true", "defaults to False"), in a
+    sentence with no condition ("Default is true if a query is given" gives none); None
+    where it gives none, or two."""
     if not isinstance(schema, dict):
         return None
-    if isinstance(schema.get("default"), bool):
-        return schema["default"]
+    default = schema.get("default")
+    if isinstance(default, bool):
+        return default
+    if isinstance(default, str) and default.strip().lower() in ("true", "false"):
+        return default.strip().lower() == "true"
+    if "default" in schema:  # null, or a value no flag takes: no default to trust
+        return None
     described = schema.get("description")
-    said = {m.group(1).lower() for m in _DEFAULT.finditer(described)} \
-        if isinstance(described, str) else set()
-    return said.pop() == "true" if len(said) == 1 else None
+    if not isinstance(described, str):
+        return None
+    said, named = set(), set()  # the defaults stated plainly; every value named as one
+    for sentence in re.split(r"(?<=[.;])\s+", described[:2000]):
+        named |= {v.lower() for v in _NAMED.findall(sentence)}
+        for m in _DEFAULT.finditer(sentence):
+            if _CONDITIONAL.search(sentence):
+                return None
+            said.add(m.group(1).lower())
+    return said.pop() == "true" if len(said) == 1 and len(named) == 1 else None
+
+
+def _described(schema: Any) -> list[str]:
+    """The words of a flag's description that say what it does ("array" in "Return
+    formatted string if true, array if false"), of four letters or more."""
+    described = schema.get("description") if isinstance(schema, dict) else None
+    if not isinstance(described, str):
+        return []
+    return [w for w in (w.lower() for w in re.findall(r"[A-Za-z]{4,}", described[:2000]))
+            if w not in _PLAIN]
 
 
 def flags_by_default(tool: Tool, arguments: dict, said: Heard) -> dict:
-    """``arguments`` with each flag the conversation (``said``) never speaks of
-    (:func:`unheard_flag`) set to the default its parameter states
+    """``arguments`` with each required flag the conversation (``said``) never speaks of,
+    by its name (:func:`unheard_flag`) or its description's words ("as an array" speaks
+    of ``formatted``: "array if false"), set to the default its parameter states
     (:func:`stated_default`): the model wrote ``formatted: false`` for "Find the prime
     factors of 450" where the tool says "Default is true" and requires the flag; a default
-    is what a user who says nothing of a flag gets. ``arguments`` itself where none is."""
+    is what a user who says nothing of a flag gets (an optional one the model made up is
+    dropped instead: :func:`mlx_agent.stated_arguments.without_made_up`). ``arguments``
+    itself where none is."""
     out = arguments
     for name, value in arguments.items():
-        default = stated_default(tool.properties.get(name))
-        if isinstance(value, bool) and default is not None and value != default \
-                and unheard_flag(name, value, said) and not tool.validate({**out, name: default}):
+        if not isinstance(value, bool) or name not in tool.required:
+            continue
+        schema = tool.properties.get(name)
+        default = stated_default(schema)
+        if default is not None and value != default and unheard_flag(name, value, said) \
+                and not any(said.begins_a_word(w[:5]) for w in _described(schema)) \
+                and not tool.validate({**out, name: default}):
             out = {**out, name: default}
     return out
 

@@ -10,10 +10,11 @@ New York", "Moscow, Canada", "Tel Aviv, USA": the bundled model, greedy). The us
 write the region because people don't; the tool asked for it.
 
 :func:`regional_places`: a place parameter (:func:`mlx_agent.copied_values.is_place`) whose
-description asks for a region (:func:`asks_region`), holding a city's bare name, gets the
-city's region from a gazetteer (``data/places.json.gz``: GeoNames' 34,006 cities of 15,000
-people or more, CC BY 4.0, written by ``scripts/make_places.py``): a US city's state as
-its two letters where the description asks for a state, the country's name where it asks
+description asks for a region (:func:`asks_region`), holding a city's bare name (as the
+conversation writes it, capitalised; not a country's or a US state's name: "Virginia" is
+the state), gets the city's region from a gazetteer (``data/places.json.gz``: GeoNames'
+34,006 cities of 15,000 people or more, CC BY 4.0, written by ``scripts/make_places.py``):
+a US city's state as its two letters where the description asks for a state, the country's name where it asks
 for a country ("Boston, MA", "Tel Aviv, Israel", "Lang Son, Vietnam"; Chennai stays
 "Chennai" for "The name of the city, such as 'New York, NY'"). Of cities of one name, the
 most populous, where it has at least :data:`CLEAR_LEAD` times the people of any other in
@@ -26,8 +27,9 @@ that code where the model wrote its name or what people call it ("UK", the bundl
 ``country`` for "London in the UK", is "GB"; "Germany" is "DE", or "DEU" for alpha-3).
 
 Not promised: the city the user meant where a smaller one has its name (Paris, France for
-someone in Paris, Texas who did not say so), a region where the request names another
-country or state (the user's own words then stand), a town under 15,000 people or a name
+someone in Paris, Texas who did not say so), a region where the conversation names another
+country or state (the user's own words then stand; "London, Ontario" is kept whole before
+this by :func:`mlx_agent.copied_values.whole_places`), a town under 15,000 people or a name
 GeoNames does not write, or any region where the tool takes it in a parameter of its own
 (``city`` and ``country``).
 """
@@ -35,9 +37,11 @@ GeoNames does not write, or any region where the tool takes it in a parameter of
 from __future__ import annotations
 
 import functools
+import itertools
 import gzip
 import json
 import re
+import zlib
 from pathlib import Path
 from typing import Any, Collection, NamedTuple
 
@@ -48,13 +52,14 @@ from .tools import Tool
 PLACES = Path(__file__).resolve().parent / "data" / "places.json.gz"
 CLEAR_LEAD = 3.0  # how many times the people of the next city of its name a city must have
 LONGEST_PLACE = 40  # characters: a longer value is no city's bare name
+BIG_CITY = 1_000_000  # people: a state's name is this city's (New York), not Washington's
 # "City, State (abbr)", "the city and state", "city and country", "Location, State"
 _ASKED = re.compile(r"\b(?:city|town|location|place)(?: name)?\s*(?:,|\band(?: (?:the|its))?)"
                     r"\s*(state|country)\b", re.IGNORECASE)
 # an example written with a state's two letters: "e.g. San Francisco, CA", "such as
 # 'Seattle, WA'"
-_EXAMPLE = re.compile(r"(?:e\.g\.|such as|for example|for instance|like)[\s,:]*['\"]?"
-                      r"[A-Z][\w.'-]*(?: [A-Z][\w.'-]*){0,3}, [A-Z]{2}\b")
+_EXAMPLE = re.compile(r"(?i:\be\.g\.|\bsuch as|\bfor example|\bfor instance|\blike)"
+                      r"[\s,:]*['\"]?[A-Z][\w.'-]*(?: [A-Z][\w.'-]*){0,3}, ([A-Z]{2})\b")
 _BARE = re.compile(r"[^\W\d_][\w .'-]*")  # a name: letters first, no comma, no digits
 
 
@@ -78,8 +83,12 @@ ALIASES = {"uk": "GB", "u.k.": "GB", "britain": "GB", "great britain": "GB", "en
 
 @functools.cache
 def gazetteer() -> Gazetteer:
-    """The gazetteer, read once (about 0.2 s)."""
-    doc = json.loads(gzip.decompress(PLACES.read_bytes()))
+    """The gazetteer, read once (about 0.2 s); empty where its file cannot be read (a broken
+    install: no region is then added, and the calls stand as the model wrote them)."""
+    try:
+        doc = json.loads(gzip.decompress(PLACES.read_bytes()))
+    except (OSError, EOFError, ValueError, zlib.error):
+        return Gazetteer({}, {}, {}, {}, {})
     cities: dict[str, list[tuple[str, str, int]]] = {}
     for names, country, state, people in doc["cities"]:
         for name in names:
@@ -104,7 +113,9 @@ def asks_region(schema: Any) -> frozenset[str]:
     if not isinstance(described, str):
         return frozenset()
     asked = {m.group(1).lower() for m in _ASKED.finditer(described)}
-    return frozenset(asked | ({"state"} if _EXAMPLE.search(described) else set()))
+    shown = any(m.group(1) in gazetteer().states  # not "e.g. London, UK"
+                for m in itertools.islice(_EXAMPLE.finditer(described), 8))
+    return frozenset(asked | ({"state"} if shown else set()))
 
 
 def region(city: str, asked: Collection[str]) -> str | None:
@@ -127,19 +138,23 @@ def region(city: str, asked: Collection[str]) -> str | None:
 # "ISO 3166-1 alpha-2", "2-letter country code", "country code, e.g. 'US'"
 _CODE = re.compile(r"\bISO[- ]?3166|\balpha[- ]?[23]\b|\bcountry[- ]code|"
                    r"\b(?:2|3|two|three)[- ]letter\b", re.IGNORECASE)
+_NOT_CODE = re.compile(r"\b(?:not|no|never)\b[^.;]{0,40}\bcodes?\b", re.IGNORECASE)
 _THREE = re.compile(r"\balpha[- ]?3\b|\b(?:3|three)[- ]letter\b", re.IGNORECASE)
 
 
 def asks_code(name: str, schema: Any) -> int:
     """How many letters of a country's ISO 3166 code a parameter asks for (2 or 3), by its
-    name (a country's) and description ("ISO 3166-1 alpha-2", "the 2-letter country code");
-    0 where it asks for none."""
+    name (a country's, not ``country_name``) and description ("ISO 3166-1 alpha-2", "the
+    2-letter country code"; not "the full name, not the 2-letter code"); 0 where it asks for
+    none."""
+    words = {w.lower() for w in NAME_WORD.findall(name)}
     if not isinstance(schema, dict) or schema.get("type") != "string" \
-            or "enum" in schema or "const" in schema \
-            or "country" not in {w.lower() for w in NAME_WORD.findall(name)}:
+            or "enum" in schema or "const" in schema or "country" not in words \
+            or "name" in words:
         return 0
     described = schema.get("description")
-    if not isinstance(described, str) or not _CODE.search(described):
+    if not isinstance(described, str) or not _CODE.search(described) \
+            or _NOT_CODE.search(described):
         return 0
     return 3 if _THREE.search(described) else 2
 
@@ -153,21 +168,41 @@ def country_code(country: str, letters: int) -> str | None:
     return None if code is None else code if letters == 2 else places.three.get(code)
 
 
-def _names_another(request: str, city: str, region_: str) -> bool:
-    """Whether ``request`` names a country or a US state (by name, as whole words, or by
-    its two letters after a comma: "Paris, TX") other than ``region_`` (a state's two
-    letters or a country's name) that is not ``city`` itself (New York, NY names the state
-    New York)."""
+def _proper_name(value: str, heard: str) -> bool:
+    """Whether ``value`` is a city's name as ``heard`` writes it: capitalised there, as
+    whole words ("weather up north" writes no city North), and no country's name or code
+    nor a US state's name (Virginia, Jordan and Mexico are cities too, but a user who writes
+    them means the state or the country), but for a city of :data:`BIG_CITY` people or more
+    (New York)."""
+    places, value = gazetteer(), " ".join(value.split())
+    low = value.lower()
+    if low in places.codes or low in {n.lower() for n in places.states.values()} \
+            and max((p for _, _, p in places.cities.get(low, ())), default=0) < BIG_CITY:
+        return False
+    return any(m.group()[:1].isupper() for m in itertools.islice(
+        re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", heard, re.IGNORECASE), 8))
+
+
+def _names_another(heard: str, city: str, region_: str) -> bool:
+    """Whether ``heard`` names a country (by any name: "the UK") or a US state (by name,
+    as whole words, or by its two letters after a comma: "Paris, TX") other than
+    ``region_`` (a state's two letters or a country's name) and its country, that is not
+    ``city`` itself (New York, NY names the state New York)."""
     places = gazetteer()
     own = {region_.lower(), places.states.get(region_, "").lower(), city.strip().lower()}
-    names = [n for n in (*places.countries.values(), *places.states.values())
-             if n.lower() not in own]
-    low = request.lower()
-    return any(n.lower() in low and re.search(rf"(?<!\w){re.escape(n)}(?!\w)", request,
+    # the region's country: its every name is the region's own ("MA" is Massachusetts,
+    # not Morocco: a state's country is the US)
+    country = "US" if region_ in places.states else places.codes.get(region_.lower())
+    names = [n for n in (*places.countries.values(), *places.states.values(),
+                         *(a for a, code in ALIASES.items() if code != country))
+             if n.lower() not in own and (country is None or places.codes.get(n.lower())
+                                          != country)]
+    low = heard.lower()
+    return any(n.lower() in low and re.search(rf"(?<!\w){re.escape(n)}(?!\w)", heard,
                                                re.IGNORECASE)
                for n in names) \
         or any(code != region_ and code in places.states
-               for code in re.findall(r", ([A-Z]{2})(?![\w.])", request))
+               for code in re.findall(r", ([A-Z]{2})(?![\w.])", heard))
 
 
 def country_codes(tool: Tool, arguments: dict) -> dict:
@@ -184,20 +219,21 @@ def country_codes(tool: Tool, arguments: dict) -> dict:
     return out
 
 
-def regional_places(tool: Tool, arguments: dict, request: str) -> dict:
+def regional_places(tool: Tool, arguments: dict, heard: str) -> dict:
     """``arguments`` with each city's bare name that its parameter asks with a region
-    (:func:`asks_region`) followed by the city's region (:func:`region`), where the request
-    names no other country or state and the tool's schema takes the new value; ``arguments``
-    itself where none is."""
+    (:func:`asks_region`) followed by the city's region (:func:`region`), where ``heard``
+    (the conversation's user messages and tool results) writes the name as a city's
+    (:func:`_proper_name`) and names no other country or state (:func:`_names_another`),
+    and the tool's schema takes the new value; ``arguments`` itself where none is."""
     out = arguments
     for name, value in arguments.items():
         if not isinstance(value, str) or len(value) > LONGEST_PLACE \
                 or not _BARE.fullmatch(value.strip()) or not is_place(name) \
-                or takes_parts(tool, name):
+                or takes_parts(tool, name) or not _proper_name(value, heard):
             continue
         asked = asks_region(tool.properties.get(name))
         found = region(value, asked) if asked else None
-        if found is None or _names_another(request, value, found) \
+        if found is None or _names_another(heard, value, found) \
                 or tool.validate({**out, name: f"{value.strip()}, {found}"}):
             continue
         out = {**out, name: f"{value.strip()}, {found}"}

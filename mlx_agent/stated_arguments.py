@@ -626,7 +626,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = one_of_repeats(engine, lm, prompt, protocol, moved, arguments, stop)
         tool = moved
         arguments = whole_places(tool, apart_values(tool, arguments), request)
-        arguments = country_codes(tool, regional_places(tool, arguments, request))
+        arguments = country_codes(tool, regional_places(tool, arguments, heard))
         arguments = as_quoted(tool, as_cased(tool, arguments, request), request)
         arguments = whole_identifiers(tool, arguments, request)
         arguments = whole_lists(tool, arguments, request)

@@ -47,6 +47,11 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
         arguments = {"hour": 11, "guests": 4}
         assert clock_hours(tool(hour=schema, guests={"type": "integer"}), arguments,
                            request) is arguments
+    assert not counts_24({"type": "integer", "description": "Lasts at most 24h."})
+    for odd in (float("inf"), float("nan"), 1e300, 11.5):  # 1e999 parses as inf
+        arguments = {"hour": odd, "guests": 4}
+        assert clock_hours(t, arguments, request) is arguments
+    assert clock_hours(t, {"hour": 11.0, "guests": 4}, request) == {"hour": 23, "guests": 4}
     arguments = {"hour": True, "guests": 4}  # a flag is no hour
     assert clock_hours(tool(hour=closing, guests={"type": "integer"}), arguments,
                        "at 1 PM") is arguments
@@ -60,6 +65,13 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
     ({"type": "boolean", "default": False, "description": "Default is true."}, False),
     ({"type": "boolean", "description": "If true, a string; if false, a list."}, None),
     ({"type": "boolean", "description": "Default is true; default false in v2."}, None),
+    ({"type": "boolean", "description": "Default is true if a query is given, else false."},
+     None),
+    ({"type": "boolean", "description": "Defaults to true when sorting, false otherwise."},
+     None),
+    ({"type": "boolean", "description": "Use default true/false handling."}, None),
+    ({"type": "boolean", "default": "false", "description": "Default is true."}, False),
+    ({"type": "boolean", "default": None, "description": "Default is true."}, None),
     ({"type": "boolean"}, None), (None, None),
 ])
 def test_the_default_a_flag_states(schema, expected):
@@ -73,9 +85,18 @@ def test_a_flag_nobody_speaks_of_takes_its_stated_default():
     heard = Heard("Find the prime factors of 450")
     assert flags_by_default(t, {"number": 450, "formatted": False}, heard) == \
         {"number": 450, "formatted": True}
-    for said in ("Find the prime factors of 450, not formatted", "Give them as an array, "
-                 "formatting off"):  # spoken of: the model's reading stands
+    for said in ("Find the prime factors of 450, not formatted",
+                 "Give me the prime factors of 450 as an array"):  # spoken of, by its name
+        # or its description's words: the model's reading stands
         arguments = {"number": 450, "formatted": False}
         assert flags_by_default(t, arguments, Heard(said)) is arguments
     arguments = {"number": 450, "formatted": True}  # the default already
     assert flags_by_default(t, arguments, heard) is arguments
+    # an optional flag is left to the tool's own default (without_made_up drops it)
+    optional = parse_tools(json.dumps([{"name": "ls", "description": "List a folder.",
+                                         "parameters": {"type": "object", "properties": {
+        "path": {"type": "string"}, "recursive": {
+            "type": "boolean", "description": "List subfolders too. Defaults to false."}},
+        "required": ["path"]}}]), runnable=False)[0]
+    arguments = {"path": "src", "recursive": True}
+    assert flags_by_default(optional, arguments, Heard("List everything in src")) is arguments

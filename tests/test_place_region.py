@@ -32,6 +32,8 @@ def tool(**properties):
     ("Location of the hotel, in the format of 'City, Country'", {"country"}),
     ("City where restaurant is located.", set()), ("The city, e.g. Boston", set()),
     ("The state of the order", set()),
+    ("The city, e.g. London, UK", set()),  # a country's code shown: no US state
+    ("Unlike Paris, TX", set()),
 ])
 def test_what_region_a_description_asks_for(description, asked):
     assert asks_region({"type": "string", "description": description}) == asked
@@ -77,9 +79,22 @@ def test_a_bare_city_gets_its_region_where_its_parameter_asks():
             (tool(city={"type": "string", "description": "The city"}), {"city": "Boston"}),
             (tool(note={"type": "string", "description": STATE}), {"note": "Boston"})):
         assert regional_places(t, arguments, request) is arguments
-    # the user's own words stand: another state or country named
-    for request in ("Weather in Paris in Texas?", "Weather in Paris near Dallas, TX?"):
-        assert regional_places(weather, {"location": "Paris"}, request) == {"location": "Paris"}
+    # the user's own words stand: another state or country named, by any of its names
+    for city, request in (("Paris", "Weather in Paris in Texas?"),
+                          ("Paris", "Weather in Paris near Dallas, TX?"),
+                          ("Boston", "Weather in Boston in the UK?"),
+                          ("Boston", "Weather in Boston, England.")):
+        assert regional_places(weather, {"location": city}, request) == {"location": city}
+    # the region's own country named is no other: Boston, MA is in the USA
+    assert regional_places(weather, {"location": "Boston"}, "Weather in Boston in the USA") \
+        == {"location": "Boston, MA"}
+    # a state's or a country's name is the state or the country, not a town of its name;
+    # a common word is no city where the request does not write it capitalised
+    for value, request in (("Virginia", "Weather in Virginia?"), ("Jordan", "Jordan today"),
+                           ("Washington", "Washington state weather"),
+                           ("Colorado", "Colorado"), ("North", "the weather up north"),
+                           ("Boston", "weather in boston")):
+        assert regional_places(weather, {"location": value}, request) == {"location": value}
     # the city's own name is no other state: New York, NY
     assert regional_places(weather, {"location": "New York"}, "Weather in New York? OK") == \
         {"location": "New York, NY"}
@@ -138,5 +153,8 @@ def test_a_country_is_written_as_the_code_its_parameter_asks():
             (tool(city={"type": "string", "description": alpha2["description"]}),
              {"city": "UK"}),  # no country's parameter
             (tool(country={**alpha2, "enum": ["UK", "US"]}), {"country": "UK"}),
+            (tool(country={"type": "string", "description": "The full name, not the ISO "
+                           "3166 code"}), {"country": "UK"}),  # a name, said so
+            (tool(country_name=alpha2), {"country_name": "UK"}),
             (tool(country={**alpha2, "maxLength": 1}), {"country": "UK"})):
         assert country_codes(t, arguments) is arguments
