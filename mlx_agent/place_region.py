@@ -14,12 +14,12 @@ description asks for a region (:func:`asks_region`), holding a city's bare name 
 conversation writes it, capitalised; not a country's or a US state's name: "Virginia" is
 the state), gets the city's region from a gazetteer (``data/places.json.gz``: GeoNames'
 34,006 cities of 15,000 people or more, CC BY 4.0, written by ``scripts/make_places.py``):
-a US city's state as its two letters where the description asks for a state, the country's name where it asks
-for a country ("Boston, MA", "Tel Aviv, Israel", "Lang Son, Vietnam"; Chennai stays
-"Chennai" for "The name of the city, such as 'New York, NY'"). Of cities of one name, the
-most populous, where it has at least :data:`CLEAR_LEAD` times the people of any other in
-another region (Hyderabad, India, not Pakistan; no Springfield: Missouri's and
-Massachusetts' are alike).
+a US city's state as its two letters where the description asks for a state, the
+country's name where it asks for a country ("Boston, MA", "Tel Aviv, Israel", "Lang Son,
+Vietnam"; Chennai stays "Chennai" for "The name of the city, such as 'New York, NY'"). Of
+cities of one name, the most populous, where it has at least :data:`CLEAR_LEAD` times the
+people of any other in another region (Hyderabad, India, not Pakistan; no Springfield:
+Missouri's and Massachusetts' are alike).
 
 :func:`country_codes`: a country a parameter asks as its ISO 3166 code (``country`` whose
 description says "ISO 3166-1 alpha-2", "2-letter country code", "alpha-3") is written as
