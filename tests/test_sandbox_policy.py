@@ -135,6 +135,18 @@ def test_explicit_bwrap_that_fails_is_an_error_with_its_reason(broken_bwrap):
 
 
 @linux_only
+def test_a_bwrap_that_cannot_start_is_named_once(tmp_path, monkeypatch, fresh_probe):
+    fake = tmp_path / "bwrap"
+    fake.write_bytes(b"\x7fELF not a program")  # the kernel refuses it: ENOEXEC
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SandboxUnavailable) as e:
+        resolve_sandbox("bwrap")
+    assert str(e.value).startswith("--sandbox bwrap: could not start bwrap: ") \
+        and str(e.value).count("bwrap") == 2, str(e.value)
+
+
+@linux_only
 def test_auto_falls_back_to_none_with_one_warning(broken_bwrap):
     warnings = []
     box = resolve_sandbox("auto", network=True, warn=warnings.append)

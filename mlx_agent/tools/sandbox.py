@@ -284,8 +284,8 @@ def unavailable(backend: str) -> str | None:
     if r.timed_out:
         return (f"{backend}'s test process did not end within {_PROBE_TIMEOUT:g} s"
                 + (f" ({why[0]})" if why else ""))
-    if r.stderr.startswith("error: could not start"):  # run_process's own words
-        return f"{backend} {r.stderr.removeprefix('error: ').strip()}"
+    if r.stderr.startswith("error: could not start"):  # run_process's own words, which
+        return r.stderr.removeprefix("error: ").strip()  # name the backend's program
     if r.exit_code != 0:
         return f"{backend} does not work here: {why[0] if why else f'exit {r.exit_code}'}"
     return None
