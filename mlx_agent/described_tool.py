@@ -130,9 +130,14 @@ delete add remove calculate calc compute lookup look check show info information
 details data api""".split())
 
 
+# words of a tool's name that say when, not what: "What's the weather in Boston?" names
+# ``get_current_weather`` (a request rarely writes "current")
+QUALIFYING = frozenset(stem(w) for w in "current latest recent live realtime".split())
+
+
 def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     """The tools whose name ``request`` writes: every stem of the name but those of
-    :data:`DOING` is one of the request's (:func:`stems`: "the roots of" for
+    :data:`DOING` and :data:`QUALIFYING` is one of the request's (:func:`stems`: "the roots of" for
     ``find_roots``, "generate a DNA sequence" for ``generate_DNA_sequence``); a name of only such
     words is written by no request. A request that writes a file's name writes "file"
     ("Write 'hi' to greeting.txt" names ``write_file``; not "Node.js" or "km/h":
@@ -140,5 +145,5 @@ def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     :data:`~mlx_agent.heard.REQUEST_CHARS` characters)."""
     said = stems(request) | ({stem("file")} if file_names(request[:REQUEST_CHARS]) else set())
     return [t for t in tools if (own := _tool_words(t.name, t.description,
-                                                    tuple(t.properties))[0] - DOING)
-            and own <= said]
+                                                    tuple(t.properties))[0]
+                                 - DOING - QUALIFYING) and own <= said]

@@ -54,7 +54,8 @@ def tools(*spec):
 NAMED = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object", "properties": {}}}
                                  for n in ("find_roots", "entropy_change.calculate",
                                            "get_details", "generate_DNA_sequence",
-                                           "getWeatherInfo")]), runnable=False)
+                                           "getWeatherInfo", "get_current_time",
+                                           "get_latest_news")]), runnable=False)
 
 
 @pytest.mark.parametrize("request_, expected", [
@@ -65,6 +66,10 @@ NAMED = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object", "pr
     ("Get the details and the information", []),  # what a tool does, not what it is about
     ("The DNA of a whale", []), ("Entropy alone", []),  # some of the name: not the name
     ("Les racines", []),
+    # a name's words that say when are not needed: "current", "latest"
+    ("What time is it in Tokyo?", ["get_current_time"]),
+    ("Any news about the launch?", ["get_latest_news"]),
+    ("What's current and latest?", []),  # only such words: no tool's name
 ])
 def test_the_tools_whose_name_a_request_writes(request_, expected):
     assert [t.name for t in mentioned(NAMED, request_)] == expected
