@@ -14,15 +14,15 @@ PM" is left as the model wrote it: which one it copied cannot be told).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 from .tools import Tool
 
-# "in 24 hour format", "24-hour clock", "(0-23)", "0 to 23"; not "at most 24 hours"
-_CLOCK = re.compile(r"\b24[- ]?(?:hour|hr|h)\s*(?:format|clock|time|notation)\b|"
-                    r"\b0\s*(?:-|to)\s*23\b|\bmilitary time\b", re.IGNORECASE)
+# "in 24 hour format", "24-hour clock", "Hour (24h)", "(0-23)"; not "lasts at most 24h."
+_CLOCK = re.compile(r"\b24[- ]?(?:hours?|hrs?|h)\b(?:\s*(?:format|clock|time|notation)\b"
+                    r"|(?=\s*[),;]|\s*$))|\b0\s*(?:-|to)\s*23\b|\bmilitary time\b",
+                    re.IGNORECASE)
 
 
 def counts_24(schema: Any) -> bool:
@@ -53,9 +53,10 @@ def clock_hours(tool: Tool, arguments: dict, request: str) -> dict:
     takes it; ``arguments`` itself where none is."""
     out = arguments
     for name, value in arguments.items():
+        # compared before int(): a parsed 1e999 is inf, 10**400 no float
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not counts_24(tool.properties.get(name)) \
-                or not math.isfinite(value) or value != int(value):  # 1e999 parses as inf
+                or not 0 <= value <= 24 or value != int(value) \
+                or not counts_24(tool.properties.get(name)):
             continue
         hour = on_24_clock(int(value), request)
         if hour is not None and hour != value and not tool.validate({**out, name: hour}):

@@ -131,19 +131,38 @@ details data api""".split())
 
 
 # words of a tool's name that say when, not what: "What's the weather in Boston?" names
-# ``get_current_weather`` (a request rarely writes "current")
-QUALIFYING = frozenset(stem(w) for w in "current latest recent live realtime".split())
+# ``get_current_weather`` (a request rarely writes "current"); whole words of the name
+QUALIFYING = frozenset("current latest recent live realtime".split())
+# what is left of a name without its when-words that says too little to be named by
+# alone: "the time complexity of quicksort" does not name ``get_current_time``, nor "a new
+# user" ``get_current_user``
+GENERIC = frozenset(stem(w) for w in """time times date day user users data file files
+price prices version versions location score scores status value values result results
+item items number numbers count name names event events record records list state stats
+update updates info page pages news""".split())  # "news" is "new" ("a new user")
+
+
+@functools.lru_cache(maxsize=1024)
+def _named_by(name: str) -> frozenset:
+    """The stems a request must write to name a tool called ``name``: its name's but those
+    of :data:`DOING` and, where what is left is not only :data:`GENERIC`, those of the
+    words of :data:`QUALIFYING` ("weather" for ``get_current_weather``; "current time"
+    for ``get_current_time``)."""
+    words = [w.lower() for part in re.findall(r"[^\W_]+", name)
+             for w in NAME_WORD.findall(part)]
+    every = frozenset(stem(w) for w in words if len(w) > 2) - DOING
+    kept = frozenset(stem(w) for w in words if len(w) > 2 and w not in QUALIFYING) - DOING
+    return kept if kept and not kept <= GENERIC else every
 
 
 def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     """The tools whose name ``request`` writes: every stem of the name but those of
-    :data:`DOING` and :data:`QUALIFYING` is one of the request's (:func:`stems`: "the roots of" for
-    ``find_roots``, "generate a DNA sequence" for ``generate_DNA_sequence``); a name of only such
-    words is written by no request. A request that writes a file's name writes "file"
-    ("Write 'hi' to greeting.txt" names ``write_file``; not "Node.js" or "km/h":
-    :func:`~mlx_agent.file_paths.file_names`, in its first
-    :data:`~mlx_agent.heard.REQUEST_CHARS` characters)."""
+    :data:`DOING` and, mostly, :data:`QUALIFYING` (:func:`_named_by`) is one of the
+    request's (:func:`stems`: "the roots of" for ``find_roots``, "generate a DNA sequence"
+    for ``generate_DNA_sequence``); a name of only such words is written by no request. A
+    request that writes a file's name writes "file" ("Write 'hi' to greeting.txt" names
+    ``write_file``; not "Node.js" or "km/h": :func:`~mlx_agent.file_paths.file_names`, in
+    its first :data:`~mlx_agent.heard.REQUEST_CHARS` characters)."""
     said = stems(request) | ({stem("file")} if file_names(request[:REQUEST_CHARS]) else set())
-    return [t for t in tools if (own := _tool_words(t.name, t.description,
-                                                    tuple(t.properties))[0]
-                                 - DOING - QUALIFYING) and own <= said]
+    return [t for t in tools if (own := _named_by(t.name) & _tool_words(
+        t.name, t.description, tuple(t.properties))[0]) and own <= said]

@@ -168,11 +168,15 @@ def flag_refused(name: str, request: str) -> bool:
 
 # "Default is true", "defaults to False", "(default: true)", "Default value is 'false'"
 _DEFAULT = re.compile(r"\bdefaults?(?:\s+value)?(?:\s+is|\s+to|\s*[:=])?\s*(?:set\s+to\s+)?"
-                      r"['\"`]?(true|false)\b['\"`]?(?=\s*(?:[.;,)]|$))", re.IGNORECASE)
+                      r"['\"`]?(true|false)\b['\"`]?(?=[ \t]*(?:[.;,()\n]|$))", re.IGNORECASE)
 # any value a description names as a default: "default false in v2" beside "Default is true"
 _NAMED = re.compile(r"\bdefaults?\b[^.;]{0,30}?\b(true|false)\b", re.IGNORECASE)
 # a default that holds only sometimes: "Default is true if a query is given, else false"
 _CONDITIONAL = re.compile(r"\b(?:if|when|unless|else|otherwise|except)\b", re.IGNORECASE)
+# a condition that only says the default is the default: "if not specified", "when omitted"
+_UNSAID = re.compile(r"\b(?:if|when|unless)\s+(?:it\s+is\s+|it's\s+)?(?:not\s+(?:specified|"
+                     r"provided|given|set|supplied|passed)|omitted|unset|absent|missing|"
+                     r"left\s+out)\b", re.IGNORECASE)
 # words of a flag's description that say nothing of what it does
 _PLAIN = frozenset("""true false default defaults value whether return returns returned
 should will this that when with the and for set not otherwise""".split())
@@ -180,9 +184,9 @@ should will this that when with the and for set not otherwise""".split())
 
 def stated_default(schema: Any) -> bool | None:
     """The default a flag's schema gives, as ``default`` (``true``, or the string
-    ``"true"``) or in its description ("Default is true", "defaults to False"), in a
-    sentence with no condition ("Default is true if a query is given" gives none); None
-    where it gives none, or two."""
+    ``"true"``) or in its description's first 2,000 characters ("Default is true",
+    "Defaults to false if not specified"), in a sentence with no other condition ("Default
+    is true if a query is given" gives none); None where it gives none, or two."""
     if not isinstance(schema, dict):
         return None
     default = schema.get("default")
@@ -198,6 +202,7 @@ def stated_default(schema: Any) -> bool | None:
     said, named = set(), set()  # the defaults stated plainly; every value named as one
     for sentence in re.split(r"(?<=[.;])\s+", described[:2000]):
         named |= {v.lower() for v in _NAMED.findall(sentence)}
+        sentence = _UNSAID.sub(" ", sentence)  # "false if not specified" is plain "false"
         for m in _DEFAULT.finditer(sentence):
             if _CONDITIONAL.search(sentence):
                 return None

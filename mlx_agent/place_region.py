@@ -53,6 +53,7 @@ PLACES = Path(__file__).resolve().parent / "data" / "places.json.gz"
 CLEAR_LEAD = 3.0  # how many times the people of the next city of its name a city must have
 LONGEST_PLACE = 40  # characters: a longer value is no city's bare name
 BIG_CITY = 1_000_000  # people: a state's name is this city's (New York), not Washington's
+LOWER_CASE_CITY = 100_000  # people: "weather in boston" names Boston; "up north" no North
 # "City, State (abbr)", "the city and state", "city and country", "Location, State"
 _ASKED = re.compile(r"\b(?:city|town|location|place)(?: name)?\s*(?:,|\band(?: (?:the|its))?)"
                     r"\s*(state|country)\b", re.IGNORECASE)
@@ -83,7 +84,7 @@ ALIASES = {"uk": "GB", "u.k.": "GB", "britain": "GB", "great britain": "GB", "en
 
 @functools.cache
 def gazetteer() -> Gazetteer:
-    """The gazetteer, read once (about 0.2 s); empty where its file cannot be read (a broken
+    """The gazetteer, read once (about 0.1 s); empty where its file cannot be read (a broken
     install: no region is then added, and the calls stand as the model wrote them)."""
     try:
         doc = json.loads(gzip.decompress(PLACES.read_bytes()))
@@ -138,7 +139,11 @@ def region(city: str, asked: Collection[str]) -> str | None:
 # "ISO 3166-1 alpha-2", "2-letter country code", "country code, e.g. 'US'"
 _CODE = re.compile(r"\bISO[- ]?3166|\balpha[- ]?[23]\b|\bcountry[- ]code|"
                    r"\b(?:2|3|two|three)[- ]letter\b", re.IGNORECASE)
-_NOT_CODE = re.compile(r"\b(?:not|no|never)\b[^.;]{0,40}\bcodes?\b", re.IGNORECASE)
+# "the full name, not the 2-letter code"; not "If not provided, the default code US is used"
+_NOT_CODE = re.compile(r"\bnot\s+(?:the|an?)\s+(?:ISO[- ]?3166(?:-1)?\s+)?"
+                       r"(?:alpha[- ]?[23]\s+|\w+[- ]letter\s+)?(?:country\s+)?codes?\b",
+                       re.IGNORECASE)
+_TWO = re.compile(r"\balpha[- ]?2\b|\b(?:2|two)[- ]letter\b", re.IGNORECASE)
 _THREE = re.compile(r"\balpha[- ]?3\b|\b(?:3|three)[- ]letter\b", re.IGNORECASE)
 
 
@@ -156,7 +161,7 @@ def asks_code(name: str, schema: Any) -> int:
     if not isinstance(described, str) or not _CODE.search(described) \
             or _NOT_CODE.search(described):
         return 0
-    return 3 if _THREE.search(described) else 2
+    return 3 if _THREE.search(described) and not _TWO.search(described) else 2
 
 
 def country_code(country: str, letters: int) -> str | None:
@@ -169,23 +174,31 @@ def country_code(country: str, letters: int) -> str | None:
 
 
 def _proper_name(value: str, heard: str) -> bool:
-    """Whether ``value`` is a city's name as ``heard`` writes it: capitalised there, as
-    whole words ("weather up north" writes no city North), and no country's name or code
-    nor a US state's name (Virginia, Jordan and Mexico are cities too, but a user who writes
-    them means the state or the country), but for a city of :data:`BIG_CITY` people or more
-    (New York)."""
+    """Whether ``value`` is a city's name as ``heard`` writes it: capitalised there (or, a
+    city of :data:`LOWER_CASE_CITY` people, in a line with no capitals: "weather in
+    boston"), as whole words ("the weather up north" writes no city North), and no
+    country's name or code nor a US state's name (Virginia, Jordan and Mexico are cities
+    too, but a user who writes them means the state or the country), but for a city of
+    :data:`BIG_CITY` people or more (New York)."""
     places, value = gazetteer(), " ".join(value.split())
     low = value.lower()
+    people = max((p for _, _, p in places.cities.get(low, ())), default=0)
     if low in places.codes or low in {n.lower() for n in places.states.values()} \
-            and max((p for _, _, p in places.cities.get(low, ())), default=0) < BIG_CITY:
+            and people < BIG_CITY:
         return False
-    return any(m.group()[:1].isupper() for m in itertools.islice(
-        re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", heard, re.IGNORECASE), 8))
+    for m in itertools.islice(re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", heard,
+                                          re.IGNORECASE), 64):
+        start, end = heard.rfind("\n", 0, m.start()) + 1, heard.find("\n", m.end())
+        line = heard[start:end if end >= 0 else len(heard)]
+        if m.group()[:1].isupper() or line == line.lower() and people >= LOWER_CASE_CITY:
+            return True  # capitalised, or a big city's in a line written all in lower case
+    return False
 
 
 def _names_another(heard: str, city: str, region_: str) -> bool:
     """Whether ``heard`` names a country (by any name: "the UK") or a US state (by name,
-    as whole words, or by its two letters after a comma: "Paris, TX") other than
+    as whole words with a capital: not "turkey", or by its two letters after a comma:
+    "Paris, TX") other than
     ``region_`` (a state's two letters or a country's name) and its country, that is not
     ``city`` itself (New York, NY names the state New York)."""
     places = gazetteer()
@@ -198,9 +211,10 @@ def _names_another(heard: str, city: str, region_: str) -> bool:
              if n.lower() not in own and (country is None or places.codes.get(n.lower())
                                           != country)]
     low = heard.lower()
-    return any(n.lower() in low and re.search(rf"(?<!\w){re.escape(n)}(?!\w)", heard,
-                                               re.IGNORECASE)
-               for n in names) \
+    return any(n.lower() in low and any(
+        any(c.isupper() for c in m.group()) for m in itertools.islice(
+            re.finditer(rf"(?<!\w){re.escape(n)}(?!\w)", heard, re.IGNORECASE), 64))
+        for n in names) \
         or any(code != region_ and code in places.states
                for code in re.findall(r", ([A-Z]{2})(?![\w.])", heard))
 
@@ -229,10 +243,10 @@ def regional_places(tool: Tool, arguments: dict, heard: str) -> dict:
     for name, value in arguments.items():
         if not isinstance(value, str) or len(value) > LONGEST_PLACE \
                 or not _BARE.fullmatch(value.strip()) or not is_place(name) \
-                or takes_parts(tool, name) or not _proper_name(value, heard):
+                or takes_parts(tool, name):
             continue
-        asked = asks_region(tool.properties.get(name))
-        found = region(value, asked) if asked else None
+        asked = asks_region(tool.properties.get(name))  # before the gazetteer is read
+        found = region(value, asked) if asked and _proper_name(value, heard) else None
         if found is None or _names_another(heard, value, found) \
                 or tool.validate({**out, name: f"{value.strip()}, {found}"}):
             continue

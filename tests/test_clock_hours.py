@@ -48,7 +48,9 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
         assert clock_hours(tool(hour=schema, guests={"type": "integer"}), arguments,
                            request) is arguments
     assert not counts_24({"type": "integer", "description": "Lasts at most 24h."})
-    for odd in (float("inf"), float("nan"), 1e300, 11.5):  # 1e999 parses as inf
+    assert not counts_24({"type": "integer", "description": "Within 24 hours of booking"})
+    assert counts_24({"type": "integer", "description": "Closing hour (24h)"})
+    for odd in (float("inf"), float("nan"), 1e300, 10 ** 400, -11, 11.5):  # 1e999 is inf
         arguments = {"hour": odd, "guests": 4}
         assert clock_hours(t, arguments, request) is arguments
     assert clock_hours(t, {"hour": 11.0, "guests": 4}, request) == {"hour": 23, "guests": 4}
@@ -70,6 +72,8 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
     ({"type": "boolean", "description": "Defaults to true when sorting, false otherwise."},
      None),
     ({"type": "boolean", "description": "Use default true/false handling."}, None),
+    ({"type": "boolean", "description": "Defaults to false if not specified."}, False),
+    ({"type": "boolean", "description": "Default is True (recommended)."}, True),
     ({"type": "boolean", "default": "false", "description": "Default is true."}, False),
     ({"type": "boolean", "default": None, "description": "Default is true."}, None),
     ({"type": "boolean"}, None), (None, None),

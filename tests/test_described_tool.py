@@ -55,20 +55,26 @@ NAMED = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object", "pr
                                  for n in ("find_roots", "entropy_change.calculate",
                                            "get_details", "generate_DNA_sequence",
                                            "getWeatherInfo", "get_current_time",
-                                           "get_latest_news")]), runnable=False)
+                                           "get_latest_news", "get_current_user",
+                                           "get_current_weather", "get_liver_enzymes",
+                                           "check_liver_function")]), runnable=False)
 
 
 @pytest.mark.parametrize("request_, expected", [
     ("What are the roots of x^2 - 4?", ["find_roots"]),
     ("The change in entropy of a 1kg ice block", ["entropy_change.calculate"]),
     ("Generate a DNA sequence with 100 bases", ["generate_DNA_sequence"]),
-    ("Is it raining? The weather in Oslo.", ["getWeatherInfo"]),  # camelCase words
+    ("Is it raining? The weather in Oslo.", ["getWeatherInfo", "get_current_weather"]),
     ("Get the details and the information", []),  # what a tool does, not what it is about
     ("The DNA of a whale", []), ("Entropy alone", []),  # some of the name: not the name
     ("Les racines", []),
-    # a name's words that say when are not needed: "current", "latest"
-    ("What time is it in Tokyo?", ["get_current_time"]),
-    ("Any news about the launch?", ["get_latest_news"]),
+    # a name's words that say when are not needed ("current"), but where what is left says
+    # too little alone (time, user, news, ...) they are
+    ("Is the weather fine?", ["getWeatherInfo", "get_current_weather"]),  # camelCase too
+    ("What is the current time in Tokyo?", ["get_current_time"]),
+    ("What is the time complexity of quicksort?", []), ("How many times does 3 go?", []),
+    ("I am a new user", []), ("Any news?", []), ("Which enzymes digest fat?", []),
+    ("Explain what a function is", []),  # "liver" is no "live"
     ("What's current and latest?", []),  # only such words: no tool's name
 ])
 def test_the_tools_whose_name_a_request_writes(request_, expected):

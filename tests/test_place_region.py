@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from mlx_agent.agent import events as ev
-from mlx_agent.place_region import (PLACES, asks_region, country_code, country_codes, region,
-                                   regional_places)
+from mlx_agent.place_region import (PLACES, asks_code, asks_region, country_code,
+                                   country_codes, region, regional_places)
 from mlx_agent.tools import parse_tools
 
 STATE = "The city and state, e.g. San Francisco, CA"
@@ -93,11 +93,35 @@ def test_a_bare_city_gets_its_region_where_its_parameter_asks():
     for value, request in (("Virginia", "Weather in Virginia?"), ("Jordan", "Jordan today"),
                            ("Washington", "Washington state weather"),
                            ("Colorado", "Colorado"), ("North", "the weather up north"),
-                           ("Boston", "weather in boston")):
+                           ("Boston", "Weather in boston, please")):
         assert regional_places(weather, {"location": value}, request) == {"location": value}
+    # a big city in a message written all in lower case is a city ("turkey" is no Turkey)
+    assert regional_places(weather, {"location": "boston"}, "weather in boston") == \
+        {"location": "boston, MA"}
+    assert regional_places(weather, {"location": "Boston"}, "weather in boston? making "
+                           "turkey tonight") == {"location": "Boston, MA"}
+    # the conversation, not only its last message: a region named before stands
+    heard = "I am in Paris, Texas this week.\nWhat's the weather in Paris?"
+    assert regional_places(weather, {"location": "Paris"}, heard) == {"location": "Paris"}
     # the city's own name is no other state: New York, NY
     assert regional_places(weather, {"location": "New York"}, "Weather in New York? OK") == \
         {"location": "New York, NY"}
+
+
+def test_an_unreadable_gazetteer_adds_nothing(tmp_path, monkeypatch):
+    import mlx_agent.place_region as pr
+
+    broken = tmp_path / "places.json.gz"
+    broken.write_bytes(b"\x1f\x8b not gzip")
+    monkeypatch.setattr(pr, "PLACES", broken)
+    pr.gazetteer.cache_clear()
+    try:
+        weather = tool(location={"type": "string", "description": EITHER})
+        arguments = {"location": "Boston"}
+        assert pr.regional_places(weather, arguments, "Weather in Boston?") is arguments
+        assert pr.country_code("UK", 2) is None
+    finally:
+        pr.gazetteer.cache_clear()
 
 
 def test_the_gazetteer_is_whole_and_attributed():
@@ -143,6 +167,17 @@ def test_a_country_s_iso_code(country, letters, code):
     assert country_code(country, letters) == code
 
 
+@pytest.mark.parametrize("description, letters", [
+    ("ISO 3166-1 alpha-2 country code. If not provided, the default code US is used", 2),
+    ("Two-letter country code; do not use a 3-letter code", 2),
+    ("Country code (ISO 3166). No full names, codes only", 2),
+    ("The 3-letter country code", 3), ("ISO 3166-1 alpha-3", 3),
+    ("The full name, not the ISO 3166 code", 0), ("The country", 0),
+])
+def test_the_code_a_country_s_parameter_asks(description, letters):
+    assert asks_code("country", {"type": "string", "description": description}) == letters
+
+
 def test_a_country_is_written_as_the_code_its_parameter_asks():
     alpha2 = {"type": "string", "description": "The country where the city is located, e.g., "
               "'US' for the United States. Use ISO 3166-1 alpha-2 country codes."}
@@ -163,5 +198,7 @@ def test_a_country_is_written_as_the_code_its_parameter_asks():
             (tool(country={"type": "string", "description": "The full name, not the ISO "
                            "3166 code"}), {"country": "UK"}),  # a name, said so
             (tool(country_name=alpha2), {"country_name": "UK"}),
+            (tool(country={"type": "string", "description": "Full country name, not the "
+                           "2-letter code"}), {"country": "UK"}),
             (tool(country={**alpha2, "maxLength": 1}), {"country": "UK"})):
         assert country_codes(t, arguments) is arguments
