@@ -19,10 +19,11 @@ from typing import Any
 
 from .tools import Tool
 
-# "in 24 hour format", "24-hour clock", "Hour (24h)", "(0-23)"; not "lasts at most 24h."
-_CLOCK = re.compile(r"\b24[- ]?(?:hours?|hrs?|h)\b(?:\s*(?:format|clock|time|notation)\b"
-                    r"|(?=\s*[),;]|\s*$))|\b0\s*(?:-|to)\s*23\b|\bmilitary time\b",
-                    re.IGNORECASE)
+# "in 24 hour format", "24-hour clock", "Hour (24h)", "(0-23)"; not "at most 24h", "(max
+# 24h)", "within 24 hours": durations
+_CLOCK = re.compile(r"\b24[- ]?(?:hours?|hrs?|h)\s*(?:format|clock|time|notation)\b"
+                    r"|\(\s*24[- ]?(?:hours?|hrs?|h)\s*\)|\b0\s*(?:-|to)\s*23\b"
+                    r"|\bmilitary time\b", re.IGNORECASE)
 
 
 def counts_24(schema: Any) -> bool:

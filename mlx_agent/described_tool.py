@@ -133,32 +133,30 @@ details data api""".split())
 # words of a tool's name that say when, not what: "What's the weather in Boston?" names
 # ``get_current_weather`` (a request rarely writes "current"); whole words of the name
 QUALIFYING = frozenset("current latest recent live realtime".split())
-# what is left of a name without its when-words that says too little to be named by
-# alone: "the time complexity of quicksort" does not name ``get_current_time``, nor "a new
-# user" ``get_current_user``
-GENERIC = frozenset(stem(w) for w in """time times date day user users data file files
-price prices version versions location score scores status value values result results
-item items number numbers count name names event events record records list state stats
-update updates info page pages news""".split())  # "news" is "new" ("a new user")
+# what is left of such a name that is current data by nature, and so named without its
+# when-word; most nouns are not ("the temperature of the sun's surface", "a quote about
+# love", "git branches": get_current_temperature, get_realtime_quote, get_current_branch
+# stay named only with theirs)
+NOW_NOUNS = frozenset(stem(w) for w in "weather forecast traffic".split())
 
 
 @functools.lru_cache(maxsize=1024)
 def _named_by(name: str) -> frozenset:
     """The stems a request must write to name a tool called ``name``: its name's but those
-    of :data:`DOING` and, where what is left is not only :data:`GENERIC`, those of the
-    words of :data:`QUALIFYING` ("weather" for ``get_current_weather``; "current time"
-    for ``get_current_time``)."""
+    of :data:`DOING`, and but its :data:`QUALIFYING` words where what is left is one of
+    :data:`NOW_NOUNS` ("weather" for ``get_current_weather``; "current time" for
+    ``get_current_time``)."""
     words = [w.lower() for part in re.findall(r"[^\W_]+", name)
              for w in NAME_WORD.findall(part)]
     every = frozenset(stem(w) for w in words if len(w) > 2) - DOING
     kept = frozenset(stem(w) for w in words if len(w) > 2 and w not in QUALIFYING) - DOING
-    return kept if kept and not kept <= GENERIC else every
+    return kept if kept and kept <= NOW_NOUNS else every
 
 
 def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     """The tools whose name ``request`` writes: every stem of the name but those of
-    :data:`DOING` and, mostly, :data:`QUALIFYING` (:func:`_named_by`) is one of the
-    request's (:func:`stems`: "the roots of" for ``find_roots``, "generate a DNA sequence"
+    :data:`DOING` (and of :data:`QUALIFYING` before weather: :func:`_named_by`) is one of
+    the request's (:func:`stems`: "the roots of" for ``find_roots``, "generate a DNA sequence"
     for ``generate_DNA_sequence``); a name of only such words is written by no request. A
     request that writes a file's name writes "file" ("Write 'hi' to greeting.txt" names
     ``write_file``; not "Node.js" or "km/h": :func:`~mlx_agent.file_paths.file_names`, in

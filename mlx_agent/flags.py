@@ -168,15 +168,16 @@ def flag_refused(name: str, request: str) -> bool:
 
 # "Default is true", "defaults to False", "(default: true)", "Default value is 'false'"
 _DEFAULT = re.compile(r"\bdefaults?(?:\s+value)?(?:\s+is|\s+to|\s*[:=])?\s*(?:set\s+to\s+)?"
-                      r"['\"`]?(true|false)\b['\"`]?(?=[ \t]*(?:[.;,()\n]|$))", re.IGNORECASE)
+                      r"['\"`]?(true|false)\b['\"`]?(?=[ \t]*(?:[.;,)\n]|$))", re.IGNORECASE)
 # any value a description names as a default: "default false in v2" beside "Default is true"
 _NAMED = re.compile(r"\bdefaults?\b[^.;]{0,30}?\b(true|false)\b", re.IGNORECASE)
 # a default that holds only sometimes: "Default is true if a query is given, else false"
 _CONDITIONAL = re.compile(r"\b(?:if|when|unless|else|otherwise|except)\b", re.IGNORECASE)
 # a condition that only says the default is the default: "if not specified", "when omitted"
-_UNSAID = re.compile(r"\b(?:if|when|unless)\s+(?:it\s+is\s+|it's\s+)?(?:not\s+(?:specified|"
+_UNSAID = re.compile(r"\b(?:(?:if|when)\s+(?:it\s+is\s+|it's\s+)?(?:not\s+(?:specified|"
                      r"provided|given|set|supplied|passed)|omitted|unset|absent|missing|"
-                     r"left\s+out)\b", re.IGNORECASE)
+                     r"left\s+out)|unless\s+(?:otherwise\s+)?(?:specified|stated|set|given))"
+                     r"(?:\s+otherwise)?\b", re.IGNORECASE)
 # words of a flag's description that say nothing of what it does
 _PLAIN = frozenset("""true false default defaults value whether return returns returned
 should will this that when with the and for set not otherwise""".split())
@@ -200,7 +201,7 @@ def stated_default(schema: Any) -> bool | None:
     if not isinstance(described, str):
         return None
     said, named = set(), set()  # the defaults stated plainly; every value named as one
-    for sentence in re.split(r"(?<=[.;])\s+", described[:2000]):
+    for sentence in re.split(r"(?<=\.)\s+", described[:2000]):  # "x if not set; y when z"
         named |= {v.lower() for v in _NAMED.findall(sentence)}
         sentence = _UNSAID.sub(" ", sentence)  # "false if not specified" is plain "false"
         for m in _DEFAULT.finditer(sentence):

@@ -11,15 +11,15 @@ write the region because people don't; the tool asked for it.
 
 :func:`regional_places`: a place parameter (:func:`mlx_agent.copied_values.is_place`) whose
 description asks for a region (:func:`asks_region`), holding a city's bare name (as the
-conversation writes it, capitalised; not a country's or a US state's name: "Virginia" is
-the state), gets the city's region from a gazetteer (``data/places.json.gz``: GeoNames'
-34,006 cities of 15,000 people or more, CC BY 4.0, written by ``scripts/make_places.py``):
-a US city's state as its two letters where the description asks for a state, the
-country's name where it asks for a country ("Boston, MA", "Tel Aviv, Israel", "Lang Son,
-Vietnam"; Chennai stays "Chennai" for "The name of the city, such as 'New York, NY'"). Of
-cities of one name, the most populous, where it has at least :data:`CLEAR_LEAD` times the
-people of any other in another region (Hyderabad, India, not Pakistan; no Springfield:
-Missouri's and Massachusetts' are alike).
+conversation writes it, capitalised, or a big city's in a line all in lower case; not a
+country's or a US state's name: "Virginia" is the state), gets the city's region from a
+gazetteer (``data/places.json.gz``: GeoNames' 34,006 cities of 15,000 people or more, CC BY
+4.0, written by ``scripts/make_places.py``): a US city's state as its two letters where the
+description asks for a state, the country's name where it asks for a country ("Boston, MA",
+"Tel Aviv, Israel", "Lang Son, Vietnam"; Chennai stays "Chennai" for "The name of the city,
+such as 'New York, NY'"). Of cities of one name, the most populous, where it has at least
+:data:`CLEAR_LEAD` times the people of any other in another region (Hyderabad, India, not
+Pakistan; no Springfield: Missouri's and Massachusetts' are alike).
 
 :func:`country_codes`: a country a parameter asks as its ISO 3166 code (``country`` whose
 description says "ISO 3166-1 alpha-2", "2-letter country code", "alpha-3") is written as
@@ -72,6 +72,10 @@ class Gazetteer(NamedTuple):
     states: dict[str, str]  # US state's two letters -> name
 
 
+# countries' names that are common words too: a region only where written with a capital
+COMMON = frozenset("turkey china chad guinea jersey".split())
+# US states' two letters that are words after a city too: "Boston, in celsius", "Paris or"
+_WORD_CODES = frozenset("in or me hi ok oh la de id al co ma pa wa ne mo".split())
 # what people call countries that GeoNames names otherwise ("UK" is no ISO code: GB is)
 ALIASES = {"uk": "GB", "u.k.": "GB", "britain": "GB", "great britain": "GB", "england": "GB",
            "scotland": "GB", "wales": "GB", "northern ireland": "GB", "usa": "US",
@@ -139,10 +143,10 @@ def region(city: str, asked: Collection[str]) -> str | None:
 # "ISO 3166-1 alpha-2", "2-letter country code", "country code, e.g. 'US'"
 _CODE = re.compile(r"\bISO[- ]?3166|\balpha[- ]?[23]\b|\bcountry[- ]code|"
                    r"\b(?:2|3|two|three)[- ]letter\b", re.IGNORECASE)
-# "the full name, not the 2-letter code"; not "If not provided, the default code US is used"
-_NOT_CODE = re.compile(r"\bnot\s+(?:the|an?)\s+(?:ISO[- ]?3166(?:-1)?\s+)?"
-                       r"(?:alpha[- ]?[23]\s+|\w+[- ]letter\s+)?(?:country\s+)?codes?\b",
-                       re.IGNORECASE)
+# "the full name, not the 2-letter code", "no country codes", "never an ISO 3166 code"; not
+# "If not provided, the default code US is used"
+_NOT_CODE = re.compile(r"\b(?:not|no|never)\b(?!\s+(?:provided|given|specified|set|passed|"
+                       r"supplied)\b)[^.;]{0,40}\bcodes?\b", re.IGNORECASE)
 _TWO = re.compile(r"\balpha[- ]?2\b|\b(?:2|two)[- ]letter\b", re.IGNORECASE)
 _THREE = re.compile(r"\balpha[- ]?3\b|\b(?:3|three)[- ]letter\b", re.IGNORECASE)
 
@@ -158,10 +162,10 @@ def asks_code(name: str, schema: Any) -> int:
             or "name" in words:
         return 0
     described = schema.get("description")
-    if not isinstance(described, str) or not _CODE.search(described) \
-            or _NOT_CODE.search(described):
+    asked = _NOT_CODE.sub(" ", described[:2000]) if isinstance(described, str) else ""
+    if not _CODE.search(asked):  # what it refuses aside: "Two-letter; not a 3-letter code"
         return 0
-    return 3 if _THREE.search(described) and not _TWO.search(described) else 2
+    return 3 if _THREE.search(asked) and not _TWO.search(asked) else 2
 
 
 def country_code(country: str, letters: int) -> str | None:
@@ -197,8 +201,9 @@ def _proper_name(value: str, heard: str) -> bool:
 
 def _names_another(heard: str, city: str, region_: str) -> bool:
     """Whether ``heard`` names a country (by any name: "the UK") or a US state (by name,
-    as whole words with a capital: not "turkey", or by its two letters after a comma:
-    "Paris, TX") other than
+    as whole words, in any case: "Paris texas", but :data:`COMMON` words only with a
+    capital: not "turkey"; or by its two letters after a comma, "Paris, TX", or after the
+    city, "athens ga") other than
     ``region_`` (a state's two letters or a country's name) and its country, that is not
     ``city`` itself (New York, NY names the state New York)."""
     places = gazetteer()
@@ -212,11 +217,15 @@ def _names_another(heard: str, city: str, region_: str) -> bool:
                                           != country)]
     low = heard.lower()
     return any(n.lower() in low and any(
-        any(c.isupper() for c in m.group()) for m in itertools.islice(
+        n.lower() not in COMMON or m.group()[:1].isupper() for m in itertools.islice(
             re.finditer(rf"(?<!\w){re.escape(n)}(?!\w)", heard, re.IGNORECASE), 64))
         for n in names) \
         or any(code != region_ and code in places.states
-               for code in re.findall(r", ([A-Z]{2})(?![\w.])", heard))
+               for code in re.findall(r", ([A-Z]{2})(?![\w.])", heard)) \
+        or any(code.upper() != region_ and code.upper() in places.states  # "athens ga"
+               and code.lower() not in _WORD_CODES
+               for code in re.findall(rf"(?<!\w){re.escape(city.strip())},?\s+([a-z]{{2}})"
+                                      r"(?![\w.])", heard, re.IGNORECASE)[:64])
 
 
 def country_codes(tool: Tool, arguments: dict) -> dict:
@@ -245,7 +254,7 @@ def regional_places(tool: Tool, arguments: dict, heard: str) -> dict:
                 or not _BARE.fullmatch(value.strip()) or not is_place(name) \
                 or takes_parts(tool, name):
             continue
-        asked = asks_region(tool.properties.get(name))  # before the gazetteer is read
+        asked = asks_region(tool.properties.get(name))  # before a city's is read
         found = region(value, asked) if asked and _proper_name(value, heard) else None
         if found is None or _names_another(heard, value, found) \
                 or tool.validate({**out, name: f"{value.strip()}, {found}"}):

@@ -48,7 +48,9 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
         assert clock_hours(tool(hour=schema, guests={"type": "integer"}), arguments,
                            request) is arguments
     assert not counts_24({"type": "integer", "description": "Lasts at most 24h."})
-    assert not counts_24({"type": "integer", "description": "Within 24 hours of booking"})
+    for duration in ("Within 24 hours of booking", "Duration in hours (max 24h)",
+                     "Hours ahead to forecast (1-24h)", "Cache TTL in hours; default 24h"):
+        assert not counts_24({"type": "integer", "description": duration})
     assert counts_24({"type": "integer", "description": "Closing hour (24h)"})
     for odd in (float("inf"), float("nan"), 1e300, 10 ** 400, -11, 11.5):  # 1e999 is inf
         arguments = {"hour": odd, "guests": 4}
@@ -73,7 +75,11 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
      None),
     ({"type": "boolean", "description": "Use default true/false handling."}, None),
     ({"type": "boolean", "description": "Defaults to false if not specified."}, False),
-    ({"type": "boolean", "description": "Default is True (recommended)."}, True),
+    ({"type": "boolean", "description": "Defaults to true unless specified otherwise"}, True),
+    ({"type": "boolean", "description": "Default: false. Set to true to enable it."}, False),
+    ({"type": "boolean", "description": "Default is false if not set; true when verbose."},
+     None),
+    ({"type": "boolean", "description": "Default: false (true for admins)"}, None),
     ({"type": "boolean", "default": "false", "description": "Default is true."}, False),
     ({"type": "boolean", "default": None, "description": "Default is true."}, None),
     ({"type": "boolean"}, None), (None, None),

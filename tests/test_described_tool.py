@@ -57,7 +57,8 @@ NAMED = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object", "pr
                                            "getWeatherInfo", "get_current_time",
                                            "get_latest_news", "get_current_user",
                                            "get_current_weather", "get_liver_enzymes",
-                                           "check_liver_function")]), runnable=False)
+                                           "check_liver_function", "get_current_temperature",
+                                           "get_current_branch")]), runnable=False)
 
 
 @pytest.mark.parametrize("request_, expected", [
@@ -68,13 +69,14 @@ NAMED = parse_tools(json.dumps([{"name": n, "parameters": {"type": "object", "pr
     ("Get the details and the information", []),  # what a tool does, not what it is about
     ("The DNA of a whale", []), ("Entropy alone", []),  # some of the name: not the name
     ("Les racines", []),
-    # a name's words that say when are not needed ("current"), but where what is left says
-    # too little alone (time, user, news, ...) they are
+    # a name's words that say when are not needed before weather ("current"); before
+    # other nouns (time, user, news, temperature, ...) they are
     ("Is the weather fine?", ["getWeatherInfo", "get_current_weather"]),  # camelCase too
     ("What is the current time in Tokyo?", ["get_current_time"]),
     ("What is the time complexity of quicksort?", []), ("How many times does 3 go?", []),
     ("I am a new user", []), ("Any news?", []), ("Which enzymes digest fat?", []),
     ("Explain what a function is", []),  # "liver" is no "live"
+    ("What is the temperature of the sun's surface?", []), ("Explain git branches", []),
     ("What's current and latest?", []),  # only such words: no tool's name
 ])
 def test_the_tools_whose_name_a_request_writes(request_, expected):

@@ -95,6 +95,13 @@ def test_a_bare_city_gets_its_region_where_its_parameter_asks():
                            ("Colorado", "Colorado"), ("North", "the weather up north"),
                            ("Boston", "Weather in boston, please")):
         assert regional_places(weather, {"location": value}, request) == {"location": value}
+    # a region the user writes in lower case is still named ("Paris texas", "athens ga")
+    for value, request in (("Paris", "Weather in Paris texas?"),
+                           ("Portland", "Weather in Portland maine?"),
+                           ("Boston", "Weather in Boston? i'm from canada"),
+                           ("columbus", "weather in columbus georgia"),
+                           ("athens", "athens ga")):
+        assert regional_places(weather, {"location": value}, request) == {"location": value}
     # a big city in a message written all in lower case is a city ("turkey" is no Turkey)
     assert regional_places(weather, {"location": "boston"}, "weather in boston") == \
         {"location": "boston, MA"}
@@ -171,6 +178,8 @@ def test_a_country_s_iso_code(country, letters, code):
     ("ISO 3166-1 alpha-2 country code. If not provided, the default code US is used", 2),
     ("Two-letter country code; do not use a 3-letter code", 2),
     ("Country code (ISO 3166). No full names, codes only", 2),
+    ("Full English country name; do not use ISO 3166 codes.", 0),
+    ("Country name in English, no country codes", 0), ("The country, not 2-letter codes", 0),
     ("The 3-letter country code", 3), ("ISO 3166-1 alpha-3", 3),
     ("The full name, not the ISO 3166 code", 0), ("The country", 0),
 ])
