@@ -12,6 +12,8 @@ from mlx_agent.batch import BatchDecoder, Row
 from mlx_agent.batch_runner import BatchedEngine, BatchRunner, run_pool
 from mlx_agent.engine import Engine, SamplingParams
 
+from .ctrl_c import CTRL_C_AT
+
 CTX = 64
 
 
@@ -248,22 +250,14 @@ def test_batched_steps_on_the_cpu_kernels_equal_the_engine_alone():
     assert [r.generated for r in rows] == alone
 
 
-INTERRUPTED_POOL = """
-import os, signal, sys, time
+INTERRUPTED_POOL = CTRL_C_AT + """
+import time
 from mlx_agent.batch_runner import run_pool
-at, handed = int(sys.argv[1]), []
+handed = []
 def work(ctx, x):
     time.sleep(0.01 * x)
     return x
-def interrupt(frame, event, arg):  # Ctrl-C just after the at-th result was taken
-    global at
-    if event == "c_return" and getattr(arg, "__name__", "") == "get":
-        at -= 1
-        if at == 0:
-            sys.setprofile(None)
-            os.kill(os.getpid(), signal.SIGINT)
-signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.setprofile(interrupt)
+ctrl_c_at(int(sys.argv[1]), ("get",))  # just after the at-th result was taken
 try:
     run_pool([None] * 2, list(range(1, 9)), work, on_done=lambda i, r: handed.append(r))
 except KeyboardInterrupt:

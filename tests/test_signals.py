@@ -7,22 +7,15 @@ import sys
 
 import pytest
 
-INTERRUPTED_AT = """
-import os, signal, sys, time
+from .ctrl_c import CTRL_C_AT
+
+INTERRUPTED_AT = CTRL_C_AT + """
+import time
 from mlx_agent.signals import held_back
-at, event_ = int(sys.argv[1]), sys.argv[2]
 def term(signum, frame):
     raise SystemExit(143)
 signal.signal(signal.SIGTERM, term)
-signal.signal(signal.SIGINT, signal.default_int_handler)
-def interrupt(frame, event, arg):  # Ctrl-C at the at-th event_: a C call's return, a call
-    global at
-    if event == event_:
-        at -= 1
-        if at == 0:
-            sys.setprofile(None)
-            os.kill(os.getpid(), signal.SIGINT)
-sys.setprofile(interrupt)
+ctrl_c_at(int(sys.argv[1]))  # just after the at-th return of any C function
 try:
     with held_back():
         pass
@@ -40,7 +33,7 @@ def test_a_ctrl_c_while_the_handlers_are_swapped_leaves_sigterm_acting(at):
     """A Ctrl-C just after SIGINT's handler was put back raised before SIGTERM's was: SIGTERM
     stayed held back for good, and a later one did nothing (here, after the 19th C call and
     two others). A handler left in place now passes a signal on once the block is over."""
-    r = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, str(at), "c_return"],
+    r = subprocess.run([sys.executable, "-c", INTERRUPTED_AT, str(at)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 143, r.stderr
 

@@ -18,6 +18,8 @@ from mlx_agent.tools.builtin import OutsideRoot
 from mlx_agent.tools import rootfs
 from mlx_agent.tools.rootfs import located
 
+from .ctrl_c import CTRL_C_AT
+
 
 def tool(template, props=None, required=None, exec_args=None, name="t"):
     fn = {"name": name, "description": "d",
@@ -168,19 +170,10 @@ def test_a_process_that_leaves_the_group_with_the_pipes_open_cannot_hold_the_cal
     assert r.stdout.strip() == "started" and not r.timed_out and took < 5, took
 
 
-INTERRUPTED_AT = """
-import os, signal, sys
+INTERRUPTED_AT = CTRL_C_AT + """
 from mlx_agent.tools.executor import run_process
-at, pid = int(sys.argv[1]), sys.argv[2]
-def interrupt(frame, event, arg):  # Ctrl-C just after the at-th lock taken or sleep slept
-    global at
-    if event == "c_return" and getattr(arg, "__name__", "") in ("acquire", "sleep"):
-        at -= 1
-        if at == 0:
-            sys.setprofile(None)
-            os.kill(os.getpid(), signal.SIGINT)
-signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.setprofile(interrupt)
+pid = sys.argv[2]
+ctrl_c_at(int(sys.argv[1]), ("acquire", "sleep"))  # just after a lock taken, a sleep slept
 try:
     run_process(["/bin/sh", "-c", f"echo $$ > {pid}; exec sleep 60"], tool="t", timeout=30)
 except KeyboardInterrupt:  # the tool killed and reaped first: no process, not even a zombie
