@@ -70,6 +70,7 @@ class Gazetteer(NamedTuple):
     codes: dict[str, str]  # a country's name, alias or code, lower case -> two-letter code
     three: dict[str, str]  # two-letter code -> three-letter code
     states: dict[str, str]  # US state's two letters -> name
+    state_names: frozenset[str]  # US states' names, lower case
 
 
 # countries' names that are common words too: a region only where written with a capital
@@ -93,7 +94,7 @@ def gazetteer() -> Gazetteer:
     try:
         doc = json.loads(gzip.decompress(PLACES.read_bytes()))
     except (OSError, EOFError, ValueError, zlib.error):
-        return Gazetteer({}, {}, {}, {}, {})
+        return Gazetteer({}, {}, {}, {}, {}, frozenset())
     cities: dict[str, list[tuple[str, str, int]]] = {}
     for names, country, state, people in doc["cities"]:
         for name in names:
@@ -103,7 +104,9 @@ def gazetteer() -> Gazetteer:
     codes = {**{name.lower(): iso for iso, name in countries.items()},
              **{iso3.lower(): iso for iso, iso3 in three.items()},
              **{iso.lower(): iso for iso in countries}, **ALIASES}
-    return Gazetteer(cities, countries, codes, three, doc["us_states"])
+    states = doc["us_states"]
+    return Gazetteer(cities, countries, codes, three, states,
+                     frozenset(n.lower() for n in states.values()))
 
 
 def asks_region(schema: Any) -> frozenset[str]:
@@ -187,8 +190,7 @@ def _proper_name(value: str, heard: str) -> bool:
     places, value = gazetteer(), " ".join(value.split())
     low = value.lower()
     people = max((p for _, _, p in places.cities.get(low, ())), default=0)
-    if low in places.codes or low in {n.lower() for n in places.states.values()} \
-            and people < BIG_CITY:
+    if low in places.codes or low in places.state_names and people < BIG_CITY:
         return False
     for m in itertools.islice(re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", heard,
                                           re.IGNORECASE), 64):
@@ -203,9 +205,8 @@ def _names_another(heard: str, city: str, region_: str) -> bool:
     """Whether ``heard`` names a country (by any name: "the UK") or a US state (by name,
     as whole words, in any case: "Paris texas", but :data:`COMMON` words only with a
     capital: not "turkey"; or by its two letters after a comma, "Paris, TX", or after the
-    city, "athens ga") other than
-    ``region_`` (a state's two letters or a country's name) and its country, that is not
-    ``city`` itself (New York, NY names the state New York)."""
+    city, "athens ga") other than ``region_`` (a state's two letters or a country's name)
+    and its country, that is not ``city`` itself (New York, NY names the state New York)."""
     places = gazetteer()
     own = {region_.lower(), places.states.get(region_, "").lower(), city.strip().lower()}
     # the region's country: its every name is the region's own ("MA" is Massachusetts,
