@@ -2,6 +2,7 @@
 MLX's layout, and MLX's own ``mx.quantized_matmul``, on the bundled model's matrix shapes.
 
     .venv/bin/python scripts/bench_matmul_rows.py [--rows 1 4 8 16] [--bits 4] [--repeats 5]
+    .venv/bin/python scripts/bench_matmul_rows.py --cold [--threads 2]
 
 One kernel thread (so the figures are work, not parallelism), random 4-bit weights in the
 model's shapes (SmolLM2-135M: q/o 576x576, k/v 192x576, gate/up 1536x576, down 576x1536,
@@ -11,6 +12,10 @@ over one of each shape, with the ratios: packed / MLX's layout (what packing buy
 packed / ``mx.quantized_matmul`` (the peer). Where the CPU has AVX-512 VNNI, "packed" is the
 integer kernel on its 16-row blocks and "MLX's layout" the float kernel (what it replaced on
 decode); ``MLX_AGENT_KERNEL_ISA=avx512`` gives the float kernel on both.
+
+``--cold`` multiplies 30 distinct copies of each layer shape (the head left out), all in one
+evaluation as a decode step does, so W streams from memory instead of staying in cache from
+the call before; ``--threads N`` runs N kernel threads (one by default).
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ import argparse
 import os
 import time
 
-os.environ.setdefault("MLX_AGENT_KERNEL_THREADS", "1")  # before the kernels load
+import sys  # noqa: E402
+
+if "--threads" in sys.argv[:-1]:  # the kernels read it once, when they load
+    os.environ["MLX_AGENT_KERNEL_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
+os.environ.setdefault("MLX_AGENT_KERNEL_THREADS", "1")
 
 import mlx_agent  # noqa: E402,F401  (fast BLAS before mlx)
 import mlx.core as mx  # noqa: E402
@@ -27,6 +36,8 @@ from mlx_agent.kernels import kernel_status  # noqa: E402
 from mlx_agent.kernels.qmatmul import pack, quantized_matmul  # noqa: E402
 
 SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K)
+LAYER = ((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536))
+LAYERS = 30  # the bundled model's
 
 
 def seconds(fn, repeats: int, calls: int) -> float:
@@ -40,41 +51,59 @@ def seconds(fn, repeats: int, calls: int) -> float:
     return best
 
 
+def matrices(shapes, bits: int) -> list[tuple]:
+    mats = []
+    for i, (n, k) in enumerate(shapes):
+        w = mx.random.normal((n, k), key=mx.random.key(i)) * 0.1
+        q, s, b = mx.quantize(w, group_size=32, bits=bits)
+        s, b = s.astype(mx.float16), b.astype(mx.float16)
+        p = pack(q, s, b, bits)
+        mx.eval(q, s, b, p)
+        mats.append((n, k, q, s, b, p))
+    return mats
+
+
+def variant(i: int, x, mat, bits: int) -> mx.array:
+    """Matmul ``i`` of one matrix: 0 packed, 1 MLX's layout, 2 mx.quantized_matmul."""
+    n, k, q, s, b, p = mat
+    if i == 2:
+        return mx.quantized_matmul(x[k], q, s, b, transpose=True, group_size=32, bits=bits)
+    return quantized_matmul(x[k], q, s, b, bits, packed=p if i == 0 else None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)  # read before the kernels load, above
     args = ap.parse_args()
     status = kernel_status()
     if not status.available:
         raise SystemExit(f"the CPU kernels are not in use here: {status.reason}")
-    mats = []
-    for n, k in SHAPES:
-        w = mx.random.normal((n, k), key=mx.random.key(n + k)) * 0.1
-        q, s, b = mx.quantize(w, group_size=32, bits=args.bits)
-        s, b = s.astype(mx.float16), b.astype(mx.float16)
-        p = pack(q, s, b, args.bits)
-        mx.eval(q, s, b, p)
-        mats.append((n, k, q, s, b, p))
-    print(f"kernel ISA {status.isa}, one thread, {args.bits}-bit, best of {args.repeats}; "
-          "GFLOP/s over one of each shape")
+    mats = matrices(LAYER * LAYERS if args.cold else SHAPES, args.bits)
+    threads = os.environ["MLX_AGENT_KERNEL_THREADS"]
+    what = (f"{LAYERS} layers' distinct matrices in one evaluation" if args.cold
+            else "one of each shape")
+    print(f"kernel ISA {status.isa}, {threads} thread(s), {args.bits}-bit, best of "
+          f"{args.repeats}; GFLOP/s over {what}")
     print(f"{'rows':>4}  {'packed':>8}  {'MLX layout':>10}  {'mx.qmm':>8}  "
           f"{'packed/layout':>13}  {'packed/mx':>9}")
     for m in args.rows:
-        totals = [0.0, 0.0, 0.0]
-        flops = 0
-        for n, k, q, s, b, p in mats:
-            x = mx.random.normal((m, k), key=mx.random.key(m))
-            mx.eval(x)
-            calls = max(2, int(2e8 / (m * n * k)))
-            runs = (lambda: quantized_matmul(x, q, s, b, args.bits, packed=p),
-                    lambda: quantized_matmul(x, q, s, b, args.bits),
-                    lambda: mx.quantized_matmul(x, q, s, b, transpose=True, group_size=32,
-                                                bits=args.bits))
-            for i, fn in enumerate(runs):
-                totals[i] += seconds(fn, args.repeats, calls)
-            flops += 2 * m * n * k
+        x = {k: mx.random.normal((m, k), key=mx.random.key(m)) for k in (576, 1536)}
+        mx.eval(x)
+        flops = sum(2 * m * n * k for n, k, *_ in mats)
+        if args.cold:  # every matrix once per evaluation, in the order of a layer's
+            totals = [seconds(lambda i=i: [variant(i, x, mat, args.bits) for mat in mats],
+                              args.repeats, 1) for i in range(3)]
+        else:
+            totals = [0.0, 0.0, 0.0]
+            for mat in mats:
+                calls = max(2, int(2e8 / (m * mat[0] * mat[1])))
+                for i in range(3):
+                    totals[i] += seconds(lambda i=i, mat=mat: variant(i, x, mat, args.bits),
+                                         args.repeats, calls)
         rates = [flops / t / 1e9 for t in totals]
         print(f"{m:>4}  {rates[0]:>8.1f}  {rates[1]:>10.1f}  {rates[2]:>8.1f}  "
               f"{rates[0] / rates[1]:>12.2f}x  {rates[0] / rates[2]:>8.2f}x")

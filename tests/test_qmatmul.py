@@ -157,8 +157,9 @@ def test_pack_is_the_documented_layout(bits, rows):
 @needs_kernel
 def test_packed_weights_give_the_reference_results(tmp_path):
     """W packed by blocks of rows (what decode steps and small batches read: 16 rows for
-    the VNNI kernel, else 4), at 1, 2, 3 and 16 rows of x; every kind, 5 and 19 groups (every
-    tail), alone and several in a node. W that cannot be packed is left as it is."""
+    the VNNI kernel, else 4), at 1, 2, 3, 8, 13 and 16 rows of x (every tile of rows the
+    kernels take: 8, 4, 2, 1); every kind, 5 and 19 groups (every tail), alone and several in
+    a node. W that cannot be packed is left as it is."""
     from mlx_agent.kernels.qmatmul import pack, packed_rows, reads_packed
 
     block = packed_rows()
@@ -171,7 +172,7 @@ def test_packed_weights_give_the_reference_results(tmp_path):
         packed = pack(w, s, b, bits)
         # as many bytes as W's codes, scales and biases
         assert packed.shape == (rows // block, k // 32, block * (32 * bits // 8 + 4))
-        for m in (1, 2, 3, 16):
+        for m in (1, 2, 3, 8, 13, 16):
             x = mx.random.normal((m, k), key=mx.random.key(m))
             ref = quantized_matmul_ops(x, w, s, b, bits)
             assert rel_err(quantized_matmul(x, w, s, b, bits, packed=packed), ref) < TOL

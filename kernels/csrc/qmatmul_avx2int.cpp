@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "prefetch.h"
 #include "qmatmul_rows.h"
 
 #if defined(__x86_64__)
@@ -86,6 +87,7 @@ AVX2_INT_TARGET void block_rows(const QProblem& p, int nb, int m0) {
   __m256 acc[MB][2];
   for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int g = 0; g < groups; ++g, wb += stride) {
+    prefetch(wb, groups_ahead(MB) * stride, stride);
     // sums[i][h][plane]: x row i, half h, x's high (0) or low (1) byte
     __m256i sums[MB][2][2];
     for (int i = 0; i < MB; ++i)
@@ -136,6 +138,7 @@ AVX2_INT_TARGET void block_rows8(const QProblem& p, int nb, int m0) {
   __m256 acc[MB][2];
   for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   for (int g = 0; g < groups; ++g, wb += stride) {
+    prefetch(wb, groups_ahead(MB) * stride, stride);
     alignas(32) int16_t code[MB][kGroup];  // x's 16-bit codes: 256 * hi + lo
     for (int i = 0; i < MB; ++i) {
       const size_t at = (static_cast<size_t>(m0 + i) * groups + g) * kGroup;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "prefetch.h"
 #include "qmatmul_rows.h"
 #include "simd16.h"
 
@@ -14,24 +15,30 @@ namespace mlx_agent {
 namespace {
 
 void widen_portable(const uint16_t* src, int64_t stride, int rows, int n, float* dst) {
-  for (int r = 0; r < rows; ++r, src += stride, dst += n)
+  for (int r = 0; r < rows; ++r, src += stride, dst += n) {
+    prefetch(src, 16 * stride * 2, 2 * n);  // this row of the next tile
     for (int i = 0; i < n; i += simd16::kLanes)
       simd16::store(dst + i, simd16::load<simd16::Vec<4>>(src + i));
+  }
 }
 
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) void widen_avx512(const uint16_t* src, int64_t stride,
                                                      int rows, int n, float* dst) {
-  for (int r = 0; r < rows; ++r, src += stride, dst += n)
+  for (int r = 0; r < rows; ++r, src += stride, dst += n) {
+    prefetch(src, 16 * stride * 2, 2 * n);  // this row of the next tile
     for (int i = 0; i < n; i += 16)
       _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + i))));
+  }
 }
 
 __attribute__((target("avx2,f16c"))) void widen_f16c(const uint16_t* src, int64_t stride,
                                                      int rows, int n, float* dst) {
-  for (int r = 0; r < rows; ++r, src += stride, dst += n)
+  for (int r = 0; r < rows; ++r, src += stride, dst += n) {
+    prefetch(src, 16 * stride * 2, 2 * n);  // this row of the next tile
     for (int i = 0; i < n; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+  }
 }
 #endif
 
