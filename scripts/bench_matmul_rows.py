@@ -24,11 +24,22 @@ import argparse
 import os
 import time
 
-import sys  # noqa: E402
 
-if "--threads" in sys.argv[:-1]:  # the kernels read it once, when they load
-    os.environ["MLX_AGENT_KERNEL_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
-os.environ.setdefault("MLX_AGENT_KERNEL_THREADS", "1")
+def _args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be at least 1")
+    return args
+
+
+ARGS = _args()
+os.environ["MLX_AGENT_KERNEL_THREADS"] = str(ARGS.threads)  # read when the kernels load
 
 import mlx_agent  # noqa: E402,F401  (fast BLAS before mlx)
 import mlx.core as mx  # noqa: E402
@@ -72,13 +83,7 @@ def variant(i: int, x, mat, bits: int) -> mx.array:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--cold", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)  # read before the kernels load, above
-    args = ap.parse_args()
+    args = ARGS
     status = kernel_status()
     if not status.available:
         raise SystemExit(f"the CPU kernels are not in use here: {status.reason}")

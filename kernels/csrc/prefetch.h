@@ -13,8 +13,8 @@ namespace mlx_agent {
 // out of bounds.
 inline void prefetch(const void* p, std::ptrdiff_t offset, std::size_t bytes) {
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + offset;
-  for (std::size_t c = 0; c < bytes; c += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(at + c), 0, 3);
+  for (std::uintptr_t line = at & ~std::uintptr_t{63}; line < at + bytes; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
 }
 
 // Groups of a packed W to prefetch ahead: a few where each group feeds four or more rows of x
