@@ -15,7 +15,8 @@ decode); ``MLX_AGENT_KERNEL_ISA=avx512`` gives the float kernel on both.
 
 ``--cold`` multiplies 30 distinct copies of each layer shape (the head left out), all in one
 evaluation as a decode step does, so W streams from memory instead of staying in cache from
-the call before; ``--threads N`` runs N kernel threads (one by default).
+the call before; ``--threads N`` runs N kernel threads (default: ``MLX_AGENT_KERNEL_THREADS``
+as set, else one).
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--bits", type=int, choices=(4, 8), default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cold", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
-    if args.threads < 1:
+    if args.threads is not None and args.threads < 1:
         ap.error("--threads must be at least 1")
     return args
 
 
 ARGS = _args()
-os.environ["MLX_AGENT_KERNEL_THREADS"] = str(ARGS.threads)  # read when the kernels load
+# Read when the kernels load: --threads, else MLX_AGENT_KERNEL_THREADS as set, else one.
+if ARGS.threads is not None:
+    os.environ["MLX_AGENT_KERNEL_THREADS"] = str(ARGS.threads)
+os.environ.setdefault("MLX_AGENT_KERNEL_THREADS", "1")
 
 import mlx_agent  # noqa: E402,F401  (fast BLAS before mlx)
 import mlx.core as mx  # noqa: E402
