@@ -140,17 +140,18 @@ QUALIFYING = frozenset("current latest recent live realtime".split())
 NOW_NOUNS = frozenset(stem(w) for w in "weather forecast traffic".split())
 
 
-@functools.lru_cache(maxsize=1024)
+_QUALIFYING = frozenset(stem(w) for w in QUALIFYING)
+
+
+@functools.lru_cache(maxsize=256)
 def _named_by(name: str) -> frozenset:
-    """The stems a request must write to name a tool called ``name``: its name's but those
-    of :data:`DOING`, and but its :data:`QUALIFYING` words where what is left is one of
-    :data:`NOW_NOUNS` ("weather" for ``get_current_weather``; "current time" for
-    ``get_current_time``)."""
-    words = [w.lower() for part in re.findall(r"[^\W_]+", name)
-             for w in NAME_WORD.findall(part)]
-    every = frozenset(stem(w) for w in words if len(w) > 2) - DOING
-    kept = frozenset(stem(w) for w in words if len(w) > 2 and w not in QUALIFYING) - DOING
-    return kept if kept and kept <= NOW_NOUNS else every
+    """The stems a request must write to name a tool called ``name``: its name's
+    (:func:`stems`) but those of :data:`DOING`, and but its :data:`QUALIFYING` ones where
+    what is left is one of :data:`NOW_NOUNS` ("weather" for ``get_current_weather``;
+    "current time" for ``get_current_time``)."""
+    own = frozenset(stems(name)) - DOING
+    kept = own - _QUALIFYING
+    return kept if kept and kept <= NOW_NOUNS else own
 
 
 def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
@@ -162,5 +163,4 @@ def mentioned(tools: Sequence[Tool], request: str) -> list[Tool]:
     ``write_file``; not "Node.js" or "km/h": :func:`~mlx_agent.file_paths.file_names`, in
     its first :data:`~mlx_agent.heard.REQUEST_CHARS` characters)."""
     said = stems(request) | ({stem("file")} if file_names(request[:REQUEST_CHARS]) else set())
-    return [t for t in tools if (own := _named_by(t.name) & _tool_words(
-        t.name, t.description, tuple(t.properties))[0]) and own <= said]
+    return [t for t in tools if (own := _named_by(t.name)) and own <= said]
