@@ -221,8 +221,8 @@ def _described(schema: Any) -> list[str]:
             if w not in _PLAIN]
 
 
-def flags_by_default(tool: Tool, arguments: dict, said: Heard) -> dict:
-    """``arguments`` with each required flag the conversation (``said``) never speaks of,
+def flags_by_default(tool: Tool, arguments: dict, heard: str) -> dict:
+    """``arguments`` with each required flag the conversation (``heard``) never speaks of,
     by its name (:func:`unheard_flag`) or its description's words ("as an array" speaks
     of ``formatted``: "array if false"), set to the default its parameter states
     (:func:`stated_default`): the model wrote ``formatted: false`` for "Find the prime
@@ -230,13 +230,17 @@ def flags_by_default(tool: Tool, arguments: dict, said: Heard) -> dict:
     is what a user who says nothing of a flag gets (an optional one the model made up is
     dropped instead: :func:`mlx_agent.stated_arguments.without_made_up`). ``arguments``
     itself where none is."""
-    out = arguments
+    out, said = arguments, None
     for name, value in arguments.items():
         if not isinstance(value, bool) or name not in tool.required:
             continue
         schema = tool.properties.get(name)
         default = stated_default(schema)
-        if default is not None and value != default and unheard_flag(name, value, said) \
+        if default is None or value == default:
+            continue
+        if said is None:  # the conversation's words, sorted once, and only if asked
+            said = Heard(heard)
+        if unheard_flag(name, value, said) \
                 and not any(said.begins_a_word(w[:5]) for w in _described(schema)) \
                 and not tool.validate({**out, name: default}):
             out = {**out, name: default}

@@ -633,8 +633,7 @@ def complete_reply(engine, lm, protocol: str, prompt: Sequence[int], reply: Repl
         arguments = piped_results(tool, arguments, request, last_result(messages))
         arguments = signed_numbers(tool, scaled_numbers(tool, arguments, request), request)
         arguments = percent_rates(tool, arguments, request)
-        arguments = flags_by_default(tool, flags_as_asked(tool, arguments, request),
-                                     Heard(heard))
+        arguments = flags_by_default(tool, flags_as_asked(tool, arguments, request), heard)
         if may_answer and (made_up := unfounded(tool, arguments, messages,
                                                 heard if pressed else None)):
             # no probe for a call that will not be made: the user is asked instead

@@ -251,6 +251,65 @@ def test_a_flag_the_model_wrote_is_turned_only_where_the_request_says_otherwise(
     assert flags_as_asked(BFCL_LIKE, arguments, request_) == (expected or arguments)
 
 
+@pytest.mark.parametrize("schema, expected", [
+    ({"type": "boolean", "description": "Formatted if true. Default is true."}, True),
+    ({"type": "boolean", "description": "Whether to include it. Defaults to False."}, False),
+    ({"type": "boolean", "description": "Sort it (default: true)"}, True),
+    ({"type": "boolean", "description": "Default value is 'false'."}, False),
+    ({"type": "boolean", "default": False, "description": "Default is true."}, False),
+    ({"type": "boolean", "description": "If true, a string; if false, a list."}, None),
+    ({"type": "boolean", "description": "Default is true; default false in v2."}, None),
+    ({"type": "boolean", "description": "Default is true if a query is given, else false."},
+     None),
+    ({"type": "boolean", "description": "Defaults to true when sorting, false otherwise."},
+     None),
+    ({"type": "boolean", "description": "Use default true/false handling."}, None),
+    ({"type": "boolean", "description": "Defaults to false if not specified."}, False),
+    ({"type": "boolean", "description": "Defaults to true unless specified otherwise"}, True),
+    ({"type": "boolean", "description": "Default: false. Set to true to enable it."}, False),
+    ({"type": "boolean", "description": "Default is false if not set; true when verbose."},
+     None),
+    ({"type": "boolean", "description": "Default: false (true for admins)"}, None),
+    ({"type": "boolean", "default": "false", "description": "Default is true."}, False),
+    ({"type": "boolean", "default": None, "description": "Default is true."}, None),
+    ({"type": "boolean"}, None), (None, None),
+])
+def test_the_default_a_flag_states(schema, expected):
+    from mlx_agent.flags import stated_default
+
+    assert stated_default(schema) == expected
+
+
+def test_a_flag_nobody_speaks_of_takes_its_stated_default():
+    """The default adapter wrote ``formatted: false`` where the tool says "Default is true"
+    and the request says nothing of it."""
+    from mlx_agent.flags import flags_by_default
+
+    t = parse_tools(json.dumps([{"name": "t", "description": "A tool.", "parameters": {
+        "type": "object", "required": ["number", "formatted"], "properties": {
+            "number": {"type": "integer"},
+            "formatted": {"type": "boolean", "description": "Return formatted string if "
+                          "true, array if false. Default is true."}}}}]), runnable=False)[0]
+    heard = "Find the prime factors of 450"
+    assert flags_by_default(t, {"number": 450, "formatted": False}, heard) == \
+        {"number": 450, "formatted": True}
+    for said in ("Find the prime factors of 450, not formatted",
+                 "Give me the prime factors of 450 as an array"):  # spoken of, by its name
+        # or its description's words: the model's reading stands
+        arguments = {"number": 450, "formatted": False}
+        assert flags_by_default(t, arguments, said) is arguments
+    arguments = {"number": 450, "formatted": True}  # the default already
+    assert flags_by_default(t, arguments, heard) is arguments
+    # an optional flag is left to the tool's own default (without_made_up drops it)
+    optional = parse_tools(json.dumps([{"name": "ls", "description": "List a folder.",
+                                         "parameters": {"type": "object", "properties": {
+        "path": {"type": "string"}, "recursive": {
+            "type": "boolean", "description": "List subfolders too. Defaults to false."}},
+        "required": ["path"]}}]), runnable=False)[0]
+    arguments = {"path": "src", "recursive": True}
+    assert flags_by_default(optional, arguments, "List everything in src") is arguments
+
+
 def test_a_probe_of_a_nullable_string_or_list_writes_one_that_is_not_empty(tiny_lm):
     from mlx_agent.probe import _probe_schema, probe
 
