@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .heard import DESCRIPTION_CHARS
 from .tools import Tool
 
 # "in 24 hour format", "24-hour clock", "Hour (24h)", "(0-23)"; not "at most 24h", "(max
@@ -30,7 +31,7 @@ def counts_24(schema: Any) -> bool:
     """Whether a parameter is a number of the hour on a 24-hour clock, by its description."""
     return isinstance(schema, dict) and schema.get("type") in ("integer", "number") \
         and isinstance(schema.get("description"), str) \
-        and bool(_CLOCK.search(schema["description"]))
+        and bool(_CLOCK.search(schema["description"][:DESCRIPTION_CHARS]))
 
 
 def on_24_clock(hour: int, request: str) -> int | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .heard import NAME_WORD, Heard
+from .heard import DESCRIPTION_CHARS, NAME_WORD, Heard
 from .heard import words as _words
 from .tools import Tool
 
@@ -201,7 +201,8 @@ def stated_default(schema: Any) -> bool | None:
     if not isinstance(described, str):
         return None
     said, named = set(), set()  # the defaults stated plainly; every value named as one
-    for sentence in re.split(r"(?<=\.)\s+", described[:2000]):  # "x if not set; y when z"
+    # sentence by sentence: "x if not set; y when z"
+    for sentence in re.split(r"(?<=\.)\s+", described[:DESCRIPTION_CHARS]):
         named |= {v.lower() for v in _NAMED.findall(sentence)}
         sentence = _UNSAID.sub(" ", sentence)  # "false if not specified" is plain "false"
         for m in _DEFAULT.finditer(sentence):
@@ -217,8 +218,8 @@ def _described(schema: Any) -> list[str]:
     described = schema.get("description") if isinstance(schema, dict) else None
     if not isinstance(described, str):
         return []
-    return [w for w in (w.lower() for w in re.findall(r"[A-Za-z]{4,}", described[:2000]))
-            if w not in _PLAIN]
+    found = re.findall(r"[A-Za-z]{4,}", described[:DESCRIPTION_CHARS])
+    return [w for w in (w.lower() for w in found) if w not in _PLAIN]
 
 
 def flags_by_default(tool: Tool, arguments: dict, heard: str) -> dict:

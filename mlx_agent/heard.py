@@ -48,6 +48,7 @@ PERIODS = {"hourly": (24,), "daily": (365,), "weekly": (52,), "biweekly": (26,),
            "semi-annually": (2,), "half-yearly": (2,)}
 _PERIOD = re.compile(rf"\b({'|'.join(PERIODS)})s?\b", re.IGNORECASE)
 REQUEST_CHARS = 16_000  # the rules read a request's first so many characters
+DESCRIPTION_CHARS = 2_000  # and a parameter's description (a server's may be huge) so far
 NAME_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")  # "startLocation": start, Location
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Collection, NamedTuple
 
 from .copied_values import is_place, takes_parts
-from .heard import NAME_WORD
+from .heard import DESCRIPTION_CHARS, NAME_WORD
 from .tools import Tool
 
 PLACES = Path(__file__).resolve().parent / "data" / "places.json.gz"
@@ -71,6 +71,9 @@ class Gazetteer(NamedTuple):
     three: dict[str, str]  # two-letter code -> three-letter code
     states: dict[str, str]  # US state's two letters -> name
     state_names: frozenset[str]  # US states' names, lower case
+    # every name of a region a user may write (countries', US states', ALIASES), lower case,
+    # with the country it names (a state's name: None, but Georgia's)
+    regions: tuple[tuple[str, str | None], ...]
 
 
 # countries' names that are common words too: a region only where written with a capital
@@ -94,7 +97,7 @@ def gazetteer() -> Gazetteer:
     try:
         doc = json.loads(gzip.decompress(PLACES.read_bytes()))
     except (OSError, EOFError, ValueError, zlib.error):
-        return Gazetteer({}, {}, {}, {}, {}, frozenset())
+        return Gazetteer({}, {}, {}, {}, {}, frozenset(), ())
     cities: dict[str, list[tuple[str, str, int]]] = {}
     for names, country, state, people in doc["cities"]:
         for name in names:
@@ -105,8 +108,10 @@ def gazetteer() -> Gazetteer:
              **{iso3.lower(): iso for iso, iso3 in three.items()},
              **{iso.lower(): iso for iso in countries}, **ALIASES}
     states = doc["us_states"]
+    regions = tuple((n.lower(), codes.get(n.lower()))
+                    for n in (*countries.values(), *states.values(), *ALIASES))
     return Gazetteer(cities, countries, codes, three, states,
-                     frozenset(n.lower() for n in states.values()))
+                     frozenset(n.lower() for n in states.values()), regions)
 
 
 def asks_region(schema: Any) -> frozenset[str]:
@@ -120,6 +125,7 @@ def asks_region(schema: Any) -> frozenset[str]:
     described = schema.get("description")
     if not isinstance(described, str):
         return frozenset()
+    described = described[:DESCRIPTION_CHARS]
     asked = {m.group(1).lower() for m in _ASKED.finditer(described)}
     shown = any(m.group(1) in gazetteer().states  # not "e.g. London, UK"
                 for m in itertools.islice(_EXAMPLE.finditer(described), 8))
@@ -165,7 +171,9 @@ def asks_code(name: str, schema: Any) -> int:
             or "name" in words:
         return 0
     described = schema.get("description")
-    asked = _NOT_CODE.sub(" ", described[:2000]) if isinstance(described, str) else ""
+    if not isinstance(described, str):
+        return 0
+    asked = _NOT_CODE.sub(" ", described[:DESCRIPTION_CHARS])
     if not _CODE.search(asked):  # what it refuses aside: "Two-letter; not a 3-letter code"
         return 0
     return 3 if _THREE.search(asked) and not _TWO.search(asked) else 2
@@ -212,13 +220,11 @@ def _names_another(heard: str, city: str, region_: str) -> bool:
     # the region's country: its every name is the region's own ("MA" is Massachusetts,
     # not Morocco: a state's country is the US)
     country = "US" if region_ in places.states else places.codes.get(region_.lower())
-    names = [n for n in (*places.countries.values(), *places.states.values(),
-                         *(a for a, code in ALIASES.items() if code != country))
-             if n.lower() not in own and (country is None or places.codes.get(n.lower())
-                                          != country)]
+    names = [n for n, code in places.regions
+             if n not in own and (country is None or code != country)]
     low = heard.lower()
-    return any(n.lower() in low and any(
-        n.lower() not in COMMON or m.group()[:1].isupper() for m in itertools.islice(
+    return any(n in low and any(
+        n not in COMMON or m.group()[:1].isupper() for m in itertools.islice(
             re.finditer(rf"(?<!\w){re.escape(n)}(?!\w)", heard, re.IGNORECASE), 64))
         for n in names) \
         or any(code != region_ and code in places.states

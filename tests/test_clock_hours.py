@@ -44,6 +44,8 @@ def test_an_hour_is_made_the_24_hour_one_where_its_parameter_counts_24():
         assert clock_hours(tool(hour=schema, guests={"type": "integer"}), arguments,
                            request) is arguments
     assert not counts_24({"type": "integer", "description": "Lasts at most 24h."})
+    far = "The hour. " * 300 + "In 24 hour format."  # read to DESCRIPTION_CHARS only
+    assert not counts_24({"type": "integer", "description": far})
     for duration in ("Within 24 hours of booking", "Duration in hours (max 24h)",
                      "Hours ahead to forecast (1-24h)", "Cache TTL in hours; default 24h"):
         assert not counts_24({"type": "integer", "description": duration})

@@ -44,6 +44,17 @@ def test_what_region_a_description_asks_for(description, asked):
         assert asks_region(schema) == set()
 
 
+def test_a_description_is_read_only_so_far():
+    """A server's description may be megabytes: the rules read its first
+    DESCRIPTION_CHARS characters, as the flags' do."""
+    from mlx_agent.heard import DESCRIPTION_CHARS
+
+    filler = "Where it is. " * (DESCRIPTION_CHARS // 13 + 1)
+    assert asks_region({"type": "string", "description": STATE + filler}) == {"state"}
+    assert asks_region({"type": "string", "description": filler + STATE}) == set()
+    assert asks_code("country", {"type": "string", "description": filler + "ISO 3166"}) == 0
+
+
 @pytest.mark.parametrize("city, asked, expected", [
     ("Boston", {"state"}, "MA"), ("boston", {"state", "country"}, "MA"),
     ("Boston", {"country"}, "United States"), ("New York", {"state"}, "NY"),  # an alias
